@@ -1,0 +1,156 @@
+"""The config schema: frozen attrs classes, one per top-level section.
+
+Every field carries its meaning in ``metadata["doc"]``; ``docs/configuration.md`` is
+generated from these classes and a test keeps it current. A component is named only by
+its registered name (``model.name: llama``); its own settings live in the sibling option
+block (``model.options``), structured against the options class its spec declares.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+
+def field(default: Any, doc: str, **kwargs: Any) -> Any:
+    """An attrs field with a documentation string (mutable defaults via factory)."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc}, **kwargs)
+    return attrs.field(default=default, metadata={"doc": doc}, **kwargs)
+
+
+@attrs.frozen
+class RunSection:
+    name: str = field("forge", "Name of the run, shown in logs.")
+    out_dir: str = field("runs/forge", "Run directory: checkpoints, metrics, plots, tokenizer.")
+    seed: int = field(0, "Seed for model init, data order and dropout.")
+    device: Literal["auto", "cpu", "cuda"] = field(
+        "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
+    )
+
+
+@attrs.frozen
+class ModelSection:
+    name: str = field("llama", "Registered model name (`forge-run plugins` lists them).")
+    options: Any = field({}, "The model's own options, checked against its options class.")
+
+
+@attrs.frozen
+class AttentionSection:
+    backend: str = field("sdpa", "Registered attention backend: sdpa, flex, eager, ...")
+    options: Any = field({}, "The backend's own options.")
+
+
+@attrs.frozen
+class DataSection:
+    source: str = field("stdlib", "Registered data source.")
+    source_options: Any = field({}, "The source's own options.")
+    tokenizer: str = field("byte", "Registered tokenizer.")
+    tokenizer_options: Any = field({}, "The tokenizer's own options.")
+    packer: str = field("concat", "Registered packer: none, concat, bfd, ...")
+    packer_options: Any = field({}, "The packer's own options.")
+    seq_len: int = field(256, "Tokens per training row.")
+    shuffle: bool = field(True, "Shuffle rows each epoch (seeded by run.seed).")
+    num_workers: int = field(0, "Loader worker processes (0: load in the training process).")
+
+
+@attrs.frozen
+class ParallelSection:
+    dp_replicate: int = field(1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).")
+    dp_shard: int = field(1, "Data-parallel shards (FSDP2). -1 takes what is left of the world size.")
+    tp: int = field(1, "Tensor-parallel degree.")
+    pp: int = field(1, "Pipeline-parallel stages.")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = field(
+        "1f1b", "Pipeline schedule."
+    )
+    pp_microbatches: int = field(0, "Microbatches per step under pp (0: one per stage).")
+    pp_virtual_stages: int = field(1, "Stages per rank (above 1 only with interleaved_1f1b).")
+    sequence_parallel: bool = field(False, "Shard norms and residuals along the sequence under tp.")
+    wrappers: list[str] = field([], "Extra strategies without a mesh degree, by name.")
+    options: dict[str, Any] = field({}, "Per-strategy options, keyed by strategy name.")
+
+
+@attrs.frozen
+class NonFiniteSection:
+    policy: Literal["skip", "stop"] = field(
+        "skip", "On a NaN/inf loss or gradient: skip the step, or stop the run."
+    )
+    max_consecutive: int = field(3, "Stop after this many consecutive skipped steps.")
+
+
+@attrs.frozen
+class TrainSection:
+    steps: int = field(100, "Optimizer steps to train.")
+    batch_size: int = field(8, "Global batch in rows per optimizer step (all processes).")
+    grad_accum: int = field(1, "Micro-steps per optimizer step; batch_size must divide by it.")
+    lr: float = field(3e-4, "Peak learning rate.")
+    optimizer: str = field("adamw", "Registered optimizer.")
+    optimizer_options: Any = field({}, "The optimizer's own options.")
+    schedule: str = field("cosine", "Registered learning-rate schedule.")
+    schedule_options: Any = field({}, "The schedule's own options.")
+    warmup_steps: int = field(0, "Linear warmup steps (used by every built-in schedule).")
+    grad_clip: float = field(1.0, "Clip the global gradient norm to this (0 disables).")
+    precision: Literal["fp32", "bf16"] = field("fp32", "fp32, or bf16 autocast.")
+    compile: bool = field(False, "torch.compile the model.")
+    peak_tflops: float = field(
+        0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it."
+    )
+    nonfinite: NonFiniteSection = field(NonFiniteSection(), "What to do on a non-finite loss.")
+
+
+@attrs.frozen
+class CheckpointSection:
+    every: int = field(0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).")
+    keep: int = field(2, "Complete checkpoints to keep (older ones are deleted).")
+    resume: Literal["auto", "never"] = field(
+        "auto", "'auto' resumes from the run directory's latest complete checkpoint."
+    )
+
+
+@attrs.frozen
+class LoggingSection:
+    loggers: list[str] = field(["console", "jsonl"], "Registered loggers to enable.")
+    every: int = field(1, "Log every N steps.")
+    options: dict[str, Any] = field({}, "Per-logger options, keyed by logger name.")
+
+
+@attrs.frozen
+class PluginsSection:
+    block: list[str] = field([], "Plugins not to load (names from `forge-run plugins`).")
+
+
+@attrs.frozen
+class ForgeConfig:
+    run: RunSection = field(RunSection(), "Run identity and placement.")
+    model: ModelSection = field(ModelSection(), "The model.")
+    attention: AttentionSection = field(AttentionSection(), "The attention backend.")
+    data: DataSection = field(DataSection(), "Source, tokenizer, packer, loader.")
+    parallel: ParallelSection = field(ParallelSection(), "Device mesh and strategies.")
+    train: TrainSection = field(TrainSection(), "Optimization.")
+    checkpoint: CheckpointSection = field(CheckpointSection(), "Checkpointing and resume.")
+    logging: LoggingSection = field(LoggingSection(), "Loggers.")
+    plugins: PluginsSection = field(PluginsSection(), "Plugin loading.")
+
+
+@attrs.frozen
+class OptionBlock:
+    """Where a component's name and option block live, and its kind."""
+
+    kind: str
+    name_path: str
+    options_path: str
+
+
+#: Every component choice in the config. ``parallel`` strategies and loggers are chosen
+#: by degree and by list and have their own keyed option maps, handled separately.
+OPTION_BLOCKS: tuple[OptionBlock, ...] = (
+    OptionBlock("model", "model.name", "model.options"),
+    OptionBlock("attention", "attention.backend", "attention.options"),
+    OptionBlock("source", "data.source", "data.source_options"),
+    OptionBlock("tokenizer", "data.tokenizer", "data.tokenizer_options"),
+    OptionBlock("packer", "data.packer", "data.packer_options"),
+    OptionBlock("optimizer", "train.optimizer", "train.optimizer_options"),
+    OptionBlock("schedule", "train.schedule", "train.schedule_options"),
+)

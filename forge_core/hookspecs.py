@@ -1,0 +1,263 @@
+"""The hook contract between Forge and its plugins (pluggy project name ``forge``).
+
+Each hook's docstring is its reference documentation; ``docs/hooks.md`` reproduces every
+signature and a test fails when the two drift apart. Registration hooks return lists of
+spec objects (:mod:`forge_core.specs`) and must not import heavy libraries: they run for
+``forge-run check``. Lifecycle hooks are called by the trainer on every process; use
+``run.is_main`` to act on one process only.
+
+Write an implementation with :data:`hookimpl` and give its parameters no defaults.
+A hookimpl may accept any subset of the hook's arguments.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from forge_core.rules import Rule
+    from forge_core.run_context import RunContext
+    from forge_core.specs import (
+        AttentionBackendSpec,
+        LoggerSpec,
+        ModelSpec,
+        OptimizerSpec,
+        PackerSpec,
+        ParallelismSpec,
+        ScheduleSpec,
+        SourceSpec,
+        TokenizerSpec,
+    )
+
+PROJECT = "forge"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- registration hooks -------------------------------------------------------------
+
+
+@hookspec
+def forge_attention_backends() -> list[AttentionBackendSpec]:
+    """Register attention backends, selected by ``attention.backend``.
+
+    Return a list of :class:`~forge_core.specs.AttentionBackendSpec`. The implementation
+    (``impl``) is a class constructed as ``cls(options)`` with two methods:
+    ``prepare(doc_ids, seq_len, device)``, called once per model forward to build whatever
+    mask the backend needs (shared by every layer), and ``attend(q, k, v, prepared)``
+    with ``q`` of shape ``(batch, heads, seq, head_dim)`` and ``k``/``v`` of shape
+    ``(batch, kv_heads, seq, head_dim)``, returning the shape of ``q``. Declare
+    ``honours={"doc_ids"}`` only if ``attend`` masks attention across documents.
+
+    Example::
+
+        @hookimpl
+        def forge_attention_backends():
+            return [AttentionBackendSpec(name="window", summary="Sliding-window attention",
+                                         impl="my_pkg.window:WindowAttention",
+                                         options=WindowOptions, honours={"doc_ids"})]
+    """
+
+
+@hookspec
+def forge_parallelisms() -> list[ParallelismSpec]:
+    """Register parallelism strategies and model wrappers.
+
+    Return a list of :class:`~forge_core.specs.ParallelismSpec`. A strategy is active
+    when the ``parallel.<mesh_dim>`` degree is above 1 (or, for a wrapper with
+    ``mesh_dim=None``, when it is named in ``parallel.wrappers``). Active strategies are
+    applied in ascending ``order``. The implementation is a class constructed as
+    ``cls(options)`` with ``apply(model, ctx) -> model`` where ``ctx`` is a
+    :class:`forge_core.train.parallel_context.ParallelContext`. Declare in ``forwards``
+    which per-token metadata still reaches every layer once the strategy is applied: the
+    rule engine rejects a packer whose metadata would be lost.
+
+    Example::
+
+        @hookimpl
+        def forge_parallelisms():
+            return [ParallelismSpec(name="act_ckpt", summary="Activation checkpointing",
+                                    impl="my_pkg.ckpt:ActivationCheckpoint", order=250)]
+    """
+
+
+@hookspec
+def forge_packers() -> list[PackerSpec]:
+    """Register data packers, selected by ``data.packer``.
+
+    Return a list of :class:`~forge_core.specs.PackerSpec`. The implementation is a
+    class constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)`` whose
+    ``pack(documents)`` takes a list of 1-D int token arrays (EOS already appended) and
+    returns a dict of int64 arrays of shape ``(rows, seq_len)``: ``input_ids``,
+    ``labels`` (-100 where no loss is taken) and every key listed in ``emits``.
+
+    Example::
+
+        @hookimpl
+        def forge_packers():
+            return [PackerSpec(name="greedy", summary="Greedy first-fit packing",
+                               impl="my_pkg.greedy:GreedyPacker",
+                               emits={"doc_ids", "positions"})]
+    """
+
+
+@hookspec
+def forge_models() -> list[ModelSpec]:
+    """Register model families, selected by ``model.name``.
+
+    Return a list of :class:`~forge_core.specs.ModelSpec`. The implementation is a
+    factory called as ``build(options, vocab_size=..., attention=...)`` returning a
+    ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
+    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend.
+
+    Example::
+
+        @hookimpl
+        def forge_models():
+            return [ModelSpec(name="tiny", summary="A two-layer test model",
+                              impl="my_pkg.tiny:build", options=TinyOptions)]
+    """
+
+
+@hookspec
+def forge_sources() -> list[SourceSpec]:
+    """Register data sources, selected by ``data.source``.
+
+    Return a list of :class:`~forge_core.specs.SourceSpec`. The implementation is a
+    class constructed as ``cls(options)`` with ``documents()`` yielding ``str`` (or 1-D
+    token arrays when ``pretokenized=True``) in a deterministic order, and
+    ``describe()`` returning a one-line description for logs.
+
+    Example::
+
+        @hookimpl
+        def forge_sources():
+            return [SourceSpec(name="parquet", summary="Text column of parquet files",
+                               impl="my_pkg.parquet:ParquetSource", options=ParquetOptions)]
+    """
+
+
+@hookspec
+def forge_tokenizers() -> list[TokenizerSpec]:
+    """Register tokenizers, selected by ``data.tokenizer``.
+
+    Return a list of :class:`~forge_core.specs.TokenizerSpec`. The implementation is a
+    class constructed as ``cls(options)`` with ``vocab_size``, ``eos_id``, ``pad_id``,
+    ``identity`` (a string that changes whenever token ids would), ``encode(text) ->
+    list[int]``, ``decode(ids) -> str`` and ``save(directory)`` (may do nothing).
+
+    Example::
+
+        @hookimpl
+        def forge_tokenizers():
+            return [TokenizerSpec(name="chars", summary="One token per character",
+                                  impl="my_pkg.chars:CharTokenizer")]
+    """
+
+
+@hookspec
+def forge_optimizers() -> list[OptimizerSpec]:
+    """Register optimizers, selected by ``train.optimizer``.
+
+    Return a list of :class:`~forge_core.specs.OptimizerSpec`. The implementation is a
+    factory called as ``build(param_groups, lr=..., options=...)`` returning a
+    ``torch.optim.Optimizer``.
+
+    Example::
+
+        @hookimpl
+        def forge_optimizers():
+            return [OptimizerSpec(name="lion", summary="Lion", impl="my_pkg.lion:build",
+                                  options=LionOptions)]
+    """
+
+
+@hookspec
+def forge_schedules() -> list[ScheduleSpec]:
+    """Register learning-rate schedules, selected by ``train.schedule``.
+
+    Return a list of :class:`~forge_core.specs.ScheduleSpec`. The implementation is a
+    pure function ``factor(step, total_steps, warmup_steps, options) -> float``, the
+    multiplier applied to ``train.lr`` at ``step`` (0-based). Being a function of the
+    step alone, a schedule needs no state to resume.
+
+    Example::
+
+        @hookimpl
+        def forge_schedules():
+            return [ScheduleSpec(name="inverse_sqrt", summary="1/sqrt(step) decay",
+                                 impl="my_pkg.sched:inverse_sqrt")]
+    """
+
+
+@hookspec
+def forge_loggers() -> list[LoggerSpec]:
+    """Register loggers, enabled by listing their names in ``logging.loggers``.
+
+    Return a list of :class:`~forge_core.specs.LoggerSpec`. The implementation is a
+    class constructed as ``cls(options)``; the trainer registers the instance with the
+    plugin manager for the length of the run, so it receives the lifecycle hooks below
+    by implementing them as methods decorated with :data:`hookimpl`.
+
+    Example::
+
+        @hookimpl
+        def forge_loggers():
+            return [LoggerSpec(name="csv", summary="Metrics as CSV", impl="my_pkg.csv:CsvLogger")]
+    """
+
+
+@hookspec
+def forge_rules() -> list[Rule]:
+    """Register compatibility rules, evaluated by ``forge-run check`` before a run.
+
+    Return a list of :class:`~forge_core.rules.Rule`. A rule's ``check(ctx)`` receives
+    a :class:`~forge_core.rules.RuleContext` (the resolved config, the chosen specs, the
+    world size) and returns ``None`` when satisfied, or a message (or list of messages)
+    explaining what is wrong. Declare a rule next to the component whose limit it
+    describes.
+
+    Example::
+
+        @hookimpl
+        def forge_rules():
+            return [Rule(id="window.seq-len", severity="error", paths=("data.seq_len",),
+                         summary="Window must not exceed the sequence length",
+                         check=lambda ctx: None, fix="Lower the window")]
+    """
+
+
+# --- lifecycle hooks ----------------------------------------------------------------
+
+
+@hookspec
+def forge_train_start(run: RunContext) -> None:
+    """Called once on every process after everything is built, before the first step.
+
+    ``run`` is a :class:`~forge_core.run_context.RunContext`: the resolved config, the
+    run directory, the first step (above 0 after a resume), rank and world size.
+    """
+
+
+@hookspec
+def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    """Called on every process after every optimizer step.
+
+    ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
+    ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
+    ``tokens_per_s`` and ``mfu``; it is a fresh dict, safe to keep.
+    """
+
+
+@hookspec
+def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
+    """Called on every process after a checkpoint is complete and the ``latest``
+    pointer has moved to ``path``."""
+
+
+@hookspec
+def forge_train_end(run: RunContext, step: int, status: str) -> None:
+    """Called once on every process when the run ends. ``status`` is ``"completed"``,
+    ``"interrupted"`` (SIGTERM/SIGINT, after the final checkpoint) or ``"failed"``."""
