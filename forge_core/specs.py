@@ -91,6 +91,8 @@ class ParallelismSpec(ComponentSpec):
       sees). A pipeline stage that receives only hidden states forwards ``frozenset()``.
     - ``yields_to``: names of strategies that, when active, take over this one's job
       (``ddp`` yields to ``fsdp``, which does HSDP when both DP degrees are above 1).
+    - ``drops_metadata_because``: why metadata outside ``forwards`` is lost; quoted by
+      the rule that refuses such a combination.
     """
 
     kind: ClassVar[str] = "parallelism"
@@ -100,6 +102,7 @@ class ParallelismSpec(ComponentSpec):
         default=None, converter=lambda v: None if v is None else frozenset(v)
     )
     yields_to: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    drops_metadata_because: str = ""
 
     def forwards_key(self, key: str) -> bool:
         return self.forwards is None or key in self.forwards

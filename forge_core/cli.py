@@ -1,0 +1,238 @@
+"""``forge-run``: one argparse tree for every command.
+
+``check``, ``plugins``, ``rules`` and ``show`` import neither torch nor transformers, so
+they answer in a fraction of a second. Any :class:`~forge_core.errors.ForgeError` is
+printed without a traceback and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from forge_core.errors import ForgeError
+
+COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
+EXIT_INVALID = 2
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="path to a YAML config")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, values parsed as YAML")
+
+
+def _add_world_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--world-size", type=int, default=None,
+        help="number of processes to judge against (default: torchrun's WORLD_SIZE, else unchecked)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forge-run",
+        description="Forge: a plugin-based trainer for decoder-only language models. "
+        "`forge-run CONFIG [key=value ...]` trains; the commands below inspect and prepare.",
+    )
+    from forge_core import __version__
+
+    parser.add_argument("--version", action="version", version=f"forge-run {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a model (the default command)")
+    _add_config_args(p)
+    p.add_argument("--nproc", type=int, default=1, help="processes to launch through torch.distributed.run")
+    p.add_argument("--nnodes", default=None, help="passed to torch.distributed.run (e.g. 2 or 1:4)")
+    p.add_argument("--node-rank", type=int, default=None, help="passed to torch.distributed.run")
+    p.add_argument("--rdzv-endpoint", default=None, help="host:port, passed to torch.distributed.run")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override run.device")
+
+    p = sub.add_parser("check", help="judge a config: every error and warning, nothing built")
+    _add_config_args(p)
+    _add_world_size(p)
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+
+    p = sub.add_parser("plugins", help="list plugins and the components they register")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="the component reference as Markdown")
+
+    p = sub.add_parser("rules", help="list every compatibility rule")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="the rule reference as Markdown")
+
+    p = sub.add_parser("show", help="print the fully resolved config as YAML")
+    _add_config_args(p)
+
+    p = sub.add_parser("prepare", help="tokenize a source into shards (optionally train a BPE tokenizer)")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument("--train-bpe", type=int, default=0, metavar="VOCAB",
+                   help="train a BPE tokenizer of this vocabulary size on the source first and use it")
+
+    p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face model folder")
+    p.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer)")
+
+    p = sub.add_parser("sample", help="print a continuation from a run's latest checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """``forge-run CONFIG ...`` and ``forge-run --nproc 2 CONFIG ...`` mean ``train``."""
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        return ["train", *argv]
+    return argv
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from forge_core.judge import judge
+    from forge_core.rules import render
+
+    result = judge(args.config, args.overrides, args.world_size)
+    if args.json:
+        print(json.dumps({
+            "valid": not result.errors,
+            "world_size": result.context.world_size,
+            "violations": [v.to_json() for v in result.violations],
+        }, indent=2))
+    else:
+        if result.violations:
+            print(render(result.violations))
+        checked = len(result.registries.rules)
+        verdict = "invalid" if result.errors else "valid"
+        ws = "unknown (pass --world-size to check it)" if result.context.world_size is None else result.context.world_size
+        print(
+            f"{args.config}: {verdict}: {len(result.errors)} error(s), {len(result.warnings)} warning(s) "
+            f"from {checked} rules; world size {ws}"
+        )
+    return EXIT_INVALID if result.errors else 0
+
+
+def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any]]]:
+    grouped: dict[str, list[tuple[str, Any]]] = {}
+    for registry in registries:
+        for name in registry.names():
+            grouped.setdefault(registry.plugin_of(name), []).append((registry.kind.name, registry.get(name)))
+    return grouped
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from forge_core.reference import components_markdown
+    from forge_core.registry import load_registries
+
+    registries = load_registries()
+    if args.markdown:
+        print(components_markdown(registries), end="")
+        return 0
+    grouped = _components_by_plugin(registries)
+    rules_by_plugin: dict[str, list[str]] = {}
+    for entry in registries.rules:
+        rules_by_plugin.setdefault(entry.plugin, []).append(entry.rule.id)
+    infos = registries.plugins.infos
+    if args.json:
+        print(json.dumps([
+            {
+                "name": info.name, "distribution": info.distribution, "version": info.version,
+                "module": info.module, "builtin": info.builtin,
+                "components": [{"kind": k, "name": s.name, "summary": s.summary} for k, s in grouped.get(info.name, [])],
+                "rules": rules_by_plugin.get(info.name, []),
+            }
+            for info in infos.values()
+        ], indent=2))
+        return 0
+    for info in infos.values():
+        origin = "built-in" if info.builtin else "third-party"
+        print(f"{info.name}  ({info.distribution} {info.version}, {origin}, {info.module})")
+        for kind, spec in grouped.get(info.name, []):
+            print(f"    {kind:<12} {spec.name:<14} {spec.summary}")
+        for rule_id in rules_by_plugin.get(info.name, []):
+            print(f"    {'rule':<12} {rule_id}")
+    if registries.plugins.blocked:
+        print(f"blocked: {', '.join(registries.plugins.blocked)}")
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from forge_core.reference import rules_markdown
+    from forge_core.registry import load_registries
+
+    registries = load_registries()
+    if args.markdown:
+        print(rules_markdown(registries), end="")
+        return 0
+    if args.json:
+        print(json.dumps([
+            {"id": e.rule.id, "severity": e.rule.severity, "fields": list(e.rule.paths),
+             "summary": e.rule.summary, "fix": e.rule.fix, "plugin": e.plugin}
+            for e in registries.rules
+        ], indent=2))
+        return 0
+    for e in registries.rules:
+        print(f"{e.rule.id}  [{e.rule.severity}]  (plugin {e.plugin!r})")
+        print(f"    fields:  {', '.join(e.rule.paths)}")
+        print(f"    summary: {e.rule.summary}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import yaml
+
+    from forge_core.config.loader import to_plain
+    from forge_core.judge import judge
+
+    result = judge(args.config, args.overrides)
+    print(yaml.safe_dump(to_plain(result.config), sort_keys=False), end="")
+    return 0
+
+
+def _delegate(module: str, func: str, args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        target = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError):
+        print(f"forge-run {args.command}: not available in this build ({module}.{func} is missing).", file=sys.stderr)
+        return 1
+    return int(target(args) or 0)
+
+
+HANDLERS = {
+    "check": cmd_check,
+    "plugins": cmd_plugins,
+    "rules": cmd_rules,
+    "show": cmd_show,
+    "train": lambda a: _delegate("forge_core.train.launch", "main", a),
+    "prepare": lambda a: _delegate("forge_core.data.prepare_cli", "main", a),
+    "export-hf": lambda a: _delegate("forge_core.train.export", "main", a),
+    "sample": lambda a: _delegate("forge_core.train.sample", "main", a),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
+    if args.command is None:
+        parser.print_help()
+        return EXIT_INVALID
+    try:
+        return HANDLERS[args.command](args)
+    except ForgeError as exc:
+        print(str(exc) if str(exc).startswith("error") else f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

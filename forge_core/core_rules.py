@@ -1,0 +1,129 @@
+"""Rules about how components combine, owned by the kernel because they reason only
+over declared capabilities and degrees, never over a concrete component.
+
+Registered as a plugin (entry point ``core_rules``) like any other rule source.
+"""
+
+from __future__ import annotations
+
+import math
+
+from forge_core.hookspecs import hookimpl
+from forge_core.parallel_dims import MESH_DIMS
+from forge_core.rules import Rule, RuleContext
+
+
+def check_world_size(ctx: RuleContext) -> list[str]:
+    problems = []
+    degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
+    for dim, value in degrees.items():
+        if value < 1 and not (dim == "dp_shard" and value == -1):
+            problems.append(f"parallel.{dim} = {value}: degrees are at least 1 (dp_shard may be -1)")
+    if problems or ctx.world_size is None:
+        return problems
+    resolved = ctx.degrees
+    if resolved["dp_shard"] == -1:
+        others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
+        return [
+            f"dp_shard: -1 cannot take what is left: the world size {ctx.world_size} is not "
+            f"divisible by pp*dp_replicate*tp = {others}"
+        ]
+    product = math.prod(resolved.values())
+    if product != ctx.world_size:
+        shown = " * ".join(f"{dim}={resolved[dim]}" for dim in MESH_DIMS)
+        return [f"{shown} = {product} processes, but the world size is {ctx.world_size}"]
+    return []
+
+
+def check_seq_len(ctx: RuleContext) -> str | None:
+    option = ctx.specs["model"].max_seq_len_option
+    if option is None:
+        return None
+    limit = getattr(ctx.config.model.options, option, None)
+    seq_len = ctx.config.data.seq_len
+    if seq_len < 1:
+        return f"data.seq_len must be at least 1, got {seq_len}"
+    if limit is not None and seq_len > limit:
+        return f"data.seq_len = {seq_len} exceeds the model's maximum model.options.{option} = {limit}"
+    return None
+
+
+def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
+    """The founding rule, expressed through capabilities: every per-token key the packer
+    emits must reach every layer under every active strategy."""
+    problems = []
+    packer = ctx.specs["packer"]
+    for strategy in ctx.strategies:
+        lost = sorted(key for key in ctx.emitted if not strategy.forwards_key(key))
+        if not lost:
+            continue
+        why = f" {strategy.drops_metadata_because}" if strategy.drops_metadata_because else ""
+        consequence = ""
+        if "doc_ids" in lost:
+            consequence = (
+                " So attention never learns where documents end: documents attend across each"
+                " other, and because the labels still carry -100 at document boundaries the"
+                " loss looks correct while the model trains on the wrong attention pattern."
+            )
+        problems.append(
+            f"packer {packer.name!r} emits {', '.join(lost)} to isolate documents, but strategy "
+            f"{strategy.name!r} does not forward {'them' if len(lost) > 1 else 'it'} to every "
+            f"layer.{why}{consequence}"
+        )
+    return problems
+
+
+def check_batch_divisible(ctx: RuleContext) -> str | None:
+    train = ctx.config.train
+    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    if train.batch_size < 1 or train.grad_accum < 1:
+        return f"train.batch_size ({train.batch_size}) and train.grad_accum ({train.grad_accum}) must be at least 1"
+    if dp < 1:
+        return None  # dp_shard unresolved; the world-size rule reports it
+    if train.batch_size % (dp * train.grad_accum):
+        return (
+            f"train.batch_size = {train.batch_size} rows cannot be split evenly over "
+            f"{dp} data-parallel ranks x {train.grad_accum} accumulation steps"
+        )
+    return None
+
+
+RULES = [
+    Rule(
+        id="parallel.world-size",
+        severity="error",
+        paths=("parallel.pp", "parallel.dp_replicate", "parallel.dp_shard", "parallel.tp"),
+        summary="The product of the parallel degrees equals the world size.",
+        check=check_world_size,
+        fix="Change the degrees, set parallel.dp_shard: -1 to take what is left, or launch as many processes as the product.",
+    ),
+    Rule(
+        id="model.seq-len",
+        severity="error",
+        paths=("data.seq_len",),
+        summary="data.seq_len fits within the model's maximum sequence length.",
+        check=check_seq_len,
+        fix="Lower data.seq_len or raise the model's max_seq_len option.",
+    ),
+    Rule(
+        id="parallel.metadata-reaches-layers",
+        severity="error",
+        paths=("parallel.pp", "data.packer"),
+        summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
+        check=check_metadata_forwarded,
+        fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+    ),
+    Rule(
+        id="train.batch-divisible",
+        severity="error",
+        paths=("train.batch_size", "train.grad_accum", "parallel.dp_replicate", "parallel.dp_shard"),
+        summary="The global batch splits evenly over data-parallel ranks and accumulation steps.",
+        check=check_batch_divisible,
+        fix="Make train.batch_size a multiple of dp_replicate * dp_shard * grad_accum.",
+    ),
+]
+
+
+@hookimpl
+def forge_rules():
+    return RULES

@@ -1,0 +1,25 @@
+"""User-facing errors: their message is the whole story, so the CLI prints it without a
+traceback and exits 2."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ForgeError(Exception):
+    """An error caused by the user's config, files or plugins, with a fix in its message."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(str(name), sorted(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_name(what: str, name: str, choices: Iterable[str], path: str | None = None) -> str:
+    """The standard message for an unknown name: did-you-mean plus the list of what exists."""
+    choices = sorted(choices)
+    where = f"{path}: " if path else ""
+    available = ", ".join(choices) if choices else "(none registered)"
+    return f"{where}unknown {what} {name!r}.{did_you_mean(name, choices)} Available: {available}."

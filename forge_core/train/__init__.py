@@ -1,0 +1,1 @@
+"""The training loop and everything around it: build, step, checkpoint, metrics."""

@@ -1,0 +1,57 @@
+"""``eager``: explicit softmax attention, the numerical reference for tests.
+
+Scores are materialised (``B x H x S x S``) and the softmax is taken in fp32; grouped
+query attention repeats each key/value head for its query heads
+(``repeat_interleave``, the convention SDPA's ``enable_gqa`` and Hugging Face use). The
+mask is the dense causal (``doc_ids=None``) or block-diagonal causal boolean mask built
+once per forward, ``O(S^2)`` memory like ``sdpa``'s. Slow; meant for tests and
+debugging, not training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from forge_plugins.attention.masks import causal_mask, document_causal_mask
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor) -> int:
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
+        )
+    return q.shape[1] // k.shape[1]
+
+
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention of ``q (B,H,S,D)`` over ``k, v (B,Hkv,S,D)`` where ``mask`` is True."""
+    group = _check_heads(q, k)
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return probs @ v
+
+
+class EagerAttention:
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    def prepare(
+        self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str
+    ) -> torch.Tensor:
+        if doc_ids is None:
+            return causal_mask(seq_len, device)
+        return document_causal_mask(doc_ids, seq_len, device)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: torch.Tensor
+    ) -> torch.Tensor:
+        return eager_attention(q, k, v, prepared)

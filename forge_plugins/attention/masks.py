@@ -1,0 +1,142 @@
+"""Attention masks built from per-token document ids, shared by the built-in backends.
+
+``doc_ids`` is a LongTensor ``(batch, seq)``; ``doc_ids[b, i]`` is the number of EOS
+tokens strictly before ``i`` in row ``b``, so it never decreases along a row. A query
+attends to a key when the key is not in its future and both carry the same document id.
+
+Memory, per batch row of length ``S``:
+
+- :func:`document_causal_mask` (dense, used by ``sdpa`` and ``eager``): ``S^2`` booleans,
+  64 MiB at ``S = 8192``.
+- :func:`document_block_mask` (``flex``): four int32 tables of about ``(S / 128)^2``
+  entries each (kv and q indices, partial and full blocks), about 64 KiB at ``S = 8192``.
+  It is built from per-block first/last document ids without ever materialising the
+  ``S x S`` mask (``create_block_mask`` would evaluate every entry once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def check_doc_ids(doc_ids: torch.Tensor, seq_len: int) -> None:
+    if doc_ids.dim() != 2 or doc_ids.shape[1] != seq_len:
+        raise ValueError(
+            f"doc_ids must have shape (batch, {seq_len}), got {tuple(doc_ids.shape)}: pass the "
+            "packer's doc_ids for the same rows as input_ids"
+        )
+
+
+def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """Boolean ``(1, 1, S, S)`` mask, True where a query may attend to a key."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def document_causal_mask(
+    doc_ids: torch.Tensor, seq_len: int, device: torch.device | str
+) -> torch.Tensor:
+    """Block-diagonal causal boolean mask ``(B, 1, S, S)``: causal and same document.
+
+    The diagonal is always True, so no query row is fully masked (no NaN from softmax).
+    """
+    check_doc_ids(doc_ids, seq_len)
+    doc_ids = doc_ids.to(device)
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
+    return (same_doc & causal_mask(seq_len, device)[0])[:, None]
+
+
+def causal_mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+    return q_idx >= kv_idx
+
+
+def document_mask_mod(doc_ids: torch.Tensor):
+    """FlexAttention ``mask_mod``: causal and same document."""
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+
+    return mask_mod
+
+
+def _block_edges(doc_ids: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last document id of every block of ``block_size`` tokens, ``(B, nblocks)``."""
+    seq_len = doc_ids.shape[1]
+    starts = torch.arange(0, seq_len, block_size, device=doc_ids.device)
+    ends = torch.clamp(starts + block_size, max=seq_len) - 1
+    return doc_ids[:, starts], doc_ids[:, ends]
+
+
+def _compact(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, nq, nkv)`` bool -> (count ``(B, 1, nq)``, ascending indices first ``(B, 1, nq, nkv)``)."""
+    counts = selected.sum(-1, dtype=torch.int32)
+    # A stable descending sort of the 0/1 flags lists the selected blocks first, in order.
+    indices = torch.argsort(selected.to(torch.int8), dim=-1, descending=True, stable=True)
+    return counts[:, None], indices.to(torch.int32)[:, None]
+
+
+def document_block_mask(
+    doc_ids: torch.Tensor | None,
+    seq_len: int,
+    device: torch.device | str,
+    block_size: int = 128,
+):
+    """FlexAttention ``BlockMask`` for causal attention within documents.
+
+    ``doc_ids=None`` gives the plain causal mask (batch dimension 1, broadcast). With
+    non-decreasing ``doc_ids`` (the packer contract) the block tables come from the first
+    and last document id of every block in ``O(S + (S/block)^2)``; other ids fall back
+    to ``create_block_mask``, which evaluates the mask entry by entry.
+    """
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    if doc_ids is None:
+        # One document spanning the row gives exactly the causal block structure.
+        ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+        mask_mod = causal_mask_mod
+    else:
+        check_doc_ids(doc_ids, seq_len)
+        ids = doc_ids = doc_ids.to(device)
+        mask_mod = document_mask_mod(doc_ids)
+        if not bool((doc_ids[:, 1:] >= doc_ids[:, :-1]).all()):
+            return create_block_mask(
+                mask_mod, doc_ids.shape[0], None, seq_len, seq_len,
+                device=doc_ids.device, BLOCK_SIZE=block_size,
+            )
+    first, last = _block_edges(ids, block_size)
+    nblocks = first.shape[1]
+    q_blk = torch.arange(nblocks, device=ids.device)[:, None]
+    kv_blk = torch.arange(nblocks, device=ids.device)[None, :]
+    below = (kv_blk < q_blk)[None]
+    # Ids never decrease, so a key block before a query block shares a document with it
+    # exactly when its last id reaches the query block's first id, and every pair shares
+    # one when its first id already equals the query block's last id.
+    touches = below & (last[:, None, :] >= first[:, :, None])
+    full = below & (first[:, None, :] == last[:, :, None])
+    if seq_len % block_size:
+        # Like create_block_mask: a block that overhangs the row end is never "full", so
+        # the kernel applies mask_mod (and its bounds check) there.
+        full[:, -1, :] = False
+        full[:, :, -1] = False
+    diagonal = (kv_blk == q_blk)[None].expand_as(touches)
+    partial = (touches & ~full) | diagonal
+    kv_num, kv_idx = _compact(partial)
+    full_num, full_idx = _compact(full)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx,
+        BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(seq_len, seq_len),
+    )
+
+
+def block_mask_bytes(block_mask: Any) -> int:
+    """Bytes held by a BlockMask's tensors (its memory cost)."""
+    total = 0
+    for name in (
+        "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+        "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices",
+    ):
+        tensor = getattr(block_mask, name, None)
+        if tensor is not None:
+            total += tensor.numel() * tensor.element_size()
+    return total

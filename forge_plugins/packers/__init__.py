@@ -1,0 +1,1 @@
+"""Built-in packers: ``none``, ``concat`` and ``bfd`` (registered in :mod:`.plugin`)."""

@@ -1,0 +1,1 @@
+"""Built-in data sources: ``text``, ``shards`` and ``stdlib`` (registered in :mod:`.plugin`)."""

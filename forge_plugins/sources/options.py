@@ -1,0 +1,68 @@
+"""Options of the built-in sources. Light on purpose: imported by ``forge-run check``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+EncodingErrors = Literal["strict", "replace"]
+
+_ENCODING_DOC = (
+    "What to do with bytes that are not valid UTF-8: 'strict' stops with an error naming "
+    "the file and line; 'replace' substitutes U+FFFD and goes on."
+)
+
+
+@attrs.frozen
+class TextOptions:
+    paths: list[str] = attrs.field(
+        factory=list,
+        metadata={
+            "doc": "Files or glob patterns (`**` recurses), relative to the working "
+            "directory. Patterns are read in the order given, the files each matches in "
+            "sorted order; a file matched twice is read once. A pattern that matches "
+            "nothing is an error. Files ending in `.jsonl` are JSON Lines, all others text."
+        },
+    )
+    separator: str = attrs.field(
+        default="",
+        metadata={
+            "doc": "How a text file is cut into documents: '' (the default) makes each "
+            "file one document; any other string splits the file on every occurrence of "
+            "it exactly (for example \"\\n\\n\" or \"<|endoftext|>\")."
+        },
+    )
+    text_field: str = attrs.field(
+        default="text",
+        metadata={"doc": "The field of each JSON Lines record that holds the document text."},
+    )
+    encoding_errors: EncodingErrors = attrs.field(
+        default="strict", metadata={"doc": _ENCODING_DOC}
+    )
+
+
+@attrs.frozen
+class ShardsOptions:
+    path: str = attrs.field(
+        default="",
+        metadata={
+            "doc": "Directory written by `forge-run prepare`. Its tokenizer must be the "
+            "configured `data.tokenizer` (same identity), or the run stops."
+        },
+    )
+
+
+@attrs.frozen
+class StdlibOptions:
+    max_files: int = attrs.field(
+        default=0,
+        metadata={"doc": "Read at most this many files (the first in sorted order); 0: no limit."},
+    )
+    max_bytes: int = attrs.field(
+        default=0,
+        metadata={
+            "doc": "Read the longest run of files, in sorted order, whose sizes add up to "
+            "at most this many bytes; 0: no limit."
+        },
+    )

@@ -1,0 +1,33 @@
+"""Registers the built-in sources. Imports nothing heavy: it runs for ``forge-run check``."""
+
+from __future__ import annotations
+
+from forge_core.hookspecs import hookimpl
+from forge_core.specs import SourceSpec
+
+from forge_plugins.sources.options import ShardsOptions, StdlibOptions, TextOptions
+
+
+@hookimpl
+def forge_sources() -> list[SourceSpec]:
+    return [
+        SourceSpec(
+            name="text",
+            summary="Text (.txt) and JSON Lines (.jsonl) files matched by glob patterns",
+            impl="forge_plugins.sources.text:TextSource",
+            options=TextOptions,
+        ),
+        SourceSpec(
+            name="shards",
+            summary="Pre-tokenized shards written by `forge-run prepare`",
+            impl="forge_plugins.sources.shards:ShardSource",
+            options=ShardsOptions,
+            pretokenized=True,
+        ),
+        SourceSpec(
+            name="stdlib",
+            summary="The Python standard library's own .py files: real text, no download",
+            impl="forge_plugins.sources.stdlib:StdlibSource",
+            options=StdlibOptions,
+        ),
+    ]

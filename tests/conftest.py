@@ -1,0 +1,53 @@
+"""Shared fixtures: a fake third-party distribution on a temporary path, config writers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def make_distribution(site: Path, dist: str, version: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
+    """A minimal installed distribution: modules plus a dist-info with ``forge`` entry points,
+    found by importlib.metadata when ``site`` is on sys.path."""
+    site.mkdir(parents=True, exist_ok=True)
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    lines = "\n".join(f"{k} = {v}" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[forge]\n{lines}\n")
+    return site
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``forge-run`` in a subprocess with the current interpreter."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "forge_core.cli", *args],
+        capture_output=True, text=True, env=full_env, cwd=cwd or REPO, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    """Write a config dict to a YAML file and return its path."""
+    counter = iter(range(1000))
+
+    def _write(data: dict) -> str:
+        return str(write_config(tmp_path / f"config{next(counter)}.yaml", data))
+
+    return _write

@@ -1,0 +1,139 @@
+"""The rule engine and the kernel's rules, the founding rule above all: pipeline
+parallelism with a packer that isolates documents is refused, through capabilities."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_distribution, run_cli
+from forge_core.config.schema import ForgeConfig
+from forge_core.hookspecs import hookimpl
+from forge_core.judge import judge
+from forge_core.registry import RuleEntry
+from forge_core.rules import Rule, RuleContext, evaluate, render
+from forge_core.specs import PackerSpec, ParallelismSpec
+
+
+def errors(path, overrides=(), world_size=None, extra=()):
+    result = judge(path, list(overrides), world_size, extra_plugins=tuple(extra))
+    return {v.rule_id: v for v in result.errors}, result
+
+
+def test_founding_rule_refuses_pp_with_isolating_packer(cfg):
+    found, result = errors(cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}}), world_size=2)
+    violation = found["parallel.metadata-reaches-layers"]
+    fields = dict(violation.fields)
+    assert fields["parallel.pp"] == 2 and fields["data.packer"] == "concat"
+    assert "hidden states" in violation.message and "-100" in violation.message
+    report = render(result.violations)
+    assert "$.parallel.pp = 2" in report and "$.data.packer = 'concat'" in report
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["parallel.pp=2", "data.packer=none"],
+        ["parallel.pp=2", "data.packer=concat", "data.packer_options.isolate=false"],
+        ["parallel.pp=1", "data.packer=concat"],
+        ["parallel.pp=1", "data.packer=bfd"],
+    ],
+)
+def test_founding_rule_accepts_packing_without_pp_and_pp_without_packing(cfg, overrides):
+    found, _ = errors(cfg({}), overrides, world_size=int(overrides[0][-1]))
+    assert "parallel.metadata-reaches-layers" not in found
+
+
+class _ThirdPartyPacker:
+    @hookimpl
+    def forge_packers(self):
+        return [PackerSpec(name="greedy", summary="third-party", impl="x.y:Z", emits={"doc_ids"})]
+
+
+class _ForwardingPipeline:
+    @hookimpl
+    def forge_parallelisms(self):
+        return [ParallelismSpec(name="pp_meta", summary="pipeline that forwards metadata",
+                                impl="x.y:Z", mesh_dim="pp", order=100, forwards={"doc_ids", "positions"})]
+
+
+def test_third_party_packer_emitting_doc_ids_is_caught(cfg):
+    found, _ = errors(cfg({"data": {"packer": "greedy"}, "parallel": {"pp": 2}}), world_size=2,
+                      extra=[("thirdparty", _ThirdPartyPacker())])
+    assert "doc_ids" in found["parallel.metadata-reaches-layers"].message
+
+
+def test_strategy_that_forwards_metadata_passes(cfg):
+    # Block the built-in pipeline so only the forwarding one is active on the pp dimension.
+    path = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}, "plugins": {"block": ["parallel"]}})
+    found, result = errors(path, world_size=2, extra=[("fwd", _ForwardingPipeline())])
+    assert [s.name for s in result.context.strategies] == ["pp_meta"]
+    assert "parallel.metadata-reaches-layers" not in found
+
+
+def test_world_size_rule(cfg):
+    found, _ = errors(cfg({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
+    assert "tp=2 * dp_shard=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
+    found, result = errors(cfg({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
+    assert "parallel.world-size" not in found and result.context.degrees["dp_shard"] == 4
+    found, _ = errors(cfg({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
+    assert "not divisible" in found["parallel.world-size"].message
+
+
+def test_seq_len_within_model_maximum(cfg):
+    found, _ = errors(cfg({"data": {"seq_len": 4096}, "model": {"options": {"max_seq_len": 2048}}}))
+    assert "exceeds the model's maximum" in found["model.seq-len"].message
+
+
+def test_engine_reports_every_violation_and_survives_a_crashing_rule():
+    def boom(ctx):
+        raise ZeroDivisionError("bad rule")
+
+    rules = [
+        RuleEntry(Rule("a.one", "error", ("train.lr",), "s", lambda ctx: ["m1", "m2"], "f"), "p1"),
+        RuleEntry(Rule("a.two", "warning", ("train.steps",), "s", lambda ctx: "w", "f"), "p2"),
+        RuleEntry(Rule("a.three", "error", (), "s", boom, "f"), "p3"),
+        RuleEntry(Rule("a.four", "error", (), "s", lambda ctx: None, "f"), "p4"),
+    ]
+    violations = evaluate(rules, RuleContext(ForgeConfig(), {}))
+    assert [(v.rule_id, v.severity, v.plugin) for v in violations] == [
+        ("a.one", "error", "p1"), ("a.one", "error", "p1"), ("a.two", "warning", "p2"), ("a.three", "error", "p3"),
+    ]
+    assert "ZeroDivisionError: bad rule" in violations[-1].message
+    assert dict(violations[0].fields) == {"train.lr": 3e-4}
+
+
+def test_check_cli_reports_founding_rule_with_exit_2(cfg):
+    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2")
+    assert result.returncode == 2
+    assert "[parallel.metadata-reaches-layers]" in result.stdout and "$.parallel.pp = 2" in result.stdout
+    result = run_cli("check", cfg({}), "parallel.pp=2", "data.packer=none", "--world-size", "2", "--json")
+    assert result.returncode == 0, result.stdout
+    assert json.loads(result.stdout)["valid"] is True
+
+
+def test_world_size_comes_from_torchrun_environment(cfg):
+    result = run_cli("check", cfg({"parallel": {"tp": 2}}), env={"WORLD_SIZE": "4"})
+    assert result.returncode == 2 and "world size is 4" in result.stdout
+
+
+def test_third_party_rule_is_listed_and_fires(tmp_path, cfg):
+    site = make_distribution(tmp_path / "site", "forge-strict", "2.0", {"strictplug": """
+from forge_core.hookspecs import hookimpl
+from forge_core.rules import Rule
+
+def _check(ctx):
+    if ctx.config.train.steps > 1000:
+        return f"{ctx.config.train.steps} steps is more than this lab allows"
+
+@hookimpl
+def forge_rules():
+    return [Rule(id="lab.max-steps", severity="error", paths=("train.steps",),
+                 summary="At most 1000 steps", check=_check, fix="Lower train.steps")]
+"""}, {"strict": "strictplug"})
+    env = {"PYTHONPATH": str(site)}
+    listed = {r["id"]: r for r in json.loads(run_cli("rules", "--json", env=env).stdout)}
+    assert listed["lab.max-steps"]["plugin"] == "strict"
+    result = run_cli("check", cfg({"train": {"steps": 5000}}), env=env)
+    assert result.returncode == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
