@@ -6,7 +6,8 @@
   string). Blank lines are skipped.
 - Any other file is text: the whole file is one document, or, with a ``separator``, the
   pieces between occurrences of it.
-- A leading UTF-8 byte-order mark is dropped; empty documents are skipped.
+- A leading UTF-8 byte-order mark is dropped; documents that are empty or only
+  whitespace are skipped (whitespace inside a document is kept as is).
 - Errors name the file (and the line): a pattern matching no file, an empty file or one
   without a document, invalid UTF-8 under ``encoding_errors: strict``, a JSON Lines
   line that is not a JSON object or lacks the text field.
@@ -49,7 +50,9 @@ class TextSource:
                     path, self.options.separator, self.options.encoding_errors
                 )
             if not found:
-                raise ForgeError(f"{path}: contains no document (only whitespace, separators or blank lines).")
+                raise ForgeError(
+                    f"{path}: contains no document (only whitespace, separators or blank lines)."
+                )
 
 
 def resolve(patterns: list[str]) -> list[str]:
@@ -69,7 +72,9 @@ def resolve(patterns: list[str]) -> list[str]:
                     f"{os.path.join(pattern, '**', '*.txt')!r}."
                 )
             if not os.path.isfile(pattern):
-                raise ForgeError(f"{OPTION}.paths: no such file {pattern!r} (working directory {os.getcwd()}).")
+                raise ForgeError(
+                    f"{OPTION}.paths: no such file {pattern!r} (working directory {os.getcwd()})."
+                )
             matched = [pattern]
         else:
             matched = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
@@ -149,7 +154,7 @@ def read_jsonl(path: str, field: str, errors: str) -> Iterator[str]:
                 raise ForgeError(
                     f"{path}, line {lineno}: field {field!r} is {type(text).__name__}, not a string."
                 )
-            if text:
+            if text.strip():
                 found += 1
                 yield text
     return found
