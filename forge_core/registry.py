@@ -97,7 +97,7 @@ class Registries:
 def _results(plugins: LoadedPlugins, hook_name: str) -> Iterator[tuple[str, Any]]:
     """Call every implementation of a registration hook, yielding (plugin, item)."""
     hook = getattr(plugins.pm.hook, hook_name)
-    for impl in reversed(hook.get_hookimpls()):  # registration order
+    for impl in hook.get_hookimpls():  # registration order
         try:
             result = impl.function()
         except Exception as exc:

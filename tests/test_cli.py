@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
@@ -66,8 +67,8 @@ def test_every_shipped_config_loads_and_passes_check(config):
 
 SCHEMA_FIELDS = {
     f"{section.name}.{f.name}": f.type
-    for section in __import__("attrs").fields(ForgeConfig)
-    for f in __import__("attrs").fields(section.type)
+    for section in attrs.fields(ForgeConfig)
+    for f in attrs.fields(section.type)
     if f.type in (int, float, bool, str)
 }
 

@@ -74,7 +74,7 @@ def test_strategy_that_forwards_metadata_passes(cfg):
 
 def test_world_size_rule(cfg):
     found, _ = errors(cfg({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
-    assert "tp=2 * dp_shard=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
+    assert "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
     found, result = errors(cfg({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
     assert "parallel.world-size" not in found and result.context.degrees["dp_shard"] == 4
     found, _ = errors(cfg({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)

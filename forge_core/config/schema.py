@@ -154,3 +154,8 @@ OPTION_BLOCKS: tuple[OptionBlock, ...] = (
     OptionBlock("optimizer", "train.optimizer", "train.optimizer_options"),
     OptionBlock("schedule", "train.schedule", "train.schedule_options"),
 )
+
+
+for _cls in (RunSection, ModelSection, AttentionSection, DataSection, ParallelSection, NonFiniteSection,
+             TrainSection, CheckpointSection, LoggingSection, PluginsSection, ForgeConfig):
+    attrs.resolve_types(_cls)  # real types on fields, for docs generation and tests

@@ -5,6 +5,18 @@ or several pipeline stages), the data-parallel coordinates that decide which bat
 reads, an optional ``train_step`` for strategies that take over forward and backward
 (pipeline parallelism), and a gradient-clipping function that computes the true global
 norm across every shard and stage.
+
+:func:`parallelize` knows no concrete strategy: it asks the ``parallelism`` registry
+which specs the degrees switch on (:func:`forge_core.parallel_dims.active_strategies`)
+and applies each one's implementation in its declared ``order``, with ``train.compile``
+slotted in at 300 (after the pipeline split and tensor parallelism, before data-parallel
+wrapping, as FSDP and DDP expect compiled blocks).
+
+Gradient convention: data-parallel strategies SUM gradients over the data-parallel
+ranks (they do not average). Each micro-batch back-propagates ``loss_sum /
+global_tokens`` (``global_tokens``: labelled tokens of the whole step, every rank and
+accumulation step), so the sum equals the single-process gradient of the whole batch
+(:mod:`forge_core.train.loss`); :meth:`ParallelModel.forward_backward` does exactly that.
 """
 
 from __future__ import annotations
@@ -15,6 +27,8 @@ from typing import Any
 import attrs
 import torch
 
+COMPILE_ORDER = 300
+
 
 @attrs.define
 class ParallelModel:
@@ -22,12 +36,19 @@ class ParallelModel:
 
     - ``parts``: modules whose parameters this process trains and checkpoints (their
       state-dict keys equal the unsplit model's keys).
-    - ``forward``: the module to call for logits when ``train_step`` is ``None``.
-    - ``train_step``: ``train_step(batch, loss_fn) -> (loss_sum, tokens)`` doing forward
-      and backward itself (set by pipeline parallelism), or ``None``.
+    - ``forward``: the module to call for logits when ``train_step`` is ``None`` (it may
+      be a wrapper around ``parts[0]``, such as DistributedDataParallel).
+    - ``train_step``: ``train_step(batch, loss_fn, normalizer) -> (loss_sum, tokens)``
+      doing forward and backward itself (set by pipeline parallelism), or ``None``.
+      ``loss_fn(logits, labels) -> (loss_sum, tokens)`` is called on the last stage per
+      microbatch and ``loss_sum / normalizer`` back-propagated; the sums over the
+      microbatches of ``loss_sum`` and ``tokens`` are returned to every process of the
+      pipeline (every one calls it with the same batch).
     - ``dp_rank``/``dp_size``: this process's data-parallel coordinates; every process
-      with the same ``dp_rank`` reads the same batch.
-    - ``mesh``: the DeviceMesh, or ``None`` in one process.
+      with the same ``dp_rank`` reads the same batch. ``dp_group`` sums over them
+      (``None`` when ``dp_size`` is 1).
+    - ``mesh``: the DeviceMesh, or ``None`` in one process; ``pp_group`` is its pipeline
+      group (``None`` without pipeline parallelism).
     - ``is_last_stage``: whether this process computes the loss (pipeline: last stage).
     """
 
@@ -38,19 +59,191 @@ class ParallelModel:
     dp_size: int = 1
     mesh: Any = None
     is_last_stage: bool = True
+    dp_group: Any = None
+    pp_group: Any = None
 
     def parameters(self):
         for part in self.parts:
             yield from part.parameters()
+
+    def forward_backward(
+        self, batch: dict[str, torch.Tensor], loss_fn: Callable, global_tokens: float | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-step with the gradient convention above: forward, ``loss_fn(logits,
+        labels) -> (loss_sum, tokens)``, backward of ``loss_sum / global_tokens``.
+        Returns the detached ``(loss_sum, tokens)`` of this process's rows (under
+        pipeline parallelism: of the pipeline's rows, on every stage).
+
+        ``batch`` holds ``input_ids``, ``labels`` and any per-token metadata the model
+        accepts.
+        """
+        if self.train_step is not None:
+            return self.train_step(batch, loss_fn, global_tokens)
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logits = self.forward(**inputs)
+        loss_sum, tokens = loss_fn(logits, batch["labels"])
+        (loss_sum / global_tokens).backward()
+        return loss_sum.detach(), torch.as_tensor(tokens)
+
+
+@attrs.define
+class ModelSplit:
+    """What a strategy's ``apply`` returns when it splits the model (pipeline
+    parallelism) instead of returning a module.
+
+    Later strategies are applied to each of ``parts`` separately; once every strategy
+    has been applied, ``finalize(pmodel, runners)`` is called with the
+    :class:`ParallelModel` and, for each part, the module the later strategies
+    returned for it (a wrapper, or the part itself), and sets ``train_step`` and
+    ``is_last_stage`` (and anything else it drives).
+    """
+
+    parts: list[torch.nn.Module]
+    finalize: Callable[[ParallelModel, list[torch.nn.Module]], None]
 
 
 def single_process(model: torch.nn.Module) -> ParallelModel:
     return ParallelModel(parts=[model], forward=model)
 
 
+def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a model part: its ``layers`` (``nn.ModuleDict`` or
+    ``nn.ModuleList``), the unit that FSDP shards and compile compiles one by one.
+    Empty for a module without ``layers``."""
+    layers = getattr(module, "layers", None)
+    if isinstance(layers, torch.nn.ModuleDict):
+        return list(layers.values())
+    if isinstance(layers, torch.nn.ModuleList):
+        return list(layers)
+    return []
+
+
+def compile_part(module: torch.nn.Module) -> None:
+    """``torch.compile`` in place, block by block (the same small graph is reused for
+    every block; state-dict keys keep their names, unlike an ``OptimizedModule``)."""
+    blocks = transformer_blocks(module)
+    for block in blocks or [module]:
+        block.compile()
+
+
+def parallelize(
+    model: torch.nn.Module,
+    config: Any,
+    registries: Any,
+    device: torch.device,
+    loss_fn: Callable | None = None,
+    world_size: int | None = None,
+    mesh: Any = None,
+) -> ParallelModel:
+    """Build the mesh (unless given) and apply every active strategy to ``model``.
+
+    ``registries`` are the run's registries (or just the ``parallelism`` registry);
+    ``config`` the resolved ForgeConfig; ``world_size`` defaults to the process
+    group's. Every process calls this with an identically initialised model (same
+    seed), so sharding a local copy gives every rank the weights a single process would
+    have. Returns the :class:`ParallelModel`.
+    """
+    from forge_core.config.loader import component_options
+    from forge_core.errors import ForgeError
+    from forge_core.parallel_dims import active_strategies, resolve_degrees
+    from forge_core.train.mesh import build_mesh, dp_coords, group_of
+    from forge_core.train.mesh import world_size as current_world_size
+    from forge_core.train.parallel_context import ParallelContext
+
+    registry = registries if hasattr(registries, "entries") else registries["parallelism"]
+    degrees = resolve_degrees(config.parallel, world_size or current_world_size())
+    if mesh is None:
+        mesh = build_mesh(degrees, device)
+    strategies = active_strategies(registry, degrees, list(config.parallel.wrappers))
+    steps: list[tuple[int, str, Any]] = [(spec.order, spec.name, spec) for spec in strategies]
+    if config.train.compile:
+        steps.append((COMPILE_ORDER, "compile", None))
+    steps.sort(key=lambda step: (step[0], step[1]))
+
+    coords = dp_coords(mesh)
+    pmodel = ParallelModel(
+        parts=[model], forward=model, mesh=mesh, dp_rank=coords.rank, dp_size=coords.size,
+        dp_group=coords.group, pp_group=group_of(mesh, "pp"),
+    )
+    parts: list[torch.nn.Module] = [model]
+    runners: list[torch.nn.Module] = [model]
+    split: ModelSplit | None = None
+    for _, name, spec in steps:
+        if spec is None:
+            for runner in runners:
+                compile_part(runner)
+            continue
+        options = component_options(config, "parallel", name, registry)
+        ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn)
+        impl = spec.load()(options)
+        results = [impl.apply(runner, ctx) for runner in runners]
+        if any(isinstance(result, ModelSplit) for result in results):
+            if split is not None or len(results) != 1:
+                raise ForgeError(
+                    f"strategy {name!r} splits the model, but it is already split: only one "
+                    "strategy may split the model, and it must be applied first"
+                )
+            split = results[0]
+            parts, runners = list(split.parts), list(split.parts)
+        else:
+            runners = results
+    pmodel.parts = parts
+    if split is not None:
+        pmodel.forward = None
+        split.finalize(pmodel, runners)
+    else:
+        pmodel.forward = runners[0]
+    return pmodel
+
+
+def _by_placement(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
+    """Parameters with a gradient, grouped so that each group's gradients are all plain
+    tensors, or all DTensors on one mesh with one placement (what a foreach over the
+    group needs)."""
+    groups: dict[Any, list[torch.nn.Parameter]] = {}
+    for param in params:
+        if param.grad is None:
+            continue
+        spec = getattr(param.grad, "_spec", None)
+        key = None if spec is None else (id(spec.mesh), tuple(spec.placements))
+        groups.setdefault(key, []).append(param)
+    return list(groups.values())
+
+
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squares of the FULL (unsharded) gradients of one group, as a plain tensor."""
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if hasattr(norm, "full_tensor"):
+        # A norm over sharded DTensors is a partial result; full_tensor reduces it over
+        # the shards' mesh (tensor- and data-parallel shards alike).
+        norm = norm.full_tensor()
+    return norm.double() ** 2
+
+
+def global_grad_norm(pmodel: ParallelModel) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, equal on every process: summed over
+    DTensor shards (tensor and fully-sharded data parallel) and over pipeline stages.
+    Replicated gradients (DDP, tensor-parallel norms) are counted once."""
+    import torch.distributed as dist
+
+    groups = _by_placement(list(pmodel.parameters()))
+    device = groups[0][0].grad.device if groups else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for group in groups:
+        total = total + _squared_norm([p.grad for p in group]).to(device)
+    if pmodel.pp_group is not None:
+        # Each stage holds different parameters: their squared norms add up.
+        dist.all_reduce(total, group=pmodel.pp_group)
+    return total.sqrt().float()
+
+
 def clip_grad_norm(pmodel: ParallelModel, max_norm: float) -> torch.Tensor:
-    """Global gradient norm (clipped to ``max_norm`` when above 0), as a float tensor."""
-    params = [p for p in pmodel.parameters() if p.grad is not None]
+    """Global gradient norm (see :func:`global_grad_norm`), scaling every gradient by
+    ``max_norm / norm`` when ``max_norm`` is above 0 and the norm exceeds it. Nothing
+    waits on the host; a non-finite norm leaves non-finite gradients for the trainer's
+    nonfinite policy to skip."""
+    norm = global_grad_norm(pmodel)
     if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    return torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        for group in _by_placement(list(pmodel.parameters())):
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
+    return norm

@@ -17,6 +17,7 @@ head, never ``S x S``). On CUDA the native backward is used.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -70,5 +71,6 @@ class FlexAttention:
 
             return flex_attention_cpu_trainable(q, k, v, prepared)
         return compiled_flex_attention()(
-            q, k, v, block_mask=prepared, enable_gqa=q.shape[1] != k.shape[1]
+            q, k, v, block_mask=prepared, scale=1.0 / math.sqrt(q.shape[-1]),
+            enable_gqa=q.shape[1] != k.shape[1],
         )

@@ -92,7 +92,8 @@ def document_block_mask(
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
     if doc_ids is None:
-        # One document spanning the row gives exactly the causal block structure.
+        # One document spanning the row gives exactly the causal block structure; the
+        # mask is broadcast over the batch, so its mask_mod must not index by batch.
         ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
         mask_mod = causal_mask_mod
     else:

@@ -18,10 +18,10 @@ Semantics (pinned by ``tests/test_packers.py``):
 - ``stats``: ``fill`` = document tokens / (rows x seq_len); ``kept`` = 1.0 (nothing is
   dropped); ``rows``, ``tokens``, ``split_documents``.
 
-The placement is a single pass over the pieces in Python, but each step is O(1) big-int
-operations: rows are kept in buckets by remaining room and a bit mask over the room
-values finds the fullest row that fits (lowest set bit at or above the piece length).
-Everything else is whole-array numpy.
+The placement is a single pass over the pieces in Python, but each step is a few
+big-int operations on a ``seq_len + 1``-bit mask: rows are kept in buckets by remaining
+room, and the mask of non-empty buckets finds the fullest row that fits (its lowest
+set bit at or above the piece length). Everything else is whole-array numpy.
 """
 
 from __future__ import annotations

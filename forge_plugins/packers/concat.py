@@ -52,24 +52,29 @@ class ConcatPacker:
     def pack_stream(self, stream: np.ndarray) -> dict[str, np.ndarray]:
         """Pack an already joined 1-D token stream (what :meth:`pack` does after joining)."""
         S = self.seq_len
+        if stream.dtype.kind not in "iu" or stream.dtype == np.uint64:
+            stream = stream.astype(np.int64)  # uint64 would mix with -100 into float64
         total = int(stream.shape[0])
         rows = max(total - 1, 0) // S
         # Inputs and labels are two overlapping views of the stream, shifted by one; no
         # window is ever materialized.
-        input_ids = stream[: rows * S].reshape(rows, S).astype(np.int64)
-        labels = stream[1 : rows * S + 1].reshape(rows, S).astype(np.int64)
+        inputs = stream[: rows * S].reshape(rows, S)
+        targets = stream[1 : rows * S + 1].reshape(rows, S)
         self.stats = {
             "rows": rows,
             "tokens": total,
             "kept": (rows * S / total) if total else 0.0,
             "fill": 1.0,
         }
-        out = {"input_ids": input_ids, "labels": labels}
+        input_ids = inputs.astype(np.int64)
         if not self.isolate:
-            return out
+            return {"input_ids": input_ids, "labels": targets.astype(np.int64)}
 
-        eos = input_ids == self.eos_id
-        np.copyto(labels, IGNORE, where=eos)
+        # Compare in the stream's own dtype (often int32 or uint16): less memory to read.
+        eos = inputs == self.eos_id
+        labels = targets.astype(np.int64)
+        np.copyto(labels, IGNORE, where=eos)  # twice as fast as np.where here
+        out = {"input_ids": input_ids, "labels": labels}
         # The EOS mask shifted right by one: its cumsum counts EOS strictly before i.
         shifted = np.empty_like(eos)
         shifted[:, 0] = False

@@ -2,7 +2,8 @@
 
 A *piece* is a contiguous run of one document's tokens (a whole document, or a chunk of
 one longer than a row). Given where each piece goes (row and column), :func:`lay_out`
-writes every output array with whole-array scatters. Labels follow one rule for every
+builds every output array with whole-array numpy (one gather per array, no per-token
+Python). Labels follow one rule for every
 packer: the label of a token is the next token of the same document; the last token of
 a document (its EOS) and padding get -100.
 """
@@ -24,10 +25,12 @@ def join(documents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(documents), offsets
 
 
-def shifted_labels(stream: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """``labels[t] = stream[t + 1]``, or -100 where ``t`` is a document's last token."""
-    labels = np.empty(stream.shape[0], np.int64)
-    labels[:-1] = stream[1:]
+def shifted_labels(stream: np.ndarray, offsets: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``labels[t] = stream[t + 1]``, or -100 where ``t`` is a document's last token
+    (written into the first ``len(stream)`` entries of ``out`` when given)."""
+    total = stream.shape[0]
+    labels = np.empty(total, np.int64) if out is None else out
+    labels[: total - 1] = stream[1:]
     ends = offsets[1:][offsets[1:] > offsets[:-1]]  # skip empty documents
     labels[ends - 1] = IGNORE
     return labels
@@ -46,48 +49,60 @@ def lay_out(
     pad_id: int,
     metadata: bool,
 ) -> dict[str, np.ndarray]:
-    """Scatter pieces (stream ranges ``[start, start + len)``) to ``(row, col)``.
+    """Rows made of pieces (stream ranges ``[start, start + len)``) at ``(row, col)``.
 
-    Padding is ``pad_id`` with label -100. With ``metadata``, ``doc_ids`` numbers the
-    pieces of a row from 0 in column order and gives the row's padding one more id (so
-    no real token attends to padding), and ``positions`` count from 0 in every piece
-    and in the padding.
+    Pieces of a row must sit left to right without gaps from column 0; the rest of the
+    row is padding: ``pad_id`` with label -100. With ``metadata``, ``doc_ids`` numbers
+    the pieces of a row from 0 in column order and gives the row's padding one more id
+    (so no real token attends to padding), and ``positions`` count from 0 in every
+    piece and in the padding.
+
+    The output is built in its own order, as *segments*: each row's pieces, then its
+    padding. One flat ``within`` (index inside the segment) gives the positions and,
+    offset by each segment's source, the gather index into the stream; padding
+    gathers a sentinel appended after the stream. No output array is written twice.
     """
     S = seq_len
-    labels_stream = shifted_labels(stream, offsets)
-    total = int(piece_len.sum())
-    first = np.zeros(len(piece_len), np.int64)
-    np.cumsum(piece_len[:-1], out=first[1:])
-    # within[t]: index of token t inside its piece (also its position).
-    within = np.arange(total, dtype=np.int64) - np.repeat(first, piece_len)
-    src = np.repeat(piece_start, piece_len) + within
-    if total == stream.shape[0] and np.array_equal(piece_start, first):
-        src = slice(None)  # the pieces tile the stream in order: no gather needed
-    dest = np.repeat(piece_row * S + piece_col, piece_len) + within
-
-    input_ids = np.full((rows, S), pad_id, np.int64)
-    labels = np.full((rows, S), IGNORE, np.int64)
-    input_ids.reshape(-1)[dest] = stream[src]
-    labels.reshape(-1)[dest] = labels_stream[src]
-    out = {"input_ids": input_ids, "labels": labels}
-    if not metadata:
-        return out
-
-    # Slot of a piece within its row = its rank by column among the row's pieces.
-    by_place = np.lexsort((piece_col, piece_row))
-    row_sorted = piece_row[by_place]
-    group_start = np.flatnonzero(np.r_[True, row_sorted[1:] != row_sorted[:-1]])
-    group_len = np.diff(np.r_[group_start, len(by_place)])
-    slot = np.empty(len(piece_len), np.int64)
-    slot[by_place] = np.arange(len(by_place)) - np.repeat(group_start, group_len)
-    pieces_in_row = np.bincount(piece_row, minlength=rows)
+    n_pieces = len(piece_len)
+    total = int(stream.shape[0])
+    # Pieces in output order (row, then column); slot = rank within the row.
+    order = np.argsort(piece_row * S + piece_col, kind="stable")
+    per_row = np.bincount(piece_row, minlength=rows)
     fill = np.bincount(piece_row, weights=piece_len, minlength=rows).astype(np.int64)
+    before = np.zeros(rows + 1, np.int64)  # pieces in earlier rows
+    np.cumsum(per_row, out=before[1:])
+    row_sorted = piece_row[order]
+    # Segment k of the output: row r's pieces land after r padding segments.
+    piece_seg = np.arange(n_pieces, dtype=np.int64) + row_sorted
+    pad_seg = before[1:] + np.arange(rows, dtype=np.int64)
+    n_seg = n_pieces + rows
+    seg_len = np.empty(n_seg, np.int64)
+    seg_src = np.empty(n_seg, np.int64)
+    seg_len[piece_seg] = piece_len[order]
+    seg_src[piece_seg] = piece_start[order]
+    seg_len[pad_seg] = S - fill
+    seg_src[pad_seg] = total  # the sentinel
+    seg_start = np.zeros(n_seg, np.int64)
+    np.cumsum(seg_len[:-1], out=seg_start[1:])
 
-    cols = np.arange(S, dtype=np.int64)
-    doc_ids = np.repeat(pieces_in_row, S).reshape(rows, S)
-    positions = cols[None, :] - fill[:, None]  # padding counts from 0 after the fill
-    doc_ids.reshape(-1)[dest] = np.repeat(slot, piece_len)
-    positions.reshape(-1)[dest] = within
-    out["doc_ids"] = doc_ids
-    out["positions"] = positions
+    within = np.arange(rows * S, dtype=np.int64)
+    within -= np.repeat(seg_start, seg_len)
+    src = within + np.repeat(seg_src, seg_len)
+    np.minimum(src, total, out=src)  # padding: every index at or past the sentinel
+    tokens = np.empty(total + 1, np.int64)
+    tokens[:total] = stream
+    tokens[total] = pad_id
+    labels = np.empty(total + 1, np.int64)
+    shifted_labels(stream, offsets, out=labels)
+    labels[total] = IGNORE
+    out = {
+        "input_ids": tokens[src].reshape(rows, S),
+        "labels": labels[src].reshape(rows, S),
+    }
+    if metadata:
+        seg_slot = np.empty(n_seg, np.int64)
+        seg_slot[piece_seg] = np.arange(n_pieces, dtype=np.int64) - before[row_sorted]
+        seg_slot[pad_seg] = per_row
+        out["doc_ids"] = np.repeat(seg_slot, seg_len).reshape(rows, S)
+        out["positions"] = within.reshape(rows, S)
     return out

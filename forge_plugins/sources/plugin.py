@@ -26,7 +26,7 @@ def forge_sources() -> list[SourceSpec]:
         ),
         SourceSpec(
             name="stdlib",
-            summary="The Python standard library's own .py files: real text, no download",
+            summary="Python standard library .py files (no tests or site-packages), sorted; no download",
             impl="forge_plugins.sources.stdlib:StdlibSource",
             options=StdlibOptions,
         ),

@@ -1,0 +1,77 @@
+"""``forge-run prepare``: tokenize a source once into shards a run can memory-map.
+
+The output is deterministic (same source and tokenizer: byte-identical files; no
+timestamps) and appears atomically: everything is written under ``<out_dir>.partial``
+and renamed to ``out_dir`` only when complete, so an interrupted prepare leaves no
+directory that looks whole. A leftover ``.partial`` directory from an earlier,
+interrupted prepare is reported and removed before writing. On an error the partial
+directory is removed too. The format is :mod:`forge_core.data.shards`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forge_core.data.pipeline import tokenize
+from forge_core.data.shards import TOKENIZER_DIR, ShardWriter, partial_dir
+from forge_core.errors import ForgeError
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def prepare(
+    source: Any,
+    tokenizer: Any,
+    out_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    report: Callable[[str], None] = _stderr,
+) -> dict[str, Any]:
+    """Tokenize every document of ``source`` into the shard directory ``out_dir``.
+
+    The tokenizer saves itself into ``out_dir/tokenizer``. Returns the shard index
+    (what ``index.json`` holds). ``out_dir`` must not exist unless ``overwrite`` (then
+    it is replaced only once the new one is complete). ``report`` receives the
+    human-readable notes (leftover removed, summary).
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")
+    tmp = partial_dir(out)
+    if tmp.exists():
+        report(f"{tmp}: left by an interrupted prepare; removing it.")
+        shutil.rmtree(tmp)
+    writer = ShardWriter(
+        out,
+        {
+            "identity": tokenizer.identity,
+            "vocab_size": int(tokenizer.vocab_size),
+            "eos_id": int(tokenizer.eos_id),
+            "pad_id": int(tokenizer.pad_id),
+        },
+    )
+    try:
+        for batch in tokenize(source, tokenizer, progress=progress):
+            writer.add(batch)
+        if not writer.num_documents:
+            raise ForgeError(f"{source.describe()}: the source yielded no document; nothing to prepare.")
+        tok_dir = writer.tmp / TOKENIZER_DIR
+        tok_dir.mkdir()
+        tokenizer.save(str(tok_dir))
+        index = writer.commit(source.describe(), replace=overwrite)
+    except BaseException:
+        writer.abort()
+        raise
+    report(
+        f"{out}: {index['num_documents']} documents, {index['num_tokens']} tokens "
+        f"({index['dtype']}), tokenizer {tokenizer.identity}"
+    )
+    return index

@@ -1,0 +1,77 @@
+"""``forge-run prepare CONFIG [key=value ...] --out DIR [--train-bpe VOCAB]``.
+
+Builds the config's ``data.source`` and ``data.tokenizer`` through the registries and
+writes shards with :func:`forge_core.data.prepare.prepare`. With ``--train-bpe VOCAB``
+it first trains a byte-level BPE tokenizer on the source
+(:func:`forge_core.data.bpe.train_bpe`) and uses it in place of the configured one's
+files: the configured tokenizer must load from a directory (its options have a
+``path``, like the built-in ``hf``), and is built with ``path`` set to the trained
+files. The shards then carry that tokenizer in ``DIR/tokenizer``. The last lines
+printed are the config settings that train on the result.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from forge_core.errors import ForgeError
+
+
+def main(args: Any) -> int:
+    from forge_core.config.loader import load_config
+    from forge_core.data.bpe import train_bpe
+    from forge_core.data.prepare import prepare
+    from forge_core.data.shards import TOKENIZER_DIR
+    from forge_core.registry import load_registries
+    from forge_core.train import components
+
+    block = tuple(load_config(args.config, args.overrides).plugins.block)
+    registries = load_registries(block=block)
+    config = load_config(args.config, args.overrides, registries)
+    out = Path(args.out)
+    overwrite = bool(getattr(args, "overwrite", False))
+    if out.exists() and not overwrite:
+        raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")
+    vocab = int(getattr(args, "train_bpe", 0) or 0)
+    options = config.data.tokenizer_options
+    if vocab and not (attrs.has(type(options)) and any(f.name == "path" for f in attrs.fields(type(options)))):
+        raise ForgeError(
+            f"--train-bpe needs a tokenizer that loads from a directory (options with a "
+            f"'path'), but data.tokenizer is {config.data.tokenizer!r}. Set data.tokenizer=hf."
+        )
+    source = components.source(config, registries)
+    print(f"source: {source.describe()}", file=sys.stderr)
+    if not vocab:
+        tokenizer = components.tokenizer(config, registries)
+        prepare(source, tokenizer, out, overwrite=overwrite)
+        _next_steps(config.data.tokenizer, None, out)
+        return 0
+
+    cls = registries["tokenizer"].get(config.data.tokenizer).load()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    trained = Path(tempfile.mkdtemp(prefix=f"{out.name}.bpe-", dir=out.parent))
+    try:
+        print(f"training a BPE tokenizer of {vocab} tokens ...", file=sys.stderr)
+        train_bpe(source, vocab, trained / "tokenizer", overwrite=True)
+        tokenizer = cls(attrs.evolve(options, path=str(trained / "tokenizer")))
+        # A second pass over the source: sources are deterministic, so it is the same text.
+        source = components.source(config, registries)
+        prepare(source, tokenizer, out, overwrite=overwrite)
+    finally:
+        shutil.rmtree(trained, ignore_errors=True)
+    _next_steps(config.data.tokenizer, out / TOKENIZER_DIR, out)
+    return 0
+
+
+def _next_steps(tokenizer: str, tokenizer_path: Path | None, out: Path) -> None:
+    lines = ["train on it with:", "  data.source: shards", f"  data.source_options: {{path: {out}}}"]
+    lines.append(f"  data.tokenizer: {tokenizer}")
+    if tokenizer_path is not None:
+        lines.append(f"  data.tokenizer_options: {{path: {tokenizer_path}}}")
+    print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,195 @@
+"""The on-disk format of pre-tokenized shards (written by ``forge-run prepare``).
+
+A shard directory holds three files and the tokenizer that made them:
+
+- ``tokens.bin``: every document's tokens, back to back, no EOS (the pipeline appends
+  EOS when it reads them, exactly as it does for text), as raw little-endian integers
+  of ``dtype`` (``uint16`` when the vocabulary fits, else ``uint32``), read through
+  ``np.memmap``;
+- ``offsets.npy``: int64, ``num_documents + 1`` entries; document ``i`` is
+  ``tokens[offsets[i]:offsets[i + 1]]``;
+- ``index.json``: ``format``, ``version``, ``dtype``, ``num_tokens``,
+  ``num_documents``, ``tokenizer`` (``identity``, ``vocab_size``, ``eos_id``,
+  ``pad_id``), ``source`` (the source's one-line description) and the two file names;
+- ``tokenizer/``: what the tokenizer's ``save`` wrote (a Hugging Face tokenizer's
+  files; nothing for the byte tokenizer).
+
+The directory is written under ``<dir>.partial`` and renamed to ``<dir>`` only once
+complete; ``index.json`` is written last. A ``.partial`` directory is therefore the
+trace of an interrupted prepare, and a directory without ``index.json`` is not a shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forge_core.errors import ForgeError
+
+FORMAT = "forge-shards"
+VERSION = 1
+INDEX = "index.json"
+TOKENS = "tokens.bin"
+OFFSETS = "offsets.npy"
+TOKENIZER_DIR = "tokenizer"
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_dir(out_dir: str | os.PathLike) -> Path:
+    """Where a shard directory is written before it is complete."""
+    out = Path(out_dir)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype holding every id below ``vocab_size``."""
+    if vocab_size <= 1 << 16:
+        return np.dtype("<u2")
+    if vocab_size <= 1 << 32:
+        return np.dtype("<u4")
+    raise ForgeError(f"vocabulary of {vocab_size} ids is too large for a shard (at most 2**32).")
+
+
+class ShardWriter:
+    """Appends documents into ``<out_dir>.partial``; :meth:`commit` makes it ``out_dir``."""
+
+    def __init__(self, out_dir: str | os.PathLike, tokenizer: dict[str, Any]) -> None:
+        self.out_dir = Path(out_dir)
+        self.tmp = partial_dir(out_dir)
+        self.tokenizer = tokenizer
+        self.dtype = token_dtype(int(tokenizer["vocab_size"]))
+        self.tmp.mkdir(parents=True)
+        self._tokens = open(self.tmp / TOKENS, "wb")
+        self._lengths: list[int] = []
+        self.num_tokens = 0
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._lengths)
+
+    def add(self, documents: list[np.ndarray]) -> None:
+        """Append documents (1-D integer arrays, no EOS)."""
+        if not documents:
+            return
+        flat = np.concatenate(documents)
+        vocab = int(self.tokenizer["vocab_size"])
+        # Narrowing to the shard dtype would wrap a bad id silently: refuse it here.
+        if flat.size and (flat.min() < 0 or flat.max() >= vocab):
+            raise ForgeError(
+                f"token id {int(flat.max() if flat.max() >= vocab else flat.min())} is "
+                f"outside the tokenizer's vocabulary of {vocab} ids."
+            )
+        flat.astype(self.dtype).tofile(self._tokens)
+        self._lengths.extend(len(d) for d in documents)
+        self.num_tokens += int(flat.size)
+
+    def commit(self, source: str, replace: bool = False) -> dict[str, Any]:
+        """Finish the files, write ``index.json`` last, rename into place."""
+        self._tokens.close()
+        offsets = np.zeros(len(self._lengths) + 1, np.int64)
+        np.cumsum(np.asarray(self._lengths, np.int64), out=offsets[1:])
+        np.save(self.tmp / OFFSETS, offsets)
+        index = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": self.dtype.name,
+            "num_tokens": self.num_tokens,
+            "num_documents": len(self._lengths),
+            "tokenizer": self.tokenizer,
+            "source": source,
+            "files": {"tokens": TOKENS, "offsets": OFFSETS},
+        }
+        with open(self.tmp / INDEX, "w") as f:
+            json.dump(index, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if replace and self.out_dir.exists():
+            old = self.out_dir.with_name(self.out_dir.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.out_dir, old)
+            os.replace(self.tmp, self.out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(self.tmp, self.out_dir)
+        return index
+
+    def abort(self) -> None:
+        """Remove the partial directory (after an error: nothing half-written remains)."""
+        self._tokens.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Shards:
+    """A complete shard directory, validated on open; tokens are memory-mapped."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        index_path = self.path / INDEX
+        if not self.path.is_dir():
+            if partial_dir(self.path).exists():
+                raise ForgeError(
+                    f"{self.path}: not there, but {partial_dir(self.path)} is: an earlier "
+                    "`forge-run prepare` was interrupted. Run it again (it removes the "
+                    "leftover first)."
+                )
+            raise ForgeError(f"{self.path}: no such shard directory. Create it with `forge-run prepare`.")
+        if not index_path.is_file():
+            raise ForgeError(f"{index_path}: missing; {self.path} is not a complete `forge-run prepare` output.")
+        try:
+            index = json.loads(index_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ForgeError(f"{index_path}: not valid JSON ({exc}).") from None
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            raise ForgeError(f"{index_path}: not a Forge shard index (format {FORMAT!r} expected).")
+        if index.get("version") != VERSION:
+            raise ForgeError(
+                f"{index_path}: shard format version {index.get('version')}, this Forge reads "
+                f"version {VERSION}. Run `forge-run prepare` again."
+            )
+        self.index = index
+        self.dtype = np.dtype(index["dtype"])
+        self.num_tokens = int(index["num_tokens"])
+        self.num_documents = int(index["num_documents"])
+        self.tokenizer = dict(index["tokenizer"])
+
+        tokens_path = self.path / index["files"]["tokens"]
+        offsets_path = self.path / index["files"]["offsets"]
+        for p in (tokens_path, offsets_path):
+            if not p.is_file():
+                raise ForgeError(f"{p}: missing from the shard directory {self.path}.")
+        expected = self.num_tokens * self.dtype.itemsize
+        if tokens_path.stat().st_size != expected:
+            raise ForgeError(
+                f"{tokens_path}: {tokens_path.stat().st_size} bytes, the index says "
+                f"{self.num_tokens} tokens of {self.dtype.name} ({expected} bytes). The "
+                "shard is damaged: run `forge-run prepare` again."
+            )
+        self.offsets = np.load(offsets_path)
+        o = self.offsets
+        if (
+            o.ndim != 1
+            or len(o) != self.num_documents + 1
+            or (len(o) and (o[0] != 0 or o[-1] != self.num_tokens))
+            or np.any(np.diff(o) < 0)
+        ):
+            raise ForgeError(f"{offsets_path}: offsets do not match the index; the shard is damaged.")
+        if self.num_tokens:
+            self.tokens = np.memmap(tokens_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+        else:  # np.memmap refuses an empty file
+            self.tokens = np.zeros(0, self.dtype)
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def documents(self) -> Iterator[np.ndarray]:
+        """Every document as a read-only view into the memory map, in order."""
+        tokens, offsets = self.tokens, self.offsets.tolist()
+        for i in range(self.num_documents):
+            yield tokens[offsets[i] : offsets[i + 1]]

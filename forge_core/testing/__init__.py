@@ -1,0 +1,55 @@
+"""The conformance kit: checks a plugin author runs against their components.
+
+- :func:`check_attention_backend`: agreement with an explicit-softmax reference
+  (:func:`reference_attention`), with and without ``doc_ids``, forward and backward,
+  grouped-query shapes; and document isolation for backends that honour ``doc_ids``.
+- :func:`check_packer`: token accounting, ``doc_ids``/``positions`` invariants, and
+  that the declared ``emits`` (and ``emits_when``) match what ``pack`` returns.
+- :func:`check_rule`: a rule fires on a config that breaks it and not on one that
+  does not.
+
+Each raises ``AssertionError`` with a specific message when the component breaks its
+contract (``ValueError`` when the kit itself is misused). The same functions are
+available in tests as the ``forge_conformance`` fixture of the pytest plugin
+(:mod:`forge_core.testing.pytest_plugin`, registered through the ``pytest11`` entry
+point).
+
+Importing this package does not import torch: the attention names below are loaded on
+first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_core.testing.packers import PackerReport, check_packer, conformance_documents
+from forge_core.testing.rules import check_rule
+
+_ATTENTION_NAMES = (
+    "check_attention_backend",
+    "reference_attention",
+    "reference_mask",
+    "assert_close",
+    "available_devices",
+    "doc_ids_from_lengths",
+)
+
+__all__ = [
+    "PackerReport",
+    "check_packer",
+    "check_rule",
+    "conformance_documents",
+    *_ATTENTION_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ATTENTION_NAMES:
+        from forge_core.testing import attention
+
+        return getattr(attention, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ATTENTION_NAMES))

@@ -1,0 +1,337 @@
+"""Conformance checks for attention backends, and the reference they are held to.
+
+A backend is tested at its own interface (``prepare(doc_ids, seq_len, device)`` then
+``attend(q, k, v, prepared)``), so no model is needed. Two properties are checked:
+
+- **agreement with the reference**: :func:`reference_attention`, a plain
+  explicit-softmax implementation computed in float64, with and without ``doc_ids``,
+  forward (under ``no_grad`` and with autograd) and backward, for grouped-query and
+  multi-head shapes; one ``prepare`` result is reused for two ``attend`` calls, as every
+  layer of a model reuses it;
+- **document isolation** (for a backend that honours ``doc_ids``): in packed rows that
+  hold several documents (a one-token document, a row that starts with one, documents
+  that end exactly at the row end) each document's outputs, and the gradients of its
+  queries, keys and values, equal those of the same document attended on its own.
+  This needs no reference: a backend that lets tokens see across documents fails it
+  whatever else it does.
+
+The standalone run places each document at the start of a row of the same length and
+attends causally without ``doc_ids`` (upstream gradient zero after the document), so the
+backend sees one input shape throughout: a compiled kernel compiles once, not once per
+document length. The causal run is itself checked against the reference first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from forge_core.specs import DOC_IDS
+from forge_core.testing.resolve import resolve
+
+#: Document lengths of the packed rows (each row is filled to its end).
+LAYOUTS: tuple[tuple[int, ...], ...] = ((5, 1, 6, 4), (1, 9, 6))
+SEQ_LEN = 16
+#: (query heads, key/value heads): grouped-query, then multi-head attention.
+HEAD_SHAPES: tuple[tuple[int, int], ...] = ((4, 2), (2, 2))
+HEAD_DIM = 8
+
+#: (atol, rtol) per dtype against the float64 reference.
+TOLERANCES = {
+    torch.float64: (1e-8, 1e-7),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (3e-2, 3e-2),
+}
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# --- the reference -------------------------------------------------------------------
+
+
+def reference_mask(
+    doc_ids: torch.Tensor | None,
+    seq_len: int,
+    device: torch.device | str = "cpu",
+    mask_mod: MaskMod | None = None,
+) -> torch.Tensor:
+    """Boolean ``(B or 1, 1, S, S)`` mask, True where query ``i`` may attend to key ``j``:
+    ``j <= i``, the same document when ``doc_ids`` is given, and ``mask_mod(i, j)``
+    when given (an extra restriction such as a sliding window, evaluated on broadcast
+    index tensors)."""
+    q_idx = torch.arange(seq_len, device=device)[:, None]
+    kv_idx = torch.arange(seq_len, device=device)[None, :]
+    allowed = kv_idx <= q_idx
+    if mask_mod is not None:
+        allowed = allowed & mask_mod(q_idx, kv_idx).to(torch.bool)
+    if doc_ids is None:
+        return allowed[None, None]
+    doc_ids = doc_ids.to(device)
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
+    return (allowed[None] & same_doc)[:, None]
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc_ids: torch.Tensor | None = None,
+    mask_mod: MaskMod | None = None,
+) -> torch.Tensor:
+    """Causal softmax attention of ``q (B, H, S, D)`` over ``k, v (B, Hkv, S, D)``,
+    computed explicitly in float64 and returned in ``q``'s dtype; differentiable.
+
+    Grouped-query attention shares key/value head ``j`` among query heads
+    ``j * H/Hkv ... (j + 1) * H/Hkv - 1`` (``repeat_interleave``, the convention of
+    SDPA's ``enable_gqa`` and Hugging Face). A query with no key left to attend to gets
+    zeros.
+    """
+    heads, kv_heads, seq_len = q.shape[1], k.shape[1], q.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
+    group = heads // kv_heads
+    qd, kd, vd = q.double(), k.double(), v.double()
+    if group > 1:
+        kd = kd.repeat_interleave(group, dim=1)
+        vd = vd.repeat_interleave(group, dim=1)
+    scores = (qd @ kd.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    mask = reference_mask(doc_ids, seq_len, q.device, mask_mod)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return (probs @ vd).to(q.dtype)
+
+
+def doc_ids_from_lengths(layouts: Sequence[Sequence[int]], seq_len: int) -> torch.Tensor:
+    """``doc_ids`` ``(rows, seq_len)`` for rows holding documents of the given lengths."""
+    rows = []
+    for lengths in layouts:
+        if sum(lengths) != seq_len:
+            raise ValueError(f"document lengths {tuple(lengths)} must add up to seq_len {seq_len}")
+        rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
+    return torch.stack(rows).long()
+
+
+# --- running a backend ----------------------------------------------------------------
+
+
+def available_devices() -> tuple[str, ...]:
+    """``("cpu",)`` plus ``"cuda"`` when a GPU is visible."""
+    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
+def _construct(impl: Any, options: Any) -> Any:
+    if hasattr(impl, "attend") and hasattr(impl, "prepare") and not isinstance(impl, type):
+        return impl  # already an instance
+    return impl(options)
+
+
+@torch.no_grad()
+def _forward(backend: Any, inputs: Sequence[tuple[torch.Tensor, ...]], doc_ids: torch.Tensor | None) -> list[torch.Tensor]:
+    """Outputs for several (q, k, v) triples sharing one ``prepare`` (like model layers)."""
+    q0 = inputs[0][0]
+    prepared = backend.prepare(doc_ids, q0.shape[2], q0.device)
+    return [backend.attend(q.detach(), k.detach(), v.detach(), prepared) for q, k, v in inputs]
+
+
+def _forward_backward(
+    backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, doc_ids: torch.Tensor | None, where: str
+) -> tuple[torch.Tensor, ...]:
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    prepared = backend.prepare(doc_ids, q.shape[2], q.device)
+    out = backend.attend(*leaves, prepared)
+    _check_output(out, q, where)
+    if out.grad_fn is None:
+        raise AssertionError(f"{where}: attend() returned an output that carries no gradient (it must stay differentiable)")
+    (out * grad_out).sum().backward()
+    for name, leaf in zip("qkv", leaves):
+        if leaf.grad is None:
+            raise AssertionError(f"{where}: no gradient reached {name}")
+    return (out.detach(), *(leaf.grad for leaf in leaves))
+
+
+def _reference_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, doc_ids: torch.Tensor | None, mask_mod: MaskMod | None
+) -> tuple[torch.Tensor, ...]:
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out = reference_attention(*leaves, doc_ids=doc_ids, mask_mod=mask_mod)
+    (out * grad_out.double()).sum().backward()
+    return (out.detach(), *(leaf.grad for leaf in leaves))
+
+
+def _check_output(out: Any, q: torch.Tensor, where: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"{where}: attend() must return a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(q.shape):
+        raise AssertionError(f"{where}: attend() returned shape {tuple(out.shape)}; expected the shape of q, {tuple(q.shape)}")
+    if out.dtype != q.dtype:
+        raise AssertionError(f"{where}: attend() returned dtype {out.dtype}; expected q's dtype {q.dtype}")
+    if out.device != q.device:
+        raise AssertionError(f"{where}: attend() returned a tensor on {out.device}; expected q's device {q.device}")
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str) -> None:
+    """AssertionError naming ``what``, the largest difference and the first mismatch
+    (batch, head, position) when ``got`` and ``want`` differ beyond tolerance."""
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    got64, want64 = got.detach().double().cpu(), want.detach().double().cpu()
+    if not torch.isfinite(got64).all():
+        index = tuple(torch.nonzero(~torch.isfinite(got64))[0].tolist())
+        raise AssertionError(f"{what}: non-finite value {got64[index].item()} at {_where(index)}")
+    diff = (got64 - want64).abs()
+    bad = diff > atol + rtol * want64.abs()
+    if bad.any():
+        index = tuple(torch.nonzero(bad)[0].tolist())
+        raise AssertionError(
+            f"{what}: max |difference| {diff.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); "
+            f"first mismatch at {_where(index)}: got {got64[index].item():.6g}, expected {want64[index].item():.6g}"
+        )
+
+
+def _where(index: tuple[int, ...]) -> str:
+    if len(index) == 4:
+        return f"[batch {index[0]}, head {index[1]}, position {index[2]}, dim {index[3]}]"
+    if len(index) == 3:
+        return f"[head {index[0]}, position {index[1]} within the document, dim {index[2]}]"
+    return str(list(index))
+
+
+# --- the checks ------------------------------------------------------------------------
+
+
+def _dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32' or torch.bfloat16")
+    return value
+
+
+def _random(generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.randn(shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def check_attention_backend(
+    backend: Any,
+    *,
+    options: Any = None,
+    devices: Iterable[str] = ("cpu",),
+    seed: int = 0,
+    honours: Iterable[str] | None = None,
+    mask_mod: MaskMod | None = None,
+    dtype: Any = "float32",
+    atol: float | None = None,
+    rtol: float | None = None,
+    extra_plugins: Iterable[tuple[str, Any]] = (),
+) -> None:
+    """Check an attention backend against the contract; raise AssertionError on the
+    first violation, naming the backend, device, head shape and what differs.
+
+    ``backend`` is a registered name, an :class:`~forge_core.specs.AttentionBackendSpec`,
+    the implementation class or an instance. ``options`` is a mapping or an options
+    instance (default: the spec's defaults). ``honours`` overrides the declared
+    capabilities (default: the spec's ``honours``; ``{"doc_ids"}`` for a bare class):
+    document isolation and agreement with ``doc_ids`` are checked only for a backend
+    that honours ``doc_ids``. ``mask_mod(q_idx, kv_idx) -> bool tensor`` restricts the
+    reference further for backends that attend to less than everything causal (a
+    sliding window: ``lambda q, kv: q - kv < window``). ``devices`` lists where to run
+    (see :func:`available_devices`); tolerances default per ``dtype``.
+    """
+    resolved = resolve("attention", backend, options, extra_plugins)
+    if honours is None:
+        honours = resolved.spec.honours if resolved.spec is not None else frozenset({DOC_IDS})
+    honours = frozenset(honours)
+    dtype = _dtype(dtype)
+    default_atol, default_rtol = TOLERANCES.get(dtype, (1e-4, 1e-4))
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    devices = tuple(devices)
+    for device in devices:
+        if device not in available_devices():
+            raise ValueError(f"device {device!r} is not available here (available: {', '.join(available_devices())})")
+    instance = _construct(resolved.impl, resolved.options)
+    tol = {"atol": atol, "rtol": rtol}
+    for device in devices:
+        for heads, kv_heads in HEAD_SHAPES:
+            where = f"{resolved.label} on {device}, {dtype}, {heads} query / {kv_heads} key-value heads"
+            case = _Case(instance, device, dtype, heads, kv_heads, seed, mask_mod, tol, where)
+            case.agrees_with_reference(doc_ids=None)
+            if DOC_IDS in honours:
+                case.isolates_documents()
+                case.agrees_with_reference(doc_ids=doc_ids_from_lengths(LAYOUTS, SEQ_LEN).to(device))
+
+
+class _Case:
+    """One device and head shape: random inputs and the checks that use them."""
+
+    def __init__(self, backend, device, dtype, heads, kv_heads, seed, mask_mod, tol, where):
+        self.backend, self.device, self.dtype = backend, device, dtype
+        self.mask_mod, self.tol, self.where = mask_mod, tol, where
+        self.generator = torch.Generator().manual_seed(seed)
+        batch = len(LAYOUTS)
+        self.q_shape = (batch, heads, SEQ_LEN, HEAD_DIM)
+        self.kv_shape = (batch, kv_heads, SEQ_LEN, HEAD_DIM)
+        self.q, self.k, self.v = self.random(self.q_shape), self.random(self.kv_shape), self.random(self.kv_shape)
+        self.grad_out = self.random(self.q_shape)
+
+    def random(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return _random(self.generator, shape, self.dtype, self.device)
+
+    def agrees_with_reference(self, doc_ids: torch.Tensor | None) -> None:
+        mode = "causal with doc_ids" if doc_ids is not None else "causal without doc_ids"
+        where = f"{self.where}, {mode}"
+        # Two "layers" share one prepare() result, as in a model forward.
+        second = (self.random(self.q_shape), self.random(self.kv_shape), self.random(self.kv_shape))
+        outs = _forward(self.backend, [(self.q, self.k, self.v), second], doc_ids)
+        for layer, (out, (q, k, v)) in enumerate(zip(outs, [(self.q, self.k, self.v), second])):
+            _check_output(out, q, where)
+            want = reference_attention(q, k, v, doc_ids, self.mask_mod)
+            assert_close(out, want, **self.tol, what=f"{where}: forward (no_grad, call {layer + 1} on one prepare()) differs from the reference")
+        got = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, where)
+        want = _reference_backward(self.q, self.k, self.v, self.grad_out, doc_ids, self.mask_mod)
+        for name, g, w in zip(("output", "grad of q", "grad of k", "grad of v"), got, want):
+            assert_close(g, w, **self.tol, what=f"{where}: {name} (with autograd) differs from the reference")
+
+    def isolates_documents(self) -> None:
+        doc_ids = doc_ids_from_lengths(LAYOUTS, SEQ_LEN).to(self.device)
+        packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
+        segments = [(row, n, start, length) for row, lengths in enumerate(LAYOUTS) for n, (start, length) in enumerate(_spans(lengths))]
+        batch = self.q.shape[0]
+        # Each document alone at the start of a row of the same length, ``batch`` rows at
+        # a time so the backend sees the shapes it has already seen (a compiled kernel
+        # does not recompile); what follows a document is unrelated random data that
+        # causal attention must never let it see.
+        results = []
+        for first in range(0, len(segments), batch):
+            chunk = segments[first : first + batch]
+            alone = [self.random(tuple(t.shape)) for t in (self.q, self.k, self.v)]
+            grad_alone = torch.zeros_like(self.grad_out)
+            for i, (row, _, start, length) in enumerate(chunk):
+                for dst, src in zip(alone, (self.q, self.k, self.v)):
+                    dst[i, :, :length] = src[row, :, start : start + length]
+                grad_alone[i, :, :length] = self.grad_out[row, :, start : start + length]
+            results.append((chunk, _forward_backward(self.backend, *alone, grad_alone, None, f"{self.where}, documents alone")))
+        # Outputs first: a leak shows up there as "document n sees an earlier document".
+        for index, name in enumerate(("output", "grad of q", "grad of k", "grad of v")):
+            for chunk, single in results:
+                for i, (row, n, start, length) in enumerate(chunk):
+                    span = f"row {row}, document {n} (positions {start}..{start + length - 1} of {SEQ_LEN})"
+                    p, s = packed[index], single[index]
+                    assert_close(
+                        p[row, :, start : start + length], s[i, :, :length], **self.tol,
+                        what=f"{self.where}: document isolation broken at {span}: the packed row's {name} "
+                        "differs from the same document attended on its own, so tokens attend across "
+                        "documents (is the doc_ids mask from prepare() applied in attend()?)",
+                    )
+
+
+def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for length in lengths:
+        spans.append((start, length))
+        start += length
+    return spans

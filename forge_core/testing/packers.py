@@ -1,0 +1,329 @@
+"""Conformance checks for packers: token accounting, per-token metadata, declared
+capabilities.
+
+The kit packs its own documents: every token value except EOS occurs exactly once in
+the whole corpus, so each input token names the document and offset it came from and
+every invariant can be checked position by position, whatever the packer's strategy
+(truncating, concatenating, bin packing, splitting long documents). The corpus holds a
+one-token document (just EOS), documents of exactly ``seq_len``, one token under and
+over it, and documents over twice as long. ``eos_id`` and ``pad_id`` differ, so padding
+is recognisable.
+
+What every packer must satisfy:
+
+- ``pack(documents)`` returns a dict of int64 arrays of shape ``(rows, seq_len)`` with
+  ``input_ids``, ``labels`` and exactly the metadata keys its spec declares (``emits``,
+  switched off by ``emits_when``), and leaves its input unmodified; packing twice gives
+  the same result;
+- inputs are document tokens or ``pad_id``; no token appears twice; tokens of one
+  document that sit side by side in a row are in document order; padding has label -100;
+- a label is the next token of the input's document; where that token follows in the
+  row, the label is not -100 (no loss silently dropped); the label of a document's EOS
+  points into another document, so it is -100 for a packer that isolates documents and
+  otherwise the next input token;
+- with ``doc_ids``: non-decreasing along a row; two neighbouring tokens share an id only
+  when they are consecutive tokens of one document; padding never shares an id with a
+  real token after it; with ``positions``: they restart at 0 where ``doc_ids`` change and
+  count up by one elsewhere (without ``doc_ids``: 0 at every document's first token);
+- at least ``min_kept`` of the corpus tokens appear as inputs and of the next-token
+  targets are trained on (all of them, exactly once, with ``lossless=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from forge_core.specs import DOC_IDS, POSITIONS
+from forge_core.testing.resolve import Resolved, resolve
+
+EOS_ID = 1
+PAD_ID = 0
+FIRST_TOKEN = 2
+IGNORE = -100
+SEQ_LEN = 16
+REQUIRED = ("input_ids", "labels")
+
+_PAD, _UNKNOWN_EOS = -1, -2
+
+
+def conformance_documents(seq_len: int = SEQ_LEN, seed: int = 0) -> list[np.ndarray]:
+    """The kit's corpus: documents (EOS appended) whose tokens are unique except EOS."""
+    if seq_len < 4:
+        raise ValueError(f"the packer checks need seq_len >= 4, got {seq_len}")
+    S = seq_len
+    lengths = [5, 1, S, 3, 2 * S + 8, S - 1, 2, S + 1, 7, 9, 1, 12, 6, 4, 2 * S + 1, 8]
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    docs, next_token = [], FIRST_TOKEN
+    for length in (lengths[i] for i in order):
+        body = np.arange(next_token, next_token + length - 1, dtype=np.int64)
+        next_token += length - 1
+        docs.append(np.concatenate([body, np.array([EOS_ID], np.int64)]))
+    return docs
+
+
+@attrs.frozen
+class PackerReport:
+    """What a passing packer did with the corpus (under the options checked first)."""
+
+    rows: int
+    emitted: frozenset[str]
+    kept: float  # share of corpus tokens that appear as inputs
+    labelled: float  # share of next-token targets that are trained on
+    outputs: dict[str, np.ndarray] = attrs.field(repr=False)
+
+
+def check_packer(
+    packer: Any,
+    options: Any = None,
+    *,
+    emits: Iterable[str] | None = None,
+    seq_len: int = SEQ_LEN,
+    seed: int = 0,
+    lossless: bool = False,
+    min_kept: float = 0.5,
+    extra_plugins: Iterable[tuple[str, Any]] = (),
+) -> PackerReport:
+    """Check a packer against the contract; raise AssertionError naming the first
+    violation (row, column, tokens involved).
+
+    ``packer`` is a registered name, a :class:`~forge_core.specs.PackerSpec` or the
+    implementation class (then ``emits`` says what it declares; default nothing).
+    ``options``: a mapping or options instance (default: the spec's defaults). When
+    the spec has ``emits_when``, the packer is also checked with that option flipped,
+    and its emission must follow. ``lossless=True`` demands that every corpus token is
+    an input exactly once and every next-token target is trained on exactly once.
+    """
+    resolved = resolve("packer", packer, options, extra_plugins)
+    spec = resolved.spec
+    if spec is None:
+        declared_emits = frozenset(emits or ())
+        declared: Callable[[Any], frozenset[str]] = lambda _opts: declared_emits  # noqa: E731
+    else:
+        declared = spec.emitted if emits is None else (lambda _opts: frozenset(emits))
+    documents = conformance_documents(seq_len, seed)
+    runs = [resolved.options]
+    if spec is not None and spec.emits_when is not None:
+        if not hasattr(resolved.options, spec.emits_when):
+            raise AssertionError(
+                f"{resolved.label}: emits_when names option {spec.emits_when!r}, which its options "
+                f"class {type(resolved.options).__name__} does not have"
+            )
+        flipped = not getattr(resolved.options, spec.emits_when)
+        runs.append(attrs.evolve(resolved.options, **{spec.emits_when: flipped}))
+    reports = []
+    for opts in runs:
+        where = resolved.label if opts is resolved.options else f"{resolved.label} with {spec.emits_when}={getattr(opts, spec.emits_when)}"
+        out = _pack(resolved, opts, documents, seq_len, where)
+        _check_declared(out, declared(opts), where, spec, opts)
+        kept, labelled = _check_tokens(out, documents, seq_len, where, lossless, min_kept)
+        again = _pack(resolved, opts, documents, seq_len, where)
+        if set(again) != set(out) or any(not np.array_equal(again[k], out[k]) for k in out):
+            raise AssertionError(f"{where}: packing the same documents twice gave different results (pack() must be deterministic)")
+        emitted = frozenset(out) - set(REQUIRED)
+        reports.append(PackerReport(out["input_ids"].shape[0], emitted, kept, labelled, out))
+    return reports[0]
+
+
+def _pack(resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len: int, where: str) -> dict[str, np.ndarray]:
+    packer = resolved.impl(options, seq_len=seq_len, eos_id=EOS_ID, pad_id=PAD_ID)
+    given = [doc.copy() for doc in documents]
+    result = packer.pack(given)
+    if any(not np.array_equal(a, b) for a, b in zip(given, documents)):
+        raise AssertionError(f"{where}: pack() modified the documents it was given")
+    if not isinstance(result, dict):
+        raise AssertionError(f"{where}: pack() must return a dict of arrays, got {type(result).__name__}")
+    for key in REQUIRED:
+        if key not in result:
+            raise AssertionError(f"{where}: pack() returned no {key!r} (keys: {sorted(result)})")
+    out = {key: np.asarray(value) for key, value in result.items()}
+    rows = out["input_ids"].shape[0] if out["input_ids"].ndim == 2 else None
+    for key, value in out.items():
+        if value.dtype != np.int64:
+            raise AssertionError(f"{where}: {key!r} has dtype {value.dtype}; every array must be int64")
+        if value.ndim != 2 or value.shape[1] != seq_len or value.shape[0] != rows:
+            raise AssertionError(
+                f"{where}: {key!r} has shape {value.shape}; expected (rows, seq_len) = ({rows}, {seq_len}) like input_ids"
+            )
+    if rows == 0:
+        raise AssertionError(f"{where}: pack() returned no rows for {len(documents)} documents")
+    return out
+
+
+def _check_declared(out: dict[str, np.ndarray], declared: frozenset[str], where: str, spec: Any, options: Any) -> None:
+    emitted = frozenset(out) - set(REQUIRED)
+    missing, undeclared = sorted(declared - emitted), sorted(emitted - declared)
+    shown = "{" + ", ".join(sorted(declared)) + "}" if declared else "nothing"
+    if missing:
+        raise AssertionError(
+            f"{where}: declares that it emits {shown} under these options, but pack() returned no "
+            f"{', '.join(missing)}. The rule engine trusts the declaration (it lets this packer "
+            "run only where that metadata reaches attention), so emit it or remove it from "
+            "the spec's emits (or name the switching option in emits_when)."
+        )
+    if undeclared:
+        raise AssertionError(
+            f"{where}: pack() returned {', '.join(undeclared)}, which the spec does not declare "
+            f"(it declares {shown} under these options). Undeclared metadata is invisible to the "
+            "rule engine, which then cannot refuse strategies that drop it: add it to the spec's emits."
+        )
+
+
+def _check_tokens(
+    out: dict[str, np.ndarray], documents: list[np.ndarray], seq_len: int, where: str, lossless: bool, min_kept: float
+) -> tuple[float, float]:
+    ids, labels = out["input_ids"], out["labels"]
+    doc_ids, positions = out.get(DOC_IDS), out.get(POSITIONS)
+    isolating = doc_ids is not None
+    lengths = [len(d) for d in documents]
+    owner = {int(tok): (d, j) for d, doc in enumerate(documents) for j, tok in enumerate(doc[:-1])}
+    firsts = {int(doc[0]) for doc in documents}
+
+    def token(d: int, j: int) -> int:
+        return int(documents[d][j])
+
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+    targets: dict[tuple[int, int], tuple[int, int]] = {}
+    unknown_eos = 0
+    rows, S = ids.shape
+    for r in range(rows):
+        doc = [_PAD] * S
+        off = [-1] * S
+        for i in range(S):
+            x = int(ids[r, i])
+            at = f"{where}: row {r}, column {i}"
+            if x == PAD_ID:
+                if labels[r, i] != IGNORE:
+                    raise AssertionError(f"{at}: padding has label {labels[r, i]}; padding must have label -100")
+                continue
+            if x == EOS_ID:
+                prev_d, prev_j = (doc[i - 1], off[i - 1]) if i else (_PAD, -1)
+                same_id = doc_ids is None or i == 0 or doc_ids[r, i] == doc_ids[r, i - 1]
+                if prev_d >= 0 and prev_j == lengths[prev_d] - 2 and same_id:
+                    doc[i], off[i] = prev_d, lengths[prev_d] - 1
+                else:
+                    doc[i] = _UNKNOWN_EOS
+                    unknown_eos += 1
+            elif x in owner:
+                doc[i], off[i] = owner[x]
+            else:
+                raise AssertionError(f"{at}: input token {x} is neither a document token nor pad_id ({PAD_ID})")
+            if doc[i] >= 0:
+                key = (doc[i], off[i])
+                if key in seen:
+                    raise AssertionError(
+                        f"{at}: token {off[i]} of document {doc[i]} appears twice (also at row {seen[key][0]}, "
+                        f"column {seen[key][1]}); every token must be an input at most once"
+                    )
+                seen[key] = (r, i)
+            if i and doc[i] >= 0 and doc[i] == doc[i - 1] and off[i] != off[i - 1] + 1:
+                raise AssertionError(
+                    f"{at}: token {off[i]} of document {doc[i]} follows its token {off[i - 1]}; "
+                    "tokens of a document must stay in order"
+                )
+        for i in range(S):
+            _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating, targets, f"{where}: row {r}, column {i}")
+        if doc_ids is not None:
+            _check_doc_ids(r, doc_ids[r], doc, off, where)
+        if positions is not None:
+            _check_positions(r, positions[r], None if doc_ids is None else doc_ids[r], doc, off, where)
+
+    total_tokens = sum(lengths)
+    total_targets = sum(n - 1 for n in lengths)
+    eos_inputs = unknown_eos + sum(1 for (d, j) in seen if j == lengths[d] - 1)
+    if eos_inputs > len(documents):
+        raise AssertionError(f"{where}: {eos_inputs} EOS tokens among the inputs for {len(documents)} documents")
+    kept = (len(seen) + unknown_eos) / total_tokens
+    labelled = len(targets) / total_targets
+    if lossless and (len(seen) + unknown_eos != total_tokens or len(targets) != total_targets):
+        raise AssertionError(
+            f"{where}: not lossless: {len(seen) + unknown_eos} of {total_tokens} tokens are inputs and "
+            f"{len(targets)} of {total_targets} next-token targets are trained on"
+        )
+    if kept < min_kept or labelled < min_kept:
+        raise AssertionError(
+            f"{where}: only {kept:.0%} of the tokens are inputs and {labelled:.0%} of the next-token "
+            f"targets are trained on (at least {min_kept:.0%} of each expected)"
+        )
+    return kept, labelled
+
+
+def _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating, targets, at) -> None:
+    S = ids.shape[1]
+    y = int(labels[r, i])
+    d, j = doc[i], off[i]
+    if d == _PAD:
+        return
+    at_eos = d == _UNKNOWN_EOS or j == lengths[d] - 1
+    if at_eos:
+        if y == IGNORE:
+            return
+        if isolating:
+            raise AssertionError(
+                f"{at}: the label of an EOS is {y}, a token of the next document, while the packer "
+                "isolates documents (emits doc_ids): a label must not cross a document boundary (use -100)"
+            )
+        expected_next = int(ids[r, i + 1]) if i + 1 < S else None
+        if (expected_next is not None and y != expected_next) or (expected_next is None and y not in firsts and y != EOS_ID):
+            raise AssertionError(f"{at}: the label of an EOS is {y}, which is not the next input token")
+        return
+    want = token(d, j + 1)
+    follows = i + 1 < S and doc[i + 1] == d and off[i + 1] == j + 1
+    if y == IGNORE:
+        if follows:
+            raise AssertionError(
+                f"{at}: label is -100 although the next token of the same document ({want}) follows "
+                "in the row: that loss is silently dropped"
+            )
+        return
+    if y != want:
+        raise AssertionError(
+            f"{at}: label {y} is not the next token of the input's document (document {d}, token {j}: "
+            f"expected {want} or -100)"
+        )
+    if (d, j + 1) in targets:
+        prev = targets[(d, j + 1)]
+        raise AssertionError(
+            f"{at}: token {j + 1} of document {d} is a target twice (also at row {prev[0]}, column {prev[1]})"
+        )
+    targets[(d, j + 1)] = (r, i)
+
+
+def _check_doc_ids(r: int, row: np.ndarray, doc: list[int], off: list[int], where: str) -> None:
+    for i in range(1, len(row)):
+        at = f"{where}: row {r}, column {i}"
+        if row[i] < row[i - 1]:
+            raise AssertionError(f"{at}: doc_ids decrease ({row[i - 1]} -> {row[i]}); they must never decrease along a row")
+        if row[i] != row[i - 1]:
+            continue
+        left, right = doc[i - 1], doc[i]
+        if left == _PAD and right != _PAD:
+            raise AssertionError(
+                f"{at}: a real token shares doc_id {row[i]} with the padding before it, so it attends to padding"
+            )
+        if left != _PAD and right != _PAD and not (left >= 0 and left == right and off[i] == off[i - 1] + 1):
+            raise AssertionError(
+                f"{at}: doc_id {row[i]} spans two documents ({_name(left, off[i - 1])} then "
+                f"{_name(right, off[i])}), so attention mixes them; give every document its own id"
+            )
+
+
+def _check_positions(r: int, row: np.ndarray, ids_row: np.ndarray | None, doc: list[int], off: list[int], where: str) -> None:
+    if (row < 0).any():
+        raise AssertionError(f"{where}: row {r}: negative positions {row.tolist()}")
+    for i in range(len(row)):
+        at = f"{where}: row {r}, column {i}"
+        if ids_row is not None:
+            if i and ids_row[i] != ids_row[i - 1] and row[i] != 0:
+                raise AssertionError(f"{at}: a new document starts (doc_ids {ids_row[i - 1]} -> {ids_row[i]}) but its position is {row[i]}, not 0")
+            if i and ids_row[i] == ids_row[i - 1] and row[i] != row[i - 1] + 1:
+                raise AssertionError(f"{at}: position {row[i]} after {row[i - 1]} within one document; positions must count up by one")
+        elif doc[i] >= 0 and off[i] == 0 and row[i] != 0:
+            raise AssertionError(f"{at}: the first token of document {doc[i]} has position {row[i]}, not 0")
+
+
+def _name(d: int, j: int) -> str:
+    return "an EOS of unknown document" if d == _UNKNOWN_EOS else f"document {d} token {j}"

@@ -1,0 +1,96 @@
+"""Training FLOPs of a step, for model FLOPs utilisation (MFU).
+
+A step costs ``6 * N`` FLOPs per input token for the parameter matmuls (``N`` excludes
+embedding tables, whose lookup is not a matmul; a tied output head is a matmul and
+counts) plus the attention score and value products. Attention is counted for the
+pairs actually attended: under causal attention with document masking a token attends
+only to the earlier tokens of its own document, so a row costs ``sum_d L_d (L_d + 1) / 2``
+pairs instead of ``S (S + 1) / 2``. Each attended pair costs ``4 * d_attn`` FLOPs forward
+(``q.k`` and ``p*v``) and three times that for forward plus backward.
+
+``d_attn`` (heads x head dim, summed over layers) is measured, not assumed: the trainer
+wraps the attention backend in :class:`AttentionProbe` for one forward and reads the
+shapes every layer passed to ``attend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that take part in matmuls: every parameter except embedding tables
+    (counted once even when shared; a table tied to an output layer is counted)."""
+    embedding_only: set[int] = set()
+    other: set[int] = set()
+    for module in model.modules():
+        target = embedding_only if isinstance(module, torch.nn.Embedding) else other
+        target.update(id(p) for p in module.parameters(recurse=False))
+    total = 0
+    seen: set[int] = set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if id(p) in embedding_only and id(p) not in other:
+            continue
+        total += p.numel()
+    return total
+
+
+def attended_pairs(doc_ids: torch.Tensor | None, batch: int, seq_len: int) -> int:
+    """Query-key pairs computed by causal attention over a batch, with document masking
+    when ``doc_ids`` (``(batch, seq)``, non-decreasing per row) is given."""
+    if doc_ids is None:
+        return batch * seq_len * (seq_len + 1) // 2
+    ids = doc_ids.detach().to("cpu", torch.int64)
+    rows, cols = ids.shape
+    # Give every row its own id range so runs never merge across rows, then count the
+    # length of each run of equal ids: one vectorized pass, no per-token loop.
+    span = int(ids.max()) + 1 if ids.numel() else 1
+    keyed = ids + torch.arange(rows, dtype=torch.int64).unsqueeze(1) * span
+    _, counts = torch.unique_consecutive(keyed.reshape(-1), return_counts=True)
+    return int((counts * (counts + 1) // 2).sum())
+
+
+def step_flops(n_matmul_params: int, attn_width: int, input_tokens: int, pairs: int) -> float:
+    """Forward plus backward FLOPs: ``6 N`` per input token plus ``12 d_attn`` per
+    attended pair (``attn_width`` = heads x head dim summed over every layer)."""
+    return 6.0 * n_matmul_params * input_tokens + 12.0 * attn_width * pairs
+
+
+class AttentionProbe:
+    """Wraps an attention backend and records ``heads * head_dim`` of every ``attend``
+    call while ``recording``; everything else is delegated to the wrapped backend."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.recording = False
+        self.widths: list[int] = []
+
+    def prepare(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.prepare(*args, **kwargs)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Any) -> torch.Tensor:
+        if self.recording:
+            self.widths.append(int(q.shape[1]) * int(q.shape[-1]))
+        return self.inner.attend(q, k, v, prepared)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes this class does not define.
+        return getattr(self.__dict__["inner"], name)
+
+
+def measure_attention_width(model: torch.nn.Module, probe: AttentionProbe, device: Any) -> int:
+    """Run one tiny forward with ``probe`` recording; returns ``d_attn`` summed over
+    layers (0 when the model never calls the backend)."""
+    probe.widths.clear()
+    probe.recording = True
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 4, dtype=torch.long, device=device))
+    finally:
+        probe.recording = False
+    return sum(probe.widths)

@@ -1,0 +1,83 @@
+"""The run directory: what a run leaves behind so ``sample`` and ``export-hf`` work from
+it alone.
+
+::
+
+    <out_dir>/config.yaml     the resolved config (every default written out)
+    <out_dir>/run.json        vocabulary size, tokenizer identity, parameter counts
+    <out_dir>/tokenizer/      whatever ``tokenizer.save`` writes (may be empty)
+    <out_dir>/checkpoints/    see :mod:`forge_core.train.checkpoint`
+    <out_dir>/metrics.jsonl, loss.png, ...   written by loggers
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forge_core.config.loader import load_config, read_config_file, to_plain
+from forge_core.errors import ForgeError
+
+CONFIG = "config.yaml"
+RUN_INFO = "run.json"
+TOKENIZER = "tokenizer"
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_config(run_dir: Path, config: Any) -> None:
+    _atomic_text(run_dir / CONFIG, yaml.safe_dump(to_plain(config), sort_keys=False))
+
+
+def save_run_info(run_dir: Path, info: dict[str, Any]) -> None:
+    _atomic_text(run_dir / RUN_INFO, json.dumps(info, indent=1, sort_keys=True) + "\n")
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / RUN_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_run_config(run_dir: Path) -> tuple[Any, Any]:
+    """``(resolved config, registries)`` of the run that wrote ``run_dir``."""
+    from forge_core.registry import load_registries
+
+    path = run_dir / CONFIG
+    if not path.is_file():
+        raise ForgeError(f"{run_dir} has no {CONFIG}: is it the out_dir of a Forge run?")
+    raw = read_config_file(path)
+    block = tuple((raw.get("plugins") or {}).get("block") or ())
+    registries = load_registries(block=block)
+    return load_config(path, registries=registries), registries
+
+
+def changed_settings(run_dir: Path, config: Any, ignore: tuple[str, ...] = ("train.steps",)) -> list[str]:
+    """Dotted paths whose value differs between the saved config and ``config``."""
+    path = run_dir / CONFIG
+    if not path.is_file():
+        return []
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    changed: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        elif a != b and prefix not in ignore:
+            changed.append(prefix)
+
+    walk(saved, to_plain(config), "")
+    return changed

@@ -1,0 +1,380 @@
+"""The training loop.
+
+It knows components only through the registries: the model with its attention backend,
+the data path (source -> tokenizer -> packer -> stateful loader), the optimizer and
+schedule, the parallelism strategies (through :mod:`forge_core.train.parallelize`) and
+the loggers, which receive the lifecycle hooks like any third-party plugin.
+
+One optimizer step:
+
+1. take ``train.grad_accum`` micro-batches and count, over every data-parallel rank,
+   the tokens whose label is not -100 (one small all-reduce);
+2. for each micro-batch: forward under the chosen precision with every batch key other
+   than ``input_ids``/``labels`` passed to the model as a keyword argument, loss *sum*
+   divided by that global count, backward (gradient sync only on the last micro-batch);
+3. clip to the global gradient norm, check the loss and norm are finite (policy:
+   skip or stop), step the optimizer, advance the schedule;
+4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
+   SIGTERM/SIGINT (flag set by the handler, acted on here) and at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from forge_core.errors import ForgeError
+from forge_core.plugins import register
+from forge_core.run_context import RunContext
+from forge_core.train import components, flops, rundir
+from forge_core.train import train_state as ts
+from forge_core.train.checkpoint import CheckpointManager, step_of
+from forge_core.train.distributed import Placement, all_reduce_sum
+from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.parallelize import clip_grad_norm, parallelize
+
+MODEL_INPUT = "input_ids"
+LABELS = "labels"
+
+
+class NonFiniteStop(ForgeError):
+    """The loss or gradient norm was not finite and the policy says stop."""
+
+
+def log(placement: Placement, message: str) -> None:
+    if placement.is_main:
+        print(f"forge: {message}", flush=True)
+
+
+def warn(placement: Placement, message: str) -> None:
+    if placement.is_main:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+class StopSignal:
+    """SIGTERM/SIGINT set a flag; the loop saves and exits at the next step boundary.
+    Handlers are installed only from the main thread and restored on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
+    """Skip data-parallel gradient sync on all but the last micro-batch: DDP's
+    ``no_sync()``, FSDP2's ``set_requires_gradient_sync``; nothing for a plain module."""
+    if module is None:
+        return contextlib.nullcontext()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if not enabled and hasattr(module, "no_sync"):
+        return module.no_sync()
+    return contextlib.nullcontext()
+
+
+
+
+class Trainer:
+    """Builds everything for one run and trains it. ``run()`` returns the final status
+    (``"completed"`` or ``"interrupted"``); a failure raises after ``forge_train_end``
+    was called with ``"failed"``."""
+
+    def __init__(self, config: Any, registries: Any, placement: Placement) -> None:
+        self.config = config
+        self.registries = registries
+        self.placement = placement
+        self.pm = registries.plugins.pm
+        self.run_dir = Path(config.run.out_dir)
+        self.step = 0
+        self.nonfinite_streak = 0
+        self.stop = StopSignal()
+        self.last_saved: int | None = None
+
+    # -- build -----------------------------------------------------------------------
+
+    def build(self) -> None:
+        cfg, reg, pl = self.config, self.registries, self.placement
+        train = cfg.train
+        seed_everything(cfg.run.seed)
+        self.tokenizer = components.tokenizer(cfg, reg)
+        from forge_core.data.pipeline import build_rows
+
+        t0 = time.perf_counter()
+        rows = build_rows(components.source(cfg, reg), self.tokenizer,
+                          components.packer(cfg, reg, self.tokenizer), progress=pl.is_main)
+        n_rows = int(rows[MODEL_INPUT].shape[0])
+        log(pl, f"data: {n_rows:,} rows of {cfg.data.seq_len} tokens "
+                f"({cfg.data.source} -> {cfg.data.tokenizer} -> {cfg.data.packer}) in "
+                f"{time.perf_counter() - t0:.1f}s")
+
+        self.probe = flops.AttentionProbe(components.attention(cfg, reg))
+        model = components.model(cfg, reg, int(self.tokenizer.vocab_size), self.probe)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_matmul = flops.matmul_params(model)
+        self.attn_width = flops.measure_attention_width(model, self.probe, next(model.parameters()).device)
+        model.to(pl.device)
+
+        # Strategies (and train.compile, slotted in among them) are applied in their
+        # declared order; data-parallel wrappers SUM gradients over ranks.
+        self.pmodel = parallelize(model, cfg, reg["parallelism"], pl.device, loss_fn=loss_fn)
+        dp = self.pmodel.dp_size
+        self.micro_batch = train.batch_size // (dp * train.grad_accum)
+        if self.micro_batch < 1 or self.micro_batch * dp * train.grad_accum != train.batch_size:
+            raise ForgeError(f"train.batch_size = {train.batch_size} does not split into {dp} data-parallel "
+                             f"ranks x {train.grad_accum} accumulation steps")
+        self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
+        self.schedule = components.schedule(cfg, reg)
+
+        from forge_core.data.loader import StatefulLoader
+
+        self.loader = StatefulLoader(rows, self.micro_batch, dp_rank=self.pmodel.dp_rank, dp_size=dp,
+                                     seed=cfg.run.seed, shuffle=cfg.data.shuffle,
+                                     num_workers=cfg.data.num_workers)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)
+
+        from forge_core.train.peak import peak_flops
+
+        dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
+        if pl.is_main and train.peak_tflops <= 0:
+            log(pl, "measuring the peak matmul rate for MFU (once; cached) ...")
+        self.peak, peak_source = peak_flops(pl.device, dtype, train.peak_tflops)
+        log(pl, f"model: {cfg.model.name}, {self.n_params / 1e6:.2f}M parameters "
+                f"({self.n_matmul / 1e6:.2f}M in matmuls), attention {cfg.attention.backend}; "
+                f"device {pl.device} x {pl.world_size}; peak {self.peak / 1e12:.3g} TFLOP/s ({peak_source})")
+
+    def prepare_run_dir(self) -> None:
+        pl = self.placement
+        if not pl.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        changed = rundir.changed_settings(self.run_dir, self.config)
+        if changed and (self.run_dir / "checkpoints").is_dir() and self.config.checkpoint.resume == "auto":
+            warn(pl, f"{self.run_dir} was written with a different config ({', '.join(changed[:8])}"
+                     f"{' ...' if len(changed) > 8 else ''}); resuming anyway")
+        rundir.save_config(self.run_dir, self.config)
+        tok_dir = self.run_dir / rundir.TOKENIZER
+        tok_dir.mkdir(exist_ok=True)
+        self.tokenizer.save(str(tok_dir))
+        rundir.save_run_info(self.run_dir, {
+            "vocab_size": int(self.tokenizer.vocab_size),
+            "tokenizer_identity": str(self.tokenizer.identity),
+            "parameters": self.n_params,
+            "matmul_parameters": self.n_matmul,
+            "world_size": pl.world_size,
+        })
+
+    def resume(self) -> None:
+        if self.config.checkpoint.resume != "auto":
+            return
+        path = self.checkpoints.find_resume(lambda m: warn(self.placement, m))
+        if path is None:
+            return
+        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers)
+        if state.get("tokenizer_identity") not in (None, str(self.tokenizer.identity)):
+            raise ForgeError(
+                f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
+                f"the config gives {self.tokenizer.identity!r}. Use the same tokenizer or a new run.out_dir."
+            )
+        self.step = int(state["step"])
+        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+        self.loader.load_state_dict(state["loader"])
+        ts.restore_rng(state["rng"], self.placement.device)
+        self.last_saved = self.step
+        log(self.placement, f"resumed from {path} at step {self.step}")
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def save(self, run: RunContext) -> None:
+        if self.last_saved == self.step:
+            return
+        state = {
+            "step": self.step,
+            "nonfinite_streak": self.nonfinite_streak,
+            "loader": self.loader.state_dict(),
+            "rng": ts.capture_rng(self.placement.device),
+            "tokenizer_identity": str(self.tokenizer.identity),
+        }
+        path = self.checkpoints.save(self.step, self.pmodel.parts, self.optimizers, state)
+        self.last_saved = self.step
+        self.pm.hook.forge_checkpoint_saved(run=run, step=self.step, path=str(path))
+
+    # -- the loop --------------------------------------------------------------------
+
+    def _count(self, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float, float, float]:
+        """Global (labelled tokens, input tokens, attended pairs, stop requested)."""
+        labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
+        inputs = sum(b[MODEL_INPUT].numel() for b in micro)
+        pairs = sum(flops.attended_pairs(b.get("doc_ids"), *b[MODEL_INPUT].shape[:2]) for b in micro)
+        # Every process with the same dp_rank reads the same batch: weight so that the
+        # sum over all processes counts each batch once.
+        w = self.pmodel.dp_size / self.placement.world_size
+        stop = 1.0 if self.stop.received is not None else 0.0
+        got = all_reduce_sum([labelled * w, inputs * w, pairs * w, stop], self.placement.device)
+        return got[0], got[1], got[2], got[3]
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, pl, pmodel = self.config, self.placement, self.pmodel
+        train = cfg.train
+        t0 = time.perf_counter()
+        micro = [next(self.loader) for _ in range(train.grad_accum)]
+        labelled, inputs, pairs, stop = self._count(micro)
+        self.stop_requested = stop > 0
+        lr = train.lr * self.schedule(self.step)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        # Data-parallel wrappers sum gradients over ranks, so dividing every loss sum by
+        # the global count gives the gradient of the mean over the whole global batch.
+        normalizer = max(labelled, 1.0)
+        autocast = torch.autocast(pl.device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
+        loss_total = torch.zeros((), dtype=torch.float32, device=pl.device)
+        for i, batch in enumerate(micro):
+            batch = _to_device(batch, pl.device)
+            last = i == len(micro) - 1
+            with _grad_sync(pmodel.forward, last):
+                if pmodel.train_step is not None:
+                    with autocast:
+                        loss_sum, _ = pmodel.train_step(batch, loss_fn, normalizer)
+                else:
+                    # Every key besides input_ids and labels is per-token metadata the
+                    # packer emitted: the model takes it as keyword arguments.
+                    extra = {k: v for k, v in batch.items() if k not in (MODEL_INPUT, LABELS)}
+                    with autocast:
+                        logits = pmodel.forward(batch[MODEL_INPUT], **extra)
+                        loss_sum, _ = loss_fn(logits, batch[LABELS])
+                    (loss_sum / normalizer).backward()
+            loss_total += loss_sum.detach().float()
+        grad_norm = float(clip_grad_norm(pmodel, train.grad_clip))
+        # Every process holds its data-parallel slice's loss (pipeline ranks get it back
+        # from the last stage): weight so each slice counts once.
+        w = pmodel.dp_size / pl.world_size
+        loss = all_reduce_sum([float(loss_total) * w], pl.device)[0] / max(labelled, 1.0)
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            for optimizer in self.optimizers:
+                optimizer.step()
+            self.nonfinite_streak = 0
+        else:
+            self.nonfinite_streak += 1
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        if pl.device.type == "cuda":
+            torch.cuda.synchronize(pl.device)
+        step_time = time.perf_counter() - t0
+        self.step += 1
+        step_flops = flops.step_flops(self.n_matmul, self.attn_width, int(inputs), int(pairs))
+        return {
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": int(labelled),
+            "tokens_per_s": labelled / step_time,
+            "mfu": step_flops / step_time / (self.peak * pl.world_size),
+            "step_time": step_time,
+            "skipped": not finite,
+        }
+
+    def check_finite(self, metrics: dict[str, Any]) -> None:
+        if not metrics["skipped"]:
+            return
+        policy = self.config.train.nonfinite
+        what = f"step {self.step}: loss {metrics['loss']}, gradient norm {metrics['grad_norm']}"
+        advice = ("Lower train.lr, raise train.warmup_steps, set train.grad_clip, or use "
+                  "train.precision: fp32.")
+        if policy.policy == "stop":
+            raise NonFiniteStop(f"{what}: not finite; stopping (train.nonfinite.policy: stop). {advice}")
+        if self.nonfinite_streak >= policy.max_consecutive:
+            raise NonFiniteStop(
+                f"{what}: not finite for {self.nonfinite_streak} steps in a row "
+                f"(train.nonfinite.max_consecutive: {policy.max_consecutive}); stopping. {advice}")
+        warn(self.placement, f"{what}: not finite; optimizer step skipped "
+                             f"({self.nonfinite_streak} of at most {policy.max_consecutive} in a row)")
+
+    def run(self) -> str:
+        self.build()
+        self.prepare_run_dir()
+        self.resume()
+        cfg, pl = self.config, self.placement
+        total = cfg.train.steps
+        run = RunContext(config=cfg, out_dir=str(self.run_dir), start_step=self.step, total_steps=total,
+                         rank=pl.rank, world_size=pl.world_size)
+        registered = []
+        # pluggy calls the most recently registered first: register in reverse so the
+        # loggers see each hook in the order logging.loggers lists them.
+        for name, instance in reversed(components.loggers(cfg, self.registries)):
+            register(self.pm, instance, f"logger.{name}")
+            registered.append(instance)
+        status = "failed"
+        self.stop_requested = False
+        try:
+            self.pm.hook.forge_train_start(run=run)
+            if self.step >= total:
+                log(pl, f"already trained to step {self.step} (train.steps: {total}); nothing to do")
+            with self.stop:
+                while self.step < total:
+                    metrics = self.train_step()
+                    self.pm.hook.forge_step_end(run=run, step=self.step, metrics=dict(metrics))
+                    self.check_finite(metrics)
+                    # Alone, act on a signal at once; together, on the flag every
+                    # process agreed on in this step's all-reduce.
+                    if self.stop_requested or (pl.world_size == 1 and self.stop.received is not None):
+                        name = signal.Signals(self.stop.received).name if self.stop.received else "a signal"
+                        log(pl, f"{name} received: saving a checkpoint at step {self.step} and stopping")
+                        self.save(run)
+                        status = "interrupted"
+                        break
+                    every = cfg.checkpoint.every
+                    if every > 0 and self.step % every == 0 and self.step < total:
+                        self.save(run)
+                else:
+                    self.save(run)
+                    status = "completed"
+        finally:
+            try:
+                self.pm.hook.forge_train_end(run=run, step=self.step, status=status)
+            finally:
+                for instance in registered:
+                    self.pm.unregister(instance)
+                self.loader.close()
+        return status
+
+
+__all__ = ["Trainer", "NonFiniteStop", "step_of"]

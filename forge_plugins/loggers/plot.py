@@ -1,0 +1,80 @@
+"""The ``plot`` logger: a loss-curve PNG (``<run>/loss.png``) written when the run ends.
+
+Needs matplotlib (Agg backend, no display); without it the run goes on and a warning at
+the start says so. After a resume the curve includes the earlier steps, read from the
+``jsonl`` logger's file when it exists."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from forge_core.hookspecs import hookimpl
+
+
+class PlotLogger:
+    def __init__(self, options: Any) -> None:
+        self.options = options
+        self.enabled = False
+        self.points: dict[int, float] = {}
+
+    @hookimpl
+    def forge_train_start(self, run):
+        if not run.is_main:
+            return
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("warning: the plot logger needs matplotlib (pip install matplotlib); "
+                  "no loss curve will be written", file=sys.stderr, flush=True)
+            return
+        self.enabled = True
+        if run.start_step:
+            from forge_plugins.loggers.jsonl import read_metrics
+
+            jsonl = run.config.logging.options.get("jsonl")
+            name = getattr(jsonl, "filename", "metrics.jsonl")
+            for record in read_metrics(Path(run.out_dir) / name):
+                if record["step"] <= run.start_step and isinstance(record.get("loss"), (int, float)):
+                    self.points[record["step"]] = float(record["loss"])
+
+    @hookimpl
+    def forge_step_end(self, run, step, metrics):
+        if self.enabled:
+            self.points[step] = metrics["loss"]
+
+    @hookimpl
+    def forge_train_end(self, run, step, status):
+        if not self.enabled or not self.points:
+            return
+        path = Path(run.out_dir) / self.options.filename
+        write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss")
+        print(f"forge: loss curve written to {path}", file=sys.stderr, flush=True)
+
+
+def write_plot(path: Path, points: dict[int, float], smooth: int, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    steps = sorted(s for s, v in points.items() if math.isfinite(v))
+    losses = [points[s] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, losses, lw=1, alpha=0.5 if len(steps) > 50 else 1.0, label="loss")
+    window = smooth or (max(1, len(steps) // 25) if len(steps) > 50 else 0)
+    if window > 1 and len(losses) >= window:
+        avg = [sum(losses[i - window + 1 : i + 1]) / window for i in range(window - 1, len(losses))]
+        ax.plot(steps[window - 1 :], avg, lw=2, label=f"mean of {window}")
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)

@@ -1,0 +1,77 @@
+"""Compatibility rules of the ``llama`` model: plain check functions over a
+:class:`~forge_core.rules.RuleContext` (config only, no torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_plugins.models.options import LlamaOptions
+
+HEADS_DIVISIBLE = "llama.heads-divisible"
+HEAD_DIM_EVEN = "llama.head-dim-even"
+
+
+def _llama_options(ctx: Any) -> LlamaOptions | None:
+    options = ctx.config.model.options
+    # Another model family is configured: its options are not ours to judge.
+    return options if isinstance(options, LlamaOptions) else None
+
+
+def heads_problem(options: LlamaOptions) -> str | None:
+    if options.n_heads % options.n_kv_heads == 0:
+        return None
+    return (
+        f"n_heads={options.n_heads} is not a multiple of n_kv_heads={options.n_kv_heads}: "
+        "grouped-query attention shares each key/value head among an equal number of "
+        "query heads"
+    )
+
+
+def head_dim_problem(options: LlamaOptions) -> str | None:
+    if options.dim % options.n_heads:
+        return (
+            f"dim={options.dim} is not a multiple of n_heads={options.n_heads}: every head "
+            "needs the same width"
+        )
+    head_dim = options.dim // options.n_heads
+    if head_dim % 2:
+        return (
+            f"head dim dim/n_heads = {options.dim}/{options.n_heads} = {head_dim} is odd: "
+            "rotary embeddings rotate pairs of channels"
+        )
+    return None
+
+
+def check_heads_divisible(ctx: Any) -> str | None:
+    options = _llama_options(ctx)
+    return None if options is None else heads_problem(options)
+
+
+def check_head_dim_even(ctx: Any) -> str | None:
+    options = _llama_options(ctx)
+    return None if options is None else head_dim_problem(options)
+
+
+def rules() -> list[Any]:
+    from forge_core.rules import Rule
+
+    return [
+        Rule(
+            id=HEADS_DIVISIBLE,
+            severity="error",
+            paths=("model.options.n_heads", "model.options.n_kv_heads"),
+            summary="n_heads must be a multiple of n_kv_heads",
+            check=check_heads_divisible,
+            fix="choose n_kv_heads among the divisors of n_heads (n_kv_heads=n_heads is "
+            "plain multi-head attention)",
+        ),
+        Rule(
+            id=HEAD_DIM_EVEN,
+            severity="error",
+            paths=("model.options.dim", "model.options.n_heads"),
+            summary="dim must split into n_heads heads of even width (rotary)",
+            check=check_head_dim_even,
+            fix="pick dim and n_heads so that dim / n_heads is an even integer "
+            "(e.g. dim=256, n_heads=8 gives 32)",
+        ),
+    ]

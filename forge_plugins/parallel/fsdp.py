@@ -1,0 +1,52 @@
+"""``fsdp``: FSDP2 ``fully_shard`` per transformer block and at the root.
+
+Parameters, gradients and optimizer state are sharded over ``dp_shard``; with
+``dp_replicate > 1`` as well the mesh is 2-D and FSDP2 runs HSDP (shard within a
+replica, all-reduce across replicas). Applied after tensor parallelism, it shards the
+tensor-parallel DTensors again along the data-parallel dimension (2-D parallelism).
+Gradients are SUMMED over the data-parallel ranks (divide factor 1, not FSDP's
+default mean), the convention of :mod:`forge_core.train.parallelize`. Under ``train.precision: bf16`` parameters are
+gathered in bf16 and gradients reduced in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from forge_core.train.parallelize import transformer_blocks
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_model(model: torch.nn.Module, mesh: Any, precision: str, reshard_after_forward: bool) -> torch.nn.Module:
+    """``fully_shard`` every transformer block, then the root (which takes what is left:
+    embeddings, final norm, head), in place; gradients summed over ``mesh``."""
+    policy = mixed_precision(precision)
+    for block in transformer_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Plain SUM collectives: the trainer normalises the loss. (A divide factor
+            # alone would use PREMUL_SUM, which gloo lacks; with factor 1 there is
+            # nothing to multiply.)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+class FullyShard:
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    def apply(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        replicated = ctx.mesh["dp_replicate"].size() > 1
+        mesh = ctx.mesh["dp_replicate", "dp_shard"] if replicated else ctx.mesh["dp_shard"]
+        return shard_model(model, mesh, ctx.config.train.precision, self.options.reshard_after_forward)

@@ -1,0 +1,168 @@
+"""``pp``: pipeline parallelism with ``torch.distributed.pipelining``.
+
+The model is split into ``pp * pp_virtual_stages`` stages by layer
+(:mod:`forge_plugins.parallel.split` documents the rule for the remainder); the first
+stage keeps the token embedding, the last the final norm and output head. Every process
+of the pipeline holds its own stages (one, or several under interleaved 1F1B), later
+strategies (tensor parallel, compile, FSDP/DDP) are applied to each stage module, and
+then the schedule is built: ``gpipe`` (every forward, then every backward), ``1f1b``
+(one forward one backward in steady state: activation memory bounded by the number of
+stages) or ``interleaved_1f1b`` (several smaller stages per rank: a smaller bubble).
+
+The step's rows are cut into ``parallel.pp_microbatches`` microbatches (0: one per
+rank). The last stage calls the trainer's ``loss_fn`` on each microbatch and
+back-propagates ``loss_sum / normalizer`` (the step's global token count,
+:mod:`forge_core.train.parallelize`), with the schedule's own division by the number of
+microbatches off, so the gradients equal a single process's on the whole batch. The summed loss and token count are then broadcast from the last
+stage to the whole pipeline, so every process logs the same loss.
+
+The model contract it relies on (:mod:`forge_plugins.models.llama`): blocks in an
+``nn.ModuleDict`` named ``layers``, and ``tok_embeddings``, ``norm``, ``output`` that a
+stage sets to ``None``; forward takes hidden states when ``tok_embeddings`` is ``None``
+and returns hidden states when ``output`` is ``None``. Per-token metadata never reaches a
+later stage: the founding rule keeps document-isolating packers away, and a batch that
+carries metadata anyway is refused here.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from forge_core.train.parallelize import ModelSplit, ParallelModel
+from forge_plugins.parallel.split import microbatches, stage_layer_ranges, stages_of_rank
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+FIRST_STAGE_ONLY = ("tok_embeddings",)
+LAST_STAGE_ONLY = ("norm", "output")
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing every child and tensor with ``module`` but with its own
+    registries (children, parameters, buffers, hooks), so a stage can drop children
+    without touching the others."""
+    new = module.__class__.__new__(module.__class__)
+    new.__dict__.update(
+        {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in module.__dict__.items()}
+    )
+    return new
+
+
+def stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) -> nn.Module:
+    """The part of ``model`` one stage runs: the blocks named in ``keep``, plus the
+    embedding on the first stage and the final norm and head on the last."""
+    layers = getattr(model, "layers", None)
+    missing = [n for n in FIRST_STAGE_ONLY + LAST_STAGE_ONLY if not hasattr(model, n)]
+    if not isinstance(layers, nn.ModuleDict) or missing:
+        raise ValueError(
+            f"pipeline parallelism cannot split {type(model).__name__}: it needs blocks in an "
+            f"nn.ModuleDict named 'layers' and attributes {FIRST_STAGE_ONLY + LAST_STAGE_ONLY}"
+            f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
+        )
+    stage = _shallow_copy(model)
+    stage.layers = nn.ModuleDict({key: layers[key] for key in keep})
+    for name in () if first else FIRST_STAGE_ONLY:
+        setattr(stage, name, None)
+    for name in () if last else LAST_STAGE_ONLY:
+        setattr(stage, name, None)
+    return stage
+
+
+class _MicrobatchLoss:
+    """The loss the schedule calls on the last stage for every microbatch: records the
+    loss sum and token count, returns ``loss_sum / normalizer`` to back-propagate."""
+
+    def __init__(self) -> None:
+        self.begin(None, 1.0)
+
+    def begin(self, loss_fn: Any, normalizer: Any) -> None:
+        self.loss_fn, self.normalizer = loss_fn, normalizer
+        self.sums: list[torch.Tensor] = []
+        self.tokens: list[torch.Tensor] = []
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss_sum, tokens = self.loss_fn(output, target)
+        self.sums.append(loss_sum.detach())
+        self.tokens.append(torch.as_tensor(tokens, device=loss_sum.device))
+        return loss_sum / self.normalizer
+
+
+class PipelineStep:
+    """``train_step(batch, loss_fn, normalizer) -> (loss_sum, tokens)`` for one pipeline
+    rank; every rank of the pipeline calls it with the same batch and gets the sums over
+    the microbatches of what ``loss_fn`` returned on the last stage."""
+
+    def __init__(self, schedule: Any, loss: _MicrobatchLoss, n_microbatches: int, has_first: bool,
+                 has_last: bool, group: Any, last_rank: int, device: torch.device) -> None:
+        self.schedule, self.loss, self.n_microbatches = schedule, loss, n_microbatches
+        self.has_first, self.has_last = has_first, has_last
+        self.group, self.last_rank, self.device = group, last_rank, device
+
+    def __call__(self, batch: dict[str, torch.Tensor], loss_fn: Any, normalizer: Any = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = sorted(set(batch) - {"input_ids", "labels"})
+        if extra:
+            raise ValueError(
+                f"the batch carries {', '.join(extra)}, which pipeline parallelism cannot forward "
+                "to later stages (rule parallel.metadata-reaches-layers): use a packer that does "
+                "not isolate documents, or parallel.pp: 1"
+            )
+        self.loss.begin(loss_fn, normalizer)
+        args = (batch["input_ids"],) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": batch["labels"], "losses": []} if self.has_last else {}
+        self.schedule.step(*args, return_outputs=False, **kwargs)
+        result = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if self.has_last:
+            # The first step also calls the loss once while it infers the shapes of the
+            # backward pass; only the last n_microbatches calls are the step's.
+            n = self.n_microbatches
+            result[0] = torch.stack(self.loss.sums[-n:]).double().sum()
+            result[1] = torch.stack(self.loss.tokens[-n:]).double().sum()
+        dist.broadcast(result, group=self.group, group_src=self.last_rank)
+        return result[0].float(), result[1].long()
+
+
+class PipelineParallel:
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    def apply(self, model: nn.Module, ctx: Any) -> ModelSplit:
+        parallel = ctx.config.parallel
+        pp_mesh = ctx.mesh["pp"]
+        pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
+        n_stages = pp * parallel.pp_virtual_stages
+        keys = list(getattr(model, "layers", {}).keys())
+        ranges = stage_layer_ranges(len(keys), n_stages)
+        stage_ids = stages_of_rank(pp_rank, pp, parallel.pp_virtual_stages)
+        parts = [
+            stage_module(model, [keys[i] for i in ranges[s]], first=s == 0, last=s == n_stages - 1)
+            for s in stage_ids
+        ]
+        return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
+
+    def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,
+                  pmodel: ParallelModel, runners: list[nn.Module]) -> None:
+        parallel = ctx.config.parallel
+        pp_mesh = ctx.mesh["pp"]
+        group = pp_mesh.get_group()
+        stages = [
+            PipelineStage(runner, stage, n_stages, ctx.device, group=group)
+            for stage, runner in zip(stage_ids, runners)
+        ]
+        loss = _MicrobatchLoss()
+        schedule_cls = SCHEDULES[parallel.pp_schedule]
+        # scale_grads=False: the trainer's loss is already normalised by the global token count.
+        target = stages if schedule_cls is ScheduleInterleaved1F1B else stages[0]
+        n_microbatches = microbatches(parallel)
+        schedule = schedule_cls(target, n_microbatches, loss_fn=loss, scale_grads=False)
+        has_last = n_stages - 1 in stage_ids
+        pmodel.train_step = PipelineStep(
+            schedule, loss, n_microbatches, has_first=0 in stage_ids, has_last=has_last, group=group,
+            last_rank=pp_mesh.size() - 1, device=ctx.device,
+        )
+        pmodel.is_last_stage = has_last

@@ -1,0 +1,66 @@
+"""Registers the built-in parallelism strategies and their rules.
+
+Imports nothing heavy: it runs for ``forge-run check``. Each spec says which
+``parallel.*`` degree switches the strategy on, where it sits in the application order
+(pipeline split 100, tensor parallel 200, compile 300, data-parallel wrapping 400) and
+what per-token metadata still reaches every layer under it.
+"""
+
+from __future__ import annotations
+
+from forge_core.hookspecs import hookimpl
+from forge_core.specs import ParallelismSpec
+
+from forge_plugins.parallel.options import DDPOptions, FSDPOptions
+
+PIPELINE_DROPS_METADATA = (
+    "A pipeline stage after the first receives only the previous stage's hidden states: "
+    "per-token metadata handed to the first stage does not travel with them, so no later "
+    "layer sees it."
+)
+
+
+@hookimpl
+def forge_parallelisms() -> list[ParallelismSpec]:
+    return [
+        ParallelismSpec(
+            name="pp",
+            summary="Pipeline parallelism: GPipe, 1F1B or interleaved 1F1B over parallel.pp stages",
+            impl="forge_plugins.parallel.pipeline:PipelineParallel",
+            mesh_dim="pp",
+            order=100,
+            forwards=frozenset(),
+            drops_metadata_because=PIPELINE_DROPS_METADATA,
+        ),
+        ParallelismSpec(
+            name="tp",
+            summary="Tensor parallelism (DTensor): column/row-wise attention and MLP, sharded embeddings and head",
+            impl="forge_plugins.parallel.tensor:TensorParallel",
+            mesh_dim="tp",
+            order=200,
+        ),
+        ParallelismSpec(
+            name="fsdp",
+            summary="FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1",
+            impl="forge_plugins.parallel.fsdp:FullyShard",
+            options=FSDPOptions,
+            mesh_dim="dp_shard",
+            order=400,
+        ),
+        ParallelismSpec(
+            name="ddp",
+            summary="DistributedDataParallel over parallel.dp_replicate replicas",
+            impl="forge_plugins.parallel.ddp:DataParallel",
+            options=DDPOptions,
+            mesh_dim="dp_replicate",
+            order=400,
+            yields_to=("fsdp",),
+        ),
+    ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.parallel.rules import rules
+
+    return rules()

@@ -1,0 +1,263 @@
+"""Compatibility rules of the built-in parallelism strategies: plain check functions over
+a :class:`~forge_core.rules.RuleContext` (config and degrees only, no torch).
+
+The world-size product and the founding rule (pipeline parallelism refuses packers that
+isolate documents) are the kernel's, expressed through the capabilities these strategies
+declare in ``plugin.py``; the rules here are the limits of the implementations.
+Model-shaped limits read ``model.options`` by attribute name (``n_heads``,
+``n_kv_heads``, ``n_layers``, ``tie_embeddings``) so they apply to any model family
+that uses those names and stay silent for one that does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_plugins.parallel.split import microbatches
+
+TP_HEADS = "tp.heads-divisible"
+TP_SEQUENCE_PARALLEL = "tp.sequence-parallel"
+TP_SEQUENCE_PARALLEL_NO_TP = "tp.sequence-parallel-without-tp"
+DDP_WITH_TP = "ddp.not-with-tp"
+PP_LAYERS = "pp.layers"
+PP_MICROBATCHES = "pp.microbatches"
+PP_TIED = "pp.tied-embeddings"
+PP_SCHEDULE = "pp.schedule-virtual-stages"
+PP_SEQUENCE_PARALLEL = "pp.not-with-sequence-parallel"
+
+
+def _model_option(ctx: Any, name: str) -> Any:
+    return getattr(ctx.config.model.options, name, None)
+
+
+def _rows_per_pipeline_step(ctx: Any) -> int | None:
+    """Rows one data-parallel rank feeds the pipeline per accumulation step, or None when
+    the batch rule (or an unresolved dp_shard) already says the split is impossible."""
+    train = ctx.config.train
+    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    if dp < 1 or train.grad_accum < 1 or train.batch_size % (dp * train.grad_accum):
+        return None
+    return train.batch_size // (dp * train.grad_accum)
+
+
+def check_tp_heads(ctx: Any) -> list[str]:
+    tp = ctx.degrees["tp"]
+    if tp <= 1:
+        return []
+    problems = []
+    for name in ("n_heads", "n_kv_heads"):
+        value = _model_option(ctx, name)
+        if isinstance(value, int) and value % tp:
+            problems.append(
+                f"model.options.{name} = {value} is not divisible by parallel.tp = {tp}: tensor "
+                "parallelism gives every rank whole attention heads (q/k/v are split by columns)"
+            )
+    return problems
+
+
+def check_sequence_parallel_without_tp(ctx: Any) -> str | None:
+    parallel = ctx.config.parallel
+    if parallel.sequence_parallel and ctx.degrees["tp"] <= 1:
+        return "parallel.sequence_parallel is on but parallel.tp = 1: it has no effect"
+    return None
+
+
+def check_sequence_parallel_divisible(ctx: Any) -> str | None:
+    parallel = ctx.config.parallel
+    tp = ctx.degrees["tp"]
+    seq_len = ctx.config.data.seq_len
+    if parallel.sequence_parallel and tp > 1 and seq_len % tp:
+        return (
+            f"data.seq_len = {seq_len} is not divisible by parallel.tp = {tp}: sequence "
+            "parallelism gives every tensor-parallel rank an equal slice of each row"
+        )
+    return None
+
+
+def check_ddp_with_tp(ctx: Any) -> str | None:
+    d = ctx.degrees
+    ddp_active = d["dp_replicate"] > 1 and d["dp_shard"] == 1
+    if ddp_active and d["tp"] > 1:
+        return (
+            f"parallel.dp_replicate = {d['dp_replicate']} with dp_shard = 1 selects ddp, and "
+            f"parallel.tp = {d['tp']}: DistributedDataParallel does not reduce tensor-parallel "
+            "(DTensor) parameters correctly"
+        )
+    return None
+
+
+def check_pp_layers(ctx: Any) -> str | None:
+    pp = ctx.degrees["pp"]
+    n_layers = _model_option(ctx, "n_layers")
+    virtual = ctx.config.parallel.pp_virtual_stages
+    if pp <= 1 or not isinstance(n_layers, int) or virtual < 1:
+        return None
+    stages = pp * virtual
+    if n_layers < stages:
+        return (
+            f"model.options.n_layers = {n_layers} is below the {stages} pipeline stages "
+            f"(parallel.pp = {pp} x parallel.pp_virtual_stages = {virtual}): every stage "
+            "needs at least one layer"
+        )
+    return None
+
+
+def check_pp_microbatches(ctx: Any) -> list[str]:
+    parallel = ctx.config.parallel
+    pp = ctx.degrees["pp"]
+    if pp <= 1:
+        return []
+    if parallel.pp_microbatches < 0:
+        return [f"parallel.pp_microbatches = {parallel.pp_microbatches}: use 0 (one per stage) or a positive count"]
+    count = microbatches(parallel)
+    problems = []
+    rows = _rows_per_pipeline_step(ctx)
+    if rows is not None and rows % count:
+        dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+        problems.append(
+            f"each pipeline step gets train.batch_size / (data-parallel {dp} x train.grad_accum "
+            f"{ctx.config.train.grad_accum}) = {rows} rows, which do not split into "
+            f"{count} equal microbatches"
+        )
+    if parallel.pp_schedule == "1f1b" and count < pp:
+        problems.append(
+            f"the 1f1b schedule needs at least one microbatch per stage: {count} "
+            f"microbatches for {pp} stages"
+        )
+    if parallel.pp_schedule == "interleaved_1f1b":
+        rounds = max(1, count // pp)
+        if count % rounds:
+            problems.append(
+                f"interleaved_1f1b runs microbatches in rounds of parallel.pp = {pp}: {count} "
+                f"microbatches do not split into {rounds} equal rounds (a multiple of {pp} works)"
+            )
+    return problems
+
+
+def check_pp_tied_embeddings(ctx: Any) -> str | None:
+    pp = ctx.degrees["pp"]
+    if pp > 1 and _model_option(ctx, "tie_embeddings") is True:
+        return (
+            f"model.options.tie_embeddings is true with parallel.pp = {pp}: the token "
+            "embedding lives on the first stage and the output head on the last, so one "
+            "shared matrix would have to live on two processes and its gradients would never "
+            "be summed"
+        )
+    return None
+
+
+def check_pp_schedule(ctx: Any) -> str | None:
+    parallel = ctx.config.parallel
+    virtual = parallel.pp_virtual_stages
+    if virtual < 1:
+        return f"parallel.pp_virtual_stages = {virtual}: every rank holds at least one stage"
+    if ctx.degrees["pp"] <= 1:
+        return None
+    if parallel.pp_schedule == "interleaved_1f1b" and virtual == 1:
+        return (
+            "parallel.pp_schedule = 'interleaved_1f1b' needs parallel.pp_virtual_stages above 1: "
+            "interleaving alternates between several stages held by each rank"
+        )
+    if parallel.pp_schedule != "interleaved_1f1b" and virtual > 1:
+        return (
+            f"parallel.pp_virtual_stages = {virtual} needs parallel.pp_schedule = "
+            f"'interleaved_1f1b': {parallel.pp_schedule!r} runs one stage per rank"
+        )
+    return None
+
+
+def check_pp_sequence_parallel(ctx: Any) -> str | None:
+    parallel = ctx.config.parallel
+    if ctx.degrees["pp"] > 1 and ctx.degrees["tp"] > 1 and parallel.sequence_parallel:
+        return (
+            "parallel.sequence_parallel with parallel.pp above 1: a later pipeline stage "
+            "receives its tensor-parallel rank's slice of the sequence and would take that "
+            "slice's length for the whole row's (rotary positions, causal mask)"
+        )
+    return None
+
+
+def rules() -> list[Any]:
+    from forge_core.rules import Rule
+
+    return [
+        Rule(
+            id=TP_HEADS,
+            severity="error",
+            paths=("parallel.tp", "model.options.n_heads", "model.options.n_kv_heads"),
+            summary="Under tensor parallelism n_heads and n_kv_heads are divisible by tp.",
+            check=check_tp_heads,
+            fix="Choose parallel.tp among the common divisors of n_heads and n_kv_heads.",
+        ),
+        Rule(
+            id=TP_SEQUENCE_PARALLEL,
+            severity="error",
+            paths=("parallel.sequence_parallel", "parallel.tp", "data.seq_len"),
+            summary="Sequence parallelism splits every row into tp equal slices.",
+            check=check_sequence_parallel_divisible,
+            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.sequence_parallel: false.",
+        ),
+        Rule(
+            id=TP_SEQUENCE_PARALLEL_NO_TP,
+            severity="warning",
+            paths=("parallel.sequence_parallel", "parallel.tp"),
+            summary="Sequence parallelism does nothing without tensor parallelism.",
+            check=check_sequence_parallel_without_tp,
+            fix="Set parallel.tp above 1, or parallel.sequence_parallel: false.",
+        ),
+        Rule(
+            id=DDP_WITH_TP,
+            severity="error",
+            paths=("parallel.dp_replicate", "parallel.dp_shard", "parallel.tp"),
+            summary="Replicated data parallelism (ddp) is not combined with tensor parallelism.",
+            check=check_ddp_with_tp,
+            fix="Shard instead: move the replicas to parallel.dp_shard (fsdp handles DTensor "
+            "parameters), keeping parallel.dp_replicate: 1.",
+        ),
+        Rule(
+            id=PP_LAYERS,
+            severity="error",
+            paths=("parallel.pp", "parallel.pp_virtual_stages", "model.options.n_layers"),
+            summary="pp x pp_virtual_stages is not above the number of layers.",
+            check=check_pp_layers,
+            fix="Lower parallel.pp or parallel.pp_virtual_stages, or add layers.",
+        ),
+        Rule(
+            id=PP_MICROBATCHES,
+            severity="error",
+            paths=(
+                "parallel.pp", "parallel.pp_microbatches", "parallel.pp_schedule",
+                "train.batch_size", "train.grad_accum",
+            ),
+            summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
+            check=check_pp_microbatches,
+            fix="Make train.batch_size / (dp_replicate * dp_shard * grad_accum) a multiple of "
+            "parallel.pp_microbatches (0 means parallel.pp), with at least pp microbatches for "
+            "1f1b and a multiple of pp for interleaved_1f1b.",
+        ),
+        Rule(
+            id=PP_TIED,
+            severity="error",
+            paths=("parallel.pp", "model.options.tie_embeddings"),
+            summary="Tied input/output embeddings cannot be split across pipeline stages.",
+            check=check_pp_tied_embeddings,
+            fix="Set model.options.tie_embeddings: false, or parallel.pp: 1.",
+        ),
+        Rule(
+            id=PP_SCHEDULE,
+            severity="error",
+            paths=("parallel.pp", "parallel.pp_schedule", "parallel.pp_virtual_stages"),
+            summary="interleaved_1f1b and pp_virtual_stages > 1 go together.",
+            check=check_pp_schedule,
+            fix="Use parallel.pp_schedule: interleaved_1f1b with pp_virtual_stages >= 2, or "
+            "another schedule with pp_virtual_stages: 1.",
+        ),
+        Rule(
+            id=PP_SEQUENCE_PARALLEL,
+            severity="error",
+            paths=("parallel.pp", "parallel.tp", "parallel.sequence_parallel"),
+            summary="Sequence parallelism is not combined with pipeline parallelism.",
+            check=check_pp_sequence_parallel,
+            fix="Set parallel.sequence_parallel: false (tensor parallelism alone works with pp).",
+        ),
+    ]

@@ -1,0 +1,37 @@
+"""How pipeline parallelism splits the layers over stages (pure arithmetic, no torch).
+
+``pp * pp_virtual_stages`` stages share ``n_layers`` blocks in order. Every stage gets
+``n_layers // stages`` blocks and the first ``n_layers % stages`` stages get one more:
+the first stage also embeds tokens and the last one runs the final norm and the output
+head, which on real vocabularies is the heaviest piece, so the remainder goes to the
+front. Under interleaving, stage ``s`` lives on pipeline rank ``s % pp`` (rank 0 holds
+stages 0, pp, 2*pp, ...).
+"""
+
+from __future__ import annotations
+
+
+def stage_layer_ranges(n_layers: int, n_stages: int) -> list[range]:
+    """The block indices of each stage, in stage order."""
+    if n_stages < 1 or n_layers < n_stages:
+        raise ValueError(
+            f"cannot split {n_layers} layers over {n_stages} pipeline stages: every stage "
+            "needs at least one layer"
+        )
+    base, extra = divmod(n_layers, n_stages)
+    ranges, start = [], 0
+    for stage in range(n_stages):
+        size = base + (1 if stage < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    """The stage indices pipeline rank ``pp_rank`` holds (loop order)."""
+    return [pp_rank + i * pp for i in range(virtual_stages)]
+
+
+def microbatches(parallel: object) -> int:
+    """Microbatches per pipeline step: ``parallel.pp_microbatches``, or one per rank."""
+    return parallel.pp_microbatches or parallel.pp  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Built-in tokenizers: ``byte`` and ``hf`` (registered in :mod:`.plugin`)."""

@@ -1,0 +1,17 @@
+"""Options of the built-in tokenizers. Light on purpose: imported by ``forge-run check``."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class HFOptions:
+    path: str = attrs.field(
+        default="",
+        metadata={
+            "doc": "Local directory of a Hugging Face tokenizer (what `save_pretrained` "
+            "writes, or a BPE tokenizer trained by `forge-run prepare`). Loaded with "
+            "`transformers.AutoTokenizer`, offline."
+        },
+    )

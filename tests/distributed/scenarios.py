@@ -1,0 +1,164 @@
+"""Run under ``torchrun``: train a tiny llama for a few steps under several parallel
+layouts in ONE launch (each scenario builds its own mesh on the same process group),
+and record per-step losses and gradient norms next to a single-process reference run of
+the same global batches. ``test_*.py`` in this folder launch it and assert.
+
+Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
+
+Every scenario trains the model the way the trainer does (:mod:`forge_core.train`):
+the loss is ``loss_fn``'s token-summed cross-entropy, each data-parallel rank reads its
+own slice of the global batch (``pmodel.dp_rank``), back-propagates through
+``pmodel.forward_backward`` (the gradient convention of
+:mod:`forge_core.train.parallelize`), clips with ``clip_grad_norm`` and steps plain SGD
+(so a wrong gradient scale or a wrong norm changes the next losses, which Adam would
+hide). The clipping threshold is below the gradient norm, so every step clips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from forge_core.config.loader import resolve_components, structure
+from forge_core.config.schema import ForgeConfig
+from forge_core.registry import load_registries
+from forge_core.train import components
+from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
+
+VOCAB = 64
+SEQ = 16
+ROWS = 8  # global batch rows per optimizer step
+STEPS = 3
+LR = 0.5
+MAX_NORM = 0.05
+MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64, "max_seq_len": SEQ}
+
+#: name -> (parallel overrides, train overrides)
+SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "ddp": ({"dp_replicate": 2}, {}),
+    "fsdp": ({"dp_shard": 2}, {}),
+    "fsdp_accum": ({"dp_shard": 2}, {"grad_accum": 2}),
+    "tp": ({"tp": 2}, {}),
+    "tp_sp": ({"tp": 2, "sequence_parallel": True}, {}),
+    "pp_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4}, {}),
+    "pp_1f1b": ({"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 2}, {"grad_accum": 2}),
+    "pp_interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2, "pp_microbatches": 4}, {}),
+    # four processes
+    "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
+    "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
+    "pp_tp": ({"pp": 2, "tp": 2, "pp_schedule": "1f1b"}, {}),
+    "pp_fsdp": ({"pp": 2, "dp_shard": 2, "pp_schedule": "1f1b"}, {}),
+    "pp_ddp": ({"pp": 2, "dp_replicate": 2, "pp_schedule": "gpipe"}, {}),
+}
+
+
+def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any]) -> ForgeConfig:
+    raw = {
+        "model": {"name": "llama", "options": MODEL},
+        "attention": {"backend": "sdpa"},
+        "data": {"packer": "none", "seq_len": SEQ},
+        "parallel": parallel,
+        "train": {"batch_size": ROWS, "grad_clip": MAX_NORM, **train},
+    }
+    config, issues = structure(raw, ForgeConfig)
+    assert not issues, issues
+    config, issues = resolve_components(config, registries)
+    assert not issues, issues
+    return config
+
+
+def batches() -> list[dict[str, torch.Tensor]]:
+    """The global batch of every step; about a fifth of the labels are -100, unevenly
+    spread over rows, so ranks hold different token counts."""
+    gen = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, VOCAB, (ROWS, SEQ + 1), generator=gen)
+        labels = ids[:, 1:].clone()
+        labels[torch.rand(labels.shape, generator=gen) < 0.2] = IGNORE_INDEX
+        out.append({"input_ids": ids[:, :-1].contiguous(), "labels": labels})
+    return out
+
+
+def build_model(config: ForgeConfig, registries: Any) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return components.model(config, registries, VOCAB, components.attention(config, registries))
+
+
+def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
+    """The trainer's step, in miniature. Returns per-step losses and gradient norms."""
+    accum = config.train.grad_accum
+    rows = ROWS // pmodel.dp_size // accum
+    optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=LR)
+    losses, norms, times = [], [], []
+    for batch in data:
+        start = time.perf_counter()
+        global_tokens = float((batch["labels"] != IGNORE_INDEX).sum())
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
+        for micro in range(accum):
+            part = {k: v[micro * rows:(micro + 1) * rows] for k, v in local.items()}
+            loss, _ = pmodel.forward_backward(part, loss_fn, global_tokens)
+            loss_sum += loss.double()
+        if pmodel.dp_group is not None:
+            dist.all_reduce(loss_sum, group=pmodel.dp_group)
+        norm = clip_grad_norm(pmodel, MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss_sum) / global_tokens)
+        norms.append(float(norm))
+    return {"loss": losses, "norm": norms, "time": times}
+
+
+def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
+    with torch.no_grad():
+        return pmodel.forward(data[0]["input_ids"][:2]).tolist()
+
+
+def main() -> None:
+    out_path, names = sys.argv[1], sys.argv[2:]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    registries = load_registries()
+    data = batches()
+    ref_config = make_config(registries, {}, {})
+    reference = train(single_process(build_model(ref_config, registries)), ref_config, data)
+    results: dict[str, Any] = {"reference": reference, "world": world}
+    for name in names:
+        parallel, train_over = SCENARIOS[name]
+        config = make_config(registries, parallel, train_over)
+        pmodel = parallelize(build_model(config, registries), config, registries, torch.device("cpu"), loss_fn)
+        got = train(pmodel, config, data)
+        every = [None] * world
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
+        results[name] = {**got, "ranks": every}
+        if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
+            results[name]["probe"] = probe_logits(pmodel, data)
+            save_checkpoint(pmodel, os.environ["FORGE_TEST_CKPT"])
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def save_checkpoint(pmodel: Any, run_dir: str) -> None:
+    """Save with the trainer's checkpoint manager (DCP, each rank writes its shards)."""
+    from forge_core.train.checkpoint import CheckpointManager
+
+    optimizers = [torch.optim.SGD(part.parameters(), lr=LR) for part in pmodel.parts]
+    CheckpointManager(run_dir, keep=1, rank=dist.get_rank(), world_size=dist.get_world_size()).save(
+        STEPS, pmodel.parts, optimizers, {"step": STEPS}
+    )
+
+
+if __name__ == "__main__":
+    main()

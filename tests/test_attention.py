@@ -1,0 +1,303 @@
+"""The attention backends: masks, numerical equivalence with eager attention, document
+isolation by equivalence (packed == standalone), sdpa's causal fast path, the rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from forge_core.specs import AttentionBackendSpec, NoOptions
+from forge_plugins.attention import equivalence, plugin, sdpa
+from forge_plugins.attention import rules as attention_rules
+from forge_plugins.attention.eager import EagerAttention
+from forge_plugins.attention.flex import FlexAttention
+from forge_plugins.attention.masks import (
+    block_mask_bytes,
+    causal_mask_mod,
+    document_block_mask,
+    document_causal_mask,
+    document_mask_mod,
+)
+from forge_plugins.attention.options import FlexOptions, SdpaOptions
+from forge_plugins.attention.reference import lognormal_lengths, packed_metadata, spans
+from forge_plugins.attention.sdpa import SdpaAttention
+
+#: Rows longer than one 16-token flex block, with documents crossing block boundaries,
+#: single-token documents and a last document that runs to the end of its row.
+MULTI_BLOCK_ROWS = ((5, 1, 11, 7, 9, 1), (1, 16, 7, 10))
+
+
+@pytest.fixture(scope="module")
+def flex() -> FlexAttention:
+    # Small blocks so that the test rows span several blocks (and a partial last block).
+    return FlexAttention(FlexOptions(block_size=16))
+
+
+def _backend(name: str, flex: FlexAttention):
+    return {"eager": EagerAttention(NoOptions()), "sdpa": SdpaAttention(SdpaOptions()), "flex": flex}[name]
+
+
+BACKENDS = ["eager", "sdpa", "flex"]
+#: Compiled flex specialises on shapes: run documents "alone" at the packed shape
+#: (equal by causality, see forge_plugins.attention.equivalence) to compile only twice.
+STANDALONE = {"eager": "exact", "sdpa": "exact", "flex": "prefix"}
+
+
+# --- packed-row helpers -------------------------------------------------------------
+
+
+def test_packed_metadata_counts_documents_and_restarts_positions():
+    doc_ids, positions = packed_metadata([(2, 1, 3), (4, 2)])
+    assert doc_ids.tolist() == [[0, 0, 1, 2, 2, 2], [0, 0, 0, 0, 1, 1]]
+    assert positions.tolist() == [[0, 1, 0, 0, 1, 2], [0, 1, 2, 3, 0, 1]]
+    assert spans((2, 1, 3)) == [(0, 2), (2, 3), (3, 6)]
+    with pytest.raises(ValueError, match="summing to one length"):
+        packed_metadata([(2, 1), (4,)])
+
+
+def test_lognormal_lengths_fill_the_row_exactly():
+    lengths = lognormal_lengths(8192, median=512, seed=3)
+    assert sum(lengths) == 8192 and min(lengths) >= 1 and len(lengths) > 4
+
+
+# --- masks --------------------------------------------------------------------------
+
+
+def test_dense_document_mask_is_block_diagonal_causal():
+    doc_ids, _ = packed_metadata([(2, 1, 2)])
+    mask = document_causal_mask(doc_ids, 5, "cpu")
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 0, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert mask.shape == (1, 1, 5, 5)
+    assert torch.equal(mask[0, 0], expected)
+
+
+def test_doc_ids_of_the_wrong_length_are_refused():
+    with pytest.raises(ValueError, match=r"shape \(batch, 6\)"):
+        SdpaAttention(SdpaOptions()).prepare(torch.zeros(1, 5, dtype=torch.long), 6, "cpu")
+
+
+def _tables(block_mask):
+    """Block tables with the unused tail of every index row cut off, for comparison."""
+    out = {}
+    for num, idx in (
+        ("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
+        ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices"),
+    ):
+        counts, indices = getattr(block_mask, num), getattr(block_mask, idx)
+        out[num] = counts.tolist()
+        out[idx] = [
+            indices[b, h, r, : counts[b, h, r]].tolist()
+            for b in range(counts.shape[0]) for h in range(counts.shape[1]) for r in range(counts.shape[2])
+        ]
+    return out
+
+
+@pytest.mark.parametrize("seq_len,block_size", [(300, 128), (1000, 64), (128, 128), (1, 128), (2048, 128)])
+@pytest.mark.parametrize("docs_per_1000", [2, 300])
+def test_block_mask_tables_equal_create_block_mask(seq_len, block_size, docs_per_1000):
+    gen = torch.Generator().manual_seed(seq_len + docs_per_1000)
+    doc_ids = torch.cumsum(torch.rand(2, seq_len, generator=gen) < docs_per_1000 / 1000, dim=-1)
+    ours = document_block_mask(doc_ids, seq_len, "cpu", block_size)
+    reference = create_block_mask(
+        document_mask_mod(doc_ids), 2, None, seq_len, seq_len, device="cpu", BLOCK_SIZE=block_size
+    )
+    assert _tables(ours) == _tables(reference)
+    assert torch.equal(ours.to_dense(), reference.to_dense())
+
+
+def test_causal_block_mask_equals_create_block_mask():
+    ours = document_block_mask(None, 300, "cpu", 128)
+    reference = create_block_mask(causal_mask_mod, None, None, 300, 300, device="cpu")
+    assert _tables(ours) == _tables(reference)
+
+
+def test_block_mask_falls_back_for_decreasing_doc_ids():
+    doc_ids = torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2] * 20])  # 160 tokens, ids go back down
+    ours = document_block_mask(doc_ids, 160, "cpu", 16)
+    reference = create_block_mask(
+        document_mask_mod(doc_ids), 1, None, 160, 160, device="cpu", BLOCK_SIZE=16
+    )
+    assert _tables(ours) == _tables(reference)
+
+
+def test_block_mask_is_over_100x_smaller_than_the_dense_mask_at_8192():
+    doc_ids, _ = packed_metadata([lognormal_lengths(8192, median=512, seed=0)])
+    dense_bytes = 8192 * 8192  # one bool per entry
+    assert block_mask_bytes(document_block_mask(doc_ids, 8192, "cpu")) * 100 < dense_bytes
+
+
+# --- sdpa's paths -------------------------------------------------------------------
+
+
+def test_sdpa_without_doc_ids_takes_the_is_causal_path_with_no_mask():
+    backend = SdpaAttention(SdpaOptions())
+    q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    prepared = backend.prepare(None, 6, "cpu")
+    assert prepared is None
+    with mock.patch.object(sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention) as spy:
+        backend.attend(q, k, v, prepared)
+    (args, kwargs), = spy.call_args_list
+    assert kwargs["is_causal"] is True
+    assert kwargs.get("attn_mask") is None and len(args) == 3
+    assert kwargs["enable_gqa"] is True
+
+
+def test_sdpa_with_doc_ids_passes_the_shared_dense_mask():
+    backend = SdpaAttention(SdpaOptions())
+    doc_ids, _ = packed_metadata([(2, 4)])
+    q = k = v = torch.randn(1, 2, 6, 8)
+    prepared = backend.prepare(doc_ids, 6, "cpu")
+    with mock.patch.object(sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention) as spy:
+        backend.attend(q, k, v, prepared)
+    (_, kwargs), = spy.call_args_list
+    assert kwargs["attn_mask"] is prepared and not kwargs.get("is_causal", False)
+    assert kwargs["enable_gqa"] is False
+
+
+# --- equivalence --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_agrees_with_eager_forward_and_backward(name, flex):
+    equivalence.check_agrees_with_eager(_backend(name, flex), rows=MULTI_BLOCK_ROWS)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_attention_isolation_packed_equals_each_document_alone(name, flex):
+    equivalence.check_attention_isolation(
+        _backend(name, flex), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name]
+    )
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_model_isolation_packed_logits_and_grads_equal_each_document_alone(name, flex):
+    equivalence.check_document_isolation(
+        _backend(name, flex), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name]
+    )
+
+
+class _IgnoresDocIds(SdpaAttention):
+    """A broken backend: plain causal attention whatever the doc_ids."""
+
+    def prepare(self, doc_ids, seq_len, device):
+        return None
+
+
+class _WrongScale(SdpaAttention):
+    def attend(self, q, k, v, prepared):
+        return super().attend(q * 1.01, k, v, prepared)
+
+
+@pytest.mark.parametrize(
+    "check",
+    [equivalence.check_agrees_with_eager, equivalence.check_attention_isolation,
+     equivalence.check_document_isolation],
+)
+@pytest.mark.parametrize("standalone", ["exact", "prefix"])
+def test_checks_catch_a_backend_that_ignores_doc_ids(check, standalone):
+    kwargs = {} if check is equivalence.check_agrees_with_eager else {"standalone": standalone}
+    with pytest.raises(AssertionError, match="differ"):
+        check(_IgnoresDocIds(SdpaOptions()), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "check", [equivalence.check_attention_isolation, equivalence.check_document_isolation]
+)
+def test_prefix_standalone_agrees_with_exact_standalone(check):
+    # Both modes pass on a correct backend, for the model and the attention level.
+    for standalone in ("exact", "prefix"):
+        check(SdpaAttention(SdpaOptions()), rows=MULTI_BLOCK_ROWS, standalone=standalone)
+
+
+def test_agreement_check_catches_a_small_numerical_error():
+    with pytest.raises(AssertionError, match="output differs from eager"):
+        equivalence.check_agrees_with_eager(_WrongScale(SdpaOptions()))
+
+
+def test_flex_causal_block_mask_is_cached_per_length():
+    backend = FlexAttention(FlexOptions())
+    assert backend.prepare(None, 40, "cpu") is backend.prepare(None, 40, "cpu")
+    assert backend.prepare(None, 40, "cpu") is not backend.prepare(None, 48, "cpu")
+
+
+def test_backends_refuse_head_counts_that_do_not_group(flex):
+    q, kv = torch.randn(1, 3, 4, 8), torch.randn(1, 2, 4, 8)
+    for backend in (EagerAttention(NoOptions()), flex):
+        with pytest.raises(ValueError, match="multiple of key/value heads"):
+            backend.attend(q, kv, kv, backend.prepare(None, 4, "cpu"))
+
+
+# --- registration and rules ---------------------------------------------------------
+
+
+def test_plugin_registers_three_backends_that_honour_doc_ids():
+    specs = {spec.name: spec for spec in plugin.forge_attention_backends()}
+    assert set(specs) == {"sdpa", "flex", "eager"}
+    assert all(spec.honours == {"doc_ids"} for spec in specs.values())
+    assert specs["sdpa"].load() is SdpaAttention
+    assert specs["flex"].load() is FlexAttention
+    assert specs["eager"].load() is EagerAttention
+    assert specs["sdpa"].options is SdpaOptions and specs["flex"].options is FlexOptions
+
+
+def test_registration_and_rule_modules_do_not_import_torch():
+    code = (
+        "import sys, forge_plugins.attention.plugin as p, forge_plugins.attention.rules as r\n"
+        "p.forge_attention_backends(); p.forge_rules()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
+         seq_len=1024, options=None, packer="concat"):
+    spec = AttentionBackendSpec(
+        name=backend, summary="s", impl="m:X", options=SdpaOptions, honours=set(honours)
+    )
+    config = SimpleNamespace(
+        data=SimpleNamespace(packer=packer, seq_len=seq_len),
+        attention=SimpleNamespace(backend=backend, options=options or SdpaOptions()),
+    )
+    return SimpleNamespace(config=config, specs={"attention": spec}, emitted=frozenset(emitted))
+
+
+def test_rule_backend_must_honour_emitted_doc_ids():
+    check = attention_rules.check_honours_doc_ids
+    message = check(_ctx(backend="window", honours=()))
+    assert "'concat' emits doc_ids" in message and "'window' does not honour" in message
+    assert check(_ctx(backend="window", honours=(), emitted=())) is None
+    assert check(_ctx(backend="flex")) is None
+
+
+def test_rule_sdpa_dense_mask_warns_from_the_threshold_seq_len():
+    check = attention_rules.check_sdpa_dense_mask
+    assert check(_ctx(seq_len=4095)) is None
+    message = check(_ctx(seq_len=4096))
+    assert "4096x4096" in message and "16 MiB" in message and "flex" in message
+    assert check(_ctx(seq_len=8192, emitted=())) is None  # no isolation: causal flash path
+    assert check(_ctx(backend="flex", seq_len=8192)) is None
+    assert check(_ctx(seq_len=8192, options=SdpaOptions(dense_mask_warn_seq_len=16384))) is None
+    assert check(_ctx(seq_len=2048, options=SdpaOptions(dense_mask_warn_seq_len=2048))) is not None
+
+
+def test_forge_rules_declares_the_attention_rules():
+    rules = {rule.id: rule for rule in plugin.forge_rules()}
+    assert rules["attention.honours-doc-ids"].severity == "error"
+    assert rules["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
+    assert rules["sdpa.dense-mask-long-seq"].severity == "warning"
+    assert rules["sdpa.dense-mask-long-seq"].check is attention_rules.check_sdpa_dense_mask

@@ -1,0 +1,222 @@
+"""``prepare`` and the pipeline: text -> shards -> rows equals direct tokenization,
+determinism, atomic output, interrupted prepares, and bad shards or corpora."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from forge_core.data.pipeline import build_rows, documents_with_eos
+from forge_core.data.prepare import prepare
+from forge_core.data.shards import Shards
+from forge_core.errors import ForgeError
+from forge_plugins.packers.bfd import BfdPacker
+from forge_plugins.packers.concat import ConcatPacker
+from forge_plugins.packers.options import ConcatOptions
+from forge_plugins.sources.options import ShardsOptions, TextOptions
+from forge_plugins.sources.shards import ShardSource
+from forge_plugins.sources.text import TextSource
+from forge_plugins.tokenizers.byte import ByteTokenizer
+
+BYTE = ByteTokenizer(None)
+
+
+class ListSource:
+    def __init__(self, docs):
+        self.docs = docs
+
+    def documents(self):
+        yield from self.docs
+
+    def describe(self):
+        return "list source"
+
+
+@pytest.fixture
+def text_source(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text(
+        "".join(json.dumps({"text": f"document {i}: " + "é" * (i % 7) + "x" * i}) + "\n" for i in range(300))
+    )
+    (data / "b.txt").write_text("one\n\ntwo, longer\n\nthree")
+    return TextSource(TextOptions(paths=[str(data / "a.jsonl"), str(data / "b.txt")], separator="\n\n"))
+
+
+def quiet(*args, **kwargs):
+    return prepare(*args, progress=False, report=lambda _: None, **kwargs)
+
+
+def packers():
+    return [
+        ConcatPacker(ConcatOptions(), seq_len=64, eos_id=BYTE.eos_id, pad_id=BYTE.pad_id),
+        BfdPacker(None, seq_len=64, eos_id=BYTE.eos_id, pad_id=BYTE.pad_id),
+    ]
+
+
+def test_round_trip_text_shards_rows_equals_direct(text_source, tmp_path):
+    index = quiet(text_source, BYTE, tmp_path / "shards")
+    assert index["num_documents"] == 303 and index["dtype"] == "uint16"
+    shard_source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
+    assert shard_source.tokenizer_identity == BYTE.identity
+    direct_docs = documents_with_eos(text_source, BYTE, progress=False)
+    shard_docs = documents_with_eos(shard_source, BYTE, progress=False)
+    assert [d.tolist() for d in shard_docs] == [d.tolist() for d in direct_docs]
+    assert all(d[-1] == BYTE.eos_id and (d[:-1] < 256).all() for d in direct_docs)
+    for direct_packer, shard_packer in zip(packers(), packers()):
+        direct = build_rows(text_source, BYTE, direct_packer, progress=False)
+        from_shards = build_rows(shard_source, BYTE, shard_packer, progress=False)
+        assert direct.keys() == from_shards.keys()
+        for key in direct:
+            assert np.array_equal(direct[key], from_shards[key]), key
+
+
+def test_prepare_is_deterministic(text_source, tmp_path):
+    quiet(text_source, BYTE, tmp_path / "one")
+    quiet(text_source, BYTE, tmp_path / "two")
+    for name in ("index.json", "tokens.bin", "offsets.npy"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_existing_output_needs_overwrite(text_source, tmp_path):
+    quiet(ListSource(["old"]), BYTE, tmp_path / "out")
+    with pytest.raises(ForgeError, match="already exists"):
+        quiet(text_source, BYTE, tmp_path / "out")
+    quiet(text_source, BYTE, tmp_path / "out", overwrite=True)
+    assert Shards(tmp_path / "out").num_documents == 303
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out"]
+
+
+def test_error_during_prepare_leaves_nothing(tmp_path):
+    def docs():
+        yield from ["fine"] * 600
+        raise ForgeError("bad document")
+
+    source = ListSource(docs())
+    with pytest.raises(ForgeError, match="bad document"):
+        quiet(source, BYTE, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ForgeError, match="yielded no document"):
+        quiet(ListSource([]), BYTE, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from forge_core.data.prepare import prepare
+    from forge_plugins.tokenizers.byte import ByteTokenizer
+
+    class Dying:
+        def describe(self):
+            return "dying"
+        def documents(self):
+            for i in range(2000):
+                if i == 1000:  # after a few batches reached the disk
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield f"doc {i}"
+
+    prepare(Dying(), ByteTokenizer(), sys.argv[1], progress=False)
+    """
+)
+
+
+def test_interrupted_prepare_is_detected_and_cleaned(tmp_path):
+    out = tmp_path / "shards"
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(out)])
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    assert (tmp_path / "shards.partial" / "tokens.bin").stat().st_size > 0
+    with pytest.raises(ForgeError, match="interrupted"):
+        ShardSource(ShardsOptions(path=str(out)))
+    notes = []
+    prepare(ListSource(["a", "b"]), BYTE, out, progress=False, report=notes.append)
+    assert "interrupted prepare" in notes[0]
+    assert not (tmp_path / "shards.partial").exists()
+    assert Shards(out).num_documents == 2
+
+
+def test_shards_from_another_tokenizer_are_refused(text_source, tmp_path):
+    quiet(text_source, BYTE, tmp_path / "shards")
+
+    class Other(ByteTokenizer):
+        identity = "byte:latin-1"
+
+    source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
+    with pytest.raises(ForgeError, match="tokenized with 'byte:utf-8.*configured tokenizer is 'byte:latin-1'"):
+        build_rows(source, Other(None), packers()[0], progress=False)
+
+
+def test_ids_outside_the_vocabulary_are_refused(text_source, tmp_path):
+    quiet(text_source, BYTE, tmp_path / "shards")
+    tokens = np.memmap(tmp_path / "shards" / "tokens.bin", dtype=np.uint16, mode="r+")
+    offsets = np.load(tmp_path / "shards" / "offsets.npy")
+    tokens[offsets[5] + 2] = 300  # inside document 5
+    tokens.flush()
+    del tokens
+    source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
+    with pytest.raises(ForgeError, match="document 5 holds token id 300, outside the tokenizer's vocabulary of 258"):
+        build_rows(source, BYTE, packers()[0], progress=False)
+
+
+def test_damaged_shards_are_refused(text_source, tmp_path):
+    quiet(text_source, BYTE, tmp_path / "shards")
+    tokens = tmp_path / "shards" / "tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:-2])
+    with pytest.raises(ForgeError, match=r"tokens\.bin: .* bytes, the index says"):
+        ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
+
+
+def test_corpus_smaller_than_one_row_is_an_error():
+    packer = ConcatPacker(ConcatOptions(), seq_len=64, eos_id=BYTE.eos_id, pad_id=BYTE.pad_id)
+    with pytest.raises(ForgeError, match="13 tokens in 2 documents, not enough for one row of seq_len 64"):
+        build_rows(ListSource(["hello", "world!"]), BYTE, packer, progress=False)
+
+
+# --- forge-run prepare ----------------------------------------------------------------
+
+
+def run_cli(tmp_path, *extra, tokenizer="byte", train_bpe=0):
+    import argparse
+
+    from forge_core.data.prepare_cli import main
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("\n\n".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(200)))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"data:\n  source: text\n  source_options: {{paths: ['{data}'], separator: \"\\n\\n\"}}\n"
+        f"  tokenizer: {tokenizer}\n"
+    )
+    args = argparse.Namespace(config=str(config), overrides=list(extra), out=str(tmp_path / "shards"), train_bpe=train_bpe)
+    return main(args)
+
+
+def test_cli_prepares_shards_with_the_configured_tokenizer(tmp_path, capsys):
+    assert run_cli(tmp_path) == 0
+    index = Shards(tmp_path / "shards").index
+    assert index["num_documents"] == 200 and index["tokenizer"]["identity"] == BYTE.identity
+    assert "data.source_options: {path: " in capsys.readouterr().err
+    with pytest.raises(ForgeError, match="already exists"):
+        run_cli(tmp_path)
+
+
+def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
+    from forge_plugins.tokenizers.hf import HFTokenizer
+
+    with pytest.raises(ForgeError, match="--train-bpe needs a tokenizer that loads from a directory"):
+        run_cli(tmp_path, train_bpe=300)
+    assert run_cli(tmp_path, tokenizer="hf", train_bpe=300) == 0
+    tok = HFTokenizer.load(str(tmp_path / "shards" / "tokenizer"))
+    assert tok.vocab_size == 300
+    source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
+    assert source.tokenizer_identity == tok.identity
+    first = next(iter(source.documents()))
+    assert tok.decode(first) == "def f0(x):\n    return x * 0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "corpus.txt", "shards"]

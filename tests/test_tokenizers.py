@@ -1,0 +1,127 @@
+"""The built-in tokenizers and BPE training: ids, EOS/PAD, identity, Hugging Face format."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import attrs
+import numpy as np
+import pytest
+
+from forge_core.data.bpe import EOS_TOKEN, PAD_TOKEN, train_bpe
+from forge_core.errors import ForgeError
+from forge_plugins.tokenizers import plugin
+from forge_plugins.tokenizers.byte import ByteTokenizer
+from forge_plugins.tokenizers.hf import HFTokenizer
+from forge_plugins.tokenizers.options import HFOptions
+
+TEXT = "def f(x):\n    return x + 1  # héllo ✓ 日本\n"
+
+
+class ListSource:
+    def __init__(self, docs):
+        self.docs = docs
+
+    def documents(self):
+        return iter(self.docs)
+
+    def describe(self):
+        return f"{len(self.docs)} test documents"
+
+
+CORPUS = ListSource([f"def f{i}(x):\n    return x * {i} + len('héllo')\n" for i in range(200)])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_bpe(CORPUS, 300, tmp_path_factory.mktemp("bpe") / "tok", progress=False)
+
+
+def test_byte_tokenizer_round_trip_and_ids():
+    tok = ByteTokenizer(None)
+    ids = tok.encode(TEXT)
+    assert ids == list(TEXT.encode("utf-8")) and max(ids) < 256
+    assert (tok.vocab_size, tok.eos_id, tok.pad_id) == (258, 256, 257)
+    assert tok.decode(ids + [tok.eos_id, tok.pad_id]) == TEXT  # specials are skipped
+    assert [a.tolist() for a in tok.encode_batch([TEXT, ""])] == [ids, []]
+    assert tok.decode(list("é".encode())[:1]) == "\ufffd"  # half a character
+
+
+def test_trained_bpe_opens_in_transformers_with_its_specials(trained):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(trained)
+    assert hf.eos_token == EOS_TOKEN and hf.pad_token == PAD_TOKEN
+    ids = hf.encode(TEXT, add_special_tokens=False)
+    assert hf.decode(ids) == TEXT  # byte-level: nothing is unknown, even unseen characters
+    assert len(ids) < len(TEXT.encode())  # merges were learned
+
+
+def test_hf_tokenizer_wraps_a_local_directory(trained):
+    tok = HFTokenizer(HFOptions(path=str(trained)))
+    assert tok.vocab_size == 300
+    assert (tok.eos_id, tok.pad_id) == (0, 1)
+    ids = tok.encode(TEXT)
+    assert tok.decode(ids) == TEXT
+    assert [list(x) for x in tok.encode_batch([TEXT, "x"])] == [ids, tok.encode("x")]
+    assert tok.identity.startswith("hf:") and tok.identity != ByteTokenizer.identity
+
+
+def test_hf_identity_follows_the_token_ids(trained, tmp_path):
+    tok = HFTokenizer(HFOptions(path=str(trained)))
+    tok.save(str(tmp_path / "copy"))
+    assert HFTokenizer(HFOptions(path=str(tmp_path / "copy"))).identity == tok.identity
+    other = train_bpe(CORPUS, 320, tmp_path / "bigger", progress=False)
+    assert HFTokenizer(HFOptions(path=str(other))).identity != tok.identity
+
+
+def test_hf_tokenizer_without_pad_uses_eos(trained, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(trained)
+    hf.pad_token = None
+    hf.save_pretrained(tmp_path / "nopad")
+    tok = HFTokenizer(HFOptions(path=str(tmp_path / "nopad")))
+    assert tok.pad_id == tok.eos_id == 0
+
+
+def test_hf_tokenizer_errors(trained, tmp_path):
+    with pytest.raises(ForgeError, match="path is empty"):
+        HFTokenizer(HFOptions())
+    with pytest.raises(ForgeError, match="is not a directory"):
+        HFTokenizer(HFOptions(path=str(tmp_path / "missing")))
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(trained)
+    hf.eos_token = None
+    hf.save_pretrained(tmp_path / "noeos")
+    with pytest.raises(ForgeError, match="has no EOS token"):
+        HFTokenizer(HFOptions(path=str(tmp_path / "noeos")))
+
+
+def test_train_bpe_refuses_bad_input(tmp_path, trained):
+    with pytest.raises(ForgeError, match="at least 258"):
+        train_bpe(CORPUS, 100, tmp_path / "x", progress=False)
+    with pytest.raises(ForgeError, match="already exists"):
+        train_bpe(CORPUS, 300, trained, progress=False)
+    with pytest.raises(ForgeError, match="needs a text source"):
+        train_bpe(ListSource([np.array([1, 2])]), 300, tmp_path / "y", progress=False)
+    assert not (tmp_path / "y").exists() and not (tmp_path / "y.partial").exists()
+
+
+def test_specs_and_documented_options():
+    specs = {s.name: s for s in plugin.forge_tokenizers()}
+    assert set(specs) == {"byte", "hf"}
+    assert specs["byte"].load() is ByteTokenizer and specs["hf"].load() is HFTokenizer
+    for field in attrs.fields(HFOptions):
+        assert field.metadata.get("doc"), field.name
+
+
+def test_plugin_module_imports_nothing_heavy():
+    code = (
+        "import sys, forge_plugins.tokenizers.plugin as p; p.forge_tokenizers(); "
+        "heavy = {'torch', 'transformers', 'tokenizers'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

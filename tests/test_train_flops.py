@@ -1,0 +1,112 @@
+"""FLOP counting for MFU, the measured peak and its cache, and the loss normalisation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from forge_core.train import flops, peak
+from forge_core.train.loss import loss_fn
+
+
+def brute_force_pairs(doc_ids: np.ndarray) -> int:
+    """Count (query, key) pairs with key <= query in the same document, one by one."""
+    total = 0
+    for row in doc_ids:
+        for i in range(len(row)):
+            for j in range(i + 1):
+                total += row[i] == row[j]
+    return total
+
+
+def test_attended_pairs_example():
+    doc_ids = torch.tensor([[0, 0, 0, 1, 1], [0, 1, 1, 1, 1]])
+    # Row 1: documents of 3 and 2 tokens -> 6 + 3; row 2: 1 and 4 -> 1 + 10.
+    assert flops.attended_pairs(doc_ids, 2, 5) == 20
+    assert flops.attended_pairs(None, 2, 5) == 2 * 15
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_attended_pairs_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    rows, seq = 3, 24
+    starts = rng.random((rows, seq)) < 0.2
+    starts[:, 0] = False
+    doc_ids = np.cumsum(starts, axis=1)
+    if seed == 0:
+        doc_ids[1] = 0  # a row that is one document: the full causal triangle
+    assert flops.attended_pairs(torch.from_numpy(doc_ids), rows, seq) == brute_force_pairs(doc_ids)
+
+
+def test_document_masking_costs_less_than_the_causal_square():
+    doc_ids = torch.arange(64).div(8, rounding_mode="floor").unsqueeze(0)  # 8 docs of 8
+    assert flops.attended_pairs(doc_ids, 1, 64) == 8 * 36 < flops.attended_pairs(None, 1, 64) == 2080
+
+
+def test_matmul_params_excludes_embeddings_but_counts_a_tied_head():
+    emb, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 4), head)
+    assert flops.matmul_params(model) == 20 + 40
+    head.weight = emb.weight  # tied: the output matmul uses the embedding matrix
+    assert flops.matmul_params(model) == 20 + 40
+
+
+def llama(vocab=50, tie=False, attention=None):
+    from forge_plugins.attention.sdpa import SdpaAttention
+    from forge_plugins.attention.options import SdpaOptions
+    from forge_plugins.models.llama import build
+    from forge_plugins.models.options import LlamaOptions
+
+    options = LlamaOptions(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=16, tie_embeddings=tie)
+    return build(options, vocab_size=vocab, attention=attention or SdpaAttention(SdpaOptions()))
+
+
+def test_matmul_params_of_llama():
+    model = llama()
+    total = sum(p.numel() for p in model.parameters())
+    assert flops.matmul_params(model) == total - 50 * 32
+
+
+def test_attention_probe_measures_heads_times_head_dim_per_layer():
+    from forge_plugins.attention.options import SdpaOptions
+    from forge_plugins.attention.sdpa import SdpaAttention
+
+    probe = flops.AttentionProbe(SdpaAttention(SdpaOptions()))
+    model = llama(attention=probe)
+    # 3 layers x 4 query heads x head dim 8; grouped-query k/v heads do not change it.
+    assert flops.measure_attention_width(model, probe, torch.device("cpu")) == 3 * 32
+    assert not probe.recording
+    assert probe.options is probe.inner.options  # other attributes pass through
+
+
+def test_step_flops_formula():
+    # 6 N per token; 12 d_attn per attended pair.
+    assert flops.step_flops(1000, 64, 10, 55) == 6 * 1000 * 10 + 12 * 64 * 55
+
+
+def test_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    value, source = peak.peak_flops(cpu, torch.float32, 0.0, size=64, budget_s=0.01)
+    assert value > 0 and source.startswith("measured")
+    cached = json.loads((tmp_path / "peak_flops.json").read_text())
+    assert cached == {peak.cache_key(cpu, torch.float32): value}
+    again, source = peak.peak_flops(cpu, torch.float32, 0.0, size=64, budget_s=0.01)
+    assert again == value and source.startswith("cached")
+    # Another dtype is another entry; a configured peak wins without measuring.
+    assert peak.cache_key(cpu, torch.bfloat16) != peak.cache_key(cpu, torch.float32)
+    assert peak.peak_flops(cpu, torch.float32, 2.5) == (2.5e12, "train.peak_tflops")
+
+
+def test_loss_sum_ignores_minus_100_and_counts_labelled_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    labels = torch.tensor([[1, -100, 2], [-100, -100, 4]])
+    loss_sum, count = loss_fn(logits, labels)
+    assert int(count) == 3
+    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(loss_sum / 3, mean)
+    assert loss_fn(logits.bfloat16(), labels)[0].dtype == torch.float32
