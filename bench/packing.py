@@ -13,6 +13,11 @@
 - ``trl.pack_dataset(..., strategy="bfd")`` on the same documents when ``trl`` is
   importable (it truncates what overflows a row, so the share kept is printed).
 
+Times are CPU seconds of the (single-threaded) numpy passes, best of a few calls after
+a first one: on a shared machine wall time measures the neighbours, and the first
+touch of fresh memory can cost more than the packing (about 2 s per GB on the
+development VM). The first call is printed too.
+
 Run: ``python bench/packing.py`` (about a minute; ``--quick`` for a smoke run).
 """
 
@@ -74,7 +79,8 @@ def loop_reference(stream: list[int], seq_len: int, eos: int) -> tuple[list, lis
 def loop_to_arrays(stream: np.ndarray, seq_len: int, eos: int) -> dict[str, np.ndarray]:
     """The loop reference with ``concat``'s input and output: int64 arrays."""
     out = loop_reference(stream.tolist(), seq_len, eos)
-    return {k: np.array(v, dtype=np.int64) for k, v in zip(("input_ids", "labels", "doc_ids", "positions"), out)}
+    keys = ("input_ids", "labels", "doc_ids", "positions")
+    return {k: np.array(v, dtype=np.int64) for k, v in zip(keys, out)}
 
 
 def best_of(repeats: int, fn) -> float:

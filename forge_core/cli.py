@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--out", required=True, help="output directory for the shards")
     p.add_argument("--train-bpe", type=int, default=0, metavar="VOCAB",
-                   help="train a BPE tokenizer of this vocabulary size on the source first and use it")
+                   help="train a BPE tokenizer of this vocabulary size on the source first and use it "
+                        "(needs data.tokenizer: hf)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
 
     p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face model folder")
     p.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")

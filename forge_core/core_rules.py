@@ -73,6 +73,18 @@ def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
     return problems
 
 
+def check_model_accepts(ctx: RuleContext) -> str | None:
+    model = ctx.specs["model"]
+    refused = sorted(ctx.emitted - model.accepts)
+    if refused:
+        return (
+            f"packer {ctx.specs['packer'].name!r} emits {', '.join(refused)}, which model "
+            f"{model.name!r} does not take (it accepts: {', '.join(sorted(model.accepts)) or 'nothing'}); "
+            "the first forward pass would fail"
+        )
+    return None
+
+
 def check_batch_divisible(ctx: RuleContext) -> str | None:
     train = ctx.config.train
     dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
@@ -112,6 +124,14 @@ RULES = [
         summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
         check=check_metadata_forwarded,
         fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+    ),
+    Rule(
+        id="model.accepts-metadata",
+        severity="error",
+        paths=("model.name", "data.packer"),
+        summary="The model takes every per-token metadata key the packer emits.",
+        check=check_model_accepts,
+        fix="Choose a packer that emits only what the model accepts, or a model that accepts it.",
     ),
     Rule(
         id="train.batch-divisible",

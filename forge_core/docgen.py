@@ -107,12 +107,14 @@ def signature_line(func: Any) -> str:
     return f"def {func.__name__}{_unquoted(inspect.signature(func))}"
 
 
-def _resolved_fields(cls: type) -> tuple[attrs.Attribute, ...]:
+def _resolved_fields(cls: type) -> list[attrs.Attribute]:
+    """The fields of ``cls`` with string annotations resolved to types where possible.
+    Copies, never ``attrs.resolve_types``: that would change the class for everyone."""
     try:
-        attrs.resolve_types(cls)
+        hints = typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - a plugin's options may name types we cannot see
-        pass
-    return attrs.fields(cls)
+        hints = {}
+    return [f.evolve(type=hints.get(f.name, f.type)) for f in attrs.fields(cls)]
 
 
 def type_label(tp: Any) -> str:
@@ -512,9 +514,17 @@ component option blocks resolved.
 """,
     "prepare": """\
 Tokenizes the config's `data.source` with `data.tokenizer` into pre-tokenized shards
-(a flat token file and a JSON index) that the `shards` source reads. `--train-bpe VOCAB`
-first trains a byte-level BPE tokenizer on the source and saves it, in Hugging Face
-format, in the output directory.
+(a flat token file read through `np.memmap` and a JSON index naming the tokenizer) that
+the `shards` source reads; a run with a different tokenizer refuses them. The output is
+deterministic and appears only when complete (it is written under a temporary name and
+renamed), so an interrupted prepare leaves nothing that looks whole. `--train-bpe VOCAB`
+first trains a byte-level BPE tokenizer on the source (with `data.tokenizer: hf`) and
+saves it, in Hugging Face format, with the shards. The last lines printed are the config
+settings that train on the result.
+
+```console
+$ forge-run prepare configs/quickstart.yaml data.tokenizer=hf --train-bpe 4096 --out data/stdlib-bpe
+```
 """,
     "export-hf": """\
 Writes a checkpoint as a folder that `transformers.AutoModelForCausalLM.from_pretrained`

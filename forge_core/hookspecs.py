@@ -91,7 +91,8 @@ def forge_packers() -> list[PackerSpec]:
     class constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)`` whose
     ``pack(documents)`` takes a list of 1-D int token arrays (EOS already appended) and
     returns a dict of int64 arrays of shape ``(rows, seq_len)``: ``input_ids``,
-    ``labels`` (-100 where no loss is taken) and every key listed in ``emits``.
+    ``labels`` (-100 where no loss is taken) and every key listed in ``emits``. A packer
+    may set a ``stats`` dict after packing (fill efficiency, tokens kept) for the logs.
 
     Example::
 
@@ -128,7 +129,10 @@ def forge_sources() -> list[SourceSpec]:
     Return a list of :class:`~forge_core.specs.SourceSpec`. The implementation is a
     class constructed as ``cls(options)`` with ``documents()`` yielding ``str`` (or 1-D
     token arrays when ``pretokenized=True``) in a deterministic order, and
-    ``describe()`` returning a one-line description for logs.
+    ``describe()`` returning a one-line description for logs. EOS is appended to every
+    document by the pipeline, pre-tokenized ones included. A pre-tokenized source may
+    expose ``tokenizer_identity``: the run stops when it differs from the configured
+    tokenizer's ``identity``.
 
     Example::
 
@@ -147,6 +151,8 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     class constructed as ``cls(options)`` with ``vocab_size``, ``eos_id``, ``pad_id``,
     ``identity`` (a string that changes whenever token ids would), ``encode(text) ->
     list[int]``, ``decode(ids) -> str`` and ``save(directory)`` (may do nothing).
+    Optional: ``encode_batch(texts)`` (used when present, for speed) and a classmethod
+    ``load(directory)`` that reopens what ``save`` wrote (``forge-run sample`` uses it).
 
     Example::
 

@@ -45,7 +45,7 @@ def components_markdown(registries: Any) -> str:
         "",
     ]
     for registry in registries:
-        lines += [f"## {registry.kind.label.capitalize()}s (`{registry.kind.name}`)", ""]
+        lines += [f"## {registry.kind.title} (`{registry.kind.name}`)", ""]
         for name in registry.names():
             spec = registry.get(name)
             lines += [f"### `{name}`", "", spec.summary, ""]

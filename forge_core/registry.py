@@ -26,6 +26,11 @@ class Kind:
     hook: str
     spec_cls: type
     label: str
+    plural: str = ""
+
+    @property
+    def title(self) -> str:
+        return (self.plural or self.label + "s").capitalize()
 
 
 KINDS: tuple[Kind, ...] = (
@@ -34,7 +39,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("source", "forge_sources", S.SourceSpec, "data source"),
     Kind("tokenizer", "forge_tokenizers", S.TokenizerSpec, "tokenizer"),
     Kind("packer", "forge_packers", S.PackerSpec, "packer"),
-    Kind("parallelism", "forge_parallelisms", S.ParallelismSpec, "parallelism strategy"),
+    Kind("parallelism", "forge_parallelisms", S.ParallelismSpec, "parallelism strategy", "parallelism strategies"),
     Kind("optimizer", "forge_optimizers", S.OptimizerSpec, "optimizer"),
     Kind("schedule", "forge_schedules", S.ScheduleSpec, "schedule"),
     Kind("logger", "forge_loggers", S.LoggerSpec, "logger"),

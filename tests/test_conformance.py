@@ -70,6 +70,13 @@ class _WrongGqaHeads(_Masked):
         return F.scaled_dot_product_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), attn_mask=prepared)
 
 
+class _FirstRowMask(_Masked):
+    """Builds the mask from the first row's doc_ids only and broadcasts it."""
+
+    def prepare(self, doc_ids, seq_len, device):
+        return super().prepare(None if doc_ids is None else doc_ids[:1], seq_len, device)
+
+
 class _NotCausal(_Masked):
     def prepare(self, doc_ids, seq_len, device):
         if doc_ids is None:
@@ -124,6 +131,7 @@ def test_backend_that_declares_no_doc_ids_is_checked_causally_only():
     [
         (_WrongGqaHeads, r"4 query / 2 key-value heads, causal without doc_ids: forward .* differs from the reference"),
         (_NotCausal, r"causal without doc_ids: forward .* differs from the reference"),
+        (_FirstRowMask, r"document isolation broken at row 1, document 1"),
         (_Detached, "carries no gradient"),
         (_WrongBackward, r"grad of q \(with autograd\) differs from the reference"),
     ],
@@ -147,6 +155,18 @@ def test_reference_attention_matches_sdpa_and_masks_documents():
     out = reference_attention(q, k, v, doc_ids)
     # The second document alone is the same as the packed row's second half.
     torch.testing.assert_close(out[..., 3:, :], reference_attention(q[..., 3:, :], k[..., 3:, :], v[..., 3:, :]))
+
+
+def test_reference_attention_matches_the_builtin_eager_backend_with_gqa_and_doc_ids():
+    from forge_core.testing import doc_ids_from_lengths
+    from forge_plugins.attention.eager import EagerAttention
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(2, 4, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g)
+    doc_ids = doc_ids_from_lengths(((5, 1, 6, 4), (1, 9, 6)), 16)
+    eager = EagerAttention(None)
+    for ids in (None, doc_ids):
+        torch.testing.assert_close(reference_attention(q, k, v, ids), eager.attend(q, k, v, eager.prepare(ids, 16, "cpu")))
 
 
 def test_unavailable_device_is_a_usage_error():
@@ -227,6 +247,12 @@ def _merge_documents(out):
     out["doc_ids"][:] = 0
 
 
+def _eos_opens_the_next_document(out):
+    # Counting EOS up to and including i (instead of strictly before i) moves every EOS
+    # into the document that follows it.
+    out["doc_ids"][:] = np.cumsum(out["input_ids"] == 1, axis=1)
+
+
 def _positions_never_restart(out):
     out["positions"][:] = np.arange(out["positions"].shape[1])
 
@@ -252,6 +278,7 @@ def _no_labels(out):
         (_mutating(BFD, lambda out: None, emits_when="isolate", options=_Switch), r"with isolate=False: pack\(\) returned doc_ids"),
         (_mutating(CONCAT, _eos_labels_cross), "label must not cross a document boundary"),
         (_mutating(BFD, _merge_documents), "spans two documents"),
+        (_mutating(CONCAT, _eos_opens_the_next_document), r"spans two documents \(an EOS of unknown document then document \d+ token 0\)"),
         (_mutating(BFD, _positions_never_restart), "a new document starts .* not 0"),
         (_mutating(BFD, _duplicate_first_row), "appears twice"),
         (_mutating(BFD, _int32), "'input_ids' has dtype int32"),
@@ -259,7 +286,7 @@ def _no_labels(out):
         (_mutating(BFD, _set_row_labels), "is not the next token of the input's document"),
     ],
     ids=["declared-not-emitted", "emitted-not-declared", "emits_when-ignored", "label-crosses",
-         "merged-doc-ids", "positions", "duplicate", "dtype", "no-labels", "wrong-labels"],
+         "merged-doc-ids", "eos-in-next-doc", "positions", "duplicate", "dtype", "no-labels", "wrong-labels"],
 )
 def test_broken_packers_fail_with_a_specific_message(spec, message):
     with pytest.raises(AssertionError, match=message):

@@ -4,24 +4,34 @@
 - The generated pages (hooks, configuration, CLI, component and rule references) equal
   what ``python -m forge_core.docgen`` produces from the code now.
 - Every config key of the schema (recursively) and every built-in component option is
-  documented in ``docs/configuration.md``; every ``forge-run`` command is in
-  ``docs/cli.md``.
+  documented in ``docs/configuration.md``; every ``forge-run`` command and option is in
+  ``docs/cli.md``; every kind of component is in ``docs/architecture.md``.
 - Every code block of the plugin-author guide marked ``runnable`` is executed: each
   chapter is played in its own temporary project directory, as a reader would.
-- Every YAML config shown in the docs is a valid config; every relative link resolves.
+- Every YAML config shown in the docs is a valid config; every relative link resolves;
+  the index and the MkDocs nav list every page.
 
 How a chapter is played (the grammar of runnable blocks):
 
 - ```` ```LANG runnable file=PATH ````: the block's text is written to ``PATH`` in the
   project directory (Python modules, ``pyproject.toml``, YAML configs).
 - ```` ```python runnable ```` without ``file``: run as a script in the project
-  directory; it must exit 0 (its asserts are the check).
-- ```` ```console runnable [exit=N] ````: each ``$ command`` runs with bash in the
-  project directory and must exit ``N`` (default 0); every non-empty line shown after a
-  command, other than ``...``, must occur in that command's output (spaces collapsed).
+  directory; it must not raise (its asserts are the check).
+- ```` ```console runnable [exit=N] ````: each ``$ command`` runs in the project
+  directory and must exit ``N`` (default 0); every non-empty line shown after a
+  command, except lines starting with ``...`` (elided or illustrative output), must
+  occur in that command's output (spaces collapsed).
   ``$ pip install -e .`` is emulated: the ``pyproject.toml`` written earlier is read and
-  a ``.dist-info`` with its ``forge`` entry points is put on ``PYTHONPATH``, which is
-  what importlib.metadata discovery sees after a real install.
+  a ``.dist-info`` with its ``forge`` entry points is put on the path, which is what
+  importlib.metadata discovery sees after a real install.
+- ``<!-- runnable-setup: a.md b.md -->`` in a chapter first writes the files of those
+  chapters and installs their packages.
+
+All chapters are played in one runner process (this file run as a script), so torch is
+imported once: ``forge-run`` commands call ``forge_core.cli.main`` (what the console
+script runs), ``python -m pytest`` calls ``pytest.main``, Python blocks are executed,
+all with file descriptors 1 and 2 captured; any other command runs with bash. Between
+chapters the runner forgets the chapter's modules and removes it from ``sys.path``.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import json
 import os
 import re
 import shlex
@@ -47,7 +58,7 @@ import yaml
 
 from forge_core import docgen
 from forge_core.cli import COMMANDS, build_parser
-from forge_core.config.loader import parse_yaml, structure
+from forge_core.config.loader import parse_yaml, resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +112,13 @@ def console_steps(text: str) -> list[tuple[str, list[str]]]:
     return steps
 
 
+def setup_chapters(markdown: str) -> list[str]:
+    """Chapters named by ``<!-- runnable-setup: a.md b.md -->``: their files are written
+    and their packages installed before this chapter is played."""
+    match = re.search(r"<!--\s*runnable-setup:(.*?)-->", markdown)
+    return match.group(1).split() if match else []
+
+
 def _squash(text: str) -> str:
     return " ".join(text.split())
 
@@ -131,17 +149,46 @@ def chapter_env(project: Path) -> dict[str, str]:
     return env
 
 
-def play(markdown: str, project: Path, where: str) -> None:
-    """Play a chapter in one fresh Python process in ``project`` (so torch is imported
-    once per chapter, and nothing a chapter does leaks into this test process)."""
-    chapter = project / ".chapter.md"
-    chapter.write_text(markdown)
+def play_chapters(chapters: dict[str, str], root: Path) -> dict[str, str | None]:
+    """Play chapters (``{where: markdown}``) in one fresh Python process, each in its own
+    project directory under ``root``; ``{where: failure message or None}``. One process
+    imports torch once for every chapter, and nothing a chapter does leaks into the test
+    process."""
+    (root / ".chapters.json").write_text(json.dumps(chapters))
     done = subprocess.run(
-        [sys.executable, __file__, "--play", str(chapter), where],
-        cwd=project, env=chapter_env(project), capture_output=True, text=True, timeout=900,
+        [sys.executable, __file__, "--play", str(root / ".chapters.json")],
+        cwd=root, env=chapter_env(root), capture_output=True, text=True, timeout=1800,
     )
-    if done.returncode != 0:
-        raise AssertionError(done.stderr[-20000:] or done.stdout[-20000:])
+    results = root / ".results.json"
+    if not results.is_file():
+        raise AssertionError(f"the chapter runner crashed (exit {done.returncode}):\n{done.stderr[-20000:]}")
+    return json.loads(results.read_text())
+
+
+def play(markdown: str, project: Path, where: str) -> None:
+    failure = play_chapters({where: markdown}, project)[where]
+    if failure:
+        raise AssertionError(failure)
+
+
+def _play_all_here(spec: Path) -> None:
+    """The runner process of :func:`play_chapters`."""
+    chapters = json.loads(spec.read_text())
+    results: dict[str, str | None] = {}
+    for n, (where, markdown) in enumerate(chapters.items()):
+        project = spec.parent / f"chapter{n}"
+        project.mkdir()
+        try:
+            play_here(markdown, project, where)
+            results[where] = None
+        except AssertionError as exc:
+            results[where] = str(exc)
+        finally:
+            # Leave no trace for the next chapter: its entry points, modules, cwd.
+            os.chdir(spec.parent)
+            sys.path.remove(str(project))
+            _forget_modules_under(project)
+    (spec.parent / ".results.json").write_text(json.dumps(results))
 
 
 @contextlib.contextmanager
@@ -214,6 +261,14 @@ def play_here(markdown: str, project: Path, where: str) -> None:
 
     os.chdir(project)
     sys.path.insert(0, str(project))
+    os.environ["PYTHONPATH"] = str(project)  # for the commands run with bash
+    for name in setup_chapters(markdown):
+        # The packages of earlier chapters, as their reader would have them installed.
+        for block in code_blocks((GUIDE / name).read_text()):
+            if block.runnable and "file" in block.options:
+                (project / block.options["file"]).parent.mkdir(parents=True, exist_ok=True)
+                (project / block.options["file"]).write_text(block.text)
+        emulate_pip_install(project)
     for block in code_blocks(markdown):
         if not block.runnable:
             continue
@@ -235,13 +290,17 @@ def play_here(markdown: str, project: Path, where: str) -> None:
                     rc, output = 0, emulate_pip_install(project)
                 elif forge is not None:
                     rc, output = _in_process(lambda: cli.main(forge[1]), forge[0])
+                elif command.startswith("python -m pytest "):
+                    # In process too (this process already imported torch).
+                    args = shlex.split(command)[3:]
+                    rc, output = _in_process(lambda: int(pytest.main(args)))
                 else:
                     done = subprocess.run(["bash", "-c", command], cwd=project, capture_output=True,
                                           text=True, timeout=600)
                     rc, output = done.returncode, done.stdout + done.stderr
                 assert rc == expected_rc, f"{at}: `{command}` exited {rc}, expected {expected_rc}:\n{output}"
                 for line in shown:
-                    if line.strip() and line.strip() != "...":
+                    if line.strip() and not line.strip().startswith("..."):
                         assert _squash(line) in _squash(output), (
                             f"{at}: `{command}` did not print {line.strip()!r}; it printed:\n{output}"
                         )
@@ -252,9 +311,21 @@ def play_here(markdown: str, project: Path, where: str) -> None:
 CHAPTERS = sorted(p.name for p in GUIDE.glob("*.md") if any(b.runnable for b in code_blocks(p.read_text())))
 
 
+@pytest.fixture(scope="session")
+def chapter_failures(request, tmp_path_factory):
+    """Every selected chapter, played in one runner process."""
+    wanted = sorted({
+        item.callspec.params["chapter"] for item in request.session.items
+        if getattr(item, "originalname", "") == "test_plugin_guide_chapter_runs" and hasattr(item, "callspec")
+    })
+    chapters = {f"docs/plugin-guide/{name}": (GUIDE / name).read_text() for name in wanted}
+    return play_chapters(chapters, tmp_path_factory.mktemp("chapters"))
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_plugin_guide_chapter_runs(chapter, tmp_path):
-    play((GUIDE / chapter).read_text(), tmp_path, f"docs/plugin-guide/{chapter}")
+def test_plugin_guide_chapter_runs(chapter, chapter_failures):
+    failure = chapter_failures[f"docs/plugin-guide/{chapter}"]
+    assert failure is None, failure
 
 
 def test_every_worked_chapter_has_runnable_blocks():
@@ -435,6 +506,22 @@ def test_every_cli_command_is_documented():
                 assert flag in text, f"forge-run {name} {flag} is missing from docs/cli.md"
 
 
+def test_architecture_names_every_kind_of_component():
+    from forge_core.registry import KINDS
+
+    text = (DOCS / "architecture.md").read_text()
+    for kind in KINDS:
+        row = f"| `{kind.name}` | `{kind.hook}` | `{kind.spec_cls.__name__}` |"
+        assert row in text, f"docs/architecture.md lacks the row {row}"
+
+
+def test_docgen_imports_no_torch():
+    code = ("import sys, forge_core.docgen as d; d.generated_pages(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 # --- every page ---------------------------------------------------------------------
 
 
@@ -443,27 +530,41 @@ def _pages() -> list[Path]:
 
 
 def test_yaml_configs_in_the_docs_are_valid():
-    """Every ```yaml block that is not a pyproject or a fragment is a config that
-    structures against the schema (component names are checked by the chapters)."""
+    """Every ```yaml block (unless marked ``fragment``) is a config that structures
+    against the schema; outside the plugin guide, whose chapters name their own
+    components (and are run), its components and their options must be built-in ones."""
+    registries = docgen.builtin_registries()
     checked = 0
     for page in _pages():
         for block in code_blocks(page.read_text()):
             if block.lang != "yaml" or "fragment" in block.flags:
                 continue
-            raw = parse_yaml(block.text, "$")
-            _, issues = structure(raw, ForgeConfig)
-            assert not issues, f"{page.relative_to(REPO)}:{block.line}: {issues}"
+            where = f"{page.relative_to(REPO)}:{block.line}"
+            config, issues = structure(parse_yaml(block.text, "$"), ForgeConfig)
+            assert not issues, f"{where}: {issues}"
+            if page.parent != GUIDE:
+                _, issues = resolve_components(config, registries)
+                assert not issues, f"{where}: {issues}"
             checked += 1
-    assert checked >= 5
+    assert checked >= 8
 
 
-def test_relative_links_resolve():
+def _anchors(page: Path) -> set[str]:
+    """Heading ids as GitHub and MkDocs make them (outside code blocks)."""
+    text = _FENCE.sub("", page.read_text())
+    return {docgen._anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_relative_links_and_anchors_resolve():
     for page in _pages():
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            resolved = (page.parent / target).resolve()
-            assert resolved.exists(), f"{page.relative_to(REPO)} links to missing {target}"
+            resolved = (page.parent / target).resolve() if target else page
+            where = f"{page.relative_to(REPO)} links to {target}#{anchor}"
+            assert resolved.exists(), f"{where}: no such file"
+            if anchor and resolved.suffix == ".md" and resolved.is_relative_to(DOCS):
+                assert anchor in _anchors(resolved), f"{where}: no such heading"
 
 
 def test_index_links_every_page():
@@ -486,9 +587,4 @@ def test_mkdocs_nav_lists_every_page():
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--play"]:
-    # A chapter played by `play` in its own process: report a failure as exit 1.
-    try:
-        play_here(Path(sys.argv[2]).read_text(), Path.cwd(), sys.argv[3])
-    except AssertionError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(1)
+    _play_all_here(Path(sys.argv[2]))

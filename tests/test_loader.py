@@ -52,7 +52,9 @@ def test_order_is_seeded_and_changes_every_epoch():
 def test_dp_shards_are_disjoint_equal_and_cover_the_epoch(dp_size):
     n, batch = 23, 2
     per_epoch = n // (batch * dp_size)
-    loaders = [StatefulLoader(make_rows(n), batch, dp_rank=r, dp_size=dp_size, seed=7) for r in range(dp_size)]
+    loaders = [
+        StatefulLoader(make_rows(n), batch, dp_rank=r, dp_size=dp_size, seed=7) for r in range(dp_size)
+    ]
     assert all(loader.batches_per_epoch == per_epoch for loader in loaders)
     seen = [sum(take(loader, per_epoch), []) for loader in loaders]
     flat = sum(seen, [])

@@ -149,7 +149,8 @@ def test_shards_from_another_tokenizer_are_refused(text_source, tmp_path):
         identity = "byte:latin-1"
 
     source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
-    with pytest.raises(ForgeError, match="tokenized with 'byte:utf-8.*configured tokenizer is 'byte:latin-1'"):
+    match = "tokenized with 'byte:utf-8.*configured tokenizer is 'byte:latin-1'"
+    with pytest.raises(ForgeError, match=match):
         build_rows(source, Other(None), packers()[0], progress=False)
 
 
@@ -161,7 +162,8 @@ def test_ids_outside_the_vocabulary_are_refused(text_source, tmp_path):
     tokens.flush()
     del tokens
     source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
-    with pytest.raises(ForgeError, match="document 5 holds token id 300, outside the tokenizer's vocabulary of 258"):
+    match = "document 5 holds token id 300, outside the tokenizer's vocabulary of 258"
+    with pytest.raises(ForgeError, match=match):
         build_rows(source, BYTE, packers()[0], progress=False)
 
 
@@ -194,7 +196,9 @@ def run_cli(tmp_path, *extra, tokenizer="byte", train_bpe=0):
         f"data:\n  source: text\n  source_options: {{paths: ['{data}'], separator: \"\\n\\n\"}}\n"
         f"  tokenizer: {tokenizer}\n"
     )
-    args = argparse.Namespace(config=str(config), overrides=list(extra), out=str(tmp_path / "shards"), train_bpe=train_bpe)
+    args = argparse.Namespace(
+        config=str(config), overrides=list(extra), out=str(tmp_path / "shards"), train_bpe=train_bpe
+    )
     return main(args)
 
 

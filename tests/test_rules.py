@@ -137,3 +137,19 @@ def forge_rules():
     assert listed["lab.max-steps"]["plugin"] == "strict"
     result = run_cli("check", cfg({"train": {"steps": 5000}}), env=env)
     assert result.returncode == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
+
+
+class _PlainModel:
+    @hookimpl
+    def forge_models(self):
+        from forge_core.specs import ModelSpec
+
+        return [ModelSpec(name="plain", summary="takes no metadata", impl="x.y:Z", max_seq_len_option=None)]
+
+
+def test_model_must_accept_what_the_packer_emits(cfg):
+    path = cfg({"model": {"name": "plain"}, "data": {"packer": "concat"}})
+    found, _ = errors(path, extra=[("plainmodel", _PlainModel())])
+    assert "emits doc_ids, positions, which model 'plain' does not take" in found["model.accepts-metadata"].message
+    found, _ = errors(path, ["data.packer=none"], extra=[("plainmodel", _PlainModel())])
+    assert "model.accepts-metadata" not in found

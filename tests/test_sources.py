@@ -93,7 +93,10 @@ def test_invalid_utf8_is_rejected_with_line_or_replaced(corpus):
     [
         ('{"text": "a"}\nnot json\n', r"x\.jsonl, line 2: not valid JSON"),
         ('{"text": "a"}\n[1, 2]\n', r"x\.jsonl, line 2: expected a JSON object, got list"),
-        ('{"text": "a"}\n\n{"body": "b", "id": 1}\n', r"x\.jsonl, line 3: no field 'text' \(fields: body, id\)"),
+        (
+            '{"text": "a"}\n\n{"body": "b", "id": 1}\n',
+            r"x\.jsonl, line 3: no field 'text' \(fields: body, id\)",
+        ),
         ('{"text": 5}\n', r"x\.jsonl, line 1: field 'text' is int, not a string"),
     ],
 )

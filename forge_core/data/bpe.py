@@ -42,7 +42,9 @@ def train_bpe(
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < MIN_VOCAB:
-        raise ForgeError(f"BPE vocab_size must be at least {MIN_VOCAB} (256 bytes + EOS + PAD), got {vocab_size}.")
+        raise ForgeError(
+            f"BPE vocab_size must be at least {MIN_VOCAB} (256 bytes + EOS + PAD), got {vocab_size}."
+        )
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")

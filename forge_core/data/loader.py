@@ -42,7 +42,10 @@ class _Rows(torch.utils.data.Dataset):
         self.rows = rows
 
     def __getitem__(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.ascontiguousarray(v[index], dtype=np.int64)) for k, v in self.rows.items()}
+        return {
+            k: torch.from_numpy(np.ascontiguousarray(v[index], dtype=np.int64))
+            for k, v in self.rows.items()
+        }
 
     def __len__(self) -> int:  # only for DataLoader's bookkeeping; keys are not ints
         return len(next(iter(self.rows.values())))

@@ -40,7 +40,8 @@ def main(args: Any) -> int:
         raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")
     vocab = int(getattr(args, "train_bpe", 0) or 0)
     options = config.data.tokenizer_options
-    if vocab and not (attrs.has(type(options)) and any(f.name == "path" for f in attrs.fields(type(options)))):
+    has_path = attrs.has(type(options)) and "path" in attrs.fields_dict(type(options))
+    if vocab and not has_path:
         raise ForgeError(
             f"--train-bpe needs a tokenizer that loads from a directory (options with a "
             f"'path'), but data.tokenizer is {config.data.tokenizer!r}. Set data.tokenizer=hf."

@@ -141,7 +141,9 @@ class Shards:
                 )
             raise ForgeError(f"{self.path}: no such shard directory. Create it with `forge-run prepare`.")
         if not index_path.is_file():
-            raise ForgeError(f"{index_path}: missing; {self.path} is not a complete `forge-run prepare` output.")
+            raise ForgeError(
+                f"{index_path}: missing; {self.path} is not a complete `forge-run prepare` output."
+            )
         try:
             index = json.loads(index_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

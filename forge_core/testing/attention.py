@@ -251,7 +251,7 @@ def check_attention_backend(
     rtol = default_rtol if rtol is None else rtol
     devices = tuple(devices)
     for device in devices:
-        if device not in available_devices():
+        if torch.device(device).type not in available_devices():
             raise ValueError(f"device {device!r} is not available here (available: {', '.join(available_devices())})")
     instance = _construct(resolved.impl, resolved.options)
     tol = {"atol": atol, "rtol": rtol}
@@ -279,7 +279,10 @@ class _Case:
         self.grad_out = self.random(self.q_shape)
 
     def random(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return _random(self.generator, shape, self.dtype, self.device)
+        # (B, H, S, D) views of (B, S, H, D) storage, as a model's q.transpose(1, 2) gives:
+        # a backend must not assume contiguous inputs.
+        b, h, s, d = shape
+        return _random(self.generator, (b, s, h, d), self.dtype, self.device).transpose(1, 2)
 
     def agrees_with_reference(self, doc_ids: torch.Tensor | None) -> None:
         mode = "causal with doc_ids" if doc_ids is not None else "causal without doc_ids"

@@ -59,9 +59,10 @@ def conformance_documents(seq_len: int = SEQ_LEN, seed: int = 0) -> list[np.ndar
     order = np.random.default_rng(seed).permutation(len(lengths))
     docs, next_token = [], FIRST_TOKEN
     for length in (lengths[i] for i in order):
-        body = np.arange(next_token, next_token + length - 1, dtype=np.int64)
+        # int32 like the data pipeline's documents: a packer must still return int64.
+        body = np.arange(next_token, next_token + length - 1, dtype=np.int32)
         next_token += length - 1
-        docs.append(np.concatenate([body, np.array([EOS_ID], np.int64)]))
+        docs.append(np.concatenate([body, np.array([EOS_ID], np.int32)]))
     return docs
 
 
@@ -188,6 +189,7 @@ def _check_tokens(
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     targets: dict[tuple[int, int], tuple[int, int]] = {}
     unknown_eos = 0
+    identities: list[tuple[list[int], list[int]]] = []  # per row: source document and offset per column
     rows, S = ids.shape
     for r in range(rows):
         doc = [_PAD] * S
@@ -226,9 +228,14 @@ def _check_tokens(
                 )
         for i in range(S):
             _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating, targets, f"{where}: row {r}, column {i}")
-        if doc_ids is not None:
+        identities.append((doc, off))
+    # Metadata after every row's tokens and labels, doc_ids before positions: the first
+    # message then names the most basic problem.
+    if doc_ids is not None:
+        for r, (doc, off) in enumerate(identities):
             _check_doc_ids(r, doc_ids[r], doc, off, where)
-        if positions is not None:
+    if positions is not None:
+        for r, (doc, off) in enumerate(identities):
             _check_positions(r, positions[r], None if doc_ids is None else doc_ids[r], doc, off, where)
 
     total_tokens = sum(lengths)

@@ -46,9 +46,14 @@ def _assert_close(actual, expected, what: str, atol: float, rtol: float) -> None
 
 
 def _qkv(batch, seq_len, heads, kv_heads, head_dim, seed, device):
+    """Random q, k, v ``(B, H, S, D)`` laid out as a model produces them: views of
+    ``(B, S, H, D)`` projections, transposed."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(batch, heads, seq_len, head_dim)] + [(batch, kv_heads, seq_len, head_dim)] * 2
-    return [torch.randn(s, generator=gen).to(device).requires_grad_(True) for s in shapes]
+    shapes = [(batch, seq_len, heads, head_dim)] + [(batch, seq_len, kv_heads, head_dim)] * 2
+    return [
+        torch.randn(s, generator=gen).to(device).transpose(1, 2).requires_grad_(True)
+        for s in shapes
+    ]
 
 
 def _alone(tensor, b, start, end, seq_dim, standalone, batch):
@@ -59,7 +64,9 @@ def _alone(tensor, b, start, end, seq_dim, standalone, batch):
     if standalone != "prefix":
         raise ValueError(f"standalone must be 'exact' or 'prefix', got {standalone!r}")
     rolled = torch.roll(row, -start, dims=seq_dim)
-    return rolled.repeat(batch, *[1] * (tensor.dim() - 1))
+    # Same shape and memory layout as the packed input (empty_like keeps the strides).
+    out = torch.empty_like(tensor, requires_grad=False)
+    return out.copy_(rolled.expand_as(tensor))
 
 
 def _attend_with_grads(backend, q, k, v, doc_ids, cotangent):
@@ -86,7 +93,8 @@ def check_agrees_with_eager(
     reference = EagerAttention(None)
     for case, ids in (("causal (doc_ids=None)", None), ("packed (doc_ids)", doc_ids)):
         q, k, v = _qkv(batch, seq_len, heads, kv_heads, head_dim, seed, device)
-        cotangent = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+        gen = torch.Generator().manual_seed(seed + 1)
+        cotangent = torch.randn(q.shape, generator=gen).to(device)
         out, grads = _attend_with_grads(backend, q, k, v, ids, cotangent)
         ref_out, ref_grads = _attend_with_grads(reference, q, k, v, ids, cotangent)
         _assert_close(out, ref_out, f"{case}: output differs from eager", atol, rtol)

@@ -11,8 +11,8 @@ pays the compile, about 15 s on CPU; new shapes recompile a few times before sha
 become dynamic). It runs forward on CPU and CUDA. PyTorch has no FlexAttention backward
 on CPU, so when gradients are needed on CPU the forward still runs the compiled kernel
 and the backward is :mod:`~forge_plugins.attention.flex_cpu_backward`, which recomputes
-attention block by block over the same ``BlockMask`` (memory ``O(S * block_size)`` per
-head, never ``S x S``). On CUDA the native backward is used.
+attention block by block over the same ``BlockMask`` (memory: one query block's scores,
+``heads x block_size x kept keys``, never ``S x S``). On CUDA the native backward is used.
 """
 
 from __future__ import annotations
@@ -70,7 +70,17 @@ class FlexAttention:
             from forge_plugins.attention.flex_cpu_backward import flex_attention_cpu_trainable
 
             return flex_attention_cpu_trainable(q, k, v, prepared)
-        return compiled_flex_attention()(
-            q, k, v, block_mask=prepared, scale=1.0 / math.sqrt(q.shape[-1]),
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
+        if q.device.type == "cpu":
+            # Nothing needs a gradient here; no_grad matches the grad mode of the
+            # trainable path's forward, so both share one compiled graph.
+            with torch.no_grad():
+                return flex_forward(q, k, v, prepared)
+        return flex_forward(q, k, v, prepared)
+
+
+def flex_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any) -> torch.Tensor:
+    """The compiled kernel, called the same way by every path (one compilation)."""
+    return compiled_flex_attention()(
+        q, k, v, block_mask=block_mask, scale=1.0 / math.sqrt(q.shape[-1]),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )

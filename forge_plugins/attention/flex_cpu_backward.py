@@ -20,86 +20,109 @@ from typing import Any
 import torch
 
 
-def _kept_kv(block_mask: Any, b: int, h: int, q_block: int, seq_len: int, kv_block_size: int):
-    """Token indices of kept keys and whether each comes from a partial block."""
-    parts, partial_flags = [], []
-    for num, idx, partial in (
-        (block_mask.kv_num_blocks, block_mask.kv_indices, True),
-        (block_mask.full_kv_num_blocks, block_mask.full_kv_indices, False),
+def _kept_blocks(block_mask: Any, b: int, h: int, q_block: int) -> tuple[list[int], list[int]]:
+    """Indices of the partial and of the full key blocks kept for one query block."""
+    out = []
+    for num, idx in (
+        (block_mask.kv_num_blocks, block_mask.kv_indices),
+        (block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
     ):
         if num is None:
+            out.append([])
+        else:
+            out.append(idx[b, h, q_block, : int(num[b, h, q_block])].tolist())
+    return out[0], out[1]
+
+
+def _tokens(blocks: list[int], block_size: int, seq_len: int) -> torch.Tensor:
+    if not blocks:
+        return torch.empty(0, dtype=torch.long)
+    return torch.cat([
+        torch.arange(blk * block_size, min((blk + 1) * block_size, seq_len)) for blk in blocks
+    ])
+
+
+def _backward_heads(q, k, v, out, grad_out, block_mask, scale, b, mask_b, mask_h, dq, dk, dv):
+    """Gradients for one batch row and the query heads one mask head covers.
+
+    ``q, out, grad_out``: ``(Hkv, group, S, D)``; ``k, v``: ``(Hkv, 1, S, D)``, so each
+    key/value head broadcasts over its query heads without being copied. ``dq`` (like
+    ``q``) and ``dk, dv`` (``(Hkv, S, D)``) are accumulated in place.
+    """
+    seq_len = q.shape[2]
+    q_bs, kv_bs = block_mask.BLOCK_SIZE
+    # D_i = sum_d dO_id * O_id, the softmax-gradient correction, once for all rows.
+    correction = (grad_out * out).sum(-1, keepdim=True)
+    b_index, h_index = torch.tensor(mask_b), torch.tensor(mask_h)
+    for qb in range(block_mask.kv_num_blocks.shape[2]):
+        r0, r1 = qb * q_bs, min((qb + 1) * q_bs, seq_len)
+        if r0 >= r1:
             continue
-        count = int(num[b, h, q_block])
-        for blk in idx[b, h, q_block, :count].tolist():
-            tokens = torch.arange(
-                blk * kv_block_size, min((blk + 1) * kv_block_size, seq_len), device=num.device
-            )
-            parts.append(tokens)
-            partial_flags.append(torch.full_like(tokens, partial, dtype=torch.bool))
-    if not parts:
-        empty = torch.empty(0, dtype=torch.long)
-        return empty, empty.bool()
-    return torch.cat(parts), torch.cat(partial_flags)
+        partial_blocks, full_blocks = _kept_blocks(block_mask, mask_b, mask_h, qb)
+        partial_cols = _tokens(partial_blocks, kv_bs, seq_len)
+        full_cols = _tokens(full_blocks, kv_bs, seq_len)
+        cols = torch.cat([partial_cols, full_cols])
+        if cols.numel() == 0:
+            continue
+        rows = torch.arange(r0, r1)
+        allowed = torch.cat([
+            block_mask.mask_mod(b_index, h_index, rows[:, None], partial_cols[None, :]),
+            torch.ones(r1 - r0, full_cols.numel(), dtype=torch.bool),
+        ], dim=1)
+        qs, go, corr = q[:, :, r0:r1], grad_out[:, :, r0:r1], correction[:, :, r0:r1]
+        ks, vs = k.index_select(2, cols), v.index_select(2, cols)
+        scores = (qs @ ks.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        probs = torch.exp(scores - lse).nan_to_num(0.0)  # fully masked rows -> 0
+        d_scores = probs * ((go @ vs.transpose(-1, -2)) - corr)
+        dq[:, :, r0:r1] += scale * (d_scores @ ks)
+        # Sum over the query heads of each group onto their shared key/value head.
+        dk.index_add_(1, cols, scale * (d_scores.transpose(-1, -2) @ qs).sum(1))
+        dv.index_add_(1, cols, (probs.transpose(-1, -2) @ go).sum(1))
 
 
 def _backward(q, k, v, out, grad_out, block_mask, scale):
-    batch, heads, seq_len, _ = q.shape
-    group = heads // k.shape[1]
-    q_bs, kv_bs = block_mask.BLOCK_SIZE
+    batch, heads, seq_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
     mask_batch, mask_heads = block_mask.kv_num_blocks.shape[:2]
     qf, kf, vf, of, gof = (t.float() for t in (q, k, v, out, grad_out))
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     for b in range(batch):
         mb = b if mask_batch > 1 else 0
-        for mh in range(mask_heads):
-            # A mask without a head dimension covers every query head at once.
-            q_heads = torch.arange(heads) if mask_heads == 1 else torch.tensor([mh])
-            kv_heads = q_heads // group
-            for qb in range(block_mask.kv_num_blocks.shape[2]):
-                rows = torch.arange(qb * q_bs, min((qb + 1) * q_bs, seq_len))
-                if rows.numel() == 0:
-                    continue
-                cols, partial = _kept_kv(block_mask, mb, mh, qb, seq_len, kv_bs)
-                if cols.numel() == 0:
-                    continue
-                allowed = ~partial[None, :].expand(rows.numel(), -1)
-                if bool(partial.any()):
-                    mod = block_mask.mask_mod(
-                        torch.tensor(mb), torch.tensor(mh), rows[:, None], cols[None, :]
-                    )
-                    allowed = allowed | (mod & partial[None, :])
-                qs = qf[b, q_heads][:, rows]  # (Hq, r, D)
-                ks = kf[b, kv_heads][:, cols]  # (Hq, c, D), key heads repeated per group
-                vs = vf[b, kv_heads][:, cols]
-                scores = (qs @ ks.transpose(-1, -2)) * scale
-                scores = scores.masked_fill(~allowed, float("-inf"))
-                lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-                probs = torch.exp(scores - lse).nan_to_num(0.0)  # fully masked rows -> 0
-                go = gof[b, q_heads][:, rows]
-                o = of[b, q_heads][:, rows]
-                d_probs = go @ vs.transpose(-1, -2)
-                d_scores = probs * (d_probs - (go * o).sum(-1, keepdim=True))
-                dq[b, q_heads[:, None], rows[None, :]] += scale * (d_scores @ ks)
-                dk_part = scale * (d_scores.transpose(-1, -2) @ qs)  # (Hq, c, D)
-                dv_part = probs.transpose(-1, -2) @ go
-                # Sum the query heads of each group onto their shared key/value head.
-                dk_g = dk_part.view(-1, group, *dk_part.shape[1:]).sum(1)
-                dv_g = dv_part.view(-1, group, *dv_part.shape[1:]).sum(1)
-                kvh = kv_heads.view(-1, group)[:, 0]
-                dk[b, kvh[:, None], cols[None, :]] += dk_g
-                dv[b, kvh[:, None], cols[None, :]] += dv_g
+
+        def grouped(t, n):  # (H, S, D) -> (H / n, n, S, D)
+            return t[b].reshape(-1, n, seq_len, head_dim)
+
+        if mask_heads == 1:
+            # One mask for every head: all query heads at once, grouped by key/value head.
+            dq_b = torch.zeros(kv_heads, group, seq_len, head_dim)
+            _backward_heads(
+                grouped(qf, group), grouped(kf, 1), grouped(vf, 1), grouped(of, group),
+                grouped(gof, group), block_mask, scale, b, mb, 0, dq_b, dk[b], dv[b],
+            )
+            dq[b] += dq_b.reshape(heads, seq_len, head_dim)
+            continue
+        for h in range(heads):  # a mask per query head
+            kvh = h // group
+            dq_h = torch.zeros(1, 1, seq_len, head_dim)
+            _backward_heads(
+                qf[b, h][None, None], kf[b, kvh][None, None], vf[b, kvh][None, None],
+                of[b, h][None, None], gof[b, h][None, None], block_mask, scale, b, mb, h,
+                dq_h, dk[b, kvh : kvh + 1], dv[b, kvh : kvh + 1],
+            )
+            dq[b, h] += dq_h[0, 0]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _FlexCpu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, block_mask, scale):
-        from forge_plugins.attention.flex import compiled_flex_attention
+        from forge_plugins.attention.flex import flex_forward
 
         # Detached: CPU flex refuses inputs that require grad, even under no_grad.
-        out = compiled_flex_attention()(
-            q.detach(), k.detach(), v.detach(), block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-        )
+        out = flex_forward(q.detach(), k.detach(), v.detach(), block_mask)
         ctx.save_for_backward(q, k, v, out)
         ctx.block_mask = block_mask
         ctx.scale = scale
@@ -112,8 +135,10 @@ class _FlexCpu(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def flex_attention_cpu_trainable(q, k, v, block_mask, scale: float | None = None):
-    """``flex_attention(q, k, v, block_mask=...)`` with a backward that works on CPU."""
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    return _FlexCpu.apply(q, k, v, block_mask, scale)
+# Under torch.compile(model) this runs as a graph break: the block loop is Python and the
+# forward already calls a compiled kernel.
+@torch.compiler.disable
+def flex_attention_cpu_trainable(q, k, v, block_mask):
+    """``flex_attention(q, k, v, block_mask=...)`` (scale ``1/sqrt(head_dim)``) with a
+    backward that works on CPU."""
+    return _FlexCpu.apply(q, k, v, block_mask, 1.0 / math.sqrt(q.shape[-1]))

@@ -64,7 +64,7 @@ class ConcatPacker:
             "rows": rows,
             "tokens": total,
             "kept": (rows * S / total) if total else 0.0,
-            "fill": 1.0,
+            "fill": 1.0 if rows else 0.0,
         }
         input_ids = inputs.astype(np.int64)
         if not self.isolate:

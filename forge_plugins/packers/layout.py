@@ -60,12 +60,12 @@ def lay_out(
     The output is built in its own order, as *segments*: each row's pieces, then its
     padding. One flat ``within`` (index inside the segment) gives the positions and,
     offset by each segment's source, the gather index into the stream; padding
-    gathers a sentinel appended after the stream. No output array is written twice.
+    gathers a sentinel appended after the stream.
     """
     S = seq_len
     n_pieces = len(piece_len)
     total = int(stream.shape[0])
-    # Pieces in output order (row, then column); slot = rank within the row.
+    # Pieces in output order: by row, then column.
     order = np.argsort(piece_row * S + piece_col, kind="stable")
     per_row = np.bincount(piece_row, minlength=rows)
     fill = np.bincount(piece_row, weights=piece_len, minlength=rows).astype(np.int64)
@@ -84,10 +84,21 @@ def lay_out(
     seg_src[pad_seg] = total  # the sentinel
     seg_start = np.zeros(n_seg, np.int64)
     np.cumsum(seg_len[:-1], out=seg_start[1:])
+    if not np.array_equal(seg_start[piece_seg], row_sorted * S + piece_col[order]):
+        raise ValueError("pieces must fill each row from column 0 without gaps or overlaps")
 
-    within = np.arange(rows * S, dtype=np.int64)
-    within -= np.repeat(seg_start, seg_len)
-    src = within + np.repeat(seg_src, seg_len)
+    # within[t]: index of output slot t inside its segment (the positions). An
+    # increment of 1 everywhere and, at each segment start, the jump back to 0; one
+    # cumsum. (Cheaper than arange minus a repeat: one fresh array instead of three.)
+    nonempty = seg_len > 0
+    starts, lengths = seg_start[nonempty], seg_len[nonempty]
+    within = np.ones(rows * S, np.int64)
+    within[starts[1:]] = 1 - lengths[:-1]
+    if within.size:
+        within[0] = 0
+    np.cumsum(within, out=within)
+    src = np.repeat(seg_src, seg_len)
+    src += within
     np.minimum(src, total, out=src)  # padding: every index at or past the sentinel
     tokens = np.empty(total + 1, np.int64)
     tokens[:total] = stream

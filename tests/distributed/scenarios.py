@@ -141,6 +141,7 @@ def main() -> None:
         dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
         results[name] = {**got, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
+            results[name]["probe_ids"] = data[0]["input_ids"][:2].tolist()
             results[name]["probe"] = probe_logits(pmodel, data)
             save_checkpoint(pmodel, os.environ["FORGE_TEST_CKPT"])
     if rank == 0:

@@ -1,0 +1,202 @@
+"""Parallelism overhead on CPU: each strategy on 2 processes (gloo) against one process
+on the same global batch, with the time collectives spend in flight.
+
+For every strategy (``ddp``, ``fsdp``, ``tp``, ``tp+sp``, ``pp`` with GPipe and with
+1F1B) the same llama (dim 256, 4 layers, 8 heads, vocab 256, rows of 256, 8 rows per
+step) trains a few SGD steps through :func:`forge_core.train.parallelize.parallelize`
+exactly as the trainer drives it; the step time is the median of the timed steps after
+warm-up. The baseline is one process on the whole batch, with one thread (the same
+work per core as each of the two 1-thread processes) and with two threads (the same
+machine).
+
+"comm" is the wall time collective and point-to-point operations (``gloo:*`` /
+``nccl:*`` profiler spans, recorded on the communication thread) were in flight per
+step, from ``torch.profiler`` on rank 0. Asynchronous ones overlap compute and each
+other, so it is an upper bound on what communication costs, not a share of the step.
+"blocked" is the time the training thread waited on them (``wait``/``wait_tensor``
+events plus the synchronous enqueue calls), which the step really pays.
+
+This is a record for later GPU runs, not a target: two CPU processes share the cores
+that one process would use, and gloo copies through TCP on localhost.
+
+Run: ``python bench/parallel_overhead.py`` (about a minute; ``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "ddp": {"dp_replicate": 2},
+    "fsdp": {"dp_shard": 2},
+    "tp": {"tp": 2},
+    "tp+sp": {"tp": 2, "sequence_parallel": True},
+    "pp gpipe": {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4},
+    "pp 1f1b": {"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 4},
+}
+COMM_PREFIXES = ("gloo:", "nccl:")
+BLOCKING = ("c10d::", "_c10d_functional::wait_tensor", "aten::wait")
+
+
+def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any, list]:
+    import torch
+
+    from forge_core.config.loader import resolve_components, structure
+    from forge_core.config.schema import ForgeConfig
+    from forge_core.registry import load_registries
+    from forge_core.train import components
+
+    registries = load_registries()
+    raw = {
+        "model": {"name": "llama", "options": {"dim": args.dim, "n_layers": args.layers, "n_heads": 8,
+                                               "n_kv_heads": 4, "max_seq_len": args.seq}},
+        "data": {"packer": "none", "seq_len": args.seq},
+        "parallel": parallel,
+        "train": {"batch_size": args.rows},
+    }
+    config, issues = structure(raw, ForgeConfig)
+    assert not issues, issues
+    config, issues = resolve_components(config, registries)
+    assert not issues, issues
+    torch.manual_seed(0)
+    model = components.model(config, registries, args.vocab, components.attention(config, registries))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, args.vocab, (args.rows, args.seq + 1), generator=gen)
+    batch = {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
+    return config, registries, [model, batch]
+
+
+def step_fn(pmodel: Any, batch: dict) -> Any:
+    import torch
+
+    from forge_core.train.loss import loss_fn
+    from forge_core.train.parallelize import clip_grad_norm
+
+    optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
+    local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
+    tokens = float(batch["labels"].numel())
+
+    def step() -> None:
+        pmodel.forward_backward(local, loss_fn, tokens)
+        clip_grad_norm(pmodel, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure(step: Any, args: argparse.Namespace, barrier: Any = None) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        if barrier:
+            barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.profiled):
+            step()
+    comm = blocked = 0.0
+    for event in prof.key_averages():
+        if event.key.startswith(COMM_PREFIXES):
+            comm += event.cpu_time_total
+        elif event.key.startswith(BLOCKING):
+            blocked += event.self_cpu_time_total
+    n = max(args.profiled, 1)
+    return {"step": statistics.median(times), "comm": comm / 1e6 / n, "blocked": blocked / 1e6 / n}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from forge_core.train.parallelize import parallelize
+
+    dist.init_process_group("gloo")
+    results = {}
+    for name, parallel in STRATEGIES.items():
+        config, registries, (model, batch) = setup(args, parallel)
+        pmodel = parallelize(model, config, registries, torch.device("cpu"))
+        results[name] = measure(step_fn(pmodel, batch), args, dist.barrier)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def baseline(args: argparse.Namespace) -> None:
+    from forge_core.train.parallelize import single_process
+
+    _, _, (model, batch) = setup(args, {})
+    Path(args.out).write_text(json.dumps(measure(step_fn(single_process(model), batch), args)))
+
+
+def run(cmd: list[str], threads: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--profiled", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, one step each")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.dim, args.seq, args.warmup, args.steps, args.profiled = 64, 32, 1, 1, 1
+    if args.worker:
+        return worker(args)
+    if args.baseline:
+        return baseline(args)
+
+    shape = ["--dim", str(args.dim), "--layers", str(args.layers), "--seq", str(args.seq), "--rows",
+             str(args.rows), "--vocab", str(args.vocab), "--warmup", str(args.warmup), "--steps",
+             str(args.steps), "--profiled", str(args.profiled)]
+    me = str(Path(__file__).resolve())
+    with tempfile.TemporaryDirectory() as tmp:
+        base = {}
+        for threads in (1, 2):
+            out = f"{tmp}/base{threads}.json"
+            run([sys.executable, me, "--baseline", "--out", out, *shape], threads)
+            base[threads] = json.loads(Path(out).read_text())
+        out = f"{tmp}/two.json"
+        run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", me,
+             "--worker", "--out", out, *shape], 1)
+        two = json.loads(Path(out).read_text())
+
+    print(f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
+          f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up")
+    print(f"baseline, 1 process: {base[1]['step'] * 1e3:.1f} ms/step with 1 thread, "
+          f"{base[2]['step'] * 1e3:.1f} ms/step with 2 threads")
+    print(f"{'2 processes':<12} {'ms/step':>9} {'vs 1x1':>8} {'vs 1x2':>8} {'comm ms':>9} {'blocked ms':>11}")
+    for name, r in two.items():
+        print(f"{name:<12} {r['step'] * 1e3:9.1f} {r['step'] / base[1]['step']:8.2f} "
+              f"{r['step'] / base[2]['step']:8.2f} {r['comm'] * 1e3:9.1f} {r['blocked'] * 1e3:11.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The parallelism strategies' specs and rules, judged without torch: each rule fires on
+the config it describes and stays silent on its neighbours."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from forge_core.judge import judge
+from forge_core.parallel_dims import active_strategies
+from forge_core.rules import render
+from forge_plugins.parallel import rules as R
+from forge_plugins.parallel.split import stage_layer_ranges, stages_of_rank
+
+MODEL = {"name": "llama", "options": {"dim": 64, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4}}
+
+
+def violations(cfg, parallel=None, world_size=None, **sections):
+    data = {"model": MODEL, "data": {"packer": "none", "seq_len": 64}, "parallel": parallel or {}}
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    result = judge(cfg(data), [], world_size)
+    found: dict[str, list] = {}
+    for v in result.violations:
+        found.setdefault(v.rule_id, []).append(v)
+    return found, result
+
+
+def messages(found, rule_id):
+    return [v.message for v in found.get(rule_id, [])]
+
+
+# --- specs ---------------------------------------------------------------------------
+
+
+def test_specs_declare_mesh_dims_orders_and_capabilities():
+    from forge_plugins.parallel.plugin import forge_parallelisms
+
+    specs = {s.name: s for s in forge_parallelisms()}
+    assert {n: (s.mesh_dim, s.order) for n, s in specs.items()} == {
+        "pp": ("pp", 100), "tp": ("tp", 200), "fsdp": ("dp_shard", 400), "ddp": ("dp_replicate", 400),
+    }
+    assert specs["pp"].forwards == frozenset() and "hidden states" in specs["pp"].drops_metadata_because
+    assert all(specs[n].forwards is None for n in ("tp", "fsdp", "ddp"))
+    assert specs["ddp"].yields_to == ("fsdp",)
+
+
+def test_active_strategies_in_application_order_and_hsdp_takes_over_ddp():
+    from forge_core.registry import load_registries
+
+    registry = load_registries()["parallelism"]
+    everything = {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    assert [s.name for s in active_strategies(registry, everything, [])] == ["pp", "tp", "fsdp"]
+    replicas = {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1}
+    assert [s.name for s in active_strategies(registry, replicas, [])] == ["ddp"]
+
+
+def test_registration_modules_import_no_torch():
+    code = (
+        "import sys\n"
+        "import forge_plugins.parallel.plugin, forge_plugins.parallel.options\n"
+        "import forge_plugins.parallel.rules, forge_plugins.parallel.split\n"
+        "forge_plugins.parallel.plugin.forge_rules()\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- layer split -------------------------------------------------------------------------
+
+
+def test_layers_split_evenly_with_the_remainder_on_the_first_stages():
+    assert [len(r) for r in stage_layer_ranges(10, 4)] == [3, 3, 2, 2]
+    assert [list(r) for r in stage_layer_ranges(4, 2)] == [[0, 1], [2, 3]]
+    ranges = stage_layer_ranges(7, 7)
+    assert [list(r) for r in ranges] == [[i] for i in range(7)]
+    with pytest.raises(ValueError, match="at least one layer"):
+        stage_layer_ranges(3, 4)
+
+
+def test_interleaved_stages_loop_over_ranks():
+    assert stages_of_rank(0, 2, 2) == [0, 2]
+    assert stages_of_rank(1, 2, 2) == [1, 3]
+    assert stages_of_rank(3, 4, 1) == [3]
+
+
+# --- rules -----------------------------------------------------------------------------
+
+
+def test_tp_must_divide_heads_and_kv_heads(cfg):
+    found, _ = violations(cfg, {"tp": 8, "dp_shard": 1})
+    (message,) = messages(found, R.TP_HEADS)
+    assert "n_kv_heads = 4 is not divisible by parallel.tp = 8" in message
+    found, _ = violations(cfg, {"tp": 3})
+    assert len(messages(found, R.TP_HEADS)) == 2
+    found, _ = violations(cfg, {"tp": 4})
+    assert R.TP_HEADS not in found
+
+
+def test_pp_stages_not_above_layers(cfg):
+    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
+                                "pp_microbatches": 4}, train={"batch_size": 8})
+    assert "n_layers = 4 is below the 8 pipeline stages" in messages(found, R.PP_LAYERS)[0]
+    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
+                                "pp_microbatches": 4}, train={"batch_size": 8})
+    assert R.PP_LAYERS not in found and R.PP_SCHEDULE not in found and R.PP_MICROBATCHES not in found
+
+
+def test_batch_splits_into_pipeline_microbatches(cfg):
+    found, _ = violations(cfg, {"pp": 2, "pp_microbatches": 3}, train={"batch_size": 8})
+    assert "= 8 rows, which do not split into 3 equal microbatches" in messages(found, R.PP_MICROBATCHES)[0]
+    # With data parallelism and accumulation the pipeline sees 16 / (2 * 2) = 4 rows.
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "pp_microbatches": 8},
+                          train={"batch_size": 16, "grad_accum": 2})
+    assert "= 4 rows" in messages(found, R.PP_MICROBATCHES)[0]
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "pp_microbatches": 4},
+                          train={"batch_size": 16, "grad_accum": 2})
+    assert R.PP_MICROBATCHES not in found
+    # 0 means one microbatch per stage.
+    found, _ = violations(cfg, {"pp": 2}, train={"batch_size": 6})
+    assert R.PP_MICROBATCHES not in found
+
+
+def test_schedules_microbatch_constraints(cfg):
+    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "1f1b", "pp_microbatches": 2}, train={"batch_size": 8})
+    assert "at least one microbatch per stage" in messages(found, R.PP_MICROBATCHES)[0]
+    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "gpipe", "pp_microbatches": 2}, train={"batch_size": 8})
+    assert R.PP_MICROBATCHES not in found
+    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
+                                "pp_microbatches": 5}, train={"batch_size": 10})
+    assert "do not split into 2 equal rounds" in messages(found, R.PP_MICROBATCHES)[0]
+    found, _ = violations(cfg, {"pp": 2, "pp_microbatches": -1})
+    assert "use 0" in messages(found, R.PP_MICROBATCHES)[0]
+
+
+def test_tied_embeddings_refused_under_pp(cfg):
+    tied = {"model": {"options": {**MODEL["options"], "tie_embeddings": True}}}
+    found, _ = violations(cfg, {"pp": 2}, **tied)
+    assert "shared matrix" in messages(found, R.PP_TIED)[0]
+    found, _ = violations(cfg, {"pp": 1}, **tied)
+    assert R.PP_TIED not in found
+
+
+def test_interleaving_and_virtual_stages_go_together(cfg):
+    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b"})
+    assert "needs parallel.pp_virtual_stages above 1" in messages(found, R.PP_SCHEDULE)[0]
+    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "1f1b", "pp_virtual_stages": 2})
+    assert "needs parallel.pp_schedule = 'interleaved_1f1b'" in messages(found, R.PP_SCHEDULE)[0]
+    found, _ = violations(cfg, {"pp_virtual_stages": 0})
+    assert R.PP_SCHEDULE in found
+    found, _ = violations(cfg, {"pp": 1, "pp_schedule": "interleaved_1f1b"})
+    assert R.PP_SCHEDULE not in found  # no pipeline: the schedule is unused
+
+
+def test_sequence_parallel_rules(cfg):
+    found, result = violations(cfg, {"sequence_parallel": True})
+    assert [v.severity for v in found[R.TP_SEQUENCE_PARALLEL_NO_TP]] == ["warning"] and not result.errors
+    found, _ = violations(cfg, {"tp": 2, "sequence_parallel": True}, data={"seq_len": 63})
+    assert "seq_len = 63 is not divisible by parallel.tp = 2" in messages(found, R.TP_SEQUENCE_PARALLEL)[0]
+    found, _ = violations(cfg, {"tp": 2, "sequence_parallel": True})
+    assert not ({R.TP_SEQUENCE_PARALLEL, R.TP_SEQUENCE_PARALLEL_NO_TP, R.PP_SEQUENCE_PARALLEL} & set(found))
+    found, _ = violations(cfg, {"tp": 2, "pp": 2, "sequence_parallel": True})
+    assert R.PP_SEQUENCE_PARALLEL in found
+
+
+def test_ddp_is_not_combined_with_tp_but_fsdp_is(cfg):
+    found, _ = violations(cfg, {"dp_replicate": 2, "tp": 2})
+    assert "DistributedDataParallel" in messages(found, R.DDP_WITH_TP)[0]
+    found, _ = violations(cfg, {"dp_replicate": 2, "dp_shard": 2, "tp": 2})
+    assert R.DDP_WITH_TP not in found
+
+
+def test_founding_rule_quotes_the_pipeline_spec(cfg):
+    found, result = violations(cfg, {"pp": 2}, data={"packer": "concat"})
+    (violation,) = found["parallel.metadata-reaches-layers"]
+    assert "strategy 'pp' does not forward them" in violation.message
+    assert "previous stage's hidden states" in violation.message
+    found, _ = violations(cfg, {"pp": 2}, data={"packer": "concat", "packer_options": {"isolate": False}})
+    assert "parallel.metadata-reaches-layers" not in found
+
+
+def test_reports_name_the_parallel_plugin(cfg):
+    _, result = violations(cfg, {"tp": 3, "pp": 8})
+    report = render(result.errors)
+    assert "[tp.heads-divisible] (plugin 'parallel')" in report
+    assert "[pp.layers] (plugin 'parallel')" in report
+    assert "$.parallel.tp = 3" in report
+
+
+@pytest.mark.parametrize("config, world", [("configs/pipeline.yaml", 2), ("configs/fsdp-tp.yaml", 4)])
+def test_shipped_parallel_configs_are_valid(config, world):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / config
+    result = judge(str(path), [], world)
+    assert not result.errors, render(result.errors)

@@ -1,0 +1,160 @@
+"""The kernel's ``parallelize`` in one process: strategies from the registry applied in
+their declared order with compile slotted at 300, a strategy that splits the model, the
+pipeline's stage split (stages chained give the whole model's logits) and gradient
+clipping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge_core.config.loader import resolve_components, structure
+from forge_core.config.schema import ForgeConfig
+from forge_core.hookspecs import hookimpl
+from forge_core.registry import load_registries
+from forge_core.specs import ParallelismSpec
+from forge_core.train import parallelize as P
+
+CALLS: list[str] = []
+TINY = {"dim": 32, "n_layers": 5, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
+
+
+class Wrap:
+    """A third-party wrapper that records when it is applied, to which module."""
+
+    def __init__(self, options):
+        pass
+
+    def apply(self, model, ctx):
+        CALLS.append(f"wrap:{type(model).__name__}")
+        return torch.nn.Sequential(model) if isinstance(model, torch.nn.Linear) else model
+
+
+class Split:
+    """Splits a Sequential into its children; finalize records what it was given."""
+
+    def __init__(self, options):
+        pass
+
+    def apply(self, model, ctx):
+        CALLS.append("split")
+
+        def finalize(pmodel, runners):
+            CALLS.append(f"finalize:{[type(r).__name__ for r in runners]}")
+            pmodel.is_last_stage = False
+
+        return P.ModelSplit(list(model.children()), finalize)
+
+
+class Plugin:
+    @hookimpl
+    def forge_parallelisms(self):
+        return [
+            ParallelismSpec(name="early", summary="t", impl="test_parallelize:Split", order=100),
+            ParallelismSpec(name="before", summary="t", impl="test_parallelize:Wrap", order=250),
+            ParallelismSpec(name="after", summary="t", impl="test_parallelize:Wrap", order=350),
+        ]
+
+
+def config_with(registries, parallel, train=None):
+    raw = {"model": {"name": "llama", "options": TINY}, "parallel": parallel, "train": train or {}}
+    config, issues = structure(raw, ForgeConfig)
+    assert not issues
+    config, issues = resolve_components(config, registries)
+    assert not issues, issues
+    return config
+
+
+@pytest.fixture
+def registries():
+    CALLS.clear()
+    return load_registries(extra=(("order_test", Plugin()),))
+
+
+def test_one_process_without_strategies_is_the_model_itself(registries):
+    model = torch.nn.Linear(2, 2)
+    pmodel = P.parallelize(model, config_with(registries, {}), registries, torch.device("cpu"))
+    assert pmodel.parts == [model] and pmodel.forward is model
+    assert (pmodel.dp_rank, pmodel.dp_size, pmodel.mesh, pmodel.train_step) == (0, 1, None, None)
+
+
+def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch):
+    monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
+    model = torch.nn.Linear(2, 2)
+    config = config_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
+    pmodel = P.parallelize(model, config, registries, torch.device("cpu"))
+    assert CALLS == ["wrap:Linear", "compile", "wrap:Sequential"]
+    # The wrapper is what gets called; the part stays the unwrapped module.
+    assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
+
+
+def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    config = config_with(registries, {"wrappers": ["early", "before"]})
+    pmodel = P.parallelize(model, config, registries, torch.device("cpu"))
+    assert CALLS == ["split", "wrap:Linear", "wrap:ReLU", "finalize:['Sequential', 'ReLU']"]
+    assert pmodel.parts == list(model.children()) and pmodel.forward is None
+    assert pmodel.is_last_stage is False
+
+
+def test_compile_is_in_place_and_block_by_block(monkeypatch):
+    # nn.Module.compile compiles in place (no OptimizedModule wrapper, whose "_orig_mod."
+    # keys would break checkpoints); every block is compiled on its own.
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(self))
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
+    P.compile_part(model)
+    assert compiled == list(model.layers.values())
+    plain = torch.nn.Linear(2, 2)
+    P.compile_part(plain)
+    assert compiled[-1] is plain
+
+
+def test_pipeline_stages_chained_equal_the_whole_model(registries):
+    from forge_plugins.parallel.pipeline import stage_module
+    from forge_plugins.parallel.split import stage_layer_ranges
+    from forge_core.train import components
+
+    config = config_with(registries, {})
+    torch.manual_seed(0)
+    model = components.model(config, registries, 50, components.attention(config, registries))
+    ids = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        expected = model(ids)
+        keys = list(model.layers.keys())
+        ranges = stage_layer_ranges(len(keys), 3)
+        stages = [stage_module(model, [keys[i] for i in r], first=s == 0, last=s == 2) for s, r in enumerate(ranges)]
+        h = ids
+        for stage in stages:
+            h = stage(h)
+    torch.testing.assert_close(h, expected, rtol=0, atol=0)
+    assert [list(s.layers) for s in stages] == [["0", "1"], ["2", "3"], ["4"]]
+    assert stages[0].norm is None and stages[1].tok_embeddings is None and stages[2].output is not None
+    # Stage keys are the unsplit model's keys, each in exactly one stage.
+    stage_keys = [k for s in stages for k in s.state_dict()]
+    assert sorted(stage_keys) == sorted(model.state_dict()) and len(stage_keys) == len(set(stage_keys))
+    assert model.norm is not None and len(model.layers) == 5  # the model itself is untouched
+
+
+def test_pipeline_refuses_a_batch_with_metadata():
+    from forge_plugins.parallel.pipeline import PipelineStep, _MicrobatchLoss
+
+    step = PipelineStep(None, _MicrobatchLoss(), 2, True, True, None, 1, torch.device("cpu"))
+    batch = {"input_ids": torch.zeros(2, 4), "labels": torch.zeros(2, 4), "doc_ids": torch.zeros(2, 4)}
+    with pytest.raises(ValueError, match="doc_ids.*parallel.metadata-reaches-layers"):
+        step(batch, None, 1.0)
+
+
+def test_clip_grad_norm_is_the_global_norm_and_clips():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model(torch.randn(3, 4)).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    pmodel = P.single_process(model)
+    norm = P.clip_grad_norm(pmodel, expected.item() / 4)
+    torch.testing.assert_close(norm, expected)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g / 4, rtol=1e-5, atol=1e-7)
+    assert P.clip_grad_norm(pmodel, 0.0) == pytest.approx(expected.item() / 4, rel=1e-5)
