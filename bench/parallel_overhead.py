@@ -7,7 +7,8 @@ step) trains a few SGD steps through :func:`forge_core.train.parallelize.paralle
 exactly as the trainer drives it; the step time is the median of the timed steps after
 warm-up. The baseline is one process on the whole batch, with one thread (the same
 work per core as each of the two 1-thread processes) and with two threads (the same
-machine).
+machine), measured on rank 0 right before each strategy so that the load of a shared
+machine hits both sides of a ratio alike.
 
 "comm" is the wall time collective and point-to-point operations (``gloo:*`` /
 ``nccl:*`` profiler spans, recorded on the communication thread) were in flight per
@@ -120,35 +121,32 @@ def measure(step: Any, args: argparse.Namespace, barrier: Any = None) -> dict[st
 
 
 def worker(args: argparse.Namespace) -> None:
+    """Rank 0 measures the one-process baselines right before each strategy (rank 1
+    waits in a barrier), so a shared machine's load hits both sides of each ratio alike."""
     import torch
     import torch.distributed as dist
 
-    from forge_core.train.parallelize import parallelize
+    from forge_core.train.parallelize import parallelize, single_process
 
     dist.init_process_group("gloo")
     results = {}
     for name, parallel in STRATEGIES.items():
+        base = {}
+        if dist.get_rank() == 0:
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                _, _, (model, batch) = setup(args, {})
+                base[threads] = measure(step_fn(single_process(model), batch), args)["step"]
+            torch.set_num_threads(1)
+        dist.barrier()
         config, registries, (model, batch) = setup(args, parallel)
         pmodel = parallelize(model, config, registries, torch.device("cpu"))
-        results[name] = measure(step_fn(pmodel, batch), args, dist.barrier)
+        results[name] = {**measure(step_fn(pmodel, batch), args, dist.barrier),
+                         "base1": base.get(1), "base2": base.get(2)}
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def baseline(args: argparse.Namespace) -> None:
-    from forge_core.train.parallelize import single_process
-
-    _, _, (model, batch) = setup(args, {})
-    Path(args.out).write_text(json.dumps(measure(step_fn(single_process(model), batch), args)))
-
-
-def run(cmd: list[str], threads: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd[:6])} ... failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 def main() -> None:
@@ -163,39 +161,34 @@ def main() -> None:
     parser.add_argument("--profiled", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a tiny model, one step each")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.dim, args.seq, args.warmup, args.steps, args.profiled = 64, 32, 1, 1, 1
     if args.worker:
         return worker(args)
-    if args.baseline:
-        return baseline(args)
 
     shape = ["--dim", str(args.dim), "--layers", str(args.layers), "--seq", str(args.seq), "--rows",
              str(args.rows), "--vocab", str(args.vocab), "--warmup", str(args.warmup), "--steps",
              str(args.steps), "--profiled", str(args.profiled)]
-    me = str(Path(__file__).resolve())
     with tempfile.TemporaryDirectory() as tmp:
-        base = {}
-        for threads in (1, 2):
-            out = f"{tmp}/base{threads}.json"
-            run([sys.executable, me, "--baseline", "--out", out, *shape], threads)
-            base[threads] = json.loads(Path(out).read_text())
         out = f"{tmp}/two.json"
-        run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", me,
-             "--worker", "--out", out, *shape], 1)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(Path(__file__).resolve()), "--worker", "--out", out, *shape]
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"torchrun failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
         two = json.loads(Path(out).read_text())
 
     print(f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
           f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up")
-    print(f"baseline, 1 process: {base[1]['step'] * 1e3:.1f} ms/step with 1 thread, "
-          f"{base[2]['step'] * 1e3:.1f} ms/step with 2 threads")
-    print(f"{'2 processes':<12} {'ms/step':>9} {'vs 1x1':>8} {'vs 1x2':>8} {'comm ms':>9} {'blocked ms':>11}")
+    print("1x1 / 1x2: one process on the whole batch with 1 / 2 threads, measured just before")
+    print(f"{'2 processes':<12} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
+          f"{'comm ms':>8} {'blocked ms':>11}")
     for name, r in two.items():
-        print(f"{name:<12} {r['step'] * 1e3:9.1f} {r['step'] / base[1]['step']:8.2f} "
-              f"{r['step'] / base[2]['step']:8.2f} {r['comm'] * 1e3:9.1f} {r['blocked'] * 1e3:11.1f}")
+        print(f"{name:<12} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
+              f"{r['step'] / r['base1']:7.2f} {r['step'] / r['base2']:7.2f} {r['comm'] * 1e3:8.1f} "
+              f"{r['blocked'] * 1e3:11.1f}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
+from conftest import make_distribution, run_cli
 from forge_core.specs import AttentionBackendSpec, NoOptions
 from forge_plugins.attention import equivalence, plugin, sdpa
 from forge_plugins.attention import rules as attention_rules
@@ -301,3 +302,54 @@ def test_forge_rules_declares_the_attention_rules():
     assert rules["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
     assert rules["sdpa.dense-mask-long-seq"].severity == "warning"
     assert rules["sdpa.dense-mask-long-seq"].check is attention_rules.check_sdpa_dense_mask
+
+
+# --- the rules through `forge-run check` ---------------------------------------------
+
+PACKED = {
+    "model": {"name": "llama", "options": {"dim": 64, "n_layers": 2, "n_heads": 4,
+                                           "n_kv_heads": 2, "max_seq_len": 8192}},
+    "attention": {"backend": "flex"},
+    "data": {"packer": "concat", "packer_options": {"isolate": True}, "seq_len": 512},
+}
+
+#: A third-party backend that does not mask across documents.
+WINDOW_PLUGIN = """
+from forge_core.hookspecs import hookimpl
+from forge_core.specs import AttentionBackendSpec
+
+@hookimpl
+def forge_attention_backends():
+    return [AttentionBackendSpec(name="window", summary="Sliding window, no doc_ids",
+                                 impl="windowplug:Window")]
+"""
+
+
+def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(cfg, tmp_path):
+    site = make_distribution(tmp_path / "site", "forge-window", "0.1",
+                             {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"})
+    env = {"PYTHONPATH": str(site)}
+    result = run_cli("check", cfg(PACKED), "attention.backend=window", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "[attention.honours-doc-ids] (plugin 'attention')" in result.stdout
+    assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
+    # Without isolation nothing needs honouring.
+    result = run_cli("check", cfg(PACKED), "attention.backend=window",
+                     "data.packer_options.isolate=false", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
+    path = cfg(PACKED)
+    warned = run_cli("check", path, "attention.backend=sdpa", "data.seq_len=4096")
+    assert warned.returncode == 0, warned.stdout + warned.stderr
+    assert "warning: [sdpa.dense-mask-long-seq]" in warned.stdout
+    assert "4096x4096" in warned.stdout
+    for overrides in (
+        ["data.seq_len=4095"],
+        ["data.seq_len=4096", "attention.options.dense_mask_warn_seq_len=8192"],
+        ["data.seq_len=4096", "data.packer_options.isolate=false"],
+    ):
+        quiet = run_cli("check", path, "attention.backend=sdpa", *overrides)
+        assert quiet.returncode == 0 and "sdpa.dense-mask-long-seq" not in quiet.stdout, overrides
+    assert "sdpa.dense-mask-long-seq" not in run_cli("check", path, "data.seq_len=4096").stdout

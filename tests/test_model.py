@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import run_cli
 from forge_core.specs import NoOptions
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
@@ -271,3 +272,13 @@ def test_registration_options_and_rules_do_not_import_torch():
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_check_reports_both_head_layout_errors(cfg):
+    path = cfg({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
+    result = run_cli("check", path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: [llama.heads-divisible] (plugin 'models')" in result.stdout
+    assert "$.model.options.n_heads = 4, $.model.options.n_kv_heads = 3" in result.stdout
+    assert "error: [llama.head-dim-even]" in result.stdout and "= 25 is odd" in result.stdout
+    assert run_cli("check", path, "model.options.dim=96", "model.options.n_kv_heads=2").returncode == 0

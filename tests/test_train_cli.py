@@ -1,6 +1,6 @@
-"""``forge-run CONFIG`` end to end, in subprocesses: refusal of invalid configs, SIGTERM,
-SIGKILL in the middle of a checkpoint write, the quickstart config, a third-party
-observer plugin, ``sample`` and ``export-hf``, and ``--nproc 2``."""
+"""``forge-run CONFIG`` end to end, in subprocesses: refusal of invalid configs (also
+under ``--nproc``), SIGTERM, SIGKILL in the middle of a checkpoint write, and the
+quickstart config."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from conftest import REPO, make_distribution, run_cli
+from conftest import REPO, run_cli
 from train_helpers import Recorder, read_metrics, tiny_config, write_config
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
@@ -85,7 +84,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
                       logging={"loggers": ["jsonl"]})
     path = write_config(tmp_path / "crash.yaml", cfg)
-    proc, err = start([path], tmp_path, env={"FORGE_TEST_SLOW_CHECKPOINT": "60"})
+    proc, err = start([path], tmp_path, env={"FORGE_TEST_SLOW_CHECKPOINT": "4:60"})
     wait_for_line(proc, "checkpoint write in progress at step 4")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -105,19 +104,6 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [rec.metrics[s]["loss"] for s in range(1, 7)]
 
 
-def test_truncated_checkpoint_is_skipped_with_a_warning(tmp_path):
-    cfg = tiny_config(tmp_path, "trunc", train={"steps": 4}, checkpoint={"every": 2})
-    path = write_config(tmp_path / "trunc.yaml", cfg)
-    assert run_cli(path).returncode == 0
-    data = next((tmp_path / "trunc/checkpoints/step-000004").glob("*.distcp"))
-    data.write_bytes(data.read_bytes()[:100])
-    result = run_cli(path, "train.steps=5")
-    assert result.returncode == 0, result.stderr
-    assert "warning: skipping checkpoint" in result.stderr and "step-000004" in result.stderr
-    assert "truncated" in result.stderr
-    assert "at step 2" in result.stdout.split("resumed from", 1)[1]
-
-
 def test_quickstart_trains_a_few_steps(tmp_path):
     out = tmp_path / "qs"
     result = run_cli(
@@ -130,71 +116,3 @@ def test_quickstart_trains_a_few_steps(tmp_path):
     assert [r["step"] for r in records] == [1, 2] and records[0]["loss"] > 4.0
     assert (out / "loss.png").is_file() and (out / "checkpoints/latest").is_file()
     assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
-
-
-OBSERVER = """
-import json, os
-from forge_core.hookspecs import hookimpl
-
-@hookimpl
-def forge_step_end(run, step, metrics):
-    with open(os.path.join(run.out_dir, "observed.jsonl"), "a") as f:
-        f.write(json.dumps({"step": step, "loss": metrics["loss"], "rank": run.rank}) + "\\n")
-"""
-
-
-def test_third_party_observer_then_sample_and_export(tmp_path):
-    """A plugin package that implements only forge_step_end sees every step; the run
-    directory alone then serves sample and export-hf (loaded by transformers, same logits)."""
-    site = make_distribution(tmp_path / "site", "forge-observer", "0.1", {"observer": OBSERVER},
-                             {"observer": "observer"})
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cfg = tiny_config(tmp_path, "obs", train={"steps": 4}, logging={"loggers": ["jsonl"]})
-    path = write_config(tmp_path / "obs.yaml", cfg)
-    result = run_cli(path, env=env)
-    assert result.returncode == 0, result.stderr
-    observed = (tmp_path / "obs/observed.jsonl").read_text().splitlines()
-    import json
-
-    assert [json.loads(line)["step"] for line in observed] == [1, 2, 3, 4]
-    assert [json.loads(line)["loss"] for line in observed] == [r["loss"] for r in read_metrics(tmp_path / "obs")]
-
-    sample = run_cli("sample", str(tmp_path / "obs"), "--prompt", "the quick", "--max-new-tokens", "12")
-    assert sample.returncode == 0, sample.stderr
-    assert sample.stdout.startswith("the quick") and len(sample.stdout.rstrip("\n")) > len("the quick")
-
-    hf_dir = tmp_path / "hf"
-    export = run_cli("export-hf", str(tmp_path / "obs"), str(hf_dir))
-    assert export.returncode == 0, export.stderr
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from forge_core.train.sample import load_for_inference
-
-    model, tokenizer, _, _ = load_for_inference(tmp_path / "obs")
-    hf = LlamaForCausalLM.from_pretrained(hf_dir).eval()
-    ids = torch.tensor([tokenizer.encode("the lazy dog")])
-    with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.distributed
-def test_two_processes_match_one(tmp_path):
-    """--nproc 2 with data parallelism gives the single-process losses (the loss is
-    normalised by the global token count; gradients are summed over ranks)."""
-    from forge_core.train.launch import train
-
-    write_corpus_short = __import__("train_helpers").write_corpus
-    write_corpus_short(tmp_path / "corpus", docs=80, short=True)
-    cfg = tiny_config(tmp_path, "ddp", train={"steps": 3, "batch_size": 4}, logging={"loggers": ["jsonl"]})
-    result = run_cli("--nproc", "2", write_config(tmp_path / "ddp.yaml", cfg), "parallel.dp_replicate=2",
-                     timeout=300)
-    assert result.returncode == 0, result.stderr
-    rec = Recorder()
-    train(write_config(tmp_path / "one.yaml", tiny_config(tmp_path, "one", train={"steps": 3, "batch_size": 4})),
-          extra_plugins=(("rec", rec),))
-    records = read_metrics(tmp_path / "ddp")
-    assert [r["step"] for r in records] == [1, 2, 3]
-    for r in records:
-        assert r["tokens"] == rec.metrics[r["step"]]["tokens"]
-        assert r["loss"] == pytest.approx(rec.metrics[r["step"]]["loss"], rel=1e-5)

@@ -251,3 +251,18 @@ def test_resume_never_starts_over(tmp_path):
     cfg["checkpoint"]["resume"] = "never"
     run(tmp_path, cfg, rec)
     assert sorted(rec.metrics) == [1, 2]
+
+
+def test_truncated_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, "trunc", train={"steps": 4}, checkpoint={"every": 2, "keep": 3})
+    run(tmp_path, cfg)
+    data = next((tmp_path / "trunc/checkpoints/step-000004").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:100])
+    capsys.readouterr()
+    rec = Recorder()
+    run(tmp_path, cfg, rec, overrides=["train.steps=5"])
+    captured = capsys.readouterr()
+    assert "warning: skipping checkpoint" in captured.err and "step-000004" in captured.err
+    assert "truncated" in captured.err
+    assert f"resumed from {tmp_path / 'trunc/checkpoints/step-000002'} at step 2" in captured.out
+    assert sorted(rec.metrics) == [3, 4, 5]

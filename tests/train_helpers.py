@@ -14,7 +14,7 @@ import attrs
 import yaml
 
 from forge_core.hookspecs import hookimpl
-from forge_core.specs import ModelSpec
+from forge_core.specs import DOC_IDS, POSITIONS, ModelSpec
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small cats sing about "
          "green fields and blue rivers under the quiet morning sky").split()
@@ -146,7 +146,8 @@ class NanPlugin:
     @hookimpl
     def forge_models(self):
         return [ModelSpec(name="nanny", summary="Test model that emits NaN on chosen steps",
-                          impl="train_helpers:NanModel.build", options=NanOptions, max_seq_len_option=None)]
+                          impl="train_helpers:NanModel.build", options=NanOptions, max_seq_len_option=None,
+                          accepts={DOC_IDS, POSITIONS})]
 
     @hookimpl
     def forge_train_start(self, run):

@@ -45,9 +45,20 @@ from forge_core.train.distributed import barrier, broadcast_object, is_distribut
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
-#: Test hook: seconds to pause in the middle of every checkpoint write (files written,
-#: manifest not yet), after printing a marker line, so a test can kill it there.
+#: Test hook: ``SECONDS`` (every save) or ``STEP:SECONDS`` (the save of that step only)
+#: to pause in the middle of a checkpoint write (files written, manifest not yet),
+#: after printing a marker line, so a test can kill the process there.
 SLOW_ENV = "FORGE_TEST_SLOW_CHECKPOINT"
+
+
+def _test_pause(step: int) -> float:
+    value = os.environ.get(SLOW_ENV, "").strip()
+    if not value:
+        return 0.0
+    at, sep, seconds = value.rpartition(":")
+    if sep and int(at) != step:
+        return 0.0
+    return float(seconds)
 
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -228,7 +239,7 @@ class CheckpointManager:
         barrier()
         _dcp(dcp.save, {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}, tmp)
         train_state.write(tmp / train_state_name(self.rank), {**state, "world_size": self.world_size})
-        slow = float(os.environ.get(SLOW_ENV, "0") or 0)
+        slow = _test_pause(step)
         if slow > 0 and self.rank == 0:
             print(f"forge-test: checkpoint write in progress at step {step}", flush=True)
             time.sleep(slow)

@@ -210,30 +210,54 @@ def _by_placement(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parame
     return list(groups.values())
 
 
-def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of squares of the FULL (unsharded) gradients of one group, as a plain tensor."""
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(norm, "full_tensor"):
-        # A norm over sharded DTensors is a partial result; full_tensor reduces it over
-        # the shards' mesh (tensor- and data-parallel shards alike).
-        norm = norm.full_tensor()
-    return norm.double() ** 2
+def _copies(grad: torch.Tensor, mesh: Any) -> int:
+    """How many processes hold the same local gradient as this one: the replicated
+    dimensions of its DTensor mesh, times every dimension outside that mesh except the
+    pipeline's (stages hold different parameters). A plain tensor is replicated over
+    every dimension but the pipeline's (DDP replicas, tensor-parallel ranks)."""
+    if mesh is None:
+        return 1
+    outside = mesh.size() // mesh["pp"].size()
+    spec = getattr(grad, "_spec", None)
+    if spec is None:
+        return outside
+    replicated = 1
+    for size, placement in zip(spec.mesh.shape, spec.placements):
+        if placement.is_replicate():
+            replicated *= size
+    return replicated * (outside // spec.mesh.size())
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This process's piece of a gradient (a pending partial sum is reduced first)."""
+    spec = getattr(grad, "_spec", None)
+    if spec is None:
+        return grad
+    if any(p.is_partial() for p in spec.placements):
+        from torch.distributed.tensor import Replicate
+
+        grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
+    return grad.to_local()
 
 
 def global_grad_norm(pmodel: ParallelModel) -> torch.Tensor:
-    """The L2 norm of the whole model's gradient, equal on every process: summed over
-    DTensor shards (tensor and fully-sharded data parallel) and over pipeline stages.
-    Replicated gradients (DDP, tensor-parallel norms) are counted once."""
+    """The L2 norm of the whole model's gradient: the squares of every shard (tensor
+    and fully-sharded data parallel) and every pipeline stage, each counted once.
+
+    Each process adds the squares of its local pieces, each divided by the number of
+    processes that hold the same piece, and ONE all-reduce over all processes sums them,
+    so every process gets the same bits (and clips replicated weights identically)."""
     import torch.distributed as dist
 
     groups = _by_placement(list(pmodel.parameters()))
     device = groups[0][0].grad.device if groups else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
     for group in groups:
-        total = total + _squared_norm([p.grad for p in group]).to(device)
-    if pmodel.pp_group is not None:
-        # Each stage holds different parameters: their squared norms add up.
-        dist.all_reduce(total, group=pmodel.pp_group)
+        grads = [_local(p.grad) for p in group]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        total = total + norm.double() ** 2 / _copies(group[0].grad, pmodel.mesh)
+    if pmodel.mesh is not None:
+        dist.all_reduce(total)
     return total.sqrt().float()
 
 

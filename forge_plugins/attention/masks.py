@@ -76,6 +76,9 @@ def _compact(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts[:, None], indices.to(torch.int32)[:, None]
 
 
+# Built eagerly even inside torch.compile(model): it inspects doc_ids (a data-dependent
+# branch) and returns a BlockMask, neither of which a graph should capture.
+@torch.compiler.disable
 def document_block_mask(
     doc_ids: torch.Tensor | None,
     seq_len: int,
