@@ -78,6 +78,17 @@ def test_one_process_without_strategies_is_the_model_itself(registries):
     assert (pmodel.dp_rank, pmodel.dp_size, pmodel.mesh, pmodel.train_step) == (0, 1, None, None)
 
 
+def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
+    from forge_core.errors import ForgeError
+    from forge_core.train.mesh import build_mesh, dp_coords
+
+    degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert build_mesh(degrees, torch.device("cpu")) is None  # one process: no mesh at all
+    assert dp_coords(None).size == 1
+    with pytest.raises(ForgeError, match="tp=2 = 2 processes, but 1 are running"):
+        build_mesh({**degrees, "tp": 2}, torch.device("cpu"))
+
+
 def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch):
     monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
     model = torch.nn.Linear(2, 2)

@@ -27,11 +27,6 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def backend_for(device: torch.device) -> str:
-    """The collective backend for a device type: nccl on CUDA, gloo elsewhere (CPU)."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
 def build_mesh(degrees: dict[str, int], device: torch.device) -> Any:
     """A ``DeviceMesh`` of shape ``(pp, dp_replicate, dp_shard, tp)``, or ``None`` when
     this is a single process with every degree 1. Called by every process, in the same

@@ -228,16 +228,15 @@ def _copies(grad: torch.Tensor, mesh: Any) -> int:
     return replicated * (outside // spec.mesh.size())
 
 
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This process's piece of a gradient (a pending partial sum is reduced first)."""
+def _settled(grad: torch.Tensor) -> torch.Tensor:
+    """The gradient with any pending partial sum reduced (under sequence parallelism the
+    norms' weights get ``Partial`` gradients: each rank's share of the sequence)."""
     spec = getattr(grad, "_spec", None)
-    if spec is None:
+    if spec is None or not any(p.is_partial() for p in spec.placements):
         return grad
-    if any(p.is_partial() for p in spec.placements):
-        from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate
 
-        grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
-    return grad.to_local()
+    return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
 
 
 def global_grad_norm(pmodel: ParallelModel) -> torch.Tensor:
@@ -253,9 +252,10 @@ def global_grad_norm(pmodel: ParallelModel) -> torch.Tensor:
     device = groups[0][0].grad.device if groups else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
     for group in groups:
-        grads = [_local(p.grad) for p in group]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        total = total + norm.double() ** 2 / _copies(group[0].grad, pmodel.mesh)
+        grads = [_settled(p.grad) for p in group]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
+        total = total + norm.double() ** 2 / _copies(grads[0], pmodel.mesh)
     if pmodel.mesh is not None:
         dist.all_reduce(total)
     return total.sqrt().float()

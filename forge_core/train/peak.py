@@ -60,6 +60,14 @@ def time_matmul(device: torch.device, dtype: torch.dtype, size: int, budget_s: f
             return best
 
 
+def cached_peak(device: torch.device, dtype: torch.dtype) -> float | None:
+    try:
+        value = json.loads((cache_dir() / "peak_flops.json").read_text()).get(cache_key(device, dtype))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: float = 0.0,
                size: int | None = None, budget_s: float = 1.0) -> tuple[float, str]:
     """``(peak FLOP/s, where the figure came from)``."""

@@ -170,10 +170,10 @@ class Trainer:
                                      num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)
 
-        from forge_core.train.peak import peak_flops
+        from forge_core.train.peak import cached_peak, peak_flops
 
         dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
-        if pl.is_main and train.peak_tflops <= 0:
+        if train.peak_tflops <= 0 and cached_peak(pl.device, dtype) is None:
             log(pl, "measuring the peak matmul rate for MFU (once; cached) ...")
         self.peak, peak_source = peak_flops(pl.device, dtype, train.peak_tflops)
         log(pl, f"model: {cfg.model.name}, {self.n_params / 1e6:.2f}M parameters "
