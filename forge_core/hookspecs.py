@@ -70,9 +70,15 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     ``mesh_dim=None``, when it is named in ``parallel.wrappers``). Active strategies are
     applied in ascending ``order``. The implementation is a class constructed as
     ``cls(options)`` with ``apply(model, ctx) -> model`` where ``ctx`` is a
-    :class:`forge_core.train.parallel_context.ParallelContext`. Declare in ``forwards``
-    which per-token metadata still reaches every layer once the strategy is applied: the
-    rule engine rejects a packer whose metadata would be lost.
+    :class:`forge_core.train.parallel_context.ParallelContext`. A strategy that splits
+    the model (pipeline parallelism) returns a
+    :class:`forge_core.train.parallelize.ModelSplit` instead: later strategies are then
+    applied to each part, and its ``finalize`` sets the ``train_step(batch, loss_fn,
+    normalizer) -> (loss_sum, tokens)`` that does forward and backward. Data-parallel
+    strategies must *sum* gradients over ranks: the trainer already divides each loss
+    sum by the global count of labelled tokens. Declare in ``forwards`` which per-token
+    metadata still reaches every layer once the strategy is applied: the rule engine
+    rejects a packer whose metadata would be lost.
 
     Example::
 
