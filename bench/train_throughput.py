@@ -102,6 +102,33 @@ def hf_step(model, optimizer, batch, precision: str, grad_clip: float) -> tuple[
     return value, time.perf_counter() - t0
 
 
+def profile_breakdown(name: str, fn) -> None:
+    """Where one step's CPU time goes: matmuls, attention, compiled (fused) kernels,
+    optimizer, everything else (mostly eager elementwise ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    cats: dict[str, float] = {}
+    for e in events:
+        key = e.key
+        if key in ("aten::mm", "aten::addmm", "aten::bmm"):
+            cat = "matmul"
+        elif "scaled_dot_product" in key or "flash_attention" in key:
+            cat = "attention"
+        elif "CompiledFxGraph" in key or "cpp_fused" in key:
+            cat = "compiled"
+        elif "_foreach" in key or "Optimizer" in key or "adam" in key.lower():
+            cat = "optimizer"
+        else:
+            cat = "other"
+        cats[cat] = cats.get(cat, 0.0) + e.self_cpu_time_total
+    parts = ", ".join(f"{k} {v / total:.0%} ({v / 1e3:,.0f} ms)" for k, v in sorted(cats.items(), key=lambda kv: -kv[1]))
+    print(f"profile {name}: {total / 1e3:,.0f} ms CPU: {parts}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dim", type=int, default=256)
@@ -117,9 +144,15 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=2, help="steps per block")
     p.add_argument("--rounds", type=int, default=6, help="alternating blocks per framework")
+    p.add_argument("--profile", action="store_true", help="also print where one step of each spends its time")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads for both (0: PyTorch's default, one per core); 1 is steadier on a busy machine")
     args = p.parse_args()
 
     import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_forge(args, tmp)
@@ -164,6 +197,9 @@ def main() -> int:
               f"CPU-second: steadier than wall-clock on a shared machine)")
         print(f"forge MFU: {statistics.median(mfus):.1%} of the measured matmul peak "
               f"({trainer.peak / 1e9:,.1f} GFLOP/s)")
+        if args.profile:
+            profile_breakdown("forge", trainer.train_step)
+            profile_breakdown("hf", lambda: hf_step(model, optimizer, next(hf_loader), args.precision, 1.0))
     return 0
 
 

@@ -266,3 +266,29 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
     assert "truncated" in captured.err
     assert f"resumed from {tmp_path / 'trunc/checkpoints/step-000002'} at step 2" in captured.out
     assert sorted(rec.metrics) == [3, 4, 5]
+
+
+def test_a_peak_measured_on_a_busy_machine_is_raised(tmp_path, monkeypatch, capsys):
+    """MFU is a fraction: a cached peak below what the run achieves is raised."""
+    from forge_core.train import peak
+
+    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path / "cache"))
+    cpu = torch.device("cpu")
+    peak.store_peak(cpu, torch.float32, 1000.0)  # 1 kFLOP/s: absurdly low
+    rec = Recorder()
+    run(tmp_path, tiny_config(tmp_path, "peak", train={"steps": 3, "peak_tflops": 0.0}), rec)
+    assert all(0 < m["mfu"] <= 1.0 for m in rec.metrics.values())
+    assert peak.cached_peak(cpu, torch.float32) > 1000.0
+    assert capsys.readouterr().err.count("above the measured peak") == 1
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_like_eager(tmp_path):
+    eager, compiled = Recorder(), Recorder()
+    model = {"name": "llama", "options": {"dim": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64}}
+    run(tmp_path, tiny_config(tmp_path, "eager", model=model, train={"steps": 2}), eager)
+    run(tmp_path, tiny_config(tmp_path, "compiled", model=model, train={"steps": 2, "compile": True}), compiled)
+    for step in (1, 2):
+        assert compiled.metrics[step]["loss"] == pytest.approx(eager.metrics[step]["loss"], rel=1e-4)
+    # The checkpoint keeps the plain parameter names (compiled blocks, not a wrapper).
+    assert all("_orig_mod" not in k for k in final_weights(tmp_path / "compiled"))

@@ -76,3 +76,68 @@ def test_two_processes_match_one(tmp_path):
     for r in records:
         assert r["tokens"] == rec.metrics[r["step"]]["tokens"]
         assert r["loss"] == pytest.approx(rec.metrics[r["step"]]["loss"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_sigterm_to_a_two_process_run_saves_and_resumes(tmp_path):
+    """SIGTERM to `forge-run --nproc 2` reaches the workers: they agree on a step, save
+    one checkpoint (a train state per rank) and exit 0; the next start resumes it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    cfg = tiny_config(tmp_path, "ddpterm", train={"steps": 100000}, logging={"loggers": ["jsonl"]})
+    path = write_config(tmp_path / "ddpterm.yaml", cfg)
+    proc = subprocess.Popen([sys.executable, "-m", "forge_core.cli", "--nproc", "2", path,
+                             "parallel.dp_replicate=2"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "ddpterm/metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    step = int((tmp_path / "ddpterm/checkpoints/latest").read_text().strip().removeprefix("step-"))
+    ckpt = tmp_path / f"ddpterm/checkpoints/step-{step:06d}"
+    assert (ckpt / "train_state-rank00000.json").is_file() and (ckpt / "train_state-rank00001.json").is_file()
+    resumed = run_cli("--nproc", "2", path, "parallel.dp_replicate=2", f"train.steps={step + 2}", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at step {step}" in resumed.stdout.split("resumed from", 1)[1]
+    assert [r["step"] for r in read_metrics(tmp_path / "ddpterm")][-3:] == [step, step + 1, step + 2]
+
+
+def test_hf_tokenizer_run_is_self_contained(tmp_path):
+    """A run with a Hugging Face tokenizer keeps a copy of it: sample works after the
+    original tokenizer directory is gone, and export-hf ships the tokenizer files."""
+    import argparse
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from forge_core.data.bpe import train_bpe
+    from forge_core.train import export
+    from forge_core.train.launch import train
+    from forge_core.train.sample import generate, load_for_inference
+    from forge_plugins.sources.options import TextOptions
+    from forge_plugins.sources.text import TextSource
+
+    glob = write_corpus(tmp_path / "corpus")
+    tok_dir = train_bpe(TextSource(TextOptions(paths=[glob])), 300, tmp_path / "bpe", progress=False)
+    cfg = tiny_config(tmp_path, "hfrun", train={"steps": 2},
+                      data={"tokenizer": "hf", "tokenizer_options": {"path": tok_dir}})
+    train(write_config(tmp_path / "hfrun.yaml", cfg))
+    shutil.rmtree(tok_dir)
+
+    model, tokenizer, config, _ = load_for_inference(tmp_path / "hfrun")
+    ids = tokenizer.encode("the quick")
+    assert len(generate(model, ids, 5, context=32, temperature=1.0, top_k=0, seed=0)) > 0
+
+    out = tmp_path / "hf-out"
+    export.main(argparse.Namespace(checkpoint=str(tmp_path / "hfrun"), out_dir=str(out)))
+    assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
+    assert AutoTokenizer.from_pretrained(out).encode("the quick", add_special_tokens=False) == ids

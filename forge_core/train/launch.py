@@ -88,24 +88,41 @@ def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
     return cmd + ["-m", "forge_core.train.worker", args.config, *overrides]
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    found: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(x) for x in f.read().split())
+    except OSError:
+        return []
+    return found
+
+
 def relaunch(args: Any, overrides: Sequence[str]) -> int:
-    """Run torchrun as a child; SIGTERM is passed on to it (and from it to the workers)."""
-    child = subprocess.Popen(torchrun_command(args, overrides))
+    """Run torchrun as a child in its own session. SIGTERM and SIGINT (Ctrl-C) sent to
+    ``forge-run`` are passed to the workers themselves, which save a checkpoint at the
+    next step boundary and exit 0, so torchrun ends cleanly too. (Signalling torchrun
+    would make its agent tear the workers down and exit with an error.)"""
+    child = subprocess.Popen(torchrun_command(args, overrides), start_new_session=True)
 
     def forward(signum: int, frame: Any) -> None:
-        child.send_signal(signum)
-
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        while True:
+        workers = _children(child.pid)
+        for pid in workers:
             try:
-                return child.wait()
-            except KeyboardInterrupt:
-                # Ctrl-C reached the whole process group (the workers save and stop);
-                # keep waiting for them.
-                continue
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if not workers:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(args: Any) -> int:

@@ -23,7 +23,3 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, t
         logits.reshape(-1, vocab).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
     return loss_sum, (labels != IGNORE_INDEX).sum()
-
-
-def count_labelled(labels: torch.Tensor) -> int:
-    return int((labels != IGNORE_INDEX).sum())

@@ -4,6 +4,10 @@
 few timed square matmuls in the training dtype, for about a second, and cached in
 ``~/.cache/forge/peak_flops.json`` (``$FORGE_CACHE_DIR`` or ``$XDG_CACHE_HOME/forge``
 when set), keyed by device name, thread count and dtype, so later runs start at once.
+
+A figure measured while other programs competed for the cores is too low; the trainer
+notices when a step runs faster than the cached peak and raises it (``store_peak``), so
+MFU never reads above 100% for long.
 """
 
 from __future__ import annotations
@@ -68,6 +72,25 @@ def cached_peak(device: torch.device, dtype: torch.dtype) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def store_peak(device: torch.device, dtype: torch.dtype, value: float) -> Path:
+    """Write ``value`` as the cached peak for this device, thread count and dtype."""
+    path = cache_dir() / "peak_flops.json"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    cached = cached if isinstance(cached, dict) else {}
+    cached[cache_key(device, dtype)] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return path
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: float = 0.0,
                size: int | None = None, budget_s: float = 1.0) -> tuple[float, str]:
     """``(peak FLOP/s, where the figure came from)``."""
@@ -84,13 +107,5 @@ def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: floa
     if size is None:
         size = 8192 if device.type == "cuda" else 2048
     value = time_matmul(device, dtype, size, budget_s)
-    cached = cached if isinstance(cached, dict) else {}
-    cached[key] = value
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
+    store_peak(device, dtype, value)
     return value, f"measured ({size}x{size} matmul), cached in {path}"

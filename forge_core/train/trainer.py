@@ -38,7 +38,7 @@ from forge_core.plugins import register
 from forge_core.run_context import RunContext
 from forge_core.train import components, flops, rundir
 from forge_core.train import train_state as ts
-from forge_core.train.checkpoint import CheckpointManager, step_of
+from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.distributed import Placement, all_reduce_sum
 from forge_core.train.loss import IGNORE_INDEX, loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize
@@ -176,6 +176,9 @@ class Trainer:
         if train.peak_tflops <= 0 and cached_peak(pl.device, dtype) is None:
             log(pl, "measuring the peak matmul rate for MFU (once; cached) ...")
         self.peak, peak_source = peak_flops(pl.device, dtype, train.peak_tflops)
+        self.peak_measured = train.peak_tflops <= 0
+        self.peak_raised = False
+        self.peak_dtype = dtype
         log(pl, f"model: {cfg.model.name}, {self.n_params / 1e6:.2f}M parameters "
                 f"({self.n_matmul / 1e6:.2f}M in matmuls), attention {cfg.attention.backend}; "
                 f"device {pl.device} x {pl.world_size}; peak {self.peak / 1e12:.3g} TFLOP/s ({peak_source})")
@@ -301,6 +304,7 @@ class Trainer:
         step_time = time.perf_counter() - t0
         self.step += 1
         step_flops = flops.step_flops(self.n_matmul, self.attn_width, int(inputs), int(pairs))
+        self._check_peak(step_flops / step_time / pl.world_size)
         return {
             "loss": loss,
             "lr": lr,
@@ -311,6 +315,22 @@ class Trainer:
             "step_time": step_time,
             "skipped": not finite,
         }
+
+    def _check_peak(self, achieved: float) -> None:
+        """A measured peak below what a step achieves was taken on a busy machine: raise
+        it (and its cache) to the achieved rate, so MFU stays a fraction."""
+        if not self.peak_measured or achieved <= self.peak:
+            return
+        from forge_core.train.peak import store_peak
+
+        if not self.peak_raised:
+            warn(self.placement, f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the measured peak of "
+                                 f"{self.peak / 1e9:,.1f} (taken while the machine was busy?); raising the "
+                                 f"cached peak. Set train.peak_tflops to fix the figure.")
+        self.peak_raised = True
+        self.peak = achieved
+        if self.placement.is_main:
+            store_peak(self.placement.device, self.peak_dtype, achieved)
 
     def check_finite(self, metrics: dict[str, Any]) -> None:
         if not metrics["skipped"]:
@@ -376,5 +396,3 @@ class Trainer:
                 self.loader.close()
         return status
 
-
-__all__ = ["Trainer", "NonFiniteStop", "step_of"]
