@@ -259,7 +259,8 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
     ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
     ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
-    ``tokens_per_s`` and ``mfu``; it is a fresh dict, safe to keep.
+    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds) and ``skipped`` (true when a
+    non-finite loss skipped the update); it is a fresh dict, safe to keep.
     """
 
 

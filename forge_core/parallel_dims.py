@@ -9,6 +9,11 @@ from typing import Any
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (or another launcher setting its variables) started this process."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def world_size_from_env() -> int | None:
     """The world size torchrun exported, if this process was started by it."""
     value = os.environ.get("WORLD_SIZE")

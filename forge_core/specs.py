@@ -132,7 +132,8 @@ class ModelSpec(ComponentSpec):
     sequence the model supports (used by the sequence-length rule); ``accepts`` lists the
     per-token metadata its forward takes as keyword arguments; ``hf_export`` optionally
     names ``"package.module:function"`` used by ``forge-run export-hf`` (called as
-    ``export(model_state_dict, options, out_dir)``)."""
+    ``export(model_state_dict, options, out_dir, vocab_size=...)``, plus
+    ``eos_token_id``/``pad_token_id`` keywords when the function accepts them)."""
 
     kind: ClassVar[str] = "model"
     max_seq_len_option: str | None = "max_seq_len"

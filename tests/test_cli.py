@@ -21,11 +21,12 @@ from forge_core.cli import main
 from forge_core.config.schema import ForgeConfig
 
 
-def test_check_show_plugins_rules_do_not_import_torch(cfg):
+def test_check_show_plugins_rules_and_refusals_do_not_import_torch(cfg):
     path = cfg({"data": {"packer": "concat"}})
+    invalid = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}})
     code = (
         "import sys; from forge_core.cli import main\n"
-        f"for argv in (['check', {path!r}], ['show', {path!r}], ['plugins'], ['rules']):\n"
+        f"for argv in (['check', {path!r}], ['show', {path!r}], ['plugins'], ['rules'], [{invalid!r}]):\n"
         "    main(argv)\n"
         "heavy = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from forge_core.errors import ForgeError
+from forge_core.parallel_dims import launched_by_torchrun
 
 
 @attrs.frozen
@@ -31,10 +32,6 @@ class Placement:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def choose_device(requested: str, local_rank: int = 0) -> torch.device:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from forge_core.errors import ForgeError
+from forge_core.parallel_dims import launched_by_torchrun
 
 
 class InvalidConfig(ForgeError):
@@ -52,12 +53,13 @@ def train(config_path: str, overrides: Sequence[str] = (), *,
           extra_plugins: Sequence[tuple[str, Any]] = ()) -> str:
     """Train in this process (one rank of a torchrun group when launched by one).
     Returns ``"completed"`` or ``"interrupted"``; raises ForgeError on user errors."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+    rank = int(os.environ.get("RANK", "0"))
+    # Judge before importing torch: an invalid config is refused in a fraction of a second.
+    result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
     from forge_core.train import distributed
     from forge_core.train.trainer import Trainer
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1")) if distributed.launched_by_torchrun() else 1
-    rank = int(os.environ.get("RANK", "0"))
-    result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
     placement = distributed.setup(result.config.run.device)
     try:
         return Trainer(result.config, result.registries, placement).run()
@@ -129,8 +131,6 @@ def main(args: Any) -> int:
     overrides = list(args.overrides)
     if getattr(args, "device", None):
         overrides.append(f"run.device={args.device}")
-    from forge_core.train.distributed import launched_by_torchrun
-
     nproc = int(getattr(args, "nproc", 1) or 1)
     if launched_by_torchrun():
         if nproc > 1 and os.environ.get("RANK") == "0":
