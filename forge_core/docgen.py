@@ -32,6 +32,8 @@ from typing import Any
 
 import attrs
 
+from forge_core.reference import annotation_as_written, resolved_fields, type_label
+
 REGENERATE = "python -m forge_core.docgen"
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
 HELP_WIDTH = 88
@@ -105,36 +107,6 @@ def _unquoted(sig: inspect.Signature) -> str:
 def signature_line(func: Any) -> str:
     """``def name(arg: Type, ...) -> Ret`` with string annotations shown unquoted."""
     return f"def {func.__name__}{_unquoted(inspect.signature(func))}"
-
-
-def _resolved_fields(cls: type) -> list[attrs.Attribute]:
-    """The fields of ``cls`` with string annotations resolved to types where possible.
-    Copies, never ``attrs.resolve_types``: that would change the class for everyone."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - a plugin's options may name types we cannot see
-        hints = {}
-    return [f.evolve(type=hints.get(f.name, f.type)) for f in attrs.fields(cls)]
-
-
-def type_label(tp: Any) -> str:
-    """A reader's name for a field type."""
-    if isinstance(tp, str):
-        return f"`{tp}`"
-    if tp is Any:
-        return "mapping"
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        choices = [f"`{json.dumps(c)}`" for c in typing.get_args(tp)]
-        return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return " or ".join(type_label(a) for a in typing.get_args(tp))
-    if attrs.has(tp):
-        return "section"
-    if tp is type(None):
-        return "`null`"
-    name = str(tp).replace("typing.", "") if origin else tp.__name__
-    return f"`{name}`"
 
 
 def default_label(field: attrs.Attribute) -> str:
@@ -227,7 +199,7 @@ def _object_section(path: str) -> list[str]:
         # Python API: annotations as written in the source, defaults as Python values.
         lines += ["| field | type | default |", "| --- | --- | --- |"]
         for f in fields:
-            tp = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type))
+            tp = annotation_as_written(cls, f.name)
             alias = vars(sys.modules[cls.__module__]).get(tp)
             if typing.get_origin(alias) is typing.Literal:
                 tp = " | ".join(repr(a) for a in typing.get_args(alias))
@@ -379,7 +351,7 @@ _KEYED_BLOCKS = {"parallel.options": "parallelism", "logging.options": "logger"}
 
 
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
-    for f in _resolved_fields(cls):
+    for f in resolved_fields(cls):
         yield f"{prefix}{f.name}", f
 
 
@@ -390,7 +362,7 @@ def config_keys() -> list[str]:
     out: list[str] = []
 
     def visit(cls: type, prefix: str) -> None:
-        for f in _resolved_fields(cls):
+        for f in resolved_fields(cls):
             out.append(prefix + f.name)
             if isinstance(f.type, type) and attrs.has(f.type):
                 visit(f.type, f"{prefix}{f.name}.")
@@ -406,10 +378,10 @@ def component_option_keys(registries: Any) -> list[str]:
     out = []
     for block in OPTION_BLOCKS:
         for name in registries[block.kind].names():
-            out += [f"{block.options_path}.{f.name}" for f in _resolved_fields(registries[block.kind].get(name).options)]
+            out += [f"{block.options_path}.{f.name}" for f in resolved_fields(registries[block.kind].get(name).options)]
     for path, kind in _KEYED_BLOCKS.items():
         for name in registries[kind].names():
-            out += [f"{path}.{name}.{f.name}" for f in _resolved_fields(registries[kind].get(name).options)]
+            out += [f"{path}.{name}.{f.name}" for f in resolved_fields(registries[kind].get(name).options)]
     return out
 
 
@@ -418,7 +390,7 @@ def _component_tables(registries: Any, kind: str, options_path: str, chooser: st
     lines = []
     for name in registry.names():
         spec = registry.get(name)
-        fields = _resolved_fields(spec.options)
+        fields = resolved_fields(spec.options)
         heading = f"`{options_path}.{name}`" if keyed else f"`{chooser}: {name}`"
         lines += [f"#### {heading}", "", spec.summary.rstrip(".") + ".", ""]
         if not fields:
@@ -433,7 +405,7 @@ def config_markdown(registries: Any) -> str:
     from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 
     blocks = {b.options_path: b for b in OPTION_BLOCKS}
-    sections = _resolved_fields(ForgeConfig)
+    sections = resolved_fields(ForgeConfig)
     lines = ["# Configuration reference", "", _NOTICE, "", _CONFIG_INTRO]
     lines += ["Sections:", ""]
     lines += [f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}" for f in sections]

@@ -4,13 +4,56 @@ test regenerates and compares it."""
 
 from __future__ import annotations
 
+import json
+import typing
 from typing import Any
 
 import attrs
 
 
+def resolved_fields(cls: type) -> list[attrs.Attribute]:
+    """The fields of ``cls`` with string annotations resolved to types where possible.
+    Copies, never ``attrs.resolve_types``: that would change the class for everyone."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a plugin's options may name types we cannot see
+        hints = {}
+    return [f.evolve(type=hints.get(f.name, f.type)) for f in attrs.fields(cls)]
+
+
+def type_label(tp: Any) -> str:
+    """A reader's name for a field type."""
+    if isinstance(tp, str):
+        return f"`{tp}`"
+    if tp is Any:
+        return "mapping"
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        choices = [f"`{json.dumps(c)}`" for c in typing.get_args(tp)]
+        return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " or ".join(type_label(a) for a in typing.get_args(tp))
+    if attrs.has(tp):
+        return "section"
+    if tp is type(None):
+        return "`null`"
+    name = str(tp).replace("typing.", "") if origin else tp.__name__
+    return f"`{name}`"
+
+
+def annotation_as_written(cls: type, name: str) -> str:
+    """A field's annotation as the source spells it (stable whether or not something has
+    resolved the class's string annotations in this process)."""
+    for klass in cls.__mro__:
+        annotations = klass.__dict__.get("__annotations__", {})
+        if name in annotations:
+            value = annotations[name]
+            return value if isinstance(value, str) else str(value).replace("typing.", "")
+    return "?"
+
+
 def _options_table(options_cls: type) -> list[str]:
-    fields = attrs.fields(options_cls)
+    fields = resolved_fields(options_cls)
     if not fields:
         return ["No options.", ""]
     lines = ["| option | type | default | meaning |", "| --- | --- | --- | --- |"]
@@ -18,9 +61,8 @@ def _options_table(options_cls: type) -> list[str]:
         default = f.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        type_name = getattr(f.type, "__name__", None) or str(f.type)
         doc = f.metadata.get("doc", "")
-        lines.append(f"| `{f.name}` | `{type_name}` | `{default!r}` | {doc} |")
+        lines.append(f"| `{f.name}` | {type_label(f.type)} | `{default!r}` | {doc} |")
     return [*lines, ""]
 
 

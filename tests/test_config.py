@@ -3,11 +3,14 @@ problem reported at once with its path."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from forge_core.config.loader import ConfigError, apply_overrides, load_config, structure
 from forge_core.config.schema import ForgeConfig
+from forge_core.hookspecs import hookimpl
 from forge_core.judge import judge
+from forge_core.specs import AttentionBackendSpec
 
 
 def issues_of(path, overrides=()):
@@ -96,3 +99,54 @@ def test_yaml_errors_and_non_mapping(tmp_path):
 def test_section_that_is_not_a_mapping():
     _, issues = structure({"train": 5}, ForgeConfig)
     assert issues and issues[0][0] == "$.train"
+
+
+@attrs.frozen
+class _WindowOptions:
+    window: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    mode: str = attrs.field(default="causal", validator=attrs.validators.in_(["causal", "full"]))
+
+
+@attrs.frozen
+class _RangeOptions:
+    lo: int = 0
+    hi: int = 1
+
+    def __attrs_post_init__(self):
+        if self.hi <= self.lo:
+            raise ValueError("hi must be above lo")
+
+
+class _WindowPlugin:
+    @hookimpl
+    def forge_attention_backends(self):
+        return [
+            AttentionBackendSpec(name="window", summary="s", impl="x.y:Z", options=_WindowOptions),
+            AttentionBackendSpec(name="range", summary="s", impl="x.y:Z", options=_RangeOptions),
+        ]
+
+
+def _option_issues(cfg, backend, options):
+    with pytest.raises(ConfigError) as info:
+        judge(cfg({"attention": {"backend": backend, "options": options}}), extra_plugins=(("window", _WindowPlugin()),))
+    return info.value.issues
+
+
+def test_validator_errors_in_option_blocks_are_reported_at_their_field(cfg):
+    issues = _option_issues(cfg, "window", {"window": 0})
+    assert issues == [("$.attention.options.window", "'window' must be >= 1: 0")]
+    # Every failing validator at once, not only the first that __init__ runs.
+    issues = dict(_option_issues(cfg, "window", {"window": 0, "mode": "sideways"}))
+    assert issues == {
+        "$.attention.options.window": "'window' must be >= 1: 0",
+        "$.attention.options.mode": "'mode' must be in ['causal', 'full'] (got 'sideways')",
+    }
+    config = judge(cfg({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
+                   extra_plugins=(("window", _WindowPlugin()),)).config
+    assert config.attention.options == _WindowOptions(window=2, mode="full")
+    assert attrs.validators.get_disabled() is False
+
+
+def test_errors_of_a_whole_option_block_stay_at_the_block(cfg):
+    # A check across fields (__attrs_post_init__) belongs to no single field.
+    assert _option_issues(cfg, "range", {"lo": 2}) == [("$.attention.options", "ValueError: hi must be above lo")]

@@ -1,5 +1,6 @@
-"""The conformance kit (forge_core.testing): the built-in backends, packers and rules pass
-it, and it fails, with a message naming the problem, on deliberately broken components."""
+"""The conformance kit (forge_core.testing): the built-in packers and rules pass it, and it
+fails, with a message naming the problem, on deliberately broken components. The built-in
+attention backends are run through it in test_attention.py (on multi-block rows)."""
 
 from __future__ import annotations
 
@@ -24,16 +25,6 @@ from forge_core.testing import check_attention_backend, reference_attention  # n
 
 
 # --- attention backends -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", ["sdpa", "eager"])
-def test_builtin_backends_pass_the_kit(name):
-    check_attention_backend(name)
-
-
-@pytest.mark.slow
-def test_flex_passes_the_kit():
-    check_attention_backend("flex")  # compiles flex_attention: ~10-25 s on CPU
 
 
 class _Causal:
@@ -109,9 +100,55 @@ class _WrongBackward(_Masked):
         return _WrongBackwardFn.apply(q, k, v, prepared)
 
 
+class _WrongScale(_Masked):
+    """A small numerical error: queries scaled by 1%."""
+
+    def attend(self, q, k, v, prepared):
+        return super().attend(q * 1.01, k, v, prepared)
+
+
+class _LeaksAfterFirstBlock(_Masked):
+    """Masks documents only within the first 16 positions, like a tiled kernel whose
+    later tiles ignore doc_ids: invisible on rows of 16 tokens."""
+
+    def prepare(self, doc_ids, seq_len, device):
+        mask = super().prepare(doc_ids, seq_len, device)
+        if doc_ids is None:
+            return mask
+        mask = mask.clone()
+        mask[..., 16:, :] = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[16:]
+        return mask
+
+
 def test_backend_ignoring_doc_ids_fails_document_isolation():
     with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 .*attend across documents"):
         check_attention_backend(_Causal)
+
+
+def test_reference_agreement_with_doc_ids_catches_ignored_doc_ids_on_its_own():
+    # The kit runs isolation first, and isolation catches this backend; agreement with the
+    # reference under doc_ids must catch it too, so that neither check hides behind the other.
+    from forge_core.testing.attention import LAYOUTS, _Case, doc_ids_from_lengths
+
+    case = _Case(_Causal(None), "cpu", torch.float32, 4, 2, 0, None, {"atol": 1e-4, "rtol": 1e-4}, "ignores", LAYOUTS)
+    case.agrees_with_reference(doc_ids=None)
+    with pytest.raises(AssertionError, match=r"causal with doc_ids: forward .* differs from the reference"):
+        case.agrees_with_reference(doc_ids=doc_ids_from_lengths(LAYOUTS, 16))
+
+
+def test_kit_catches_a_small_numerical_error():
+    with pytest.raises(AssertionError, match=r"causal without doc_ids: forward \(no_grad, call 1 .* differs from the reference"):
+        check_attention_backend(_WrongScale)
+
+
+def test_layouts_reach_the_checks():
+    check_attention_backend(_LeaksAfterFirstBlock)  # default rows are 16 tokens: no leak
+    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 3 \(positions 12\.\.22 of 24\)"):
+        check_attention_backend(_LeaksAfterFirstBlock, layouts=((5, 1, 6, 11, 1), (1, 9, 14)))
+    with pytest.raises(ValueError, match=r"document lengths \(4,\) must be positive and add up to seq_len 5"):
+        check_attention_backend("eager", layouts=((3, 2), (4,)))
+    with pytest.raises(ValueError, match="must be positive"):
+        check_attention_backend("eager", layouts=((3, 0, 2),))
 
 
 def test_backend_ignoring_doc_ids_fails_when_its_spec_declares_it_honours_them():

@@ -149,8 +149,71 @@ def _strict_list(value: Any, cl: type) -> list:
     return [converter.structure(item, item_type) for item in value]
 
 
+class FieldValidatorError(ValueError):
+    """An attrs validator of one field refused its value (the message is the validator's)."""
+
+
+def _field_validator_errors(instance: Any, cl: type) -> list[Exception]:
+    """Run every field validator of ``cl`` on ``instance`` (built with validators off) and
+    return their errors, each noted with its field so that its path ends in the field."""
+    errors: list[Exception] = []
+    for field in attrs.fields(cl):
+        if field.validator is None:
+            continue
+        try:
+            field.validator(instance, field, getattr(instance, field.name))
+        except Exception as exc:  # a validator may raise anything; report it, don't crash
+            # attrs' own validators raise with (message, attribute, ...) as args.
+            message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+            error = FieldValidatorError(message)
+            error.__notes__ = [
+                cattrs.errors.AttributeValidationNote(
+                    f"Validating class {cl.__qualname__} @ attribute {field.name}", field.name, field.type
+                )
+            ]
+            errors.append(error)
+    return errors
+
+
+def _attrs_structure_factory(conv: cattrs.Converter):
+    """The default attrs hook, except that when the constructor fails because of field
+    validators, every failing field is reported at its own path (``$.attention.options.window``)
+    rather than the first one at the class's path. attrs runs validators inside
+    ``__init__`` and stops at the first, so they are rerun one by one on an instance
+    built with validators disabled."""
+
+    def factory(cl: type) -> Any:
+        base = cattrs.gen.make_dict_structure_fn(cl, conv)
+
+        def structure_attrs(value: Any, _: type) -> Any:
+            try:
+                return base(value, cl)
+            except cattrs.errors.ClassValidationError as exc:
+                located, unlocated = exc.group_exceptions()
+                if located or any(isinstance(e, cattrs.ForbiddenExtraKeysError) for e in unlocated):
+                    raise  # structuring errors of fields or keys, already located
+                # Every field structured, so the class's __init__ raised: a field
+                # validator or __attrs_post_init__.
+                try:
+                    # A global switch, but configs are loaded before any other thread
+                    # builds attrs instances; the context restores it whatever happens.
+                    with attrs.validators.disabled():
+                        instance = base(value, cl)
+                except Exception:
+                    raise exc from None  # __attrs_post_init__: stays at the class's path
+                errors = _field_validator_errors(instance, cl)
+                if not errors:
+                    raise
+                raise cattrs.errors.ClassValidationError(f"While validating {cl.__qualname__}", errors, cl) from None
+
+        return structure_attrs
+
+    return factory
+
+
 def make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    conv.register_structure_hook_factory(attrs.has, _attrs_structure_factory(conv))
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(str, _strict_str)
@@ -175,7 +238,7 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return "; ".join(parts)
     if isinstance(exc, KeyError):
         return f"required key {exc.args[0]!r} is missing"
-    if isinstance(exc, ScalarError):
+    if isinstance(exc, (ScalarError, FieldValidatorError)):
         return str(exc)
     if typing.get_origin(type_) is typing.Literal:
         choices = typing.get_args(type_)

@@ -15,6 +15,10 @@ A backend is tested at its own interface (``prepare(doc_ids, seq_len, device)`` 
   This needs no reference: a backend that lets tokens see across documents fails it
   whatever else it does.
 
+Both run on the packed rows ``layouts`` (document lengths per row, :data:`LAYOUTS` by
+default); a backend that works in tiles passes longer rows whose documents cross tile
+boundaries.
+
 The standalone run places each document at the start of a row of the same length and
 attends causally without ``doc_ids`` (upstream gradient zero after the document), so the
 backend sees one input shape throughout: a compiled kernel compiles once, not once per
@@ -31,9 +35,8 @@ import torch
 from forge_core.specs import DOC_IDS
 from forge_core.testing.resolve import resolve
 
-#: Document lengths of the packed rows (each row is filled to its end).
+#: Document lengths of the packed rows (each row is filled to its end): 16 tokens each.
 LAYOUTS: tuple[tuple[int, ...], ...] = ((5, 1, 6, 4), (1, 9, 6))
-SEQ_LEN = 16
 #: (query heads, key/value heads): grouped-query, then multi-head attention.
 HEAD_SHAPES: tuple[tuple[int, int], ...] = ((4, 2), (2, 2))
 HEAD_DIM = 8
@@ -105,13 +108,25 @@ def reference_attention(
 
 
 def doc_ids_from_lengths(layouts: Sequence[Sequence[int]], seq_len: int) -> torch.Tensor:
-    """``doc_ids`` ``(rows, seq_len)`` for rows holding documents of the given lengths."""
+    """``doc_ids`` ``(rows, seq_len)`` for rows holding documents of the given lengths:
+    document ``n`` of a row has id ``n``, as packers number them."""
+    if not layouts:
+        raise ValueError("layouts must hold at least one row of document lengths")
     rows = []
     for lengths in layouts:
-        if sum(lengths) != seq_len:
-            raise ValueError(f"document lengths {tuple(lengths)} must add up to seq_len {seq_len}")
+        if sum(lengths) != seq_len or any(n <= 0 for n in lengths):
+            raise ValueError(f"document lengths {tuple(lengths)} must be positive and add up to seq_len {seq_len}")
         rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
     return torch.stack(rows).long()
+
+
+def spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of every document of a row of the given document lengths."""
+    out, start = [], 0
+    for length in lengths:
+        out.append((start, start + length))
+        start += length
+    return out
 
 
 # --- running a backend ----------------------------------------------------------------
@@ -172,26 +187,31 @@ def _check_output(out: Any, q: torch.Tensor, where: str) -> None:
         raise AssertionError(f"{where}: attend() returned a tensor on {out.device}; expected q's device {q.device}")
 
 
-def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str) -> None:
+def assert_close(
+    got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str, dims: Sequence[str] | None = None
+) -> None:
     """AssertionError naming ``what``, the largest difference and the first mismatch
-    (batch, head, position) when ``got`` and ``want`` differ beyond tolerance."""
+    (batch, head, position) when ``got`` and ``want`` differ beyond tolerance. ``dims``
+    names the dimensions for that location when they are not attention's."""
     if tuple(got.shape) != tuple(want.shape):
         raise AssertionError(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     got64, want64 = got.detach().double().cpu(), want.detach().double().cpu()
     if not torch.isfinite(got64).all():
         index = tuple(torch.nonzero(~torch.isfinite(got64))[0].tolist())
-        raise AssertionError(f"{what}: non-finite value {got64[index].item()} at {_where(index)}")
+        raise AssertionError(f"{what}: non-finite value {got64[index].item()} at {_where(index, dims)}")
     diff = (got64 - want64).abs()
     bad = diff > atol + rtol * want64.abs()
     if bad.any():
         index = tuple(torch.nonzero(bad)[0].tolist())
         raise AssertionError(
             f"{what}: max |difference| {diff.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); "
-            f"first mismatch at {_where(index)}: got {got64[index].item():.6g}, expected {want64[index].item():.6g}"
+            f"first mismatch at {_where(index, dims)}: got {got64[index].item():.6g}, expected {want64[index].item():.6g}"
         )
 
 
-def _where(index: tuple[int, ...]) -> str:
+def _where(index: tuple[int, ...], dims: Sequence[str] | None = None) -> str:
+    if dims is not None and len(dims) == len(index):
+        return "[" + ", ".join(f"{dim} {i}" for dim, i in zip(dims, index)) + "]"
     if len(index) == 4:
         return f"[batch {index[0]}, head {index[1]}, position {index[2]}, dim {index[3]}]"
     if len(index) == 3:
@@ -226,6 +246,7 @@ def check_attention_backend(
     dtype: Any = "float32",
     atol: float | None = None,
     rtol: float | None = None,
+    layouts: Sequence[Sequence[int]] = LAYOUTS,
     extra_plugins: Iterable[tuple[str, Any]] = (),
 ) -> None:
     """Check an attention backend against the contract; raise AssertionError on the
@@ -239,7 +260,9 @@ def check_attention_backend(
     that honours ``doc_ids``. ``mask_mod(q_idx, kv_idx) -> bool tensor`` restricts the
     reference further for backends that attend to less than everything causal (a
     sliding window: ``lambda q, kv: q - kv < window``). ``devices`` lists where to run
-    (see :func:`available_devices`); tolerances default per ``dtype``.
+    (see :func:`available_devices`); tolerances default per ``dtype``. ``layouts``
+    gives the packed rows as document lengths per row, every row the same total length
+    (e.g. rows longer than a tiled kernel's block, with documents crossing blocks).
     """
     resolved = resolve("attention", backend, options, extra_plugins)
     if honours is None:
@@ -249,6 +272,8 @@ def check_attention_backend(
     default_atol, default_rtol = TOLERANCES.get(dtype, (1e-4, 1e-4))
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
+    layouts = tuple(tuple(lengths) for lengths in layouts)
+    doc_ids = doc_ids_from_lengths(layouts, sum(layouts[0]) if layouts else 0)
     devices = tuple(devices)
     for device in devices:
         if torch.device(device).type not in available_devices():
@@ -258,23 +283,24 @@ def check_attention_backend(
     for device in devices:
         for heads, kv_heads in HEAD_SHAPES:
             where = f"{resolved.label} on {device}, {dtype}, {heads} query / {kv_heads} key-value heads"
-            case = _Case(instance, device, dtype, heads, kv_heads, seed, mask_mod, tol, where)
+            case = _Case(instance, device, dtype, heads, kv_heads, seed, mask_mod, tol, where, layouts)
             case.agrees_with_reference(doc_ids=None)
             if DOC_IDS in honours:
                 case.isolates_documents()
-                case.agrees_with_reference(doc_ids=doc_ids_from_lengths(LAYOUTS, SEQ_LEN).to(device))
+                case.agrees_with_reference(doc_ids=doc_ids.to(device))
 
 
 class _Case:
     """One device and head shape: random inputs and the checks that use them."""
 
-    def __init__(self, backend, device, dtype, heads, kv_heads, seed, mask_mod, tol, where):
+    def __init__(self, backend, device, dtype, heads, kv_heads, seed, mask_mod, tol, where, layouts):
         self.backend, self.device, self.dtype = backend, device, dtype
         self.mask_mod, self.tol, self.where = mask_mod, tol, where
+        self.layouts, self.seq_len = layouts, sum(layouts[0])
         self.generator = torch.Generator().manual_seed(seed)
-        batch = len(LAYOUTS)
-        self.q_shape = (batch, heads, SEQ_LEN, HEAD_DIM)
-        self.kv_shape = (batch, kv_heads, SEQ_LEN, HEAD_DIM)
+        batch = len(layouts)
+        self.q_shape = (batch, heads, self.seq_len, HEAD_DIM)
+        self.kv_shape = (batch, kv_heads, self.seq_len, HEAD_DIM)
         self.q, self.k, self.v = self.random(self.q_shape), self.random(self.kv_shape), self.random(self.kv_shape)
         self.grad_out = self.random(self.q_shape)
 
@@ -300,9 +326,13 @@ class _Case:
             assert_close(g, w, **self.tol, what=f"{where}: {name} (with autograd) differs from the reference")
 
     def isolates_documents(self) -> None:
-        doc_ids = doc_ids_from_lengths(LAYOUTS, SEQ_LEN).to(self.device)
+        doc_ids = doc_ids_from_lengths(self.layouts, self.seq_len).to(self.device)
         packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
-        segments = [(row, n, start, length) for row, lengths in enumerate(LAYOUTS) for n, (start, length) in enumerate(_spans(lengths))]
+        segments = [
+            (row, n, start, end - start)
+            for row, lengths in enumerate(self.layouts)
+            for n, (start, end) in enumerate(spans(lengths))
+        ]
         batch = self.q.shape[0]
         # Each document alone at the start of a row of the same length, ``batch`` rows at
         # a time so the backend sees the shapes it has already seen (a compiled kernel
@@ -322,7 +352,7 @@ class _Case:
         for index, name in enumerate(("output", "grad of q", "grad of k", "grad of v")):
             for chunk, single in results:
                 for i, (row, n, start, length) in enumerate(chunk):
-                    span = f"row {row}, document {n} (positions {start}..{start + length - 1} of {SEQ_LEN})"
+                    span = f"row {row}, document {n} (positions {start}..{start + length - 1} of {self.seq_len})"
                     p, s = packed[index], single[index]
                     assert_close(
                         p[row, :, start : start + length], s[i, :, :length], **self.tol,
@@ -330,11 +360,3 @@ class _Case:
                         "differs from the same document attended on its own, so tokens attend across "
                         "documents (is the doc_ids mask from prepare() applied in attend()?)",
                     )
-
-
-def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
-    spans, start = [], 0
-    for length in lengths:
-        spans.append((start, length))
-        start += length
-    return spans

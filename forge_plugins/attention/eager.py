@@ -1,4 +1,5 @@
-"""``eager``: explicit softmax attention, the numerical reference for tests.
+"""``eager``: explicit softmax attention, the readable baseline the other backends are
+compared with (the conformance kit's float64 ``reference_attention`` is the stricter one).
 
 Scores are materialised (``B x H x S x S``) and the softmax is taken in fp32; grouped
 query attention repeats each key/value head for its query heads

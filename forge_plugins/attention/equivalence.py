@@ -1,18 +1,15 @@
-"""Numerical conformance checks for attention backends, reusable by any backend.
+"""Document isolation of a whole model, by equivalence: a check any backend can run.
 
-Each check takes a constructed backend (``prepare``/``attend``), runs it on random fp32
-inputs and raises ``AssertionError`` naming the case and the largest difference when it
-misbehaves:
+:func:`check_document_isolation` runs a model on packed rows (``doc_ids`` and rotary
+``positions``) and raises ``AssertionError``, naming the document and the largest
+difference, unless packed logits equal the logits of every document run alone, and the
+gradient of one document's loss with respect to the embedding output is that of the
+document alone and zero on every other document's tokens.
 
-- :func:`check_agrees_with_eager`: outputs and q/k/v gradients equal the eager
-  reference, with and without ``doc_ids``.
-- :func:`check_attention_isolation`: at the attention level, every packed document's
-  outputs equal those of the document attended alone, and gradients of one document's
-  outputs reach only that document's q/k/v.
-- :func:`check_document_isolation`: the same through a whole model with rotary
-  ``positions``: packed logits equal standalone logits, and gradients with respect to the
-  embedding output of one document's loss are those of the document alone and zero
-  everywhere else.
+Attention-level checks (agreement with the reference, isolation at the q/k/v level) are
+the conformance kit's: :func:`forge_core.testing.check_attention_backend`. This check
+adds what the kit cannot see: rotary positions restarting at every document, and masks
+shared by every layer of a real model.
 
 The default rows pack documents of several lengths, including single-token documents
 and a last document that runs to the end of its row.
@@ -30,131 +27,22 @@ from typing import Any
 
 import torch
 
-from forge_plugins.attention.eager import EagerAttention
+from forge_core.testing.attention import assert_close
 from forge_plugins.attention.reference import packed_metadata, spans
 
 #: Two rows of 24 tokens: single-token documents, and documents ending the row.
 DEFAULT_ROWS: tuple[tuple[int, ...], ...] = ((5, 1, 11, 7), (1, 16, 7))
 
 
-def _assert_close(actual, expected, what: str, atol: float, rtol: float) -> None:
-    try:
-        torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
-    except AssertionError as exc:
-        diff = (actual - expected).abs().max().item()
-        raise AssertionError(f"{what}: max abs difference {diff:.3g}\n{exc}") from None
-
-
-def _qkv(batch, seq_len, heads, kv_heads, head_dim, seed, device):
-    """Random q, k, v ``(B, H, S, D)`` laid out as a model produces them: views of
-    ``(B, S, H, D)`` projections, transposed."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seq_len, heads, head_dim)] + [(batch, seq_len, kv_heads, head_dim)] * 2
-    return [
-        torch.randn(s, generator=gen).to(device).transpose(1, 2).requires_grad_(True)
-        for s in shapes
-    ]
-
-
-def _alone(tensor, b, start, end, seq_dim, standalone, batch):
-    """Document ``start:end`` of row ``b`` to run by itself (see the module docstring)."""
-    row = tensor.narrow(0, b, 1)
+def _alone(input_ids, b, start, end, standalone):
+    """Document ``start:end`` of row ``b`` of ``input_ids`` to run by itself (see the
+    module docstring)."""
+    row = input_ids[b : b + 1]
     if standalone == "exact":
-        return row.narrow(seq_dim, start, end - start)
+        return row[:, start:end]
     if standalone != "prefix":
         raise ValueError(f"standalone must be 'exact' or 'prefix', got {standalone!r}")
-    rolled = torch.roll(row, -start, dims=seq_dim)
-    # Same shape and memory layout as the packed input (empty_like keeps the strides).
-    out = torch.empty_like(tensor, requires_grad=False)
-    return out.copy_(rolled.expand_as(tensor))
-
-
-def _attend_with_grads(backend, q, k, v, doc_ids, cotangent):
-    out = backend.attend(q, k, v, backend.prepare(doc_ids, q.shape[2], q.device))
-    grads = torch.autograd.grad((out * cotangent).sum(), (q, k, v))
-    return out.detach(), grads
-
-
-def check_agrees_with_eager(
-    backend: Any,
-    *,
-    rows: Sequence[Sequence[int]] = DEFAULT_ROWS,
-    heads: int = 4,
-    kv_heads: int = 2,
-    head_dim: int = 8,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-) -> None:
-    """``backend`` matches eager attention, forward and backward, with and without doc_ids."""
-    doc_ids, _ = packed_metadata(rows, device)
-    batch, seq_len = doc_ids.shape
-    reference = EagerAttention(None)
-    for case, ids in (("causal (doc_ids=None)", None), ("packed (doc_ids)", doc_ids)):
-        q, k, v = _qkv(batch, seq_len, heads, kv_heads, head_dim, seed, device)
-        gen = torch.Generator().manual_seed(seed + 1)
-        cotangent = torch.randn(q.shape, generator=gen).to(device)
-        out, grads = _attend_with_grads(backend, q, k, v, ids, cotangent)
-        ref_out, ref_grads = _attend_with_grads(reference, q, k, v, ids, cotangent)
-        _assert_close(out, ref_out, f"{case}: output differs from eager", atol, rtol)
-        for name, grad, ref in zip("qkv", grads, ref_grads):
-            _assert_close(grad, ref, f"{case}: grad of {name} differs from eager", atol, rtol)
-
-
-def check_attention_isolation(
-    backend: Any,
-    *,
-    rows: Sequence[Sequence[int]] = DEFAULT_ROWS,
-    heads: int = 4,
-    kv_heads: int = 2,
-    head_dim: int = 8,
-    seed: int = 0,
-    standalone: str = "exact",
-    device: torch.device | str = "cpu",
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
-) -> None:
-    """Packed attention equals per-document attention, outputs and gradients."""
-    doc_ids, _ = packed_metadata(rows, device)
-    batch, seq_len = doc_ids.shape
-    q, k, v = _qkv(batch, seq_len, heads, kv_heads, head_dim, seed, device)
-    packed = backend.attend(q, k, v, backend.prepare(doc_ids, seq_len, device))
-
-    def attend_alone(b, start, end, tensors):
-        part = [_alone(t, b, start, end, 2, standalone, batch) for t in tensors]
-        out = backend.attend(*part, backend.prepare(None, part[0].shape[2], device))
-        return out[:1, :, : end - start], part
-
-    for b, lengths in enumerate(rows):
-        for d, (start, end) in enumerate(spans(lengths)):
-            alone, _ = attend_alone(b, start, end, (q.detach(), k.detach(), v.detach()))
-            _assert_close(
-                packed[b : b + 1, :, start:end].detach(), alone,
-                f"row {b} document {d} (tokens {start}:{end}): packed output differs from "
-                "the document attended alone", atol, rtol,
-            )
-    # Gradients of the longest document of row 0 that is not its first.
-    b = 0
-    start, end = max(spans(rows[0])[1:], key=lambda s: s[1] - s[0])
-    grads = torch.autograd.grad(packed[b, :, start:end].sum(), (q, k, v))
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    alone, part = attend_alone(b, start, end, leaves)
-    alone_grads = torch.autograd.grad(alone.sum(), leaves)
-    for name, grad, leaf_grad in zip("qkv", grads, alone_grads):
-        # Map the standalone gradient back onto the document's tokens of row b.
-        ref = leaf_grad[b : b + 1, :, start:end]
-        _assert_close(
-            grad[b : b + 1, :, start:end], ref,
-            f"grad of {name} inside document {start}:{end} differs from the document alone",
-            atol, rtol,
-        )
-        outside = grad.clone()
-        outside[b, :, start:end] = 0
-        _assert_close(
-            outside, torch.zeros_like(outside),
-            f"grad of {name} leaks outside document {start}:{end}", atol, rtol,
-        )
+    return torch.roll(row, -start, dims=1).expand_as(input_ids).contiguous()
 
 
 def tiny_llama(backend: Any, vocab_size: int = 61) -> Any:
@@ -203,7 +91,6 @@ def check_document_isolation(
     ``tok_embeddings`` module and ``forward(input_ids, doc_ids=, positions=)``."""
     model = build_model(backend).to(device)
     doc_ids, positions = packed_metadata(rows, device)
-    batch = doc_ids.shape[0]
     gen = torch.Generator().manual_seed(seed)
     vocab = model.tok_embeddings.num_embeddings
     input_ids = torch.randint(0, vocab, doc_ids.shape, generator=gen).to(device)
@@ -220,25 +107,25 @@ def check_document_isolation(
     for row, lengths in enumerate(rows):
         for d, (s, e) in enumerate(spans(lengths)):
             with torch.no_grad():
-                alone = model(_alone(input_ids, row, s, e, 1, standalone, batch))[:1, : e - s]
-            _assert_close(
-                logits[row : row + 1, s:e], alone,
+                alone = model(_alone(input_ids, row, s, e, standalone))[:1, : e - s]
+            assert_close(
+                logits[row, s:e], alone[0], atol, rtol,
                 f"row {row} document {d} (tokens {s}:{e}): packed logits differ from the "
-                "document run alone", atol, rtol,
+                "document run alone", dims=("token within the document", "vocab"),
             )
     _, alone_grad = _embedding_grads(
-        model, _alone(input_ids, b, start, end, 1, standalone, batch), None, None,
+        model, _alone(input_ids, b, start, end, standalone), None, None,
         lambda out: (out[0, : end - start] * weights).sum(),
     )
-    _assert_close(
-        grad[b : b + 1, start:end], alone_grad[:1, : end - start],
+    assert_close(
+        grad[b, start:end], alone_grad[0, : end - start], atol, rtol,
         f"embedding gradient of document {start}:{end} differs from the document alone",
-        atol, rtol,
+        dims=("token within the document", "dim"),
     )
     outside = grad.clone()
     outside[b, start:end] = 0
-    _assert_close(
-        outside, torch.zeros_like(outside),
+    assert_close(
+        outside, torch.zeros_like(outside), atol, rtol,
         f"the loss of document {start}:{end} has gradient on other documents' tokens",
-        atol, rtol,
+        dims=("row", "token", "dim"),
     )

@@ -11,27 +11,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+# The conformance kit owns the doc_ids convention; packed rows here are built by it too.
+from forge_core.testing.attention import doc_ids_from_lengths, spans
 
-def spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of every document of a row."""
-    ends = np.cumsum(lengths).tolist()
-    return [(end - length, end) for end, length in zip(ends, lengths)]
+__all__ = ["lognormal_lengths", "packed_metadata", "spans"]
 
 
 def packed_metadata(
     rows: Sequence[Sequence[int]], device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(doc_ids, positions)``, LongTensors ``(len(rows), S)``, for rows of document
-    lengths that each sum to the same ``S``."""
-    totals = {sum(lengths) for lengths in rows}
-    if len(totals) != 1 or any(n <= 0 for lengths in rows for n in lengths):
-        raise ValueError(f"every row needs positive lengths summing to one length, got {rows}")
-    doc_ids = [np.repeat(np.arange(len(lengths)), lengths) for lengths in rows]
-    positions = [np.concatenate([np.arange(n) for n in lengths]) for lengths in rows]
-    return (
-        torch.as_tensor(np.stack(doc_ids), dtype=torch.long, device=device),
-        torch.as_tensor(np.stack(positions), dtype=torch.long, device=device),
-    )
+    """``(doc_ids, positions)``, LongTensors ``(len(rows), S)``, for rows of positive
+    document lengths that each sum to the same ``S``."""
+    doc_ids = doc_ids_from_lengths(rows, sum(rows[0]) if rows else 0)
+    positions = [torch.cat([torch.arange(n) for n in lengths]) for lengths in rows]
+    return doc_ids.to(device), torch.stack(positions).to(device)
 
 
 def lognormal_lengths(
