@@ -32,18 +32,15 @@ from typing import Any
 
 import numpy as np
 
+from forge_plugins.packers.layout import RowPacker
+
 IGNORE = -100
 
 
-class ConcatPacker:
+class ConcatPacker(RowPacker):
     def __init__(self, options: Any, *, seq_len: int, eos_id: int, pad_id: int) -> None:
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        super().__init__(options, seq_len=seq_len, eos_id=eos_id, pad_id=pad_id)
         self.isolate = bool(getattr(options, "isolate", True))
-        self.seq_len = seq_len
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.stats: dict[str, float] = {}
 
     def pack(self, documents: list[np.ndarray]) -> dict[str, np.ndarray]:
         stream = _join(documents)

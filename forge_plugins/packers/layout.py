@@ -10,6 +10,8 @@ a document (its EOS) and padding get -100.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 IGNORE = -100
@@ -117,3 +119,17 @@ def lay_out(
         out["doc_ids"] = np.repeat(seg_slot, seg_len).reshape(rows, S)
         out["positions"] = within.reshape(rows, S)
     return out
+
+
+class RowPacker:
+    """What every built-in packer is constructed with (the hook contract's signature)."""
+
+    def __init__(self, options: Any, *, seq_len: int, eos_id: int, pad_id: int) -> None:
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        self.options = options
+        self.seq_len = seq_len
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.stats: dict[str, float] = {}
+

@@ -9,21 +9,12 @@ still has a label), -100 on the document's EOS and on padding. Rows need no
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from forge_plugins.packers.layout import join, lay_out
+from forge_plugins.packers.layout import RowPacker, join, lay_out
 
 
-class NonePacker:
-    def __init__(self, options: Any, *, seq_len: int, eos_id: int, pad_id: int) -> None:
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
-        self.seq_len = seq_len
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.stats: dict[str, float] = {}
+class NonePacker(RowPacker):
 
     def pack(self, documents: list[np.ndarray]) -> dict[str, np.ndarray]:
         S = self.seq_len
