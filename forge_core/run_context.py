@@ -26,3 +26,7 @@ class RunContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def should_log(self, step: int) -> bool:
+        """Whether loggers report ``step``: every ``logging.every`` steps, and the last."""
+        return step % max(1, self.config.logging.every) == 0 or step == self.total_steps

@@ -20,7 +20,6 @@ class ConsoleLogger:
     def __init__(self, options: Any) -> None:
         self.options = options
         self.bar = None
-        self.every = 1
         self.started = 0.0
         self.tokens = 0
         self.last: dict[str, Any] = {}
@@ -29,7 +28,6 @@ class ConsoleLogger:
     def forge_train_start(self, run):
         if not run.is_main:
             return
-        self.every = max(1, run.config.logging.every)
         self.started = time.perf_counter()
         if self.options.bar:
             try:
@@ -48,7 +46,7 @@ class ConsoleLogger:
             return
         self.tokens += metrics["tokens"]
         self.last = metrics
-        logged = step % self.every == 0 or step == run.total_steps
+        logged = run.should_log(step)
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if logged:

@@ -43,13 +43,11 @@ class JsonlLogger:
     def __init__(self, options: Any) -> None:
         self.options = options
         self.file = None
-        self.every = 1
 
     @hookimpl
     def forge_train_start(self, run):
         if not run.is_main:
             return
-        self.every = max(1, run.config.logging.every)
         path = Path(run.out_dir) / self.options.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(path) if r["step"] <= run.start_step] if run.start_step else []
@@ -60,7 +58,7 @@ class JsonlLogger:
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
-        if self.file is None or not (step % self.every == 0 or step == run.total_steps):
+        if self.file is None or not run.should_log(step):
             return
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")

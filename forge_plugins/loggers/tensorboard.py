@@ -16,13 +16,11 @@ class TensorBoardLogger:
     def __init__(self, options: Any) -> None:
         self.options = options
         self.writer = None
-        self.every = 1
 
     @hookimpl
     def forge_train_start(self, run):
         if not run.is_main:
             return
-        self.every = max(1, run.config.logging.every)
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -34,7 +32,7 @@ class TensorBoardLogger:
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
-        if self.writer is None or not (step % self.every == 0 or step == run.total_steps):
+        if self.writer is None or not run.should_log(step):
             return
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):

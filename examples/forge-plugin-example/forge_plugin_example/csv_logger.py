@@ -22,20 +22,18 @@ class CsvLogger:
         self.options = options
         self.file = None
         self.writer = None
-        self.every = 1
 
     @hookimpl
     def forge_train_start(self, run):
         if not run.is_main:
             return
-        self.every = max(1, run.config.logging.every)
         path = Path(run.out_dir) / self.options.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a", newline="", encoding="utf-8")
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
-        if self.file is None or not (step % self.every == 0 or step == run.total_steps):
+        if self.file is None or not run.should_log(step):
             return
         row = {"step": step, **metrics}
         if self.writer is None:

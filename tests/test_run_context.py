@@ -1,0 +1,14 @@
+"""RunContext.should_log: the logging.every cadence every logger shares."""
+
+import attrs
+
+from forge_core.config.schema import ForgeConfig, LoggingSection
+from forge_core.run_context import RunContext
+
+
+def test_should_log_every_n_steps_and_the_last():
+    config = attrs.evolve(ForgeConfig(), logging=LoggingSection(every=3))
+    run = RunContext(config=config, out_dir="x", start_step=0, total_steps=10)
+    assert [s for s in range(1, 11) if run.should_log(s)] == [3, 6, 9, 10]
+    config = attrs.evolve(ForgeConfig(), logging=LoggingSection(every=0))
+    assert RunContext(config=config, out_dir="x", start_step=0, total_steps=4).should_log(1)
