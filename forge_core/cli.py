@@ -199,14 +199,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _delegate(module: str, func: str, args: argparse.Namespace) -> int:
+    """Commands that need torch live in their own modules, imported only when run."""
     import importlib
 
-    try:
-        target = getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError):
-        print(f"forge-run {args.command}: not available in this build ({module}.{func} is missing).", file=sys.stderr)
-        return 1
-    return int(target(args) or 0)
+    return int(getattr(importlib.import_module(module), func)(args) or 0)
 
 
 HANDLERS = {
