@@ -140,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
             torch.set_num_threads(1)
         dist.barrier()
         config, registries, (model, batch) = setup(args, parallel)
-        pmodel = parallelize(model, config, registries, torch.device("cpu"))
+        pmodel = parallelize(model, config, registries["parallelism"], torch.device("cpu"))
         results[name] = {**measure(step_fn(pmodel, batch), args, dist.barrier),
                          "base1": base.get(1), "base2": base.get(2)}
     if dist.get_rank() == 0:

@@ -12,10 +12,9 @@ import json
 import sys
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.errors import EXIT_INVALID, ForgeError, format_error
 
 COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
-EXIT_INVALID = 2
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -226,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return HANDLERS[args.command](args)
     except ForgeError as exc:
-        print(str(exc) if str(exc).startswith("error") else f"error: {exc}", file=sys.stderr)
+        print(format_error(exc), file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130

@@ -11,6 +11,7 @@ import math
 from forge_core.hookspecs import hookimpl
 from forge_core.parallel_dims import MESH_DIMS
 from forge_core.rules import Rule, RuleContext
+from forge_core.specs import DOC_IDS
 
 
 def check_world_size(ctx: RuleContext) -> list[str]:
@@ -59,7 +60,7 @@ def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
             continue
         why = f" {strategy.drops_metadata_because}" if strategy.drops_metadata_because else ""
         consequence = ""
-        if "doc_ids" in lost:
+        if DOC_IDS in lost:
             consequence = (
                 " So attention never learns where documents end: documents attend across each"
                 " other, and because the labels still carry -100 at document boundaries the"

@@ -345,11 +345,6 @@ How it is read (all problems are reported at once, each with its path such as
   `forge-run plugins --markdown` once it is installed.
 """
 
-#: Option blocks whose keys depend on a chosen component: path -> (kind, name path).
-#: Keyed blocks (``parallel.options``, ``logging.options``) map a component name to options.
-_KEYED_BLOCKS = {"parallel.options": "parallelism", "logging.options": "logger"}
-
-
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
     for f in resolved_fields(cls):
         yield f"{prefix}{f.name}", f
@@ -373,15 +368,15 @@ def config_keys() -> list[str]:
 
 def component_option_keys(registries: Any) -> list[str]:
     """The option keys of every built-in component, as config paths."""
-    from forge_core.config.schema import OPTION_BLOCKS
+    from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS
 
     out = []
     for block in OPTION_BLOCKS:
         for name in registries[block.kind].names():
             out += [f"{block.options_path}.{f.name}" for f in resolved_fields(registries[block.kind].get(name).options)]
-    for path, kind in _KEYED_BLOCKS.items():
-        for name in registries[kind].names():
-            out += [f"{path}.{name}.{f.name}" for f in resolved_fields(registries[kind].get(name).options)]
+    for block in KEYED_BLOCKS:
+        for name in registries[block.kind].names():
+            out += [f"{block.options_path}.{name}.{f.name}" for f in resolved_fields(registries[block.kind].get(name).options)]
     return out
 
 
@@ -402,9 +397,10 @@ def _component_tables(registries: Any, kind: str, options_path: str, chooser: st
 
 
 def config_markdown(registries: Any) -> str:
-    from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
+    from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
 
     blocks = {b.options_path: b for b in OPTION_BLOCKS}
+    keyed_blocks = {b.options_path: b for b in KEYED_BLOCKS}
     sections = resolved_fields(ForgeConfig)
     lines = ["# Configuration reference", "", _NOTICE, "", _CONFIG_INTRO]
     lines += ["Sections:", ""]
@@ -427,8 +423,8 @@ def config_markdown(registries: Any) -> str:
                     "",
                     *_component_tables(registries, block.kind, path, block.name_path, keyed=False),
                 ]
-            elif path in _KEYED_BLOCKS:
-                kind = _KEYED_BLOCKS[path]
+            elif path in keyed_blocks:
+                kind = keyed_blocks[path].kind
                 label = registries[kind].kind.label
                 lines += [
                     f"### `{path}`",
@@ -515,7 +511,7 @@ _EXIT_CODES = """\
 | status | meaning |
 | --- | --- |
 | 0 | success (`check`: the config is valid; warnings may have been printed) |
-| 1 | the command is not available in this installation |
+| 1 | an unexpected failure (a bug, a missing dependency such as torch, or a training run that failed): the traceback says where |
 | 2 | an invalid config, a rule error, or a problem with a plugin: the message says what and how to fix it, never a traceback |
 | 130 | interrupted (Ctrl-C) outside training; training itself saves a checkpoint on SIGINT/SIGTERM and exits 0 |
 """

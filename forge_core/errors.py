@@ -7,8 +7,17 @@ import difflib
 from collections.abc import Iterable
 
 
+EXIT_INVALID = 2
+
+
 class ForgeError(Exception):
     """An error caused by the user's config, files or plugins, with a fix in its message."""
+
+
+def format_error(exc: ForgeError) -> str:
+    """The message as printed: every line of a config report already starts ``error:``."""
+    message = str(exc)
+    return message if message.startswith("error") else f"error: {message}"
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.config.loader import ConfigError, apply_overrides, read_config_file, resolve_components, structure
+from forge_core.config.loader import ConfigError, load_config, resolve_components
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
@@ -40,6 +40,18 @@ def rule_context(config: ForgeConfig, registries: Registries, world_size: int | 
     return RuleContext(config, specs, tuple(strategies), degrees, world_size, emitted)
 
 
+def load_resolved(
+    config_path: str, overrides: list[str] = (), extra_plugins: tuple[tuple[str, Any], ...] = ()
+) -> tuple[ForgeConfig, Registries]:
+    """Load a config, load the plugins it does not block, and resolve its components."""
+    config = load_config(config_path, overrides)
+    registries = load_registries(block=tuple(config.plugins.block), extra=extra_plugins)
+    config, issues = resolve_components(config, registries)
+    if issues:
+        raise ConfigError(issues)
+    return config, registries
+
+
 def judge(
     config_path: str,
     overrides: list[str] = (),
@@ -48,14 +60,7 @@ def judge(
 ) -> Judgement:
     """Load and judge a config. Raises ConfigError (every config problem) or ForgeError
     (plugin problems); rule violations are returned, not raised."""
-    raw = apply_overrides(read_config_file(config_path), list(overrides))
-    config, issues = structure(raw, ForgeConfig)
-    if issues:
-        raise ConfigError(issues)
-    registries = load_registries(block=tuple(config.plugins.block), extra=extra_plugins)
-    config, issues = resolve_components(config, registries)
-    if issues:
-        raise ConfigError(issues)
+    config, registries = load_resolved(config_path, overrides, extra_plugins)
     if world_size is None:
         world_size = world_size_from_env()
     ctx = rule_context(config, registries, world_size)

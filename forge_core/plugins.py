@@ -53,7 +53,6 @@ class LoadedPlugins:
     pm: pluggy.PluginManager
     infos: dict[str, PluginInfo]
     blocked: tuple[str, ...]
-    unknown_blocked: tuple[str, ...]
 
     @property
     def hook(self) -> Any:
@@ -110,7 +109,7 @@ def check_hook_names(plugin: Any, plugin_name: str) -> None:
 def register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     """Register one plugin under an explicit name, validating its hook names first."""
     check_hook_names(plugin, name)
-    if pm.get_plugin(name) is not None or name in pm.get_plugins():
+    if pm.get_plugin(name) is not None:
         raise ForgeError(f"two plugins are named {name!r}; rename one of the entry points.")
     pm.register(plugin, name=name)
 
@@ -165,5 +164,4 @@ def load_plugins(block: Iterable[str] = (), extra: Iterable[tuple[str, Any]] = (
         pm=pm,
         infos=infos,
         blocked=tuple(sorted(blocked & seen_names)),
-        unknown_blocked=tuple(sorted(blocked - seen_names)),
     )

@@ -5,6 +5,7 @@ test regenerates and compares it."""
 from __future__ import annotations
 
 import json
+import types
 import typing
 from typing import Any
 
@@ -31,7 +32,7 @@ def type_label(tp: Any) -> str:
     if origin is typing.Literal:
         choices = [f"`{json.dumps(c)}`" for c in typing.get_args(tp)]
         return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(type_label(a) for a in typing.get_args(tp))
     if attrs.has(tp):
         return "section"

@@ -14,7 +14,7 @@ import attrs
 
 from forge_core import specs as S
 from forge_core.errors import ForgeError, unknown_name
-from forge_core.plugins import LoadedPlugins
+from forge_core.plugins import LoadedPlugins, load_plugins
 from forge_core.rules import Rule
 
 
@@ -44,7 +44,6 @@ KINDS: tuple[Kind, ...] = (
     Kind("schedule", "forge_schedules", S.ScheduleSpec, "schedule"),
     Kind("logger", "forge_loggers", S.LoggerSpec, "logger"),
 )
-KINDS_BY_NAME = {kind.name: kind for kind in KINDS}
 
 
 @attrs.frozen
@@ -152,6 +151,4 @@ def build_registries(plugins: LoadedPlugins) -> Registries:
 
 def load_registries(block: tuple[str, ...] = (), extra: tuple[tuple[str, Any], ...] = ()) -> Registries:
     """Load plugins and build the registries in one call."""
-    from forge_core.plugins import load_plugins
-
     return build_registries(load_plugins(block=block, extra=extra))

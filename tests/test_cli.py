@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
-from forge_core.cli import main
+from forge_core.cli import main, normalize_argv
 from forge_core.config.schema import ForgeConfig
 
 
@@ -45,14 +45,22 @@ def test_show_prints_the_resolved_config(cfg):
 
 
 def test_bare_config_path_means_train_and_no_command_prints_help():
-    assert run_cli().returncode == 2
+    assert normalize_argv(["c.yaml", "train.lr=1"]) == ["train", "c.yaml", "train.lr=1"]
+    assert normalize_argv(["--nproc", "2", "c.yaml"]) == ["train", "--nproc", "2", "c.yaml"]
+    assert normalize_argv(["check", "c.yaml"]) == ["check", "c.yaml"]
+    result = run_cli()
+    assert result.returncode == 2 and "usage: forge-run" in result.stdout
     assert run_cli("check", "does-not-exist.yaml").returncode == 2
+    result = run_cli("does-not-exist.yaml")  # train judges first: the same refusal
+    assert result.returncode == 2 and "'does-not-exist.yaml' does not exist" in result.stderr
 
 
 def test_check_warns_but_passes(cfg):
-    result = run_cli("check", cfg({}))
+    # sdpa with document isolation warns at or above dense_mask_warn_seq_len (seq_len 256).
+    result = run_cli("check", cfg({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}}))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert ": valid: 0 error(s)" in result.stdout
+    assert "warning: [sdpa.dense-mask-long-seq]" in result.stdout
+    assert ": valid: 0 error(s), 1 warning(s)" in result.stdout
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))

@@ -109,7 +109,6 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
 
 @pytest.mark.slow
 def test_trains_a_few_steps_with_the_example_components(installed, tmp_path):
-    pytest.importorskip("forge_core.train.launch", reason="the trainer (forge_core.train.launch) is not in this build")
     config = _config(tmp_path)
     result = run_cli(config, env=installed["env"], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

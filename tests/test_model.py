@@ -9,6 +9,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
@@ -147,11 +148,20 @@ def test_init_scheme_matches_the_documented_stds():
 
 
 def test_tied_embeddings_share_one_matrix_and_get_both_gradients():
-    model = small_model(LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, tie_embeddings=True))
+    options = LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, tie_embeddings=True)
+    model = small_model(options)
     assert model.output.weight is model.tok_embeddings.weight
     assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
     model(ids()).sum().backward()
     assert model.tok_embeddings.weight.grad is not None
+    # The shared matrix's gradient is the embedding's plus the output's, as an untied
+    # copy with the same weights computes them separately.
+    untied = small_model(attrs.evolve(options, tie_embeddings=False))
+    untied.load_state_dict(model.state_dict())
+    untied(ids()).sum().backward()
+    both = untied.tok_embeddings.weight.grad + untied.output.weight.grad
+    assert untied.tok_embeddings.weight.grad.abs().sum() > 0 and untied.output.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(model.tok_embeddings.weight.grad, both)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -260,8 +270,6 @@ def test_plugin_registers_llama_with_its_capabilities():
 
 
 def test_every_option_is_documented():
-    import attrs
-
     assert all(f.metadata.get("doc") for f in attrs.fields(LlamaOptions))
 
 

@@ -100,7 +100,7 @@ def test_concat_pack_joins_documents_and_returns_int64():
 
 
 def reference_concat(stream: list[int], seq_len: int, eos: int):
-    """The literal definition, one token at a time. Lives only here."""
+    """The literal definition, one token at a time (bench/packing.py times its own copy)."""
     rows = max(len(stream) - 1, 0) // seq_len
     doc_ids, labels, positions = [], [], []
     for r in range(rows):

@@ -73,7 +73,7 @@ def registries():
 
 def test_one_process_without_strategies_is_the_model_itself(registries):
     model = torch.nn.Linear(2, 2)
-    pmodel = P.parallelize(model, config_with(registries, {}), registries, torch.device("cpu"))
+    pmodel = P.parallelize(model, config_with(registries, {}), registries["parallelism"], torch.device("cpu"))
     assert pmodel.parts == [model] and pmodel.forward is model
     assert (pmodel.dp_rank, pmodel.dp_size, pmodel.mesh, pmodel.train_step) == (0, 1, None, None)
 
@@ -93,7 +93,7 @@ def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monk
     monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
     model = torch.nn.Linear(2, 2)
     config = config_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
-    pmodel = P.parallelize(model, config, registries, torch.device("cpu"))
+    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
     assert CALLS == ["wrap:Linear", "compile", "wrap:Sequential"]
     # The wrapper is what gets called; the part stays the unwrapped module.
     assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
@@ -102,7 +102,7 @@ def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monk
 def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     config = config_with(registries, {"wrappers": ["early", "before"]})
-    pmodel = P.parallelize(model, config, registries, torch.device("cpu"))
+    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
     assert CALLS == ["split", "wrap:Linear", "wrap:ReLU", "finalize:['Sequential', 'ReLU']"]
     assert pmodel.parts == list(model.children()) and pmodel.forward is None
     assert pmodel.is_last_stage is False

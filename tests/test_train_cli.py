@@ -5,6 +5,7 @@ quickstart config."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,3 +117,4 @@ def test_quickstart_trains_a_few_steps(tmp_path):
     assert [r["step"] for r in records] == [1, 2] and records[0]["loss"] > 4.0
     assert (out / "loss.png").is_file() and (out / "checkpoints/latest").is_file()
     assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
+    assert re.search(r"packer: rows [\d,]+, tokens [\d,]+, kept \d+\.\d%, fill 100\.0%", result.stdout), result.stdout

@@ -15,7 +15,7 @@ import attrs
 import cattrs
 import yaml
 
-from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
+from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
 from forge_core.errors import ForgeError, did_you_mean, unknown_name
 
 
@@ -246,7 +246,7 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         match = re.match(r"(.*) not in literal", str(value))
         got = match.group(1) if match else value
         return f"expected one of {', '.join(map(repr, choices))}, got {got}.{did_you_mean(str(got), map(str, choices))}"
-    if attrs.has(type_) and not isinstance(exc, ScalarError):
+    if attrs.has(type_):
         return f"expected a mapping, got something else ({exc})"
     return f"{type(exc).__name__}: {exc}"
 
@@ -286,23 +286,21 @@ def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfi
         value, problems = structure(get_path(config, block.options_path), spec.options, f"$.{block.options_path}")
         issues.extend(problems)
         replacements[block.options_path] = value
-    for section, kind, names_path in (
-        ("parallel", "parallelism", "parallel.wrappers"),
-        ("logging", "logger", "logging.loggers"),
-    ):
-        registry = registries[kind]
-        for i, name in enumerate(get_path(config, names_path)):
+    for block in KEYED_BLOCKS:
+        registry = registries[block.kind]
+        for i, name in enumerate(get_path(config, block.name_path)):
             if name not in registry:
-                issues.append((f"$.{names_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
+                issues.append((f"$.{block.name_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
         keyed = {}
-        for name, opts in get_path(config, f"{section}.options").items():
+        for name, opts in get_path(config, block.options_path).items():
+            where = f"$.{block.options_path}.{name}"
             if name not in registry:
-                issues.append((f"$.{section}.options.{name}", unknown_name(registry.kind.label, name, registry.names())))
+                issues.append((where, unknown_name(registry.kind.label, name, registry.names())))
                 continue
-            value, problems = structure(opts, registry.get(name).options, f"$.{section}.options.{name}")
+            value, problems = structure(opts, registry.get(name).options, where)
             issues.extend(problems)
             keyed[name] = value
-        replacements[f"{section}.options"] = keyed
+        replacements[block.options_path] = keyed
     if issues:
         return config, issues
     for path, value in replacements.items():

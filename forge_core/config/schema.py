@@ -136,7 +136,8 @@ class ForgeConfig:
 
 @attrs.frozen
 class OptionBlock:
-    """Where a component's name and option block live, and its kind."""
+    """Where a component's name (for a keyed block, the list of names) and option block
+    live, and its kind."""
 
     kind: str
     name_path: str
@@ -144,7 +145,7 @@ class OptionBlock:
 
 
 #: Every component choice in the config. ``parallel`` strategies and loggers are chosen
-#: by degree and by list and have their own keyed option maps, handled separately.
+#: by degree and by list and have their own keyed option maps (:data:`KEYED_BLOCKS`).
 OPTION_BLOCKS: tuple[OptionBlock, ...] = (
     OptionBlock("model", "model.name", "model.options"),
     OptionBlock("attention", "attention.backend", "attention.options"),
@@ -153,6 +154,14 @@ OPTION_BLOCKS: tuple[OptionBlock, ...] = (
     OptionBlock("packer", "data.packer", "data.packer_options"),
     OptionBlock("optimizer", "train.optimizer", "train.optimizer_options"),
     OptionBlock("schedule", "train.schedule", "train.schedule_options"),
+)
+
+#: Option maps keyed by component name (``parallel.options.<name>``), beside the list
+#: that enables components by name (strategies with a mesh dimension are enabled by
+#: their degree instead).
+KEYED_BLOCKS: tuple[OptionBlock, ...] = (
+    OptionBlock("parallelism", "parallel.wrappers", "parallel.options"),
+    OptionBlock("logger", "logging.loggers", "logging.options"),
 )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from forge_core.data.shards import partial_dir
+from forge_core.data.shards import move_into_place, partial_dir
 from forge_core.errors import ForgeError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -66,9 +66,7 @@ def train_bpe(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         wrapped.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,7 +28,7 @@ def check_tokenizer(source: Any, tokenizer: Any) -> None:
     made_with = getattr(source, "tokenizer_identity", None)
     if made_with is not None and made_with != tokenizer.identity:
         raise ForgeError(
-            f"{_describe(source)} was tokenized with {made_with!r}, but the configured "
+            f"{source.describe()} was tokenized with {made_with!r}, but the configured "
             f"tokenizer is {tokenizer.identity!r}. Use the tokenizer it was prepared with, "
             "or run `forge-run prepare` again with this one."
         )
@@ -85,7 +85,7 @@ def build_rows(source: Any, tokenizer: Any, packer: Any, *, progress: bool = Tru
     """
     docs = documents_with_eos(source, tokenizer, progress=progress)
     if not docs:
-        raise ForgeError(f"{_describe(source)}: the source yielded no document.")
+        raise ForgeError(f"{source.describe()}: the source yielded no document.")
     rows = packer.pack(docs)
     for key in ("input_ids", "labels"):
         if key not in rows:
@@ -99,9 +99,9 @@ def build_rows(source: Any, tokenizer: Any, packer: Any, *, progress: bool = Tru
             )
     if shape[0] == 0:
         tokens = sum(len(d) for d in docs)
-        seq_len = getattr(packer, "seq_len", shape[1] if len(shape) == 2 else "?")
+        seq_len = getattr(packer, "seq_len", shape[1])
         raise ForgeError(
-            f"{_describe(source)}: {tokens} tokens in {len(docs)} documents, not enough "
+            f"{source.describe()}: {tokens} tokens in {len(docs)} documents, not enough "
             f"for one row of seq_len {seq_len} ({type(packer).__name__}). Add data or "
             "lower data.seq_len."
         )
@@ -122,15 +122,10 @@ def _check_ids(docs: list[Any], vocab: int, first_index: int, source: Any) -> No
         bad = d[(d < 0) | (d >= vocab)]
         if bad.size:
             raise ForgeError(
-                f"{_describe(source)}: document {first_index + i} holds token id "
+                f"{source.describe()}: document {first_index + i} holds token id "
                 f"{int(bad[0])}, outside the tokenizer's vocabulary of {vocab} ids. The "
                 "data is damaged or was made for another tokenizer."
             )
-
-
-def _describe(source: Any) -> str:
-    describe = getattr(source, "describe", None)
-    return describe() if describe else type(source).__name__
 
 
 def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -148,7 +143,7 @@ class _progress:
     """A tqdm bar on stderr that appears only after two seconds (no noise on small
     corpora) and degrades to nothing when tqdm is missing or ``enabled`` is False."""
 
-    def __init__(self, enabled: bool, desc: str = "tokenizing") -> None:
+    def __init__(self, enabled: bool) -> None:
         self.bar = None
         self.tokens = 0
         self.last = 0.0
@@ -157,7 +152,7 @@ class _progress:
                 from tqdm import tqdm
             except ImportError:
                 return
-            self.bar = tqdm(desc=desc, unit=" docs", file=sys.stderr, delay=2.0, dynamic_ncols=True)
+            self.bar = tqdm(desc="tokenizing", unit=" docs", file=sys.stderr, delay=2.0, dynamic_ncols=True)
 
     def __enter__(self) -> _progress:
         return self

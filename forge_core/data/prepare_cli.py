@@ -24,16 +24,13 @@ from forge_core.errors import ForgeError
 
 
 def main(args: Any) -> int:
-    from forge_core.config.loader import load_config
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare
     from forge_core.data.shards import TOKENIZER_DIR
-    from forge_core.registry import load_registries
+    from forge_core.judge import load_resolved
     from forge_core.train import components
 
-    block = tuple(load_config(args.config, args.overrides).plugins.block)
-    registries = load_registries(block=block)
-    config = load_config(args.config, args.overrides, registries)
+    config, registries = load_resolved(args.config, args.overrides)
     out = Path(args.out)
     overwrite = bool(getattr(args, "overwrite", False))
     if out.exists() and not overwrite:

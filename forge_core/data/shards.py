@@ -47,6 +47,19 @@ def partial_dir(out_dir: str | os.PathLike) -> Path:
     return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
+def move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the complete directory ``tmp`` to ``out``. An existing ``out`` is moved
+    aside first and removed only once ``tmp`` has taken its place."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old)
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """The narrowest unsigned dtype holding every id below ``vocab_size``."""
     if vocab_size <= 1 << 16:
@@ -80,11 +93,13 @@ class ShardWriter:
         flat = np.concatenate(documents)
         vocab = int(self.tokenizer["vocab_size"])
         # Narrowing to the shard dtype would wrap a bad id silently: refuse it here.
-        if flat.size and (flat.min() < 0 or flat.max() >= vocab):
-            raise ForgeError(
-                f"token id {int(flat.max() if flat.max() >= vocab else flat.min())} is "
-                f"outside the tokenizer's vocabulary of {vocab} ids."
-            )
+        if flat.size:
+            lo, hi = int(flat.min()), int(flat.max())
+            if lo < 0 or hi >= vocab:
+                raise ForgeError(
+                    f"token id {hi if hi >= vocab else lo} is outside the tokenizer's "
+                    f"vocabulary of {vocab} ids."
+                )
         flat.astype(self.dtype).tofile(self._tokens)
         self._lengths.extend(len(d) for d in documents)
         self.num_tokens += int(flat.size)
@@ -110,12 +125,8 @@ class ShardWriter:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        if replace and self.out_dir.exists():
-            old = self.out_dir.with_name(self.out_dir.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.out_dir, old)
-            os.replace(self.tmp, self.out_dir)
-            shutil.rmtree(old)
+        if replace:
+            move_into_place(self.tmp, self.out_dir)
         else:
             os.replace(self.tmp, self.out_dir)
         return index

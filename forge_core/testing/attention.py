@@ -281,13 +281,14 @@ def check_attention_backend(
     instance = _construct(resolved.impl, resolved.options)
     tol = {"atol": atol, "rtol": rtol}
     for device in devices:
+        device_doc_ids = doc_ids.to(device)
         for heads, kv_heads in HEAD_SHAPES:
             where = f"{resolved.label} on {device}, {dtype}, {heads} query / {kv_heads} key-value heads"
             case = _Case(instance, device, dtype, heads, kv_heads, seed, mask_mod, tol, where, layouts)
             case.agrees_with_reference(doc_ids=None)
             if DOC_IDS in honours:
-                case.isolates_documents()
-                case.agrees_with_reference(doc_ids=doc_ids.to(device))
+                case.isolates_documents(device_doc_ids)
+                case.agrees_with_reference(doc_ids=device_doc_ids)
 
 
 class _Case:
@@ -325,8 +326,7 @@ class _Case:
         for name, g, w in zip(("output", "grad of q", "grad of k", "grad of v"), got, want):
             assert_close(g, w, **self.tol, what=f"{where}: {name} (with autograd) differs from the reference")
 
-    def isolates_documents(self) -> None:
-        doc_ids = doc_ids_from_lengths(self.layouts, self.seq_len).to(self.device)
+    def isolates_documents(self, doc_ids: torch.Tensor) -> None:
         packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
         segments = [
             (row, n, start, end - start)

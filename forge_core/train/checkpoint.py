@@ -97,13 +97,18 @@ def optimizer_state(parts: list[torch.nn.Module], optimizers: list[torch.optim.O
     return merged
 
 
+def _set_model(parts: list[torch.nn.Module], merged: dict[str, Any]) -> None:
+    """Load a merged model state into every part (each takes its own keys)."""
+    strict = StateDictOptions(strict=len(parts) == 1)
+    for part in parts:
+        set_model_state_dict(part, merged, options=strict)
+
+
 def load_model(path: Path, parts: list[torch.nn.Module]) -> None:
     """Load only the model weights of a checkpoint into ``parts``."""
     state = {"model": model_state(parts)}
     _dcp(dcp.load, state, path)
-    strict = StateDictOptions(strict=len(parts) == 1)
-    for part in parts:
-        set_model_state_dict(part, state["model"], options=strict)
+    _set_model(parts, state["model"])
 
 
 # --- completeness -------------------------------------------------------------------
@@ -207,7 +212,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a reader sees the old or the new file, never a
+    torn one, and the new one survives a crash once this returns."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -246,13 +253,13 @@ class CheckpointManager:
         barrier()
         if self.rank == 0:
             files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-            _atomic_write(tmp / MANIFEST, json.dumps({"step": step, "world_size": self.world_size,
-                                                      "files": files}, indent=1))
+            atomic_write(tmp / MANIFEST, json.dumps({"step": step, "world_size": self.world_size,
+                                                     "files": files}, indent=1))
             if final.exists():  # an older write of the same step: the new one replaces it
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            _atomic_write(self.root / LATEST, final.name + "\n")
+            atomic_write(self.root / LATEST, final.name + "\n")
             self._prune(final)
         barrier()
         return final
@@ -289,9 +296,7 @@ class CheckpointManager:
             )
         full = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
         _dcp(dcp.load, full, path)
-        strict = StateDictOptions(strict=len(parts) == 1)
-        for part in parts:
-            set_model_state_dict(part, full["model"], options=strict)
+        _set_model(parts, full["model"])
         for part, optimizer in zip(parts, optimizers, strict=True):
             set_optimizer_state_dict(part, optimizer, full["optim"], options=_OPTIM_OPTIONS)
         return state

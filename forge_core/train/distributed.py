@@ -29,10 +29,6 @@ class Placement:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
 
 def choose_device(requested: str, local_rank: int = 0) -> torch.device:
     """``auto``: CUDA when available, else CPU. ``cuda`` without a GPU is a user error."""
@@ -68,7 +64,7 @@ def setup(requested_device: str) -> Placement:
 
 
 def teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if is_distributed():
         dist.destroy_process_group()
 
 
@@ -76,23 +72,23 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def all_reduce_sum(values: list[float], device: torch.device, group: Any = None) -> list[float]:
-    """Sum a few floats over ``group`` (every process when ``None``); identity alone."""
-    if not (dist.is_available() and dist.is_initialized()):
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few floats over every process; identity alone."""
+    if not is_distributed():
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, group=group)
+    dist.all_reduce(t)
     return t.tolist()
 
 
 def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if is_distributed():
         dist.barrier()
 
 
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's ``obj`` on every process."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_distributed():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -45,14 +46,13 @@ def attended_pairs(doc_ids: torch.Tensor | None, batch: int, seq_len: int) -> in
     when ``doc_ids`` (``(batch, seq)``, non-decreasing per row) is given."""
     if doc_ids is None:
         return batch * seq_len * (seq_len + 1) // 2
-    ids = doc_ids.detach().to("cpu", torch.int64)
-    rows, cols = ids.shape
-    # Give every row its own id range so runs never merge across rows, then count the
-    # length of each run of equal ids: one vectorized pass, no per-token loop.
-    span = int(ids.max()) + 1 if ids.numel() else 1
-    keyed = ids + torch.arange(rows, dtype=torch.int64).unsqueeze(1) * span
-    _, counts = torch.unique_consecutive(keyed.reshape(-1), return_counts=True)
-    return int((counts * (counts + 1) // 2).sum())
+    ids = doc_ids.detach().cpu().numpy()
+    # A run of equal ids starts at every row start and wherever the id changes; the
+    # gaps between run starts are the documents' lengths. Vectorized, no per-token loop.
+    starts = np.ones(ids.shape, dtype=bool)
+    np.not_equal(ids[:, 1:], ids[:, :-1], out=starts[:, 1:])
+    lengths = np.diff(np.flatnonzero(starts), append=ids.size)
+    return int((lengths * (lengths + 1) // 2).sum())
 
 
 def step_flops(n_matmul_params: int, attn_width: int, input_tokens: int, pairs: int) -> float:

@@ -129,17 +129,15 @@ def compile_part(module: torch.nn.Module) -> None:
 def parallelize(
     model: torch.nn.Module,
     config: Any,
-    registries: Any,
+    registry: Any,
     device: torch.device,
     loss_fn: Callable | None = None,
-    world_size: int | None = None,
-    mesh: Any = None,
 ) -> ParallelModel:
-    """Build the mesh (unless given) and apply every active strategy to ``model``.
+    """Build the mesh for the process group's world size and apply every active
+    strategy to ``model``.
 
-    ``registries`` are the run's registries (or just the ``parallelism`` registry);
-    ``config`` the resolved ForgeConfig; ``world_size`` defaults to the process
-    group's. Every process calls this with an identically initialised model (same
+    ``registry`` is the run's ``parallelism`` registry; ``config`` the resolved
+    ForgeConfig. Every process calls this with an identically initialised model (same
     seed), so sharding a local copy gives every rank the weights a single process would
     have. Returns the :class:`ParallelModel`.
     """
@@ -147,13 +145,11 @@ def parallelize(
     from forge_core.errors import ForgeError
     from forge_core.parallel_dims import active_strategies, resolve_degrees
     from forge_core.train.mesh import build_mesh, dp_coords, group_of
-    from forge_core.train.mesh import world_size as current_world_size
+    from forge_core.train.mesh import world_size
     from forge_core.train.parallel_context import ParallelContext
 
-    registry = registries if hasattr(registries, "entries") else registries["parallelism"]
-    degrees = resolve_degrees(config.parallel, world_size or current_world_size())
-    if mesh is None:
-        mesh = build_mesh(degrees, device)
+    degrees = resolve_degrees(config.parallel, world_size())
+    mesh = build_mesh(degrees, device)
     strategies = active_strategies(registry, degrees, list(config.parallel.wrappers))
     steps: list[tuple[int, str, Any]] = [(spec.order, spec.name, spec) for spec in strategies]
     if config.train.compile:
@@ -210,14 +206,12 @@ def _by_placement(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parame
     return list(groups.values())
 
 
-def _copies(grad: torch.Tensor, mesh: Any) -> int:
+def _copies(grad: torch.Tensor, outside: int) -> int:
     """How many processes hold the same local gradient as this one: the replicated
     dimensions of its DTensor mesh, times every dimension outside that mesh except the
-    pipeline's (stages hold different parameters). A plain tensor is replicated over
-    every dimension but the pipeline's (DDP replicas, tensor-parallel ranks)."""
-    if mesh is None:
-        return 1
-    outside = mesh.size() // mesh["pp"].size()
+    pipeline's (stages hold different parameters). ``outside`` is the number of processes
+    of every dimension but the pipeline's: a plain tensor is replicated over all of them
+    (DDP replicas, tensor-parallel ranks)."""
     spec = getattr(grad, "_spec", None)
     if spec is None:
         return outside
@@ -239,35 +233,37 @@ def _settled(grad: torch.Tensor) -> torch.Tensor:
     return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
 
 
-def global_grad_norm(pmodel: ParallelModel) -> torch.Tensor:
-    """The L2 norm of the whole model's gradient: the squares of every shard (tensor
-    and fully-sharded data parallel) and every pipeline stage, each counted once.
+def _global_norm(groups: list[list[torch.nn.Parameter]], mesh: Any) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient (``groups`` from :func:`_by_placement`):
+    the squares of every shard (tensor and fully-sharded data parallel) and every
+    pipeline stage, each counted once.
 
     Each process adds the squares of its local pieces, each divided by the number of
     processes that hold the same piece, and ONE all-reduce over all processes sums them,
     so every process gets the same bits (and clips replicated weights identically)."""
     import torch.distributed as dist
 
-    groups = _by_placement(list(pmodel.parameters()))
+    outside = 1 if mesh is None else mesh.size() // mesh["pp"].size()
     device = groups[0][0].grad.device if groups else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
     for group in groups:
         grads = [_settled(p.grad) for p in group]
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
-        total = total + norm.double() ** 2 / _copies(grads[0], pmodel.mesh)
-    if pmodel.mesh is not None:
+        total = total + norm.double() ** 2 / _copies(grads[0], outside)
+    if mesh is not None:
         dist.all_reduce(total)
     return total.sqrt().float()
 
 
 def clip_grad_norm(pmodel: ParallelModel, max_norm: float) -> torch.Tensor:
-    """Global gradient norm (see :func:`global_grad_norm`), scaling every gradient by
+    """Global gradient norm (see :func:`_global_norm`), scaling every gradient by
     ``max_norm / norm`` when ``max_norm`` is above 0 and the norm exceeds it. Nothing
     waits on the host; a non-finite norm leaves non-finite gradients for the trainer's
     nonfinite policy to skip."""
-    norm = global_grad_norm(pmodel)
+    groups = _by_placement(list(pmodel.parameters()))
+    norm = _global_norm(groups, pmodel.mesh)
     if max_norm > 0:
-        for group in _by_placement(list(pmodel.parameters())):
+        for group in groups:
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm

@@ -97,13 +97,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: floa
     if configured_tflops > 0:
         return configured_tflops * 1e12, "train.peak_tflops"
     path = cache_dir() / "peak_flops.json"
-    key = cache_key(device, dtype)
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), (int, float)) and cached[key] > 0:
-        return float(cached[key]), f"cached in {path}"
+    cached = cached_peak(device, dtype)
+    if cached is not None:
+        return cached, f"cached in {path}"
     if size is None:
         size = 8192 if device.type == "cuda" else 2048
     value = time_matmul(device, dtype, size, budget_s)

@@ -13,7 +13,6 @@ it alone.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +20,19 @@ import yaml
 
 from forge_core.config.loader import load_config, read_config_file, to_plain
 from forge_core.errors import ForgeError
+from forge_core.train.checkpoint import atomic_write
 
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
 TOKENIZER = "tokenizer"
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_config(run_dir: Path, config: Any) -> None:
-    _atomic_text(run_dir / CONFIG, yaml.safe_dump(to_plain(config), sort_keys=False))
+    atomic_write(run_dir / CONFIG, yaml.safe_dump(to_plain(config), sort_keys=False))
 
 
 def save_run_info(run_dir: Path, info: dict[str, Any]) -> None:
-    _atomic_text(run_dir / RUN_INFO, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    atomic_write(run_dir / RUN_INFO, json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:

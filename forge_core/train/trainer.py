@@ -9,9 +9,10 @@ One optimizer step:
 
 1. take ``train.grad_accum`` micro-batches and count, over every data-parallel rank,
    the tokens whose label is not -100 (one small all-reduce);
-2. for each micro-batch: forward under the chosen precision with every batch key other
-   than ``input_ids``/``labels`` passed to the model as a keyword argument, loss *sum*
-   divided by that global count, backward (gradient sync only on the last micro-batch);
+2. for each micro-batch, :meth:`ParallelModel.forward_backward` under the chosen
+   precision: every batch key but ``labels`` passed to the model as a keyword argument,
+   loss *sum* divided by that global count, backward (gradient sync only on the last
+   micro-batch);
 3. clip to the global gradient norm, check the loss and norm are finite (policy:
    skip or stop), step the optimizer, advance the schedule;
 4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
@@ -87,6 +88,15 @@ class StopSignal:
         self._previous.clear()
 
 
+def packing_summary(stats: dict[str, Any] | None) -> str:
+    """``"; packer: fill 99.9%, kept 100.0%"`` from a packer's optional ``stats``."""
+    if not stats:
+        return ""
+    parts = [f"{key} {value:.1%}" if key in ("fill", "kept") else f"{key} {value:,}"
+             for key, value in stats.items() if isinstance(value, (int, float))]
+    return f"; packer: {', '.join(parts)}" if parts else ""
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -108,8 +118,6 @@ def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
     if not enabled and hasattr(module, "no_sync"):
         return module.no_sync()
     return contextlib.nullcontext()
-
-
 
 
 class Trainer:
@@ -138,12 +146,12 @@ class Trainer:
         from forge_core.data.pipeline import build_rows
 
         t0 = time.perf_counter()
-        rows = build_rows(components.source(cfg, reg), self.tokenizer,
-                          components.packer(cfg, reg, self.tokenizer), progress=pl.is_main)
+        packer = components.packer(cfg, reg, self.tokenizer)
+        rows = build_rows(components.source(cfg, reg), self.tokenizer, packer, progress=pl.is_main)
         n_rows = int(rows[MODEL_INPUT].shape[0])
         log(pl, f"data: {n_rows:,} rows of {cfg.data.seq_len} tokens "
                 f"({cfg.data.source} -> {cfg.data.tokenizer} -> {cfg.data.packer}) in "
-                f"{time.perf_counter() - t0:.1f}s")
+                f"{time.perf_counter() - t0:.1f}s{packing_summary(getattr(packer, 'stats', None))}")
 
         self.probe = flops.AttentionProbe(components.attention(cfg, reg))
         model = components.model(cfg, reg, int(self.tokenizer.vocab_size), self.probe)
@@ -160,6 +168,11 @@ class Trainer:
         if self.micro_batch < 1 or self.micro_batch * dp * train.grad_accum != train.batch_size:
             raise ForgeError(f"train.batch_size = {train.batch_size} does not split into {dp} data-parallel "
                              f"ranks x {train.grad_accum} accumulation steps")
+        # Every process with the same dp_rank reads the same batch: a per-process count
+        # weighted by this, summed over all processes, counts each batch once.
+        self.slice_weight = dp / pl.world_size
+        # Every step trains on batch_size full rows, whatever the packer put in them.
+        self.step_inputs = train.batch_size * int(rows[MODEL_INPUT].shape[1])
         self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
         self.schedule = components.schedule(cfg, reg)
 
@@ -241,24 +254,21 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------
 
-    def _count(self, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float, float, float]:
-        """Global (labelled tokens, input tokens, attended pairs, stop requested)."""
+    def _count(self, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
+        """Global (labelled tokens, attended pairs, stop requested)."""
         labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
-        inputs = sum(b[MODEL_INPUT].numel() for b in micro)
         pairs = sum(flops.attended_pairs(b.get("doc_ids"), *b[MODEL_INPUT].shape[:2]) for b in micro)
-        # Every process with the same dp_rank reads the same batch: weight so that the
-        # sum over all processes counts each batch once.
-        w = self.pmodel.dp_size / self.placement.world_size
+        w = self.slice_weight
         stop = 1.0 if self.stop.received is not None else 0.0
-        got = all_reduce_sum([labelled * w, inputs * w, pairs * w, stop], self.placement.device)
-        return got[0], got[1], got[2], got[3]
+        labelled, pairs, stop = all_reduce_sum([labelled * w, pairs * w, stop], self.placement.device)
+        return labelled, pairs, stop
 
     def train_step(self) -> dict[str, Any]:
         cfg, pl, pmodel = self.config, self.placement, self.pmodel
         train = cfg.train
         t0 = time.perf_counter()
         micro = [next(self.loader) for _ in range(train.grad_accum)]
-        labelled, inputs, pairs, stop = self._count(micro)
+        labelled, pairs, stop = self._count(micro)
         self.stop_requested = stop > 0
         lr = train.lr * self.schedule(self.step)
         for optimizer in self.optimizers:
@@ -272,24 +282,13 @@ class Trainer:
         for i, batch in enumerate(micro):
             batch = _to_device(batch, pl.device)
             last = i == len(micro) - 1
-            with _grad_sync(pmodel.forward, last):
-                if pmodel.train_step is not None:
-                    with autocast:
-                        loss_sum, _ = pmodel.train_step(batch, loss_fn, normalizer)
-                else:
-                    # Every key besides input_ids and labels is per-token metadata the
-                    # packer emitted: the model takes it as keyword arguments.
-                    extra = {k: v for k, v in batch.items() if k not in (MODEL_INPUT, LABELS)}
-                    with autocast:
-                        logits = pmodel.forward(batch[MODEL_INPUT], **extra)
-                        loss_sum, _ = loss_fn(logits, batch[LABELS])
-                    (loss_sum / normalizer).backward()
+            with _grad_sync(pmodel.forward, last), autocast:
+                loss_sum, _ = pmodel.forward_backward(batch, loss_fn, normalizer)
             loss_total += loss_sum.detach().float()
         grad_norm = float(clip_grad_norm(pmodel, train.grad_clip))
         # Every process holds its data-parallel slice's loss (pipeline ranks get it back
         # from the last stage): weight so each slice counts once.
-        w = pmodel.dp_size / pl.world_size
-        loss = all_reduce_sum([float(loss_total) * w], pl.device)[0] / max(labelled, 1.0)
+        loss = all_reduce_sum([float(loss_total) * self.slice_weight], pl.device)[0] / normalizer
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:
             for optimizer in self.optimizers:
@@ -303,7 +302,7 @@ class Trainer:
             torch.cuda.synchronize(pl.device)
         step_time = time.perf_counter() - t0
         self.step += 1
-        step_flops = flops.step_flops(self.n_matmul, self.attn_width, int(inputs), int(pairs))
+        step_flops = flops.step_flops(self.n_matmul, self.attn_width, self.step_inputs, int(pairs))
         self._check_peak(step_flops / step_time / pl.world_size)
         return {
             "loss": loss,

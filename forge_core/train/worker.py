@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from forge_core.errors import ForgeError
-
-EXIT_INVALID = 2
+from forge_core.errors import EXIT_INVALID, ForgeError, format_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         train(argv[0], argv[1:])
     except ForgeError as exc:
         if os.environ.get("RANK", "0") == "0":
-            message = str(exc)
-            print(message if message.startswith("error") else f"error: {message}", file=sys.stderr)
+            print(format_error(exc), file=sys.stderr)
         return EXIT_INVALID
     return 0
 

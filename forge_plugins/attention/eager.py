@@ -19,7 +19,8 @@ import torch
 from forge_plugins.attention.masks import causal_mask, document_causal_mask
 
 
-def _check_heads(q: torch.Tensor, k: torch.Tensor) -> int:
+def check_heads(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Query heads per key/value head; refuses counts that do not group."""
     if q.shape[1] % k.shape[1]:
         raise ValueError(
             f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
@@ -31,7 +32,7 @@ def eager_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Softmax attention of ``q (B,H,S,D)`` over ``k, v (B,Hkv,S,D)`` where ``mask`` is True."""
-    group = _check_heads(q, k)
+    group = check_heads(q, k)
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)

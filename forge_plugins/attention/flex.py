@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from forge_plugins.attention.eager import check_heads
 from forge_plugins.attention.masks import document_block_mask
 
 _compiled_flex: Any = None
@@ -48,7 +49,7 @@ def _needs_cpu_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
 class FlexAttention:
     def __init__(self, options: Any) -> None:
         self.options = options
-        self.block_size = getattr(options, "block_size", 128)
+        self.block_size = options.block_size
         self._causal: dict[tuple[int, str], Any] = {}
 
     def prepare(
@@ -62,10 +63,7 @@ class FlexAttention:
         return self._causal[key]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Any) -> torch.Tensor:
-        if q.shape[1] % k.shape[1]:
-            raise ValueError(
-                f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
-            )
+        check_heads(q, k)
         if _needs_cpu_backward(q, k, v):
             from forge_plugins.attention.flex_cpu_backward import flex_attention_cpu_trainable
 

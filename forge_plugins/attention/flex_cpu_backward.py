@@ -8,8 +8,9 @@ the standard softmax-attention gradient. Skipped blocks cost nothing, so the wor
 follows the mask's sparsity, and memory stays at one query block's scores,
 ``(heads, block_size, kept keys)``.
 
-It assumes ``mask_mod`` is written with broadcastable index arithmetic (as the built-in
-masks are); score modifications (``score_mod``) are not supported.
+It assumes ``mask_mod`` is written with broadcastable index arithmetic and one mask
+for every head (as the built-in masks are); score modifications (``score_mod``) are not
+supported.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _tokens(blocks: list[int], block_size: int, seq_len: int) -> torch.Tensor:
     ])
 
 
-def _backward_heads(q, k, v, out, grad_out, block_mask, scale, b, mask_b, mask_h, dq, dk, dv):
-    """Gradients for one batch row and the query heads one mask head covers.
+def _backward_heads(q, k, v, out, grad_out, block_mask, scale, mask_b, dq, dk, dv):
+    """Gradients for one batch row (row ``mask_b`` of the mask), every query head.
 
     ``q, out, grad_out``: ``(Hkv, group, S, D)``; ``k, v``: ``(Hkv, 1, S, D)``, so each
     key/value head broadcasts over its query heads without being copied. ``dq`` (like
@@ -53,12 +54,10 @@ def _backward_heads(q, k, v, out, grad_out, block_mask, scale, b, mask_b, mask_h
     q_bs, kv_bs = block_mask.BLOCK_SIZE
     # D_i = sum_d dO_id * O_id, the softmax-gradient correction, once for all rows.
     correction = (grad_out * out).sum(-1, keepdim=True)
-    b_index, h_index = torch.tensor(mask_b), torch.tensor(mask_h)
+    b_index, h_index = torch.tensor(mask_b), torch.tensor(0)
     for qb in range(block_mask.kv_num_blocks.shape[2]):
         r0, r1 = qb * q_bs, min((qb + 1) * q_bs, seq_len)
-        if r0 >= r1:
-            continue
-        partial_blocks, full_blocks = _kept_blocks(block_mask, mask_b, mask_h, qb)
+        partial_blocks, full_blocks = _kept_blocks(block_mask, mask_b, 0, qb)
         partial_cols = _tokens(partial_blocks, kv_bs, seq_len)
         full_cols = _tokens(full_blocks, kv_bs, seq_len)
         cols = torch.cat([partial_cols, full_cols])
@@ -87,32 +86,24 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
     kv_heads = k.shape[1]
     group = heads // kv_heads
     mask_batch, mask_heads = block_mask.kv_num_blocks.shape[:2]
+    if mask_heads != 1:
+        raise NotImplementedError(
+            f"the CPU FlexAttention backward needs one BlockMask for every head, got {mask_heads}"
+        )
     qf, kf, vf, of, gof = (t.float() for t in (q, k, v, out, grad_out))
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     for b in range(batch):
-        mb = b if mask_batch > 1 else 0
 
         def grouped(t, n):  # (H, S, D) -> (H / n, n, S, D)
             return t[b].reshape(-1, n, seq_len, head_dim)
 
-        if mask_heads == 1:
-            # One mask for every head: all query heads at once, grouped by key/value head.
-            dq_b = torch.zeros(kv_heads, group, seq_len, head_dim)
-            _backward_heads(
-                grouped(qf, group), grouped(kf, 1), grouped(vf, 1), grouped(of, group),
-                grouped(gof, group), block_mask, scale, b, mb, 0, dq_b, dk[b], dv[b],
-            )
-            dq[b] += dq_b.reshape(heads, seq_len, head_dim)
-            continue
-        for h in range(heads):  # a mask per query head
-            kvh = h // group
-            dq_h = torch.zeros(1, 1, seq_len, head_dim)
-            _backward_heads(
-                qf[b, h][None, None], kf[b, kvh][None, None], vf[b, kvh][None, None],
-                of[b, h][None, None], gof[b, h][None, None], block_mask, scale, b, mb, h,
-                dq_h, dk[b, kvh : kvh + 1], dv[b, kvh : kvh + 1],
-            )
-            dq[b, h] += dq_h[0, 0]
+        # All query heads at once, grouped by the key/value head they share.
+        dq_b = torch.zeros(kv_heads, group, seq_len, head_dim)
+        _backward_heads(
+            grouped(qf, group), grouped(kf, 1), grouped(vf, 1), grouped(of, group),
+            grouped(gof, group), block_mask, scale, b if mask_batch > 1 else 0, dq_b, dk[b], dv[b],
+        )
+        dq[b] += dq_b.reshape(heads, seq_len, head_dim)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

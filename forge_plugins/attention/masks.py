@@ -120,9 +120,9 @@ def document_block_mask(
     full = below & (first[:, None, :] == last[:, :, None])
     if seq_len % block_size:
         # Like create_block_mask: a block that overhangs the row end is never "full", so
-        # the kernel applies mask_mod (and its bounds check) there.
+        # the kernel applies mask_mod (and its bounds check) there. Only the last query
+        # block can pair with it: the last key block is below no query block.
         full[:, -1, :] = False
-        full[:, :, -1] = False
     diagonal = (kv_blk == q_blk)[None].expand_as(touches)
     partial = (touches & ~full) | diagonal
     kv_num, kv_idx = _compact(partial)

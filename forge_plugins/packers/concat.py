@@ -32,9 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_plugins.packers.layout import RowPacker
-
-IGNORE = -100
+from forge_plugins.packers.layout import IGNORE, RowPacker, join, restart_counts
 
 
 class ConcatPacker(RowPacker):
@@ -43,8 +41,7 @@ class ConcatPacker(RowPacker):
         self.isolate = bool(getattr(options, "isolate", True))
 
     def pack(self, documents: list[np.ndarray]) -> dict[str, np.ndarray]:
-        stream = _join(documents)
-        return self.pack_stream(stream)
+        return self.pack_stream(join(documents)[0])
 
     def pack_stream(self, stream: np.ndarray) -> dict[str, np.ndarray]:
         """Pack an already joined 1-D token stream (what :meth:`pack` does after joining)."""
@@ -79,32 +76,6 @@ class ConcatPacker(RowPacker):
         out["doc_ids"] = np.cumsum(shifted, axis=1, dtype=np.int64)
         # The same mask with column 0 set marks every document start in the row.
         shifted[:, 0] = True
-        out["positions"] = _positions(shifted)
+        out["positions"] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
         return out
 
-
-def _join(documents: list[np.ndarray]) -> np.ndarray:
-    if len(documents) == 0:
-        return np.zeros(0, np.int64)
-    if len(documents) == 1:
-        return np.asarray(documents[0])
-    return np.concatenate(documents)
-
-
-def _positions(starts: np.ndarray) -> np.ndarray:
-    """``positions[r, i] = i - (the last column <= i where starts[r] is True)``.
-
-    ``starts`` is True at column 0 of every row, so restarting at every start is the
-    same flat pattern across rows. Starts are sparse: one pass writes an increment of 1
-    everywhere and, at each start, the jump back to 0; one flat cumsum does the rest.
-    (A running ``np.maximum.accumulate`` of start columns gives the same result at three
-    times the cost.)
-    """
-    rows, S = starts.shape
-    start_idx = np.flatnonzero(starts.reshape(-1))
-    inc = np.ones(rows * S, np.int64)
-    if rows:
-        # At start j after a segment that began at p, the previous position was j-1-p.
-        inc[start_idx[1:]] = 1 - np.diff(start_idx)
-        inc[0] = 0
-    return np.cumsum(inc, out=inc).reshape(rows, S)

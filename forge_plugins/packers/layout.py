@@ -38,6 +38,22 @@ def shifted_labels(stream: np.ndarray, offsets: np.ndarray, out: np.ndarray | No
     return labels
 
 
+def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
+    """``out[t] = t - (the last start <= t)``: a count from 0 that restarts at every
+    entry of ``starts`` (sorted flat indices, the first one 0).
+
+    An increment of 1 everywhere and, at each start, the jump back to 0; one cumsum.
+    (Cheaper than arange minus a repeat, or a running ``np.maximum.accumulate`` of the
+    starts: one fresh array instead of three.)
+    """
+    out = np.ones(size, np.int64)
+    if size:
+        # At start j after a segment that began at p, the previous count was j-1-p.
+        out[starts[1:]] = 1 - np.diff(starts)
+        out[0] = 0
+    return np.cumsum(out, out=out)
+
+
 def lay_out(
     stream: np.ndarray,
     offsets: np.ndarray,
@@ -89,16 +105,8 @@ def lay_out(
     if not np.array_equal(seg_start[piece_seg], row_sorted * S + piece_col[order]):
         raise ValueError("pieces must fill each row from column 0 without gaps or overlaps")
 
-    # within[t]: index of output slot t inside its segment (the positions). An
-    # increment of 1 everywhere and, at each segment start, the jump back to 0; one
-    # cumsum. (Cheaper than arange minus a repeat: one fresh array instead of three.)
-    nonempty = seg_len > 0
-    starts, lengths = seg_start[nonempty], seg_len[nonempty]
-    within = np.ones(rows * S, np.int64)
-    within[starts[1:]] = 1 - lengths[:-1]
-    if within.size:
-        within[0] = 0
-    np.cumsum(within, out=within)
+    # within[t]: index of output slot t inside its segment (the positions).
+    within = restart_counts(seg_start[seg_len > 0], rows * S)
     src = np.repeat(seg_src, seg_len)
     src += within
     np.minimum(src, total, out=src)  # padding: every index at or past the sentinel

@@ -114,7 +114,7 @@ class PipelineStep:
             )
         self.loss.begin(loss_fn, normalizer)
         args = (batch["input_ids"],) if self.has_first else ()
-        kwargs: dict[str, Any] = {"target": batch["labels"], "losses": []} if self.has_last else {}
+        kwargs: dict[str, Any] = {"target": batch["labels"]} if self.has_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
         result = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.has_last:

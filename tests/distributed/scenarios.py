@@ -135,7 +135,7 @@ def main() -> None:
     for name in names:
         parallel, train_over = SCENARIOS[name]
         config = make_config(registries, parallel, train_over)
-        pmodel = parallelize(build_model(config, registries), config, registries, torch.device("cpu"), loss_fn)
+        pmodel = parallelize(build_model(config, registries), config, registries["parallelism"], torch.device("cpu"), loss_fn)
         got = train(pmodel, config, data)
         every = [None] * world
         dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
