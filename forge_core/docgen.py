@@ -497,11 +497,12 @@ $ forge-run prepare configs/quickstart.yaml data.tokenizer=hf --train-bpe 4096 -
     "export-hf": """\
 Writes a checkpoint as a folder that `transformers.AutoModelForCausalLM.from_pretrained`
 loads: `config.json`, safetensors weights and the run's tokenizer when it has one.
-Given a run directory, it exports the latest checkpoint.
+Given a run directory, it exports the latest complete checkpoint (checked against its
+manifest's checksums; a file that would run code when loaded is refused).
 """,
     "sample": """\
-Loads the latest checkpoint of a run directory and prints a continuation of `--prompt`
-(top-k sampling at the given temperature).
+Loads the latest complete checkpoint of a run directory (checked as `export-hf` does)
+and prints a continuation of `--prompt` (top-k sampling at the given temperature).
 """,
 }
 
@@ -512,7 +513,7 @@ _EXIT_CODES = """\
 | --- | --- |
 | 0 | success (`check`: the config is valid; warnings may have been printed) |
 | 1 | an unexpected failure (a bug, a missing dependency such as torch, or a training run that failed): the traceback says where |
-| 2 | an invalid config, a rule error, or a problem with a plugin: the message says what and how to fix it, never a traceback |
+| 2 | an invalid config, a rule error, a problem with a plugin, a run directory in use by another run or that cannot be written, a checkpoint refused as damaged or unsafe, or a full disk: the message says what and how to fix it, never a traceback |
 | 130 | interrupted (Ctrl-C) outside training; training itself saves a checkpoint on SIGINT/SIGTERM and exits 0 |
 """
 

@@ -1,11 +1,15 @@
 """Checkpoint bookkeeping: complete vs half-written checkpoints, the ``latest`` pointer,
-keep-K, and the JSON train state (exact round trip of RNG and loader state)."""
+keep-K, checksums (damage that keeps the size), a full disk, and the JSON train state
+(exact round trip of RNG and loader state)."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import random
 import shutil
+from collections import namedtuple
 
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ from forge_core.train.checkpoint import (
     complete_checkpoints,
     find_latest,
     problem_with,
+    remove_stale_temporaries,
     resolve_checkpoint,
 )
 
@@ -121,3 +126,202 @@ def test_train_state_round_trips_rng_and_nested_values(tmp_path):
     train_state.restore_rng(back["rng"], torch.device("cpu"))
     got = (random.random(), np.random.rand(), torch.rand(2))
     assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+# --- damage that keeps the size -----------------------------------------------------
+
+
+def xor_bytes(path, offset=100, count=64):
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def rewrite(checkpoint, name, data, manifest_too):
+    """Replace a checkpoint's file; ``manifest_too``: update its size and checksum to match."""
+    (checkpoint / name).write_bytes(data)
+    if manifest_too:
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+        manifest["files"][name] = len(data)
+        manifest["sha256"][name] = hashlib.sha256(data).hexdigest()
+        (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_manifest_records_size_and_sha256_of_every_file(tmp_path):
+    save_steps(tmp_path, [1])
+    path = tmp_path / "checkpoints/step-000001"
+    manifest = json.loads((path / MANIFEST).read_text())
+    names = sorted(p.name for p in path.iterdir() if p.name != MANIFEST)
+    assert sorted(manifest["files"]) == sorted(manifest["sha256"]) == names
+    for name in names:
+        assert manifest["sha256"][name] == hashlib.sha256((path / name).read_bytes()).hexdigest()
+
+
+DAMAGE = {
+    "xor-distcp": lambda ck: xor_bytes(next(ck.glob("*.distcp"))),
+    "random-metadata": lambda ck: rewrite(ck, ".metadata", random.Random(0).randbytes(
+        (ck / ".metadata").stat().st_size), manifest_too=False),
+    "random-metadata-manifest-updated": lambda ck: rewrite(ck, ".metadata", random.Random(0).randbytes(
+        (ck / ".metadata").stat().st_size), manifest_too=True),
+    "bad-train-state": lambda ck: rewrite(ck, "train_state-rank00000.json", b'{"format": 1, "step": ',
+                                          manifest_too=False),
+    "bad-train-state-manifest-updated": lambda ck: rewrite(ck, "train_state-rank00000.json",
+                                                           b'{"format": 1, "step": ', manifest_too=True),
+    "train-state-not-utf8": lambda ck: rewrite(ck, "train_state-rank00000.json", b"\xff\xfe{}",
+                                               manifest_too=True),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
+    save_steps(tmp_path, [2, 4])
+    DAMAGE[damage](tmp_path / "checkpoints/step-000004")
+    warnings = []
+    assert find_latest(tmp_path / "checkpoints", warnings.append).name == "step-000002"
+    assert len(warnings) == 1 and "skipping checkpoint" in warnings[0] and "step-000004" in warnings[0]
+    assert resolve_checkpoint(tmp_path)[0].name == "step-000002"
+    with pytest.raises(ForgeError, match="step-000004 cannot be used"):
+        resolve_checkpoint(tmp_path / "checkpoints/step-000004")
+
+
+def test_xor_damage_is_named_as_a_checksum_mismatch(tmp_path):
+    save_steps(tmp_path, [2])
+    path = tmp_path / "checkpoints/step-000002"
+    xor_bytes(path / "__0_0.distcp")
+    assert "__0_0.distcp does not match its SHA-256" in problem_with(path)
+
+
+@pytest.mark.parametrize("pointer", ["not-utf8", "directory", "garbage-name", "traversal"])
+def test_unusable_latest_pointer_falls_back_with_a_warning(tmp_path, pointer):
+    save_steps(tmp_path, [2, 4])
+    latest = tmp_path / "checkpoints/latest"
+    latest.unlink()
+    if pointer == "not-utf8":
+        latest.write_bytes(b"step-\xff\xfe000004\n")
+    elif pointer == "directory":
+        latest.mkdir()
+    elif pointer == "garbage-name":
+        latest.write_text("step-4; rm -rf /\n")
+    else:
+        latest.write_text("../../step-000004\n")
+    warnings = []
+    assert find_latest(tmp_path / "checkpoints", warnings.append).name == "step-000004"
+    assert len(warnings) == 1 and "latest" in warnings[0]
+
+
+def test_a_save_replaces_a_latest_that_is_a_directory(tmp_path):
+    manager, model, optimizer = save_steps(tmp_path, [2])
+    latest = tmp_path / "checkpoints/latest"
+    latest.unlink()
+    latest.mkdir()
+    manager.save(3, [model], [optimizer], {"step": 3})
+    assert latest.read_text() == "step-000003\n"
+
+
+def test_checkpoint_without_checksums_is_accepted_with_a_warning(tmp_path):
+    """Checkpoints of older Forge versions (sizes only) still resume, with a warning."""
+    save_steps(tmp_path, [2])
+    path = tmp_path / "checkpoints/step-000002"
+    manifest = json.loads((path / MANIFEST).read_text())
+    del manifest["sha256"]
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    warnings = []
+    assert find_latest(tmp_path / "checkpoints", warnings.append) == path
+    assert len(warnings) == 1 and "no checksums" in warnings[0] and "size only" in warnings[0]
+
+
+def test_pruning_never_deletes_the_last_checkpoint_that_verified(tmp_path):
+    """The issue's case: the newest of two checkpoints is damaged (same size). Resume
+    falls back to the older one; the next saves keep it until newer good ones exist."""
+    save_steps(tmp_path, [2, 4], keep=2)
+    root = tmp_path / "checkpoints"
+    xor_bytes(root / "step-000004/__0_0.distcp")
+    model, optimizer = model_and_optimizer(seed=3)
+    manager = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1)  # a restart
+    found = manager.find_resume(lambda m: None)
+    assert found.name == "step-000002"
+    manager.load(found, [model], [optimizer])
+    manager.save(3, [model], [optimizer], {"step": 3})
+    names = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
+    assert names == ["step-000002", "step-000003", "step-000004"]
+    manager.save(4, [model], [optimizer], {"step": 4})  # replaces the damaged step 4
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000003", "step-000004"]
+    assert all(problem_with(root / n) is None for n in ("step-000003", "step-000004"))
+
+
+def test_a_damaged_checkpoint_does_not_count_toward_keep(tmp_path):
+    save_steps(tmp_path, [1, 2, 3], keep=3)
+    root = tmp_path / "checkpoints"
+    xor_bytes(root / "step-000003/__0_0.distcp")
+    model, optimizer = model_and_optimizer(seed=3)
+    CheckpointManager(tmp_path, keep=3, rank=0, world_size=1).save(4, [model], [optimizer], {"step": 4})
+    assert [p.name for p in complete_checkpoints(root)] == ["step-000001", "step-000002", "step-000004"]
+    assert not (root / "step-000003").exists()
+
+
+# --- a full disk --------------------------------------------------------------------
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def short_write(*args, **kwargs):
+    """What torch's zip writer reports when the disk fills under it."""
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+
+@pytest.mark.parametrize("where", ["dcp-oserror", "dcp-short-write", "train-state", "manifest"])
+def test_disk_full_during_a_save_is_a_clean_error_and_keeps_the_previous_checkpoint(
+        tmp_path, monkeypatch, where):
+    manager, model, optimizer = save_steps(tmp_path, [2])
+    root = tmp_path / "checkpoints"
+    before = {p.name: p.read_bytes() for p in (root / "step-000002").iterdir()}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1234, 1234))
+    if where.startswith("dcp"):
+        import torch.distributed.checkpoint.filesystem as fs
+
+        monkeypatch.setattr(fs, "_write_item", no_space if where == "dcp-oserror" else short_write)
+    elif where == "train-state":
+        monkeypatch.setattr(train_state, "write", no_space)
+    else:
+        import forge_core.train.checkpoint as checkpoint
+
+        real = checkpoint.atomic_write
+        monkeypatch.setattr(checkpoint, "atomic_write",
+                            lambda path, text: no_space() if path.name == MANIFEST else real(path, text))
+    with pytest.raises(ForgeError) as info:
+        manager.save(4, [model], [optimizer], {"step": 4})
+    message = str(info.value)
+    assert message.startswith("No space left on device writing checkpoint step-000004")
+    assert "0.0 MB free there" in message and "were needed" in message
+    assert "step-000002) is intact" in message
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002"]  # partial write removed
+    assert (root / "latest").read_text() == "step-000002\n"
+    assert {p.name: p.read_bytes() for p in (root / "step-000002").iterdir()} == before
+
+
+def test_a_short_write_with_room_left_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    manager, model, optimizer = save_steps(tmp_path, [2])
+    import torch.distributed.checkpoint.filesystem as fs
+
+    monkeypatch.setattr(fs, "_write_item", short_write)
+    with pytest.raises(BaseException, match="unexpected pos") as info:
+        manager.save(4, [model], [optimizer], {"step": 4})
+    assert not isinstance(info.value, ForgeError)
+    assert not (tmp_path / "checkpoints/.tmp-step-000004").exists()
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+    save_steps(tmp_path, [2])
+    root = tmp_path / "checkpoints"
+    shutil.copytree(root / "step-000002", root / ".tmp-step-000004")
+    (root / ".latest.tmp4242").write_text("step-000004\n")
+    (tmp_path / ".config.yaml.tmp77").write_text("x")
+    (tmp_path / "keep.txt").write_text("mine")
+    removed, freed = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == [".config.yaml.tmp77", ".latest.tmp4242", ".tmp-step-000004"]
+    assert freed > 0 and (tmp_path / "keep.txt").exists() and problem_with(root / "step-000002") is None

@@ -8,6 +8,7 @@ it alone.
     <out_dir>/tokenizer/      whatever ``tokenizer.save`` writes (may be empty)
     <out_dir>/checkpoints/    see :mod:`forge_core.train.checkpoint`
     <out_dir>/metrics.jsonl, loss.png, ...   written by loggers
+    <out_dir>/run.lock        while a run uses the directory, see :mod:`forge_core.train.run_lock`
 """
 
 from __future__ import annotations

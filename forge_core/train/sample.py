@@ -3,7 +3,8 @@ latest complete checkpoint, so a person can see what the model learned.
 
 Works from the run directory alone: its ``config.yaml`` rebuilds the model and the
 tokenizer (from what the run saved in ``tokenizer/``), the checkpoint gives the
-weights. Sampling is plain: temperature and top-k, a fixed seed, no KV cache (the
+weights, checked against its manifest's checksums and read without running code from
+it (:func:`forge_core.train.checkpoint.load_model`). Sampling is plain: temperature and top-k, a fixed seed, no KV cache (the
 context is re-read every token, cropped to the trained sequence length).
 """
 
@@ -31,7 +32,7 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     tokenizer = components.saved_tokenizer(config, registries, run_dir / TOKENIZER)
     vocab_size = int(read_run_info(run_dir).get("vocab_size", tokenizer.vocab_size))
     model = components.model(config, registries, vocab_size, components.attention(config, registries))
-    load_model(checkpoint, [model])
+    load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
     return model.to(device).eval(), tokenizer, config, checkpoint
 

@@ -1,6 +1,8 @@
 """The small, per-process part of a checkpoint: step, RNG states, loader position,
 non-finite counter. Stored as JSON (no pickle at all), with tuples, numpy arrays and
-tensors tagged so they come back with their exact type, dtype and values.
+tensors tagged so they come back with their exact type, dtype and values. Reading
+constructs nothing but those: a tag naming anything other than a torch or numpy dtype
+is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -48,10 +50,15 @@ def decode(obj: Any) -> Any:
     if not isinstance(obj, dict):
         return obj
     if "__tensor__" in obj:
-        dtype = getattr(torch, obj["dtype"])
+        dtype = getattr(torch, str(obj["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{obj['dtype']!r} is not a torch dtype")
         return torch.tensor(obj["__tensor__"], dtype=dtype).reshape(obj["shape"])
     if "__ndarray__" in obj:
-        return np.asarray(obj["__ndarray__"], dtype=obj["dtype"]).reshape(obj["shape"])
+        dtype = np.dtype(str(obj["dtype"]))
+        if dtype.hasobject:
+            raise ValueError(f"{obj['dtype']!r} is not a numeric numpy dtype")
+        return np.asarray(obj["__ndarray__"], dtype=dtype).reshape(obj["shape"])
     if "__tuple__" in obj:
         return tuple(decode(v) for v in obj["__tuple__"])
     return {key: decode(value) for key, value in obj.items()}

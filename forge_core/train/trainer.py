@@ -17,6 +17,9 @@ One optimizer step:
    skip or stop), step the optimizer, advance the schedule;
 4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
    SIGTERM/SIGINT (flag set by the handler, acted on here) and at the end.
+
+The whole run holds the run directory's lock (:mod:`forge_core.train.run_lock`), taken
+by rank 0 before anything is built or written.
 """
 
 from __future__ import annotations
@@ -39,10 +42,16 @@ from forge_core.plugins import register
 from forge_core.run_context import RunContext
 from forge_core.train import components, flops, rundir
 from forge_core.train import train_state as ts
-from forge_core.train.checkpoint import CheckpointManager
-from forge_core.train.distributed import Placement, all_reduce_sum
+from forge_core.train.checkpoint import (
+    CheckpointManager,
+    is_disk_full,
+    no_space_message,
+    remove_stale_temporaries,
+)
+from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
 from forge_core.train.loss import IGNORE_INDEX, loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize
+from forge_core.train.run_lock import RunLock
 
 MODEL_INPUT = "input_ids"
 LABELS = "labels"
@@ -196,10 +205,52 @@ class Trainer:
                 f"({self.n_matmul / 1e6:.2f}M in matmuls), attention {cfg.attention.backend}; "
                 f"device {pl.device} x {pl.world_size}; peak {self.peak / 1e12:.3g} TFLOP/s ({peak_source})")
 
+    @contextlib.contextmanager
+    def claim_run_dir(self) -> Any:
+        """Rank 0 takes the run directory's lock before anything is written, and removes
+        what interrupted writes left there (so a restart frees the space they took);
+        every process waits for its verdict. Released when the run ends."""
+        pl = self.placement
+        lock, error = None, None
+        if pl.is_main:
+            try:
+                lock = RunLock.acquire(self.run_dir, lambda m: warn(pl, m))
+                removed, freed = remove_stale_temporaries(self.run_dir)
+                if removed:
+                    log(pl, f"removed {len(removed)} unfinished write(s) left in {self.run_dir} by an "
+                            f"earlier run ({freed / 1e6:,.1f} MB)")
+                if not lock.recorded:  # the disk was full: try again now that space was freed
+                    lock.record()
+            except Exception as exc:  # noqa: BLE001 - the other ranks must hear of any failure
+                error = exc
+        verdict = error if error is None or isinstance(error, ForgeError) else ForgeError(
+            f"rank 0 failed to prepare {self.run_dir}: {type(error).__name__}: {error}")
+        verdict = broadcast_object(verdict)
+        if verdict is not None:
+            if lock is not None:
+                lock.release()
+            raise error if error is not None else verdict
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.release()
+
     def prepare_run_dir(self) -> None:
         pl = self.placement
         if not pl.is_main:
             return
+        try:
+            self._write_run_files()
+        except OSError as exc:
+            if not is_disk_full(exc, self.run_dir):
+                raise
+            where = Path(exc.filename) if exc.filename else self.run_dir
+            raise ForgeError(f"{no_space_message(where, 'the run directory')} Free some space (or move "
+                             f"run.out_dir to a larger disk) and run again.") from None
+
+    def _write_run_files(self) -> None:
+        pl = self.placement
         self.run_dir.mkdir(parents=True, exist_ok=True)
         changed = rundir.changed_settings(self.run_dir, self.config)
         if changed and (self.run_dir / "checkpoints").is_dir() and self.config.checkpoint.resume == "auto":
@@ -348,6 +399,10 @@ class Trainer:
                              f"({self.nonfinite_streak} of at most {policy.max_consecutive} in a row)")
 
     def run(self) -> str:
+        with self.claim_run_dir():
+            return self._run()
+
+    def _run(self) -> str:
         self.build()
         self.prepare_run_dir()
         self.resume()

@@ -2,11 +2,14 @@
 
 Needs matplotlib (Agg backend, no display); without it the run goes on and a warning at
 the start says so. After a resume the curve includes the earlier steps, read from the
-``jsonl`` logger's file when it exists."""
+``jsonl`` logger's file when it exists. The PNG is written to a temporary file and moved
+into place; when it cannot be written (a full disk) the run's outcome stands and a
+warning says why."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,12 @@ class PlotLogger:
         if not self.enabled or not self.points:
             return
         path = Path(run.out_dir) / self.options.filename
-        write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss")
+        try:
+            write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss")
+        except OSError as exc:
+            print(f"warning: the plot logger cannot write {path} ({exc.strerror or exc}); no loss curve "
+                  f"this time", file=sys.stderr, flush=True)
+            return
         print(f"forge: loss curve written to {path}", file=sys.stderr, flush=True)
 
 
@@ -74,7 +82,10 @@ def write_plot(path: Path, points: dict[int, float], smooth: int, title: str) ->
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
