@@ -113,9 +113,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         checked = len(result.registries.rules)
         verdict = "invalid" if result.errors else "valid"
         ws = "unknown (pass --world-size to check it)" if result.context.world_size is None else result.context.world_size
+        blocked = result.registries.plugins.blocked
         print(
             f"{args.config}: {verdict}: {len(result.errors)} error(s), {len(result.warnings)} warning(s) "
-            f"from {checked} rules; world size {ws}"
+            f"from {checked} rules ({result.kernel_rules} from the kernel); world size {ws}"
+            + (f"; blocked plugins (their components and rules not loaded): {', '.join(blocked)}" if blocked else "")
         )
     return EXIT_INVALID if result.errors else 0
 

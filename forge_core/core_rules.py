@@ -1,12 +1,18 @@
 """Rules about how components combine, owned by the kernel because they reason only
-over declared capabilities and degrees, never over a concrete component.
+over declared capabilities, degrees and the run's own settings, never over a concrete
+component.
 
-Registered as a plugin (entry point ``core_rules``) like any other rule source.
+Registered by the kernel itself as the plugin ``core_rules``, which no config, variable
+or package can block or replace (see :data:`forge_core.plugins.KERNEL_PLUGINS`): other
+components rely on these rules (a third-party backend on the doc-id rule, every
+strategy on the metadata rule).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 from forge_core.hookspecs import hookimpl
 from forge_core.parallel_dims import MESH_DIMS
@@ -15,13 +21,10 @@ from forge_core.specs import DOC_IDS
 
 
 def check_world_size(ctx: RuleContext) -> list[str]:
-    problems = []
+    # Each degree is at least 1 (dp_shard may be -1): the schema's validators say so.
     degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
-    for dim, value in degrees.items():
-        if value < 1 and not (dim == "dp_shard" and value == -1):
-            problems.append(f"parallel.{dim} = {value}: degrees are at least 1 (dp_shard may be -1)")
-    if problems or ctx.world_size is None:
-        return problems
+    if ctx.world_size is None:
+        return []
     resolved = ctx.degrees
     if resolved["dp_shard"] == -1:
         others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
@@ -42,8 +45,6 @@ def check_seq_len(ctx: RuleContext) -> str | None:
         return None
     limit = getattr(ctx.config.model.options, option, None)
     seq_len = ctx.config.data.seq_len
-    if seq_len < 1:
-        return f"data.seq_len must be at least 1, got {seq_len}"
     if limit is not None and seq_len > limit:
         return f"data.seq_len = {seq_len} exceeds the model's maximum model.options.{option} = {limit}"
     return None
@@ -74,6 +75,41 @@ def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
     return problems
 
 
+def check_honours_doc_ids(ctx: RuleContext) -> str | None:
+    """The packer isolates documents but the backend would let them attend across."""
+    backend = ctx.specs.get("attention")
+    if backend is None or DOC_IDS not in ctx.emitted or DOC_IDS in backend.honours:
+        return None
+    return (
+        f"packer {ctx.config.data.packer!r} emits doc_ids to keep packed documents apart, "
+        f"but attention backend {backend.name!r} does not honour doc_ids: every token would "
+        "attend to the earlier documents of its row while the loss still looks normal"
+    )
+
+
+def out_dir_problem(out_dir: str) -> str | None:
+    """Why the run directory cannot be used (created if missing, written), or ``None``."""
+    path = Path(out_dir)
+    if path.exists():
+        if not path.is_dir():
+            return f"run.out_dir {out_dir!r} exists and is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"run.out_dir {out_dir!r} is not writable by this user"
+        return None
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"run.out_dir {out_dir!r} cannot be created: {str(ancestor)!r} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"run.out_dir {out_dir!r} cannot be created: {str(ancestor)!r} is not writable by this user"
+    return None
+
+
+def check_out_dir(ctx: RuleContext) -> str | None:
+    return out_dir_problem(ctx.config.run.out_dir)
+
+
 def check_model_accepts(ctx: RuleContext) -> str | None:
     model = ctx.specs["model"]
     refused = sorted(ctx.emitted - model.accepts)
@@ -89,8 +125,6 @@ def check_model_accepts(ctx: RuleContext) -> str | None:
 def check_batch_divisible(ctx: RuleContext) -> str | None:
     train = ctx.config.train
     dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
-    if train.batch_size < 1 or train.grad_accum < 1:
-        return f"train.batch_size ({train.batch_size}) and train.grad_accum ({train.grad_accum}) must be at least 1"
     if dp < 1:
         return None  # dp_shard unresolved; the world-size rule reports it
     if train.batch_size % (dp * train.grad_accum):
@@ -125,6 +159,23 @@ RULES = [
         summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
         check=check_metadata_forwarded,
         fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+    ),
+    Rule(
+        id="attention.honours-doc-ids",
+        severity="error",
+        paths=("data.packer", "attention.backend"),
+        summary="A packer that emits doc_ids needs an attention backend that honours them.",
+        check=check_honours_doc_ids,
+        fix="Choose a backend whose spec honours doc_ids (the built-in sdpa, flex and eager "
+        "do), or a packer that does not isolate documents.",
+    ),
+    Rule(
+        id="run.out-dir",
+        severity="error",
+        paths=("run.out_dir",),
+        summary="The run directory is a directory this user can create or write.",
+        check=check_out_dir,
+        fix="Point run.out_dir at a writable directory (it is created when missing).",
     ),
     Rule(
         id="model.accepts-metadata",

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.reference import annotation_as_written, resolved_fields, type_label
+from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
 REGENERATE = "python -m forge_core.docgen"
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
@@ -130,7 +130,7 @@ def _cell(text: str) -> str:
 def _field_table(rows: list[tuple[str, attrs.Attribute]]) -> list[str]:
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for path, f in rows:
-        doc = f.metadata.get("doc", "")
+        doc = documented_meaning(f)
         lines.append(f"| `{path}` | {_cell(type_label(f.type))} | {_cell(default_label(f))} | {_cell(doc)} |")
     return lines
 
@@ -335,7 +335,23 @@ How it is read (all problems are reported at once, each with its path such as
   parallel.pp=2`, each value parsed as YAML), then strict structuring into the classes
   of `forge_core/config/schema.py`.
 - Strict scalars: `2.7` is not an integer, `"3"` is not a number, `1` is not `true`.
-- Unknown keys are errors with a did-you-mean.
+  Every integer fits in 64 bits and every number is finite (`.nan`, `.inf` and `1e999`
+  are refused); the tables say what else each key allows ("Allowed: at least 1").
+- Unknown keys are errors with a did-you-mean. A key given twice (even a whole
+  section) is an error naming both lines, and every key is a string (`1:` or `yes:` as a
+  key is refused; quote it).
+- An empty file is refused (it is more often truncated or the wrong file than a wish
+  for every default): write `{}` for a run with every default.
+- Anchors and aliases (`&name`, `*name`, `<<: *name`) are accepted, but a config
+  expands to at most {max_nodes:,} values and nests at most {max_depth} levels: a few hundred bytes of
+  aliases cannot make `check` build billions of values, and values quoted in messages
+  are cut to {width} characters.
+- What a value means on this machine is judged by `forge-run check` and by training
+  alike, before anything is built: that `run.out_dir` can be created and written, that
+  the files of a source, a shard directory or a tokenizer folder are there, that an
+  `init_from_hf` checkpoint fits the model options, that every chosen component's
+  implementation is installed. A config `check` accepts does not fail at build for a
+  reason `check` could see.
 - A component is named only by its registered name (`attention.backend: flex`);
   `forge-run plugins` lists what is installed. A config cannot import arbitrary code.
 - Each component's own settings live in the option block beside its name
@@ -402,7 +418,13 @@ def config_markdown(registries: Any) -> str:
     blocks = {b.options_path: b for b in OPTION_BLOCKS}
     keyed_blocks = {b.options_path: b for b in KEYED_BLOCKS}
     sections = resolved_fields(ForgeConfig)
-    lines = ["# Configuration reference", "", _NOTICE, "", _CONFIG_INTRO]
+    from forge_core.config.loader import MAX_DEPTH, MAX_NODES
+    from forge_core.errors import VALUE_WIDTH
+
+    # Plain replacement: the YAML example in the intro has braces of its own.
+    intro = (_CONFIG_INTRO.replace("{max_nodes:,}", f"{MAX_NODES:,}").replace("{max_depth}", str(MAX_DEPTH))
+             .replace("{width}", str(VALUE_WIDTH)))
+    lines = ["# Configuration reference", "", _NOTICE, "", intro]
     lines += ["Sections:", ""]
     lines += [f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}" for f in sections]
     lines.append("")
@@ -458,8 +480,10 @@ $ forge-run --nproc 2 configs/quickstart.yaml parallel.dp_shard=2
 """,
     "check": """\
 Judges a config without building anything: loads it, applies the overrides, checks every
-key and every component option, and evaluates every compatibility rule. Prints every
-error and warning at once; exit status 0 when valid (warnings allowed), 2 when not. Rules
+key and every component option, evaluates every compatibility rule (the kernel's cannot
+be blocked; the summary says how many there are), checks the files the config names and
+looks up every chosen component's implementation module without importing it. Prints
+every error and warning at once; exit status 0 when valid (warnings allowed), 2 when not. Rules
 about the number of processes use `--world-size`, else torchrun's `WORLD_SIZE`, else
 are skipped. Imports neither torch nor transformers.
 

@@ -31,4 +31,23 @@ def unknown_name(what: str, name: str, choices: Iterable[str], path: str | None 
     choices = sorted(choices)
     where = f"{path}: " if path else ""
     available = ", ".join(choices) if choices else "(none registered)"
-    return f"{where}unknown {what} {name!r}.{did_you_mean(name, choices)} Available: {available}."
+    return f"{where}unknown {what} {show_value(name)}.{did_you_mean(name, choices)} Available: {available}."
+
+
+#: The longest rendering of a user's value inside a message.
+VALUE_WIDTH = 80
+
+
+def show_value(value: object, width: int = VALUE_WIDTH) -> str:
+    """``repr(value)`` cut to ``width`` characters, computed in bounded time and memory
+    whatever the value's size (a config can hold long strings and big nested lists)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxlist, shortener.maxdict = 3, 6, 6
+    shortener.maxstring = shortener.maxother = shortener.maxlong = width
+    try:
+        text = shortener.repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<unprintable>"
+    return text if len(text) <= width else text[: width - 3] + "..."

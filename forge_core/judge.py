@@ -1,17 +1,23 @@
 """Judge a config completely before anything is built: load, resolve components,
-evaluate every rule. Shared by ``forge-run check`` and ``forge-run train``."""
+evaluate every rule, find every chosen implementation. Shared by ``forge-run check`` and
+``forge-run train``, so a config ``check`` accepts is the config a run builds."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import attrs
 
-from forge_core.config.loader import ConfigError, load_config, resolve_components
+from forge_core.config.loader import read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
 from forge_core.rules import RuleContext, Violation, evaluate, get_path
+
+#: The id under which a chosen component whose implementation module is missing is
+#: reported (the kernel checks it for every component; it is not a declared rule).
+IMPLEMENTATION_FOUND = "component.implementation-found"
 
 
 @attrs.frozen
@@ -29,6 +35,11 @@ class Judgement:
     def warnings(self) -> list[Violation]:
         return [v for v in self.violations if v.severity == "warning"]
 
+    @property
+    def kernel_rules(self) -> int:
+        """How many of the evaluated rules are the kernel's (they cannot be blocked)."""
+        return sum(entry.kernel for entry in self.registries.rules)
+
 
 def rule_context(config: ForgeConfig, registries: Registries, world_size: int | None) -> RuleContext:
     specs = {
@@ -40,16 +51,66 @@ def rule_context(config: ForgeConfig, registries: Registries, world_size: int | 
     return RuleContext(config, specs, tuple(strategies), degrees, world_size, emitted)
 
 
+def chosen_components(ctx: RuleContext, registries: Registries) -> list[tuple[str, str, Any]]:
+    """``(config path, kind, spec)`` of every component the run will build."""
+    chosen = [(block.name_path, block.kind, ctx.specs[block.kind]) for block in OPTION_BLOCKS]
+    chosen += [
+        (f"parallel.{s.mesh_dim}" if s.mesh_dim else "parallel.wrappers", "parallelism", s)
+        for s in ctx.strategies
+    ]
+    chosen += [("logging.loggers", "logger", registries["logger"].get(n)) for n in ctx.config.logging.loggers]
+    return chosen
+
+
+def _module_missing(module: str) -> str | None:
+    """Why ``module`` cannot be imported, or ``None`` when it can be found. Looks the
+    module up without running it (its parent packages are imported, as for any import)."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (Exception, SystemExit) as exc:  # a parent package is missing or fails to import
+        return f"{type(exc).__name__}: {exc}"
+    return None if found is not None else f"no module named {module!r}"
+
+
+def implementation_violations(ctx: RuleContext, registries: Registries) -> list[Violation]:
+    """An error for every chosen component whose ``impl`` module is not installed: found
+    now by ``check`` instead of as a traceback when the run builds it."""
+    violations = []
+    for path, kind, spec in chosen_components(ctx, registries):
+        module = spec.impl.partition(":")[0]
+        why = _module_missing(module)
+        if why is None:
+            continue
+        registry = registries[kind]
+        plugin = registry.plugin_of(spec.name)
+        info = registries.plugins.infos.get(plugin)
+        dist = f"{info.distribution} {info.version}".strip() if info else "an unknown distribution"
+        violations.append(Violation(
+            IMPLEMENTATION_FOUND, "error", plugin,
+            f"{registry.kind.label} {spec.name!r} (plugin {plugin!r}, from {dist}) names its "
+            f"implementation {spec.impl!r}, but module {module!r} cannot be found ({why}): the run "
+            "would fail when it builds the component",
+            f"Reinstall {info.distribution if info else 'the plugin'}, or report the wrong impl path to "
+            f"its authors; or choose another {registry.kind.label} (available: {', '.join(registry.names())}).",
+            ((path, get_path(ctx.config, path)),),
+        ))
+    return violations
+
+
 def load_resolved(
     config_path: str, overrides: list[str] = (), extra_plugins: tuple[tuple[str, Any], ...] = ()
 ) -> tuple[ForgeConfig, Registries]:
-    """Load a config, load the plugins it does not block, and resolve its components."""
-    config = load_config(config_path, overrides)
-    registries = load_registries(block=tuple(config.plugins.block), extra=extra_plugins)
-    config, issues = resolve_components(config, registries)
-    if issues:
-        raise ConfigError(issues)
-    return config, registries
+    """Load a config, load the plugins it does not block, and resolve its components;
+    every problem of the schema and of the option blocks in one ConfigError."""
+    raw, issues = read_raw(config_path, overrides)
+    loaded: list[Registries] = []
+
+    def registries_for(block: list[str]) -> Registries:
+        loaded.append(load_registries(block=tuple(block), extra=extra_plugins))
+        return loaded[-1]
+
+    config = structure_config(raw, registries_for, issues)
+    return config, loaded[-1]
 
 
 def judge(
@@ -61,7 +122,14 @@ def judge(
     """Load and judge a config. Raises ConfigError (every config problem) or ForgeError
     (plugin problems); rule violations are returned, not raised."""
     config, registries = load_resolved(config_path, overrides, extra_plugins)
+    return judge_config(config, registries, world_size)
+
+
+def judge_config(config: ForgeConfig, registries: Registries, world_size: int | None = None) -> Judgement:
+    """Evaluate every rule over a resolved config, and look up every chosen component's
+    implementation module."""
     if world_size is None:
         world_size = world_size_from_env()
     ctx = rule_context(config, registries, world_size)
-    return Judgement(config, registries, ctx, evaluate(registries.rules, ctx))
+    violations = evaluate(registries.rules, ctx) + implementation_violations(ctx, registries)
+    return Judgement(config, registries, ctx, violations)

@@ -53,6 +53,15 @@ def annotation_as_written(cls: type, name: str) -> str:
     return "?"
 
 
+def documented_meaning(field: attrs.Attribute) -> str:
+    """A field's ``doc``, followed by what its validators allow."""
+    from forge_core.config.validators import describe
+
+    doc = field.metadata.get("doc", "")
+    allowed = describe(field)
+    return f"{doc} Allowed: {allowed}." if allowed else doc
+
+
 def _options_table(options_cls: type) -> list[str]:
     fields = resolved_fields(options_cls)
     if not fields:
@@ -62,8 +71,7 @@ def _options_table(options_cls: type) -> list[str]:
         default = f.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        doc = f.metadata.get("doc", "")
-        lines.append(f"| `{f.name}` | {type_label(f.type)} | `{default!r}` | {doc} |")
+        lines.append(f"| `{f.name}` | {type_label(f.type)} | `{default!r}` | {documented_meaning(f)} |")
     return [*lines, ""]
 
 

@@ -14,7 +14,7 @@ import attrs
 
 from forge_core import specs as S
 from forge_core.errors import ForgeError, unknown_name
-from forge_core.plugins import LoadedPlugins, load_plugins
+from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, load_plugins
 from forge_core.rules import Rule
 
 
@@ -79,8 +79,11 @@ class Registry:
 
 @attrs.frozen
 class RuleEntry:
+    """A rule and the plugin that declared it; ``kernel`` rules cannot be blocked."""
+
     rule: Rule
     plugin: str
+    kernel: bool = False
 
 
 @attrs.frozen
@@ -104,11 +107,11 @@ def _results(plugins: LoadedPlugins, hook_name: str) -> Iterator[tuple[str, Any]
     for impl in hook.get_hookimpls():  # registration order
         try:
             result = impl.function()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit: a plugin calling sys.exit()
             raise ForgeError(
                 f"plugin {impl.plugin_name!r} raised in {hook_name}(): {type(exc).__name__}: {exc}. "
-                f"Block it with FORGE_BLOCK_PLUGINS={impl.plugin_name} to continue without it."
-            ) from exc
+                f"{_remedy(plugins, impl.plugin_name)}"
+            ) from (None if isinstance(exc, SystemExit) else exc)
         if result is None:
             continue
         if not isinstance(result, (list, tuple)):
@@ -117,6 +120,29 @@ def _results(plugins: LoadedPlugins, hook_name: str) -> Iterator[tuple[str, Any]
             )
         for item in result:
             yield impl.plugin_name, item
+
+
+def _remedy(plugins: LoadedPlugins, name: str) -> str:
+    if name in KERNEL_PLUGINS:
+        return "This is a bug in Forge itself: please report it."
+    info = plugins.infos.get(name)
+    dist = f" or uninstall {info.distribution}" if info and not info.builtin else ""
+    return f"Block it with FORGE_BLOCK_PLUGINS={name}{dist} to continue without it."
+
+
+def _clash_fix(plugins: LoadedPlugins, names: tuple[str, str]) -> str:
+    """How to resolve two plugins registering one name. Never advice to block a built-in
+    plugin: that would take its other components and its rules away too."""
+    infos = plugins.infos
+    third_party = [n for n in names if n not in KERNEL_PLUGINS and not (n in infos and infos[n].builtin)]
+    if not third_party:
+        return "This is a bug in Forge itself: please report it."
+    shown = " or ".join(f"FORGE_BLOCK_PLUGINS={n}" for n in third_party)
+    dists = sorted({infos[n].distribution for n in third_party if n in infos})
+    return (
+        f"Skip the third-party one with {shown} (everything it registers goes with it), uninstall "
+        f"{' or '.join(dists) or 'it'}, or ask its authors to rename the component."
+    )
 
 
 def build_registries(plugins: LoadedPlugins) -> Registries:
@@ -130,10 +156,10 @@ def build_registries(plugins: LoadedPlugins) -> Registries:
                     f"{kind.spec_cls.__name__} objects."
                 )
             if spec.name in entries:
+                first = entries[spec.name].plugin
                 raise ForgeError(
-                    f"{kind.label} {spec.name!r} is registered by two plugins: "
-                    f"{entries[spec.name].plugin!r} and {plugin!r}. Block one of them with "
-                    f"FORGE_BLOCK_PLUGINS or rename the component."
+                    f"{kind.label} {spec.name!r} is registered by two plugins: {first!r} and "
+                    f"{plugin!r}. {_clash_fix(plugins, (first, plugin))}"
                 )
             entries[spec.name] = Entry(spec, plugin)
         by_kind[kind.name] = Registry(kind, entries)
@@ -145,7 +171,7 @@ def build_registries(plugins: LoadedPlugins) -> Registries:
             raise ForgeError(
                 f"rule {rule.id!r} is declared by two plugins: {rules[rule.id].plugin!r} and {plugin!r}."
             )
-        rules[rule.id] = RuleEntry(rule, plugin)
+        rules[rule.id] = RuleEntry(rule, plugin, kernel=plugin in KERNEL_PLUGINS)
     return Registries(plugins, by_kind, tuple(rules.values()))
 
 

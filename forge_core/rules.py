@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import attrs
 
+from forge_core.errors import show_value
+
 Severity = Literal["error", "warning"]
 
 
@@ -121,15 +123,16 @@ def evaluate(rules: Iterable[Any], ctx: RuleContext) -> list[Violation]:
         fields = tuple((path, get_path(ctx.config, path, "<unset>")) for path in rule.paths)
         try:
             result = rule.check(ctx)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a rule must not end the process either
+            fix = (
+                "report this as a bug in Forge (kernel rules cannot be blocked)"
+                if getattr(entry, "kernel", False)
+                else f"report this to the authors of plugin {entry.plugin!r}, or block it with "
+                f"FORGE_BLOCK_PLUGINS={entry.plugin} (its components and rules go with it)"
+            )
             violations.append(
-                Violation(
-                    rule.id, "error", entry.plugin,
-                    f"the rule itself failed: {type(exc).__name__}: {exc}",
-                    f"report this to the authors of plugin {entry.plugin!r}, or block it with "
-                    f"FORGE_BLOCK_PLUGINS={entry.plugin}",
-                    fields,
-                )
+                Violation(rule.id, "error", entry.plugin,
+                          f"the rule itself failed: {type(exc).__name__}: {exc}", fix, fields)
             )
             continue
         messages = [result] if isinstance(result, str) else list(result or [])
@@ -156,6 +159,4 @@ def render(violations: Iterable[Violation]) -> str:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
+    return show_value(value)

@@ -264,7 +264,7 @@ def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
 
 
 def test_rule_backend_must_honour_emitted_doc_ids():
-    check = attention_rules.check_honours_doc_ids
+    from forge_core.core_rules import check_honours_doc_ids as check
     message = check(_ctx(backend="window", honours=()))
     assert "'concat' emits doc_ids" in message and "'window' does not honour" in message
     assert check(_ctx(backend="window", honours=(), emitted=())) is None
@@ -283,9 +283,13 @@ def test_rule_sdpa_dense_mask_warns_from_the_threshold_seq_len():
 
 
 def test_forge_rules_declares_the_attention_rules():
+    from forge_core.core_rules import RULES
+
+    # The doc-id rule is the kernel's: it must hold even when this plugin is blocked.
+    kernel = {rule.id: rule for rule in RULES}
+    assert kernel["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
     rules = {rule.id: rule for rule in plugin.forge_rules()}
-    assert rules["attention.honours-doc-ids"].severity == "error"
-    assert rules["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
+    assert "attention.honours-doc-ids" not in rules
     assert rules["sdpa.dense-mask-long-seq"].severity == "warning"
     assert rules["sdpa.dense-mask-long-seq"].check is attention_rules.check_sdpa_dense_mask
 
@@ -317,7 +321,7 @@ def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(cfg, tmp_path)
     env = {"PYTHONPATH": str(site)}
     result = run_cli("check", cfg(PACKED), "attention.backend=window", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "[attention.honours-doc-ids] (plugin 'attention')" in result.stdout
+    assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
     assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
     # Without isolation nothing needs honouring.
     result = run_cli("check", cfg(PACKED), "attention.backend=window",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from forge_core.config import loader
 from forge_core.config.loader import ConfigError, apply_overrides, load_config, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.hookspecs import hookimpl
@@ -150,3 +151,173 @@ def test_validator_errors_in_option_blocks_are_reported_at_their_field(cfg):
 def test_errors_of_a_whole_option_block_stay_at_the_block(cfg):
     # A check across fields (__attrs_post_init__) belongs to no single field.
     assert _option_issues(cfg, "range", {"lo": 2}) == [("$.attention.options", "ValueError: hi must be above lo")]
+
+
+# --- values no config may hold ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,path,expected",
+    [
+        ("train:\n  lr: .nan\n", "$.train.lr", "expected a finite number, got nan"),
+        ("train:\n  lr: .inf\n", "$.train.lr", "expected a finite number, got inf"),
+        ("train:\n  lr: -.inf\n", "$.train.lr", "expected a finite number, got -inf"),
+        ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf"),
+        ("train:\n  steps: -5\n", "$.train.steps", "must be at least 1, got -5"),
+        ("train:\n  steps: 0\n", "$.train.steps", "must be at least 1, got 0"),
+        (f"train:\n  steps: {10**40}\n", "$.train.steps", f"expected an integer from -2**63 to 2**63-1, got {10**40}"),
+        ("train:\n  optimizer_options: {beta1: 1.5}\n", "$.train.optimizer_options.beta1", "must be in [0, 1), got 1.5"),
+        ("run:\n  out_dir: ''\n", "$.run.out_dir", "must be a non-empty string, got ''"),
+        ("parallel:\n  dp_shard: 0\n", "$.parallel.dp_shard", "must be at least 1, or -1, got 0"),
+        ("data:\n  source_options: {max_files: -1}\n", "$.data.source_options.max_files", "must be at least 0, got -1"),
+    ],
+)
+def test_values_outside_their_meaning_are_refused_at_their_path(tmp_path, text, path, expected):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    issues, _ = issues_of(config)
+    assert issues == {path: expected}
+
+
+def test_huge_values_are_cut_in_messages(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"train:\n  lr: '{'x' * 100_000}'\n  steps: [{', '.join(['1'] * 5000)}]\n")
+    issues, text = issues_of(config)
+    assert len(issues["$.train.lr"]) < 150 and "..." in issues["$.train.lr"]
+    assert len(issues["$.train.steps"]) < 150
+    assert len(text) < 500
+
+
+def test_schema_errors_and_option_block_errors_come_in_one_report(cfg):
+    # Both at once: a bad kernel value does not hide the option block's problems.
+    issues, _ = issues_of(cfg({}), ["train.lr=abc", "model.options.dimm=3"])
+    assert set(issues) == {"$.train.lr", "$.model.options"}
+    assert "unknown key 'dimm'. Did you mean 'dim'?" in issues["$.model.options"]
+    # Also with the section itself broken elsewhere, and an override that is not YAML.
+    issues, _ = issues_of(cfg({"train": {"steps": 0}}), ["train.lr=[1", "attention.options.block_size=0",
+                                                         "attention.backend=flex"])
+    assert set(issues) == {"$.train.lr", "$.train.steps", "$.attention.options.block_size"}
+    # An unknown component name is reported with the schema's errors too.
+    issues, _ = issues_of(cfg({"train": {"lr": "x"}, "data": {"packer": "bfdd"}}))
+    assert set(issues) == {"$.train.lr", "$.data.packer"}
+
+
+# --- YAML that a config never needs and an attacker could use --------------------------
+
+#: 448 bytes that expand to 9**9 (387 million) strings, over 900 million values with the lists.
+ALIAS_BOMB = "\n".join(
+    [f'a: &a [{", ".join(["lol-lol"] * 9)}]']
+    + [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    + ["train: {lr: *i}", ""]
+)
+
+
+class _Counting:
+    """Counts what the YAML loader composes and constructs: the bound on work a
+    malicious config can cause, asserted without a clock."""
+
+    def __init__(self, monkeypatch):
+        self.composed = self.constructed = 0
+        original_compose, original_construct = loader._Loader.compose_node, loader._Loader.construct_object
+
+        def compose(this, parent, index):
+            self.composed += 1
+            return original_compose(this, parent, index)
+
+        def construct(this, node, deep=False):
+            self.constructed += 1
+            return original_construct(this, node, deep)
+
+        monkeypatch.setattr(loader._Loader, "compose_node", compose)
+        monkeypatch.setattr(loader._Loader, "construct_object", construct)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    assert 440 <= len(ALIAS_BOMB.encode()) <= 460
+    config = tmp_path / "bomb.yaml"
+    config.write_text(ALIAS_BOMB)
+    count = _Counting(monkeypatch)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.issues == [("$", (
+        "the YAML expands to 926,177,117 values, more than the 100,000 a config may have (anchors "
+        "and aliases, &name and *name, repeat what they name): write the values out"))]
+    assert count.constructed == 0 and count.composed < 200  # the document's own nodes only
+
+
+def test_an_alias_bomb_as_an_override_is_refused_too(tmp_path, monkeypatch):
+    flow = "[" + ", ".join(ALIAS_BOMB.splitlines()[:-1][i].split(": ", 1)[1] for i in range(9)) + "]"
+    count = _Counting(monkeypatch)
+    with pytest.raises(ConfigError, match=r"\$\.train\.lr: the YAML expands to [\d,]+ values, more than the 100,000"):
+        apply_overrides({}, [f"train.lr={flow}"])
+    assert count.constructed == 0
+
+
+def test_aliases_within_bounds_work_and_an_override_changes_one_place_only(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("logging:\n  options:\n    jsonl: &f {filename: m.jsonl}\n    plot: {<<: *f, filename: p.png}\n"
+                      "parallel:\n  options: {ddp: &d {bucket_cap_mb: 5.0}, fsdp: {}}\n")
+    raw = loader.read_config_file(config)
+    assert raw["logging"]["options"]["plot"] == {"filename": "p.png"}
+    shared = apply_overrides({"a": (inner := {"x": 1}), "b": inner}, ["a.x=2"])
+    assert shared == {"a": {"x": 2}, "b": {"x": 1}}
+    with pytest.raises(ConfigError, match="refers to a value that contains it"):
+        loader.parse_yaml("a: &a [1, *a]\n", "$")
+
+
+@pytest.mark.parametrize("depth", [5_000, 100_000])
+@pytest.mark.parametrize("shape", ["list", "mapping"])
+def test_deep_nesting_is_a_clean_error_in_files_and_overrides(tmp_path, monkeypatch, depth, shape):
+    value = "[" * depth + "]" * depth if shape == "list" else "{a: " * depth + "1" + "}" * depth
+    config = tmp_path / "deep.yaml"
+    config.write_text(f"train: {value}\n")
+    count = _Counting(monkeypatch)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.issues[0][0] == "$" and "nested more than 64 levels deep" in info.value.issues[0][1]
+    assert count.composed <= 2 * loader.MAX_DEPTH + 2  # stopped at the limit (keys count too), whatever the depth
+    with pytest.raises(ConfigError, match=r"\$\.train\.x: invalid YAML \(line 1, column \d+\): nested more than 64"):
+        apply_overrides({}, [f"train.x={value}"])
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        apply_overrides({}, [".".join(["a"] * depth) + "=1"])
+
+
+def test_keys_that_are_not_strings_are_refused_in_files_and_overrides(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("1: a\ntrain:\n  lr: 0.1\n  2.5: x\n  yes: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.issues == [
+        ("$", 'key 1 (line 1) is an integer, not a string: config keys are names; quote it ("1") if it is one'),
+        ("$.train", 'key 2.5 (line 4) is a number, not a string: config keys are names; quote it ("2.5") if it is one'),
+        ("$.train", 'key yes (line 5) is a boolean, not a string: config keys are names; quote it ("yes") if it is one'),
+    ]
+    with pytest.raises(ConfigError, match=r"\$\.train: key 1 \(line 1\) is an integer"):
+        apply_overrides({}, ["train={1: a, lr: 2}"])
+
+
+def test_duplicate_keys_and_sections_are_refused_with_both_lines(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  lr: 1.0\n  lr: 2.0\nmodel: {}\ntrain:\n  steps: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.issues == [
+        ("$", "key 'train' is given twice (lines 1 and 5): the second would silently replace the first; merge them into one"),
+        ("$.train", "key 'lr' is given twice (lines 2 and 3): the second would silently replace the first; merge them into one"),
+    ]
+
+
+def test_an_empty_file_is_refused_and_braces_mean_every_default(tmp_path):
+    config = tmp_path / "c.yaml"
+    for text in ("", "# only a comment\n", "~\n"):
+        config.write_text(text)
+        with pytest.raises(ConfigError, match=r"is empty: write `\{\}` to train with every default"):
+            load_config(config)
+    config.write_text("{}\n")
+    assert load_config(config) == ForgeConfig()
+
+
+def test_a_directory_given_as_the_config_is_called_a_directory(tmp_path):
+    (tmp_path / "quickstart.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"is a directory, not a YAML file; it holds quickstart\.yaml"):
+        load_config(tmp_path)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from conftest import make_distribution, run_cli
+from conftest import REPO, make_distribution, run_cli
+from forge_core.cli import main
 from forge_core.errors import ForgeError
 from forge_core.hookspecs import hookimpl
 from forge_core.plugins import load_plugins
@@ -120,3 +121,108 @@ def test_unknown_name_gives_did_you_mean_and_available_names():
 def test_specs_validate_impl_paths():
     with pytest.raises(ValueError, match="package.module:attr"):
         PackerSpec(name="bad", summary="s", impl="no_colon_here")
+
+
+# --- faults that must not escape as tracebacks or silent exits ------------------------
+
+
+class _WrongArgument:
+    @hookimpl
+    def forge_packers(self, config):  # registration hooks pass no argument
+        return []
+
+
+def test_a_hook_implementation_with_an_argument_the_hook_lacks_is_a_clean_error():
+    with pytest.raises(ForgeError) as info:
+        load_plugins(extra=[("wrongarg", _WrongArgument())])
+    message = str(info.value)
+    assert "plugin 'wrongarg': its forge_packers() takes 'config', which the hook does not pass (it passes: nothing)" in message
+    assert "FORGE_BLOCK_PLUGINS=wrongarg" in message
+
+
+def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribution(tmp_path):
+    faults = {
+        "exits": ("import sys\nsys.exit(3)\n", "called sys.exit(3) while being imported"),
+        "wrongarg": ("from forge_core.hookspecs import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
+                     "its forge_models() takes 'registry', which the hook does not pass"),
+    }
+    for name, (source, expected) in faults.items():
+        site = make_distribution(tmp_path / name, f"forge-{name}", "0.2", {f"{name}plug": source}, {name: f"{name}plug"})
+        result = run_cli("check", str(REPO / "configs" / "quickstart.yaml"), env={"PYTHONPATH": str(site)})
+        assert result.returncode == 2, (name, result.returncode, result.stderr)
+        assert "Traceback" not in result.stderr
+        for needle in (expected, f"plugin {name!r}", f"forge-{name} 0.2", f"FORGE_BLOCK_PLUGINS={name}"):
+            assert needle in result.stderr, (needle, result.stderr)
+
+
+def test_a_plugin_calling_sys_exit_in_a_registration_hook_is_named():
+    class Exits:
+        @hookimpl
+        def forge_packers(self):
+            raise SystemExit(4)
+
+    with pytest.raises(ForgeError, match=r"plugin 'exits' raised in forge_packers\(\): SystemExit: 4"):
+        build_registries(load_plugins(extra=[("exits", Exits())]))
+
+
+# --- the kernel's rules cannot be switched off ---------------------------------------
+
+
+def test_kernel_rules_cannot_be_blocked_by_config_or_environment(cfg, monkeypatch, capsys):
+    # The reproduction: blocking core_rules used to pass pp with document isolation.
+    path = cfg({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
+    assert main(["check", path, "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "plugins.block in the config names 'core_rules'" in err and "cannot be switched off" in err
+    monkeypatch.setenv("FORGE_BLOCK_PLUGINS", "core_rules")
+    with pytest.raises(ForgeError, match="FORGE_BLOCK_PLUGINS names 'core_rules'"):
+        load_plugins()
+
+
+def test_no_package_can_take_the_kernel_rules_name(tmp_path):
+    site = make_distribution(tmp_path / "site", "forge-shadow", "1.0", {"shadowplug": "x = 1\n"},
+                             {"core_rules": "shadowplug"})
+    result = run_cli("rules", env={"PYTHONPATH": str(site)})
+    assert result.returncode == 2
+    assert "forge-shadow 1.0 declares a plugin named 'core_rules'" in result.stderr
+    assert "Uninstall it (pip uninstall forge-shadow)" in result.stderr and "FORGE_BLOCK" not in result.stderr
+
+
+def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(cfg, capsys):
+    from forge_core.core_rules import RULES
+
+    registries = load_registries(block=("attention", "parallel", "models", "packers"))
+    kernel = [e for e in registries.rules if e.kernel]
+    assert [e.rule.id for e in kernel] == [r.id for r in RULES] and {e.plugin for e in kernel} == {"core_rules"}
+    assert main(["check", cfg({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
+    out = capsys.readouterr().out
+    assert f"({len(RULES)} from the kernel)" in out
+    assert "blocked plugins (their components and rules not loaded): loggers" in out
+
+
+class _ShadowsSdpa:
+    @hookimpl
+    def forge_attention_backends(self):
+        return [AttentionBackendSpec(name="sdpa", summary="shadow", impl="x.y:Z")]
+
+
+def test_a_name_clash_never_advises_blocking_a_builtin_plugin():
+    with pytest.raises(ForgeError) as info:
+        build_registries(load_plugins(extra=[("shadow", _ShadowsSdpa())]))
+    message = str(info.value)
+    assert "Skip the third-party one with FORGE_BLOCK_PLUGINS=shadow" in message
+    assert "FORGE_BLOCK_PLUGINS=attention" not in message
+
+
+def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(cfg):
+    class CausalOnly:
+        @hookimpl
+        def forge_attention_backends(self):
+            return [AttentionBackendSpec(name="causal", summary="ignores doc_ids", impl="os:path")]
+
+    from forge_core.judge import judge
+
+    path = cfg({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
+    result = judge(path, extra_plugins=(("causal", CausalOnly()),))
+    assert [v.rule_id for v in result.errors] == ["attention.honours-doc-ids"]
+    assert result.errors[0].plugin == "core_rules"

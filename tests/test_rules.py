@@ -4,6 +4,7 @@ parallelism with a packer that isolates documents is refused, through capabiliti
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -153,3 +154,112 @@ def test_model_must_accept_what_the_packer_emits(cfg):
     assert "emits doc_ids, positions, which model 'plain' does not take" in found["model.accepts-metadata"].message
     found, _ = errors(path, ["data.packer=none"], extra=[("plainmodel", _PlainModel())])
     assert "model.accepts-metadata" not in found
+
+
+# --- what check sees of the file system, as rules (the same functions the build runs) ---
+
+
+def rule_errors(path, overrides=()):
+    return {v.rule_id: v.message for v in judge(path, list(overrides)).errors}
+
+
+def test_run_directory_must_be_creatable(cfg, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "a-file")}}))
+    assert "exists and is not a directory" in found["run.out-dir"]
+    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "a-file" / "run")}}))
+    assert "cannot be created" in found["run.out-dir"] and "is a file" in found["run.out-dir"]
+    assert "run.out-dir" not in rule_errors(cfg({"run": {"out_dir": str(tmp_path / "new" / "run")}}))
+
+
+def test_run_directory_must_be_writable(cfg, tmp_path, monkeypatch):
+    import forge_core.core_rules
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    # Root may write anywhere, so the permission answer is the operating system's, faked.
+    monkeypatch.setattr(forge_core.core_rules.os, "access", lambda p, mode: os.fspath(p) != str(locked))
+    found = rule_errors(cfg({"run": {"out_dir": str(locked / "run")}}))
+    assert "cannot be created: " in found["run.out-dir"] and "is not writable by this user" in found["run.out-dir"]
+    found = rule_errors(cfg({"run": {"out_dir": str(locked)}}))
+    assert found["run.out-dir"] == f"run.out_dir {str(locked)!r} is not writable by this user"
+
+
+def test_text_and_stdlib_sources_are_checked_without_reading_documents(cfg, tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "empty.txt").write_text("")
+    text = {"data": {"source": "text", "source_options": {"paths": [str(tmp_path / "*.md")]}}}
+    assert "matches no file" in rule_errors(cfg(text))["text.files-exist"]
+    text["data"]["source_options"]["paths"] = [str(tmp_path)]
+    assert "is a directory" in rule_errors(cfg(text))["text.files-exist"]
+    text["data"]["source_options"]["paths"] = [str(tmp_path / "empty.txt")]
+    assert "file is empty" in rule_errors(cfg(text))["text.files-exist"]
+    text["data"]["source_options"]["paths"] = []
+    assert "paths is empty" in rule_errors(cfg(text))["text.files-exist"]
+    text["data"]["source_options"]["paths"] = [str(tmp_path / "a.txt")]
+    assert "text.files-exist" not in rule_errors(cfg(text))
+    found = rule_errors(cfg({"data": {"source_options": {"max_bytes": 1}}}))
+    assert "no file selected" in found["stdlib.files-selected"]
+
+
+def test_shard_directories_are_checked_from_their_index(cfg, tmp_path):
+    from forge_core.data.shards import ShardWriter, partial_dir
+
+    def shards(path):
+        return cfg({"data": {"source": "shards", "source_options": {"path": str(path)}}})
+
+    assert "path is empty" in rule_errors(shards(""))["shards.directory"]
+    assert "no such shard directory" in rule_errors(shards(tmp_path / "none"))["shards.directory"]
+    partial_dir(tmp_path / "cut").mkdir()
+    assert "was interrupted" in rule_errors(shards(tmp_path / "cut"))["shards.directory"]
+    (tmp_path / "half").mkdir()
+    assert "index.json: missing" in rule_errors(shards(tmp_path / "half"))["shards.directory"]
+    writer = ShardWriter(tmp_path / "good", {"identity": "hf:abc:eos=0:pad=0", "vocab_size": 300,
+                                             "eos_id": 0, "pad_id": 0})
+    import numpy as np
+
+    writer.add([np.arange(5)])
+    writer.commit("test")
+    path = shards(tmp_path / "good")
+    assert "tokenized with the 'hf' tokenizer, but data.tokenizer is 'byte'" in rule_errors(path)["shards.directory"]
+    (tmp_path / "good" / "tokens.bin").write_bytes(b"\0" * 3)
+    assert "The shard is damaged" in rule_errors(path)["shards.directory"]
+
+
+def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(cfg, tmp_path):
+    def hf(path):
+        return cfg({"data": {"tokenizer": "hf", "tokenizer_options": {"path": str(path)}}})
+
+    (tmp_path / "empty").mkdir()
+    message = rule_errors(hf(tmp_path / "empty"))["hf.tokenizer-files"]
+    assert "holds no tokenizer (it is empty): expected tokenizer.json" in message
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "README.md").write_text("x")
+    assert "(it holds README.md)" in rule_errors(hf(tmp_path / "other"))["hf.tokenizer-files"]
+    assert "does not exist" in rule_errors(hf(tmp_path / "none"))["hf.tokenizer-files"]
+    assert "path is empty" in rule_errors(hf(""))["hf.tokenizer-files"]
+    (tmp_path / "other" / "tokenizer.json").write_text("{}")
+    assert "hf.tokenizer-files" not in rule_errors(hf(tmp_path / "other"))
+
+
+def test_init_from_hf_lists_every_mismatch_with_both_values(cfg, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 300, "rms_norm_eps": 1e-6,
+    }))
+    path = cfg({"model": {"options": {"init_from_hf": str(tmp_path)}}})
+    result = judge(path)
+    messages = [v.message for v in result.errors if v.rule_id == "llama.init-from-hf"]
+    assert "model.options.dim=256 but hidden_size=64 (set dim=64)" in messages
+    assert "model.options.n_layers=4 but num_hidden_layers=3 (set n_layers=3)" in messages
+    assert "model.options.norm_eps=1e-05 but rms_norm_eps=1e-06 (set norm_eps=1e-06)" in messages
+    (tmp_path / "config.json").write_text("{not json")
+    assert "config.json is not valid JSON" in rule_errors(path)["llama.init-from-hf"]
+
+
+def test_logger_outputs_and_sgd_nesterov_are_checked(cfg, tmp_path):
+    (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)
+    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "run")}}))
+    assert "exists and is not a file" in found["loggers.output-paths"]
+    found = rule_errors(cfg({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.0, "nesterov": True}}}))
+    assert "Nesterov momentum needs a momentum above 0" in found["sgd.nesterov-momentum"]

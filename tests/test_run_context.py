@@ -1,6 +1,7 @@
 """RunContext.should_log: the logging.every cadence every logger shares."""
 
 import attrs
+import pytest
 
 from forge_core.config.schema import ForgeConfig, LoggingSection
 from forge_core.run_context import RunContext
@@ -10,5 +11,8 @@ def test_should_log_every_n_steps_and_the_last():
     config = attrs.evolve(ForgeConfig(), logging=LoggingSection(every=3))
     run = RunContext(config=config, out_dir="x", start_step=0, total_steps=10)
     assert [s for s in range(1, 11) if run.should_log(s)] == [3, 6, 9, 10]
-    config = attrs.evolve(ForgeConfig(), logging=LoggingSection(every=0))
+    config = attrs.evolve(ForgeConfig(), logging=LoggingSection(every=1))
     assert RunContext(config=config, out_dir="x", start_step=0, total_steps=4).should_log(1)
+    # 0 has no meaning as a cadence: the schema refuses it.
+    with pytest.raises(ValueError, match="must be at least 1, got 0"):
+        LoggingSection(every=0)

@@ -6,6 +6,7 @@ with the config path (``$.train.lr``), so a user fixes everything in one pass.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from pathlib import Path
@@ -15,8 +16,9 @@ import attrs
 import cattrs
 import yaml
 
-from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
-from forge_core.errors import ForgeError, did_you_mean, unknown_name
+from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
+from forge_core.config.validators import INT_MAX, INT_MIN
+from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value, unknown_name
 
 
 class ConfigError(ForgeError):
@@ -29,9 +31,45 @@ class ConfigError(ForgeError):
 
 # --- YAML -------------------------------------------------------------------------
 
+#: Deepest nesting of mappings and lists a config may have (a config is a few levels
+#: of sections and options); deeper input is refused before it is built.
+MAX_DEPTH = 64
+#: Most values (scalars, lists, mappings) a config may expand to, counting what every
+#: alias (``*name``) repeats: a few hundred bytes of aliases can otherwise expand to
+#: billions of values.
+MAX_NODES = 100_000
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_TAG_NAMES = {
+    "tag:yaml.org,2002:int": "an integer",
+    "tag:yaml.org,2002:float": "a number",
+    "tag:yaml.org,2002:bool": "a boolean",
+    "tag:yaml.org,2002:null": "null",
+}
+
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``3e-4`` as a float (YAML 1.2), not a string (YAML 1.1)."""
+    """SafeLoader that reads ``3e-4`` as a float (YAML 1.2), not a string (YAML 1.1),
+    and refuses nesting deeper than :data:`MAX_DEPTH` while composing (PyYAML's
+    composer recurses once per level)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.add_implicit_resolver(
@@ -41,42 +79,185 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _expanded_size(root: yaml.Node) -> int | None:
+    """How many values the document builds, aliases expanded; ``None`` for an alias
+    that contains itself. Linear in the number of distinct nodes (each is sized once)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int | None:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            return None
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key] = 1
+            return 1
+        open_nodes.add(key)
+        children = node.value if isinstance(node, yaml.SequenceNode) else [n for kv in node.value for n in kv]
+        total = 1
+        for child in children:
+            part = size(child)  # recursion bounded by MAX_DEPTH
+            if part is None:
+                return None
+            total += part
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+def _key_problems(root: yaml.Node, where: str) -> list[tuple[str, str]]:
+    """Duplicate keys (with both lines) and keys that are not strings, each at the path
+    of its mapping. Every distinct node is visited once."""
+    issues: list[tuple[str, str]] = []
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, where)]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes or isinstance(node, yaml.ScalarNode):
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed([(child, f"{path}[{i}]") for i, child in enumerate(node.value)]))
+            continue
+        first_line: dict[str, int] = {}
+        children: list[tuple[yaml.Node, str]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                children.append((value_node, path))
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
+                at = f"(line {_line(key_node)})"
+                if isinstance(key_node, yaml.ScalarNode):
+                    kind = _TAG_NAMES.get(key_node.tag, "a " + key_node.tag.rpartition(":")[2])
+                    text = key_node.value if len(key_node.value) <= 40 else key_node.value[:37] + "..."
+                    problem = (f"key {text or '(empty)'} {at} is {kind}, not a string: config keys "
+                               f"are names; quote it (\"{text}\") if it is one")
+                else:
+                    problem = f"a key {at} is a list or mapping: config keys are names"
+                issues.append((path, problem))
+                continue
+            key = key_node.value
+            if key in first_line:
+                issues.append((path, (
+                    f"key {show_value(key)} is given twice (lines {first_line[key]} and "
+                    f"{_line(key_node)}): the second would silently replace the first; merge them into one"
+                )))
+                continue
+            first_line[key] = _line(key_node)
+            children.append((value_node, f"{path}.{key}"))
+        stack.extend(reversed(children))
+    return issues
+
+
 def parse_yaml(text: str, where: str) -> Any:
+    """Parse one YAML document of config data, refusing what a config never needs and
+    an attacker could use: nesting deeper than :data:`MAX_DEPTH`, more than
+    :data:`MAX_NODES` values once aliases are expanded, an alias inside itself,
+    duplicate keys and keys that are not strings. Anchors and aliases within those
+    bounds are accepted (``defaults: &d {...}`` then ``<<: *d``)."""
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node)
+        if size is None:
+            raise ConfigError([(where, "an alias (*name) refers to a value that contains it; "
+                                       "a config cannot be infinite")])
+        if size > MAX_NODES:
+            raise ConfigError([(where, (
+                f"the YAML expands to {size:,} values, more than the {MAX_NODES:,} a config may "
+                "have (anchors and aliases, &name and *name, repeat what they name): write the "
+                "values out"
+            ))])
+        issues = _key_problems(node, where)
+        if issues:
+            raise ConfigError(issues)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError([(where, f"invalid YAML{at}: {problem}")]) from None
+    except ValueError as exc:  # int() of a number beyond Python's digit limit
+        raise ConfigError([(where, f"invalid YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+
+
+def _config_file_problem(path: Path) -> str | None:
+    if path.is_dir():
+        yamls = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+        holds = f"; it holds {', '.join(yamls[:5])}{' ...' if len(yamls) > 5 else ''}" if yamls else ""
+        return f"config path {str(path)!r} is a directory, not a YAML file{holds}"
+    if not path.exists():
+        return f"config file {str(path)!r} does not exist"
+    if not path.is_file():
+        return f"config path {str(path)!r} is not a regular file"
+    return None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The config file as a mapping. An empty file (or one of comments only) is refused:
+    it is far more often a truncated or wrong file than a wish for every default, which
+    ``{}`` states explicitly."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError([("$", f"config file {str(path)!r} does not exist")])
+    problem = _config_file_problem(path)
+    if problem:
+        raise ConfigError([("$", problem)])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([("$", f"cannot read {str(path)!r}: {exc}")]) from None
     raw = parse_yaml(text, "$")
     if raw is None:
-        return {}
+        raise ConfigError([("$", (
+            f"config file {str(path)!r} is empty: write `{{}}` to train with every default, "
+            "or start from configs/quickstart.yaml"
+        ))])
     if not isinstance(raw, dict):
-        raise ConfigError([("$", f"the config must be a mapping of sections, got {type(raw).__name__}")])
+        raise ConfigError([("$", f"the config must be a mapping of sections, got {_type_name(raw)}")])
     return raw
+
+
+def _plain_copy(value: Any) -> Any:
+    """A copy sharing nothing (an alias makes two places hold one object, and an override
+    of one must not change the other). Depth is bounded by :data:`MAX_DEPTH`."""
+    if isinstance(value, dict):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_copy(v) for v in value]
+    return value
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a copy of ``raw``."""
-    import copy
+    result, issues = _overridden(raw, overrides)
+    if issues:
+        raise ConfigError(issues)
+    return result
 
-    result = copy.deepcopy(raw)
+
+def _overridden(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``raw`` with every valid override applied, and the problems of the others."""
+    result = _plain_copy(raw)
     issues = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
-            issues.append(("$", f"override {item!r} is not of the form section.key=value"))
+            issues.append(("$", f"override {show_value(item)} is not of the form section.key=value"))
+            continue
+        parts = key.split(".")
+        if len(parts) > MAX_DEPTH:
+            issues.append(("$", f"override key {show_value(key)} is nested more than {MAX_DEPTH} levels deep"))
             continue
         try:
             value = parse_yaml(text, f"$.{key}")
@@ -84,21 +265,24 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             issues.extend(exc.issues)
             continue
         target = result
-        parts = key.split(".")
         for depth, part in enumerate(parts[:-1]):
             nxt = target.setdefault(part, {})
             if nxt is None:
                 nxt = target[part] = {}
             if not isinstance(nxt, dict):
                 where = "$." + ".".join(parts[: depth + 1])
-                issues.append((where, f"override {item!r} goes inside {where}, which is not a mapping"))
+                issues.append((where, f"override {show_value(item)} goes inside {where}, which is not a mapping"))
                 break
             target = nxt
         else:
             target[parts[-1]] = value
-    if issues:
-        raise ConfigError(issues)
-    return result
+    return result, issues
+
+
+def read_raw(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The config file with the valid overrides applied, as plain data (not yet
+    structured), and the problems of the other overrides (reported with the rest)."""
+    return _overridden(read_config_file(path), list(overrides))
 
 
 # --- strict structuring -------------------------------------------------------------
@@ -114,37 +298,45 @@ class ScalarError(TypeError):
 
 def _strict_int(value: Any, _: type) -> int:
     if type(value) is int:
-        return value
-    raise ScalarError(f"expected an integer, got {value!r} ({_type_name(value)})")
+        if INT_MIN <= value <= INT_MAX:
+            return value
+        raise ScalarError(f"expected an integer from -2**63 to 2**63-1, got {show_value(value)}")
+    raise ScalarError(f"expected an integer, got {show_value(value)} ({_type_name(value)})")
 
 
 def _strict_float(value: Any, _: type) -> float:
     if type(value) in (int, float):
-        return float(value)
-    raise ScalarError(f"expected a number, got {value!r} ({_type_name(value)})")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return number
+        raise ScalarError(f"expected a finite number, got {show_value(value)}")
+    raise ScalarError(f"expected a number, got {show_value(value)} ({_type_name(value)})")
 
 
 def _strict_str(value: Any, _: type) -> str:
     if type(value) is str:
         return value
-    raise ScalarError(f"expected a string, got {value!r} ({_type_name(value)})")
+    raise ScalarError(f"expected a string, got {show_value(value)} ({_type_name(value)})")
 
 
 def _strict_bool(value: Any, _: type) -> bool:
     if type(value) is bool:
         return value
-    raise ScalarError(f"expected true or false, got {value!r} ({_type_name(value)})")
+    raise ScalarError(f"expected true or false, got {show_value(value)} ({_type_name(value)})")
 
 
 def _mapping(value: Any, _: type) -> dict:
     if isinstance(value, dict):
         return dict(value)
-    raise ScalarError(f"expected a mapping, got {value!r} ({_type_name(value)})")
+    raise ScalarError(f"expected a mapping, got {show_value(value)} ({_type_name(value)})")
 
 
 def _strict_list(value: Any, cl: type) -> list:
     if not isinstance(value, list):
-        raise ScalarError(f"expected a list, got {value!r} ({_type_name(value)})")
+        raise ScalarError(f"expected a list, got {show_value(value)} ({_type_name(value)})")
     (item_type,) = typing.get_args(cl) or (Any,)
     return [converter.structure(item, item_type) for item in value]
 
@@ -232,29 +424,33 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         known = [a.name for a in attrs.fields(exc.cl)]
         parts = [
-            f"unknown key {key!r}.{did_you_mean(key, known)} Keys here: {', '.join(known)}"
-            for key in sorted(exc.extra_fields)
+            f"unknown key {show_value(key)}.{did_you_mean(str(key), known)} Keys here: {', '.join(known)}"
+            for key in sorted(exc.extra_fields, key=str)
         ]
         return "; ".join(parts)
     if isinstance(exc, KeyError):
-        return f"required key {exc.args[0]!r} is missing"
+        return f"required key {show_value(exc.args[0])} is missing"
     if isinstance(exc, (ScalarError, FieldValidatorError)):
         return str(exc)
     if typing.get_origin(type_) is typing.Literal:
         choices = typing.get_args(type_)
         value = exc.args[0] if exc.args else "?"
-        match = re.match(r"(.*) not in literal", str(value))
-        got = match.group(1) if match else value
-        return f"expected one of {', '.join(map(repr, choices))}, got {got}.{did_you_mean(str(got), map(str, choices))}"
+        match = re.match(r"(.*) not in literal", str(value), re.S)
+        got = _clip(str(match.group(1) if match else value))
+        return f"expected one of {', '.join(map(repr, choices))}, got {got}.{did_you_mean(got, map(str, choices))}"
     if attrs.has(type_):
-        return f"expected a mapping, got something else ({exc})"
-    return f"{type(exc).__name__}: {exc}"
+        return f"expected a mapping, got something else ({_clip(str(exc))})"
+    return _clip(f"{type(exc).__name__}: {exc}", 300)
+
+
+def _clip(text: str, width: int = VALUE_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def structure(raw: Any, cls: type, root: str = "$") -> tuple[Any, list[tuple[str, str]]]:
     """Structure ``raw`` into ``cls``; returns ``(instance or None, issues)``."""
     if not isinstance(raw, dict):
-        return None, [(root, f"expected a mapping, got {raw!r} ({_type_name(raw)})")]
+        return None, [(root, f"expected a mapping, got {show_value(raw)} ({_type_name(raw)})")]
     try:
         return converter.structure(raw, cls), []
     except Exception as exc:  # cattrs raises ClassValidationError groups
@@ -268,31 +464,62 @@ def structure(raw: Any, cls: type, root: str = "$") -> tuple[Any, list[tuple[str
 
 # --- component option blocks ---------------------------------------------------------
 
+#: A value a block lookup cannot use (its section is not a mapping); the section's own
+#: structuring reports why.
+_UNUSABLE = object()
 
-def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfig, list[tuple[str, str]]]:
+
+def _schema_default(path: str) -> Any:
+    section, key = path.split(".")
+    field = attrs.fields_dict(attrs.fields_dict(ForgeConfig)[section].type)[key]
+    default = field.default
+    return default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
+
+
+def _raw_lookup(raw: dict[str, Any]):
+    """Read ``section.key`` from unstructured config data, with the schema's default."""
+
+    def lookup(path: str) -> Any:
+        section, key = path.split(".")
+        value = raw.get(section, {})
+        if not isinstance(value, dict):
+            return _UNUSABLE
+        return value[key] if key in value else _schema_default(path)
+
+    return lookup
+
+
+def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Check every component name and structure its option block against its spec's
-    options class. Returns the config with option blocks replaced by instances."""
-    from forge_core.rules import get_path
-
+    options class, as far as the name is known. Returns ``{options_path: value}``."""
     issues: list[tuple[str, str]] = []
-    replacements: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for block in OPTION_BLOCKS:
         registry = registries[block.kind]
-        name = get_path(config, block.name_path)
+        name = lookup(block.name_path)
+        if not isinstance(name, str):
+            continue  # not a name: the schema reports it
         if name not in registry:
             issues.append((f"$.{block.name_path}", unknown_name(registry.kind.label, name, registry.names())))
             continue
-        spec = registry.get(name)
-        value, problems = structure(get_path(config, block.options_path), spec.options, f"$.{block.options_path}")
+        options = lookup(block.options_path)
+        if options is _UNUSABLE:
+            continue
+        value, problems = structure(options, registry.get(name).options, f"$.{block.options_path}")
         issues.extend(problems)
-        replacements[block.options_path] = value
+        values[block.options_path] = value
     for block in KEYED_BLOCKS:
         registry = registries[block.kind]
-        for i, name in enumerate(get_path(config, block.name_path)):
-            if name not in registry:
-                issues.append((f"$.{block.name_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
+        names = lookup(block.name_path)
+        if isinstance(names, list):
+            for i, name in enumerate(names):
+                if isinstance(name, str) and name not in registry:
+                    issues.append((f"$.{block.name_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
+        given = lookup(block.options_path)
+        if not isinstance(given, dict):
+            continue
         keyed = {}
-        for name, opts in get_path(config, block.options_path).items():
+        for name, opts in given.items():
             where = f"$.{block.options_path}.{name}"
             if name not in registry:
                 issues.append((where, unknown_name(registry.kind.label, name, registry.names())))
@@ -300,13 +527,50 @@ def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfi
             value, problems = structure(opts, registry.get(name).options, where)
             issues.extend(problems)
             keyed[name] = value
-        replacements[block.options_path] = keyed
-    if issues:
-        return config, issues
-    for path, value in replacements.items():
+        values[block.options_path] = keyed
+    return values, issues
+
+
+def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:
+    for path, value in values.items():
         section, key = path.split(".")
         config = attrs.evolve(config, **{section: attrs.evolve(getattr(config, section), **{key: value})})
-    return config, []
+    return config
+
+
+def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfig, list[tuple[str, str]]]:
+    """Check every component name and structure its option block against its spec's
+    options class. Returns the config with option blocks replaced by instances."""
+    from forge_core.rules import get_path
+
+    values, issues = _structure_blocks(lambda path: get_path(config, path), registries)
+    return (config, issues) if issues else (_with_blocks(config, values), [])
+
+
+def plugin_blocklist(raw: dict[str, Any]) -> list[str] | None:
+    """``plugins.block`` of unstructured config data, or ``None`` when it is invalid (the
+    plugins to load are then unknown)."""
+    value, issues = structure(raw.get("plugins", {}), PluginsSection, "$.plugins")
+    return None if issues else list(value.block)
+
+
+def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tuple[str, str]] = ()) -> ForgeConfig:
+    """Structure config data completely: the schema, then every component's option
+    block, reporting the problems of both (after ``issues`` already found, such as bad
+    overrides) in one :class:`ConfigError`. The option blocks are structured even when
+    the schema has errors, wherever the component's name is known.
+    ``registries_for(block)`` returns the registries for a ``plugins.block`` list; it is
+    not called when ``plugins.block`` itself is invalid."""
+    config, found = structure(raw, ForgeConfig)
+    issues = [*issues, *found]
+    block = list(config.plugins.block) if config is not None else plugin_blocklist(raw)
+    if block is None:
+        raise ConfigError(issues)
+    values, more = _structure_blocks(_raw_lookup(raw), registries_for(block))
+    issues += more
+    if issues:
+        raise ConfigError(issues)
+    return _with_blocks(config, values)
 
 
 def component_options(config: ForgeConfig, section: str, name: str, registry: Any) -> Any:
@@ -319,15 +583,13 @@ def component_options(config: ForgeConfig, section: str, name: str, registry: An
 def load_config(path: str | Path, overrides: list[str] = (), registries: Any = None) -> ForgeConfig:
     """Read, override, structure and resolve a config; raise ConfigError listing every
     problem. Without ``registries`` the option blocks stay raw mappings."""
-    raw = apply_overrides(read_config_file(path), list(overrides))
-    config, issues = structure(raw, ForgeConfig)
-    if issues:
-        raise ConfigError(issues)
-    if registries is not None:
-        config, issues = resolve_components(config, registries)
-        if issues:
-            raise ConfigError(issues)
-    return config
+    raw, issues = read_raw(path, overrides)
+    if registries is None:
+        config, found = structure(raw, ForgeConfig)
+        if issues or found:
+            raise ConfigError([*issues, *found])
+        return config
+    return structure_config(raw, lambda block: registries, issues)
 
 
 def to_plain(config: ForgeConfig) -> dict[str, Any]:

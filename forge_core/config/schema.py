@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
+from forge_core.config.validators import above, at_least, non_blank, satisfies
+
 
 def field(default: Any, doc: str, **kwargs: Any) -> Any:
     """An attrs field with a documentation string (mutable defaults via factory)."""
@@ -21,11 +23,17 @@ def field(default: Any, doc: str, **kwargs: Any) -> Any:
     return attrs.field(default=default, metadata={"doc": doc}, **kwargs)
 
 
+#: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
+_DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >= 1 or v == -1))
+
+
 @attrs.frozen
 class RunSection:
     name: str = field("forge", "Name of the run, shown in logs.")
-    out_dir: str = field("runs/forge", "Run directory: checkpoints, metrics, plots, tokenizer.")
-    seed: int = field(0, "Seed for model init, data order and dropout.")
+    out_dir: str = field(
+        "runs/forge", "Run directory: checkpoints, metrics, plots, tokenizer.", validator=non_blank
+    )
+    seed: int = field(0, "Seed for model init, data order and dropout.", validator=at_least(0))
     device: Literal["auto", "cpu", "cuda"] = field(
         "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
     )
@@ -51,22 +59,31 @@ class DataSection:
     tokenizer_options: Any = field({}, "The tokenizer's own options.")
     packer: str = field("concat", "Registered packer: none, concat, bfd, ...")
     packer_options: Any = field({}, "The packer's own options.")
-    seq_len: int = field(256, "Tokens per training row.")
+    seq_len: int = field(256, "Tokens per training row.", validator=at_least(1))
     shuffle: bool = field(True, "Shuffle rows each epoch (seeded by run.seed).")
-    num_workers: int = field(0, "Loader worker processes (0: load in the training process).")
+    num_workers: int = field(
+        0, "Loader worker processes (0: load in the training process).", validator=at_least(0)
+    )
 
 
 @attrs.frozen
 class ParallelSection:
-    dp_replicate: int = field(1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).")
-    dp_shard: int = field(1, "Data-parallel shards (FSDP2). -1 takes what is left of the world size.")
-    tp: int = field(1, "Tensor-parallel degree.")
-    pp: int = field(1, "Pipeline-parallel stages.")
+    dp_replicate: int = field(
+        1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).", validator=at_least(1)
+    )
+    dp_shard: int = field(1, "Data-parallel shards (FSDP2). -1 takes what is left of the world size.",
+                          validator=_DP_SHARD)
+    tp: int = field(1, "Tensor-parallel degree.", validator=at_least(1))
+    pp: int = field(1, "Pipeline-parallel stages.", validator=at_least(1))
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = field(
         "1f1b", "Pipeline schedule."
     )
-    pp_microbatches: int = field(0, "Microbatches per step under pp (0: one per stage).")
-    pp_virtual_stages: int = field(1, "Stages per rank (above 1 only with interleaved_1f1b).")
+    pp_microbatches: int = field(
+        0, "Microbatches per step under pp (0: one per stage).", validator=at_least(0)
+    )
+    pp_virtual_stages: int = field(
+        1, "Stages per rank (above 1 only with interleaved_1f1b).", validator=at_least(1)
+    )
     sequence_parallel: bool = field(False, "Shard norms and residuals along the sequence under tp.")
     wrappers: list[str] = field([], "Extra strategies without a mesh degree, by name.")
     options: dict[str, Any] = field({}, "Per-strategy options, keyed by strategy name.")
@@ -77,33 +94,48 @@ class NonFiniteSection:
     policy: Literal["skip", "stop"] = field(
         "skip", "On a NaN/inf loss or gradient: skip the step, or stop the run."
     )
-    max_consecutive: int = field(3, "Stop after this many consecutive skipped steps.")
+    max_consecutive: int = field(
+        3, "Stop after this many consecutive skipped steps.", validator=at_least(1)
+    )
 
 
 @attrs.frozen
 class TrainSection:
-    steps: int = field(100, "Optimizer steps to train.")
-    batch_size: int = field(8, "Global batch in rows per optimizer step (all processes).")
-    grad_accum: int = field(1, "Micro-steps per optimizer step; batch_size must divide by it.")
-    lr: float = field(3e-4, "Peak learning rate.")
+    steps: int = field(100, "Optimizer steps to train.", validator=at_least(1))
+    batch_size: int = field(
+        8, "Global batch in rows per optimizer step (all processes).", validator=at_least(1)
+    )
+    grad_accum: int = field(
+        1, "Micro-steps per optimizer step; batch_size must divide by it.", validator=at_least(1)
+    )
+    lr: float = field(3e-4, "Peak learning rate.", validator=above(0))
     optimizer: str = field("adamw", "Registered optimizer.")
     optimizer_options: Any = field({}, "The optimizer's own options.")
     schedule: str = field("cosine", "Registered learning-rate schedule.")
     schedule_options: Any = field({}, "The schedule's own options.")
-    warmup_steps: int = field(0, "Linear warmup steps (used by every built-in schedule).")
-    grad_clip: float = field(1.0, "Clip the global gradient norm to this (0 disables).")
+    warmup_steps: int = field(
+        0, "Linear warmup steps (used by every built-in schedule).", validator=at_least(0)
+    )
+    grad_clip: float = field(
+        1.0, "Clip the global gradient norm to this (0 disables).", validator=at_least(0)
+    )
     precision: Literal["fp32", "bf16"] = field("fp32", "fp32, or bf16 autocast.")
     compile: bool = field(False, "torch.compile the model.")
     peak_tflops: float = field(
-        0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it."
+        0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
+        validator=at_least(0),
     )
     nonfinite: NonFiniteSection = field(NonFiniteSection(), "What to do on a non-finite loss.")
 
 
 @attrs.frozen
 class CheckpointSection:
-    every: int = field(0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).")
-    keep: int = field(2, "Complete checkpoints to keep (older ones are deleted).")
+    every: int = field(
+        0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).", validator=at_least(0)
+    )
+    keep: int = field(
+        2, "Complete checkpoints to keep (older ones are deleted).", validator=at_least(1)
+    )
     resume: Literal["auto", "never"] = field(
         "auto", "'auto' resumes from the run directory's latest complete checkpoint."
     )
@@ -112,7 +144,7 @@ class CheckpointSection:
 @attrs.frozen
 class LoggingSection:
     loggers: list[str] = field(["console", "jsonl"], "Registered loggers to enable.")
-    every: int = field(1, "Log every N steps.")
+    every: int = field(1, "Log every N steps.", validator=at_least(1))
     options: dict[str, Any] = field({}, "Per-logger options, keyed by logger name.")
 
 

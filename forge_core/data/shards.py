@@ -30,21 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from forge_core.data.shard_index import FORMAT, INDEX, PARTIAL_SUFFIX, VERSION, partial_dir, read_index
 from forge_core.errors import ForgeError
 
-FORMAT = "forge-shards"
-VERSION = 1
-INDEX = "index.json"
 TOKENS = "tokens.bin"
 OFFSETS = "offsets.npy"
 TOKENIZER_DIR = "tokenizer"
-PARTIAL_SUFFIX = ".partial"
 
-
-def partial_dir(out_dir: str | os.PathLike) -> Path:
-    """Where a shard directory is written before it is complete."""
-    out = Path(out_dir)
-    return out.with_name(out.name + PARTIAL_SUFFIX)
+__all__ = ["FORMAT", "INDEX", "OFFSETS", "PARTIAL_SUFFIX", "TOKENIZER_DIR", "TOKENS", "VERSION",
+           "ShardWriter", "Shards", "move_into_place", "partial_dir", "read_index", "token_dtype"]
 
 
 def move_into_place(tmp: Path, out: Path) -> None:
@@ -142,48 +136,14 @@ class Shards:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        index_path = self.path / INDEX
-        if not self.path.is_dir():
-            if partial_dir(self.path).exists():
-                raise ForgeError(
-                    f"{self.path}: not there, but {partial_dir(self.path)} is: an earlier "
-                    "`forge-run prepare` was interrupted. Run it again (it removes the "
-                    "leftover first)."
-                )
-            raise ForgeError(f"{self.path}: no such shard directory. Create it with `forge-run prepare`.")
-        if not index_path.is_file():
-            raise ForgeError(
-                f"{index_path}: missing; {self.path} is not a complete `forge-run prepare` output."
-            )
-        try:
-            index = json.loads(index_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ForgeError(f"{index_path}: not valid JSON ({exc}).") from None
-        if not isinstance(index, dict) or index.get("format") != FORMAT:
-            raise ForgeError(f"{index_path}: not a Forge shard index (format {FORMAT!r} expected).")
-        if index.get("version") != VERSION:
-            raise ForgeError(
-                f"{index_path}: shard format version {index.get('version')}, this Forge reads "
-                f"version {VERSION}. Run `forge-run prepare` again."
-            )
+        index = read_index(self.path)  # everything but the offsets; shared with `check`
         self.index = index
         self.dtype = np.dtype(index["dtype"])
         self.num_tokens = int(index["num_tokens"])
         self.num_documents = int(index["num_documents"])
         self.tokenizer = dict(index["tokenizer"])
-
         tokens_path = self.path / index["files"]["tokens"]
         offsets_path = self.path / index["files"]["offsets"]
-        for p in (tokens_path, offsets_path):
-            if not p.is_file():
-                raise ForgeError(f"{p}: missing from the shard directory {self.path}.")
-        expected = self.num_tokens * self.dtype.itemsize
-        if tokens_path.stat().st_size != expected:
-            raise ForgeError(
-                f"{tokens_path}: {tokens_path.stat().st_size} bytes, the index says "
-                f"{self.num_tokens} tokens of {self.dtype.name} ({expected} bytes). The "
-                "shard is damaged: run `forge-run prepare` again."
-            )
         self.offsets = np.load(offsets_path)
         o = self.offsets
         if (

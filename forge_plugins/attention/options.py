@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-_positive = attrs.validators.gt(0)
+from forge_core.config.validators import at_least
+
+_positive = at_least(1)
 
 
 @attrs.frozen

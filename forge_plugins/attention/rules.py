@@ -1,5 +1,10 @@
 """Compatibility rules of the attention backends: plain check functions over a
-:class:`~forge_core.rules.RuleContext` (config and chosen specs only, no torch)."""
+:class:`~forge_core.rules.RuleContext` (config and chosen specs only, no torch).
+
+The rule that a packer emitting ``doc_ids`` needs a backend that honours them is the
+kernel's (``attention.honours-doc-ids`` in :mod:`forge_core.core_rules`): it reasons over
+declared capabilities only and must hold for third-party backends even when this plugin
+is blocked."""
 
 from __future__ import annotations
 
@@ -8,20 +13,7 @@ from typing import Any
 from forge_core.specs import DOC_IDS
 from forge_plugins.attention.options import SdpaOptions
 
-HONOURS_DOC_IDS = "attention.honours-doc-ids"
 SDPA_DENSE_MASK = "sdpa.dense-mask-long-seq"
-
-
-def check_honours_doc_ids(ctx: Any) -> str | None:
-    """Error: the packer isolates documents but the backend would let them attend across."""
-    backend = ctx.specs.get("attention")
-    if backend is None or DOC_IDS not in ctx.emitted or DOC_IDS in backend.honours:
-        return None
-    return (
-        f"packer {ctx.config.data.packer!r} emits doc_ids to keep packed documents apart, "
-        f"but attention backend {backend.name!r} does not honour doc_ids: every token would "
-        "attend to the earlier documents of its row while the loss still looks normal"
-    )
 
 
 def check_sdpa_dense_mask(ctx: Any) -> str | None:
@@ -49,15 +41,6 @@ def rules() -> list[Any]:
     from forge_core.rules import Rule
 
     return [
-        Rule(
-            id=HONOURS_DOC_IDS,
-            severity="error",
-            paths=("data.packer", "attention.backend"),
-            summary="A packer that emits doc_ids needs an attention backend that honours them",
-            check=check_honours_doc_ids,
-            fix="choose a backend that honours doc_ids (attention.backend=flex or sdpa), or a "
-            "packer that does not isolate documents",
-        ),
         Rule(
             id=SDPA_DENSE_MASK,
             severity="warning",

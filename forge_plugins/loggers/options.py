@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import attrs
 
+from forge_core.config.validators import at_least, relative_path
 
-def _opt(default, doc):
-    return attrs.field(default=default, metadata={"doc": doc})
+
+def _opt(default, doc, validator=None):
+    return attrs.field(default=default, metadata={"doc": doc}, validator=validator)
 
 
 @attrs.frozen
@@ -17,15 +19,20 @@ class ConsoleOptions:
 
 @attrs.frozen
 class JsonlOptions:
-    filename: str = _opt("metrics.jsonl", "File in the run directory; one JSON object per logged step.")
+    filename: str = _opt(
+        "metrics.jsonl", "File in the run directory; one JSON object per logged step.", relative_path
+    )
 
 
 @attrs.frozen
 class TensorBoardOptions:
-    log_dir: str = _opt("tensorboard", "Event directory, relative to the run directory.")
+    log_dir: str = _opt("tensorboard", "Event directory, relative to the run directory.", relative_path)
 
 
 @attrs.frozen
 class PlotOptions:
-    filename: str = _opt("loss.png", "PNG written in the run directory when the run ends.")
-    smooth: int = _opt(0, "Also draw a moving average over this many steps (0: off; auto when the run is long).")
+    filename: str = _opt("loss.png", "PNG written in the run directory when the run ends.", relative_path)
+    smooth: int = _opt(
+        0, "Also draw a moving average over this many steps (0: off; auto when the run is long).",
+        at_least(0),
+    )

@@ -1,4 +1,5 @@
-"""Registers the built-in loggers. Imports nothing heavy: it runs for ``forge-run check``."""
+"""Registers the built-in loggers and their rule. Imports nothing heavy: it runs for
+``forge-run check``."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def forge_loggers() -> list[LoggerSpec]:
         LoggerSpec(name="plot", summary="Loss-curve PNG at the end of the run (when matplotlib is installed)",
                    impl="forge_plugins.loggers.plot:PlotLogger", options=PlotOptions),
     ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.loggers.rules import rules
+
+    return rules()

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from forge_core.errors import ForgeError
 from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
 
 _LAYER_KEYS = {
@@ -160,42 +161,77 @@ def export(
     return out
 
 
+class HFFolderMissing(ForgeError, FileNotFoundError):
+    """The ``init_from_hf`` folder, its ``config.json`` or its weights are not there."""
+
+
+class HFFolderMismatch(ForgeError, ValueError):
+    """The ``init_from_hf`` folder does not fit the model options (every reason listed)."""
+
+
+#: Keys ``config.json`` must have for the comparison with the options.
+_REQUIRED_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+#: The safetensors format caps its JSON header at 100 MB.
+_MAX_SAFETENSORS_HEADER = 100_000_000
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+def _where(hf_dir: str | Path) -> str:
+    return f"model.options.init_from_hf={str(hf_dir)!r}"
+
+
 def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
-    path = Path(hf_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"model.options.init_from_hf={str(hf_dir)!r}: no config.json there; point it at a "
+    """``config.json`` of a Hugging Face folder as a mapping (json only, no torch)."""
+    folder = Path(hf_dir)
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise HFFolderMissing(
+            f"{_where(hf_dir)}: the folder {what} (so there is no config.json); point it at a "
             "local Hugging Face Llama folder (as written by save_pretrained)"
         )
-    return json.loads(path.read_text())
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HFFolderMissing(
+            f"{_where(hf_dir)}: no config.json there; point it at a local Hugging Face Llama "
+            "folder (as written by save_pretrained)"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HFFolderMismatch(f"{_where(hf_dir)}: config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise HFFolderMismatch(f"{_where(hf_dir)}: config.json holds {type(config).__name__}, not an object")
+    return config
 
 
 def _rope_theta_and_type(config: dict[str, Any]) -> tuple[float | None, str]:
     params = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        params = {}
+    if not isinstance(scaling, dict):
+        scaling = {}
     theta = config.get("rope_theta", params.get("rope_theta"))
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
     return theta, rope_type or "default"
 
 
-def check_hf_compatible(
-    options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None
-) -> int:
-    """Check a Hugging Face Llama folder against ``options``; return its vocab size.
-
-    Every mismatch is listed with the option value that would match. ``vocab_size`` (the
-    tokenizer's) may be smaller than the checkpoint's, never larger.
-    """
-    config = read_hf_config(hf_dir)
-    where = f"model.options.init_from_hf={str(hf_dir)!r}"
+def config_mismatches(options: LlamaOptions, config: dict[str, Any], vocab_size: int | None = None) -> list[str]:
+    """Every difference between a Hugging Face ``config.json`` and ``options``, each with
+    both values and the option value that would match. ``vocab_size`` (the tokenizer's,
+    when known) may be smaller than the checkpoint's, never larger."""
     if config.get("model_type") != "llama":
-        raise ValueError(f"{where}: model_type is {config.get('model_type')!r}, expected 'llama'")
+        return [f"model_type is {config.get('model_type')!r}, expected 'llama'"]
+    missing = [key for key in _REQUIRED_CONFIG_KEYS if not isinstance(config.get(key), int)]
+    if missing:
+        return [f"config.json has no integer {key!r}" for key in missing]
     theta, rope_type = _rope_theta_and_type(config)
     if rope_type != "default":
-        raise ValueError(
-            f"{where}: rope type {rope_type!r} is not supported (Forge's llama implements the "
-            "default rotary embedding only)"
-        )
+        return [
+            f"rope type {rope_type!r} is not supported (Forge's llama implements the default "
+            "rotary embedding only)"
+        ]
     n_heads = config["num_attention_heads"]
     pairs = [
         ("dim", options.dim, "hidden_size", config["hidden_size"]),
@@ -215,9 +251,9 @@ def check_hf_compatible(
         if ours != theirs
     ]
     head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * n_heads != config["hidden_size"]:
+    if head_dim is not None and head_dim != config["hidden_size"] / n_heads:
         problems.append(
-            f"head_dim={head_dim} with {n_heads} heads differs from hidden_size="
+            f"head_dim={head_dim!r} with {n_heads} heads differs from hidden_size="
             f"{config['hidden_size']}; Forge's llama needs head_dim = dim / n_heads"
         )
     for flag in ("attention_bias", "mlp_bias"):
@@ -231,27 +267,127 @@ def check_hf_compatible(
             f"the tokenizer has {vocab_size} tokens but the checkpoint's vocab_size is "
             f"{hf_vocab}; use the tokenizer the checkpoint was trained with"
         )
+    return problems
+
+
+def expected_hf_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """The shape of every Hugging Face weight a Forge llama with ``options`` takes."""
+    head_dim = options.dim // options.n_heads
+    q, kv, ffn, dim = options.n_heads * head_dim, options.n_kv_heads * head_dim, ffn_hidden_size(options), options.dim
+    layer = {
+        "input_layernorm.weight": (dim,), "post_attention_layernorm.weight": (dim,),
+        "self_attn.q_proj.weight": (q, dim), "self_attn.k_proj.weight": (kv, dim),
+        "self_attn.v_proj.weight": (kv, dim), "self_attn.o_proj.weight": (dim, q),
+        "mlp.gate_proj.weight": (ffn, dim), "mlp.up_proj.weight": (ffn, dim), "mlp.down_proj.weight": (dim, ffn),
+    }
+    shapes = {f"model.layers.{i}.{key}": shape for i in range(options.n_layers) for key, shape in layer.items()}
+    shapes["model.embed_tokens.weight"] = (vocab_size, dim)
+    shapes["model.norm.weight"] = (dim,)
+    if not options.tie_embeddings:
+        shapes["lm_head.weight"] = (vocab_size, dim)
+    return shapes
+
+
+def weight_files(hf_dir: str | Path) -> list[Path]:
+    """The safetensors files of a folder (from its sharded index, or the single file)."""
+    folder = Path(hf_dir)
+    index = folder / _INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise HFFolderMismatch(f"{_where(hf_dir)}: {_INDEX} is not a safetensors index ({exc!r})") from None
+        absent = [name for name in names if not (folder / name).is_file()]
+        if absent:
+            raise HFFolderMissing(f"{_where(hf_dir)}: {_INDEX} names {', '.join(absent[:5])}, which are not there")
+        return [folder / name for name in names]
+    if (folder / _SINGLE).is_file():
+        return [folder / _SINGLE]
+    others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+    found = f" (found {', '.join(others[:3])}: not read, pickles can run code)" if others else ""
+    raise HFFolderMissing(
+        f"{_where(hf_dir)}: no {_SINGLE} (or sharded {_INDEX}){found}; only safetensors weights "
+        "are read; re-save the model with save_pretrained(safe_serialization=True)"
+    )
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file's JSON header (no tensor is read)."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= min(_MAX_SAFETENSORS_HEADER, path.stat().st_size - 8):
+                raise ValueError(f"header length {size}")
+            header = json.loads(f.read(size))
+        return {
+            name: tuple(int(d) for d in entry["shape"])
+            for name, entry in header.items() if name != "__metadata__"
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise HFFolderMismatch(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def weight_mismatches(options: LlamaOptions, hf_dir: str | Path, vocab_size: int) -> list[str]:
+    """Weights the options need that the folder lacks, and shapes that differ (both
+    shapes shown), read from the safetensors headers."""
+    found: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(hf_dir):
+        found.update(safetensors_shapes(path))
+    expected = expected_hf_shapes(options, vocab_size)
+    missing = [key for key in expected if key not in found]
+    problems = []
+    if missing:
+        problems.append(f"weights missing for {len(missing)} tensors: {', '.join(missing[:5])}"
+                        f"{' ...' if len(missing) > 5 else ''}")
+    problems += [
+        f"{key} has shape {list(found[key])}, the options need {list(shape)}"
+        for key, shape in expected.items() if key in found and found[key] != shape
+    ]
+    return problems
+
+
+def _folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None) -> tuple[list[str], int]:
+    """``(mismatches, checkpoint vocab size)``; an unreadable folder raises."""
+    config = read_hf_config(hf_dir)
+    problems = config_mismatches(options, config, vocab_size)
     if problems:
-        raise ValueError(f"{where} does not match the model options:\n  " + "\n  ".join(problems))
+        return problems, 0  # the weights would only repeat these differences shape by shape
+    return weight_mismatches(options, hf_dir, config["vocab_size"]), config["vocab_size"]
+
+
+def hf_folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None) -> list[str]:
+    """Every reason the folder cannot initialise a llama with ``options``, from
+    ``config.json`` and the safetensors headers only (no torch): what ``forge-run check``
+    reports and what the build refuses. Empty when the folder fits."""
+    try:
+        return _folder_problems(options, hf_dir, vocab_size)[0]
+    except ForgeError as exc:
+        return [str(exc).removeprefix(f"{_where(hf_dir)}: ")]
+
+
+def check_hf_compatible(
+    options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None
+) -> int:
+    """Check a Hugging Face Llama folder against ``options``; return its vocab size.
+
+    The same checks as :func:`hf_folder_problems`, raised: :class:`HFFolderMissing` for
+    a missing folder, ``config.json`` or weights, :class:`HFFolderMismatch` listing every
+    mismatch with the option value that would match. ``vocab_size`` (the tokenizer's)
+    may be smaller than the checkpoint's, never larger.
+    """
+    problems, hf_vocab = _folder_problems(options, hf_dir, vocab_size)
+    if problems:
+        raise HFFolderMismatch(f"{_where(hf_dir)} does not match the model options:\n  " + "\n  ".join(problems))
     return hf_vocab
 
 
 def _load_tensors(hf_dir: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (hf_dir / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(
-            f"{hf_dir}: no model.safetensors (or sharded index); only safetensors weights "
-            "are read; re-save the model with save_pretrained(safe_serialization=True)"
-        )
     tensors: dict[str, Any] = {}
-    for name in files:
-        tensors.update(load_file(str(hf_dir / name)))
+    for path in weight_files(hf_dir):
+        tensors.update(load_file(str(path)))
     return tensors
 
 
@@ -273,12 +409,12 @@ def load_into(model: Any, hf_dir: str | Path) -> None:
     targets = model.state_dict()
     missing = sorted(k for k in targets if k not in loaded)
     if missing:
-        raise ValueError(f"{hf_dir}: weights missing for {missing[:5]}")
+        raise HFFolderMismatch(f"{hf_dir}: weights missing for {missing[:5]}")
     with torch.no_grad():
         for key, target in targets.items():
             source = loaded[key]
             if source.shape != target.shape:
-                raise ValueError(
+                raise HFFolderMismatch(
                     f"{hf_dir}: {to_hf_key(key)} has shape {tuple(source.shape)}, the model "
                     f"expects {tuple(target.shape)}"
                 )

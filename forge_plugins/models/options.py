@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-_positive = attrs.validators.gt(0)
+from forge_core.config.validators import above, at_least
+
+_count = at_least(1)
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -13,21 +15,21 @@ def _doc(text: str) -> dict[str, str]:
 
 @attrs.frozen
 class LlamaOptions:
-    dim: int = attrs.field(default=256, validator=_positive, metadata=_doc("Hidden size."))
+    dim: int = attrs.field(default=256, validator=_count, metadata=_doc("Hidden size."))
     n_layers: int = attrs.field(
-        default=4, validator=_positive, metadata=_doc("Transformer blocks.")
+        default=4, validator=_count, metadata=_doc("Transformer blocks.")
     )
     n_heads: int = attrs.field(
-        default=8, validator=_positive, metadata=_doc("Query heads; head dim is dim / n_heads.")
+        default=8, validator=_count, metadata=_doc("Query heads; head dim is dim / n_heads.")
     )
     n_kv_heads: int = attrs.field(
         default=4,
-        validator=_positive,
+        validator=_count,
         metadata=_doc("Key/value heads (grouped-query attention); must divide n_heads."),
     )
     ffn_hidden: int = attrs.field(
         default=0,
-        validator=attrs.validators.ge(0),
+        validator=at_least(0),
         metadata=_doc(
             "SwiGLU hidden size; 0 computes it the Llama way: 2/3 of 4 * dim, rounded up "
             "to a multiple of multiple_of."
@@ -35,18 +37,18 @@ class LlamaOptions:
     )
     multiple_of: int = attrs.field(
         default=64,
-        validator=_positive,
+        validator=_count,
         metadata=_doc("Rounding of the computed SwiGLU hidden size (when ffn_hidden is 0)."),
     )
     norm_eps: float = attrs.field(
-        default=1e-5, validator=_positive, metadata=_doc("RMSNorm epsilon.")
+        default=1e-5, validator=above(0), metadata=_doc("RMSNorm epsilon.")
     )
     rope_theta: float = attrs.field(
-        default=10000.0, validator=_positive, metadata=_doc("Rotary embedding base.")
+        default=10000.0, validator=above(0), metadata=_doc("Rotary embedding base.")
     )
     max_seq_len: int = attrs.field(
         default=2048,
-        validator=_positive,
+        validator=_count,
         metadata=_doc("Longest sequence (and largest position) the rotary table covers."),
     )
     tie_embeddings: bool = attrs.field(
@@ -55,7 +57,7 @@ class LlamaOptions:
     )
     init_std: float = attrs.field(
         default=0.02,
-        validator=_positive,
+        validator=above(0),
         metadata=_doc(
             "Std of the normal init of embeddings and linear weights; the output "
             "projections of each block (wo, w2) use init_std / sqrt(2 * n_layers)."

@@ -1,5 +1,10 @@
 """Compatibility rules of the ``llama`` model: plain check functions over a
-:class:`~forge_core.rules.RuleContext` (config only, no torch)."""
+:class:`~forge_core.rules.RuleContext` (config only, no torch).
+
+``llama.init-from-hf`` reads the Hugging Face folder's ``config.json`` and safetensors
+headers with json only, through the same function the build calls
+(:func:`forge_plugins.models.hf_interop.hf_folder_problems`): a folder that ``check``
+accepts is one the build loads."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from forge_plugins.models.options import LlamaOptions
 
 HEADS_DIVISIBLE = "llama.heads-divisible"
 HEAD_DIM_EVEN = "llama.head-dim-even"
+INIT_FROM_HF = "llama.init-from-hf"
 
 
 def _llama_options(ctx: Any) -> LlamaOptions | None:
@@ -52,6 +58,18 @@ def check_head_dim_even(ctx: Any) -> str | None:
     return None if options is None else head_dim_problem(options)
 
 
+def check_init_from_hf(ctx: Any) -> list[str]:
+    options = _llama_options(ctx)
+    if options is None or not options.init_from_hf:
+        return []
+    # Only meaningful once the shapes themselves are consistent.
+    if heads_problem(options) or head_dim_problem(options):
+        return []
+    from forge_plugins.models.hf_interop import hf_folder_problems
+
+    return hf_folder_problems(options, options.init_from_hf)
+
+
 def rules() -> list[Any]:
     from forge_core.rules import Rule
 
@@ -73,5 +91,14 @@ def rules() -> list[Any]:
             check=check_head_dim_even,
             fix="pick dim and n_heads so that dim / n_heads is an even integer "
             "(e.g. dim=256, n_heads=8 gives 32)",
+        ),
+        Rule(
+            id=INIT_FROM_HF,
+            severity="error",
+            paths=("model.options.init_from_hf",),
+            summary="The init_from_hf folder holds a Llama config and safetensors weights that fit the options",
+            check=check_init_from_hf,
+            fix="set the model options the message names to the checkpoint's values, or point "
+            "init_from_hf at a Hugging Face Llama folder written by save_pretrained",
         ),
     ]

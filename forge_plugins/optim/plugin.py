@@ -1,4 +1,4 @@
-"""Registers the built-in optimizers and learning-rate schedules."""
+"""Registers the built-in optimizers, learning-rate schedules and their rule."""
 
 from forge_core.hookspecs import hookimpl
 from forge_core.specs import OptimizerSpec, ScheduleSpec
@@ -28,3 +28,10 @@ def forge_schedules():
         ScheduleSpec(name="wsd", summary="Warmup-stable-decay: constant, then a short final decay",
                      impl=s + "warmup_stable_decay", options=O.WSDOptions),
     ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.optim.rules import rules
+
+    return rules()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import attrs
 
+from forge_core.config.validators import above
+
 
 @attrs.frozen
 class DDPOptions:
     bucket_cap_mb: float = attrs.field(
         default=25.0,
-        validator=attrs.validators.gt(0),
+        validator=above(0),
         metadata={
             "doc": "Gradient bucket size in MiB: DDP all-reduces a bucket as soon as "
             "backward has filled it, overlapping communication with the rest of backward."

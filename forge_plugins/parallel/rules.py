@@ -90,7 +90,7 @@ def check_pp_layers(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
     n_layers = _model_option(ctx, "n_layers")
     virtual = ctx.config.parallel.pp_virtual_stages
-    if pp <= 1 or not isinstance(n_layers, int) or virtual < 1:
+    if pp <= 1 or not isinstance(n_layers, int):
         return None
     stages = pp * virtual
     if n_layers < stages:
@@ -107,8 +107,6 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
     pp = ctx.degrees["pp"]
     if pp <= 1:
         return []
-    if parallel.pp_microbatches < 0:
-        return [f"parallel.pp_microbatches = {parallel.pp_microbatches}: use 0 (one per stage) or a positive count"]
     count = microbatches(parallel)
     problems = []
     rows = _rows_per_pipeline_step(ctx)
@@ -149,8 +147,6 @@ def check_pp_tied_embeddings(ctx: Any) -> str | None:
 def check_pp_schedule(ctx: Any) -> str | None:
     parallel = ctx.config.parallel
     virtual = parallel.pp_virtual_stages
-    if virtual < 1:
-        return f"parallel.pp_virtual_stages = {virtual}: every rank holds at least one stage"
     if ctx.degrees["pp"] <= 1:
         return None
     if parallel.pp_schedule == "interleaved_1f1b" and virtual == 1:

@@ -6,6 +6,8 @@ from typing import Literal
 
 import attrs
 
+from forge_core.config.validators import at_least, non_blank
+
 EncodingErrors = Literal["strict", "replace"]
 
 _ENCODING_DOC = (
@@ -35,6 +37,7 @@ class TextOptions:
     )
     text_field: str = attrs.field(
         default="text",
+        validator=non_blank,
         metadata={"doc": "The field of each JSON Lines record that holds the document text."},
     )
     encoding_errors: EncodingErrors = attrs.field(
@@ -57,10 +60,12 @@ class ShardsOptions:
 class StdlibOptions:
     max_files: int = attrs.field(
         default=0,
+        validator=at_least(0),
         metadata={"doc": "Read at most this many files (the first in sorted order); 0: no limit."},
     )
     max_bytes: int = attrs.field(
         default=0,
+        validator=at_least(0),
         metadata={
             "doc": "Read the longest run of files, in sorted order, whose sizes add up to "
             "at most this many bytes; 0: no limit."

@@ -1,4 +1,5 @@
-"""Registers the built-in sources. Imports nothing heavy: it runs for ``forge-run check``."""
+"""Registers the built-in sources and their rules. Imports nothing heavy: it runs for
+``forge-run check``."""
 
 from __future__ import annotations
 
@@ -31,3 +32,10 @@ def forge_sources() -> list[SourceSpec]:
             options=StdlibOptions,
         ),
     ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.sources.rules import rules
+
+    return rules()

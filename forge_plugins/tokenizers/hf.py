@@ -20,16 +20,39 @@ from forge_core.errors import ForgeError
 from forge_plugins.tokenizers.options import HFOptions
 
 
+#: Files that hold a tokenizer's vocabulary; a folder needs one of them.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")
+
+
+def tokenizer_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot hold a Hugging Face tokenizer, from its file names alone (no
+    transformers import), or ``None``. Shared by the build and ``forge-run check``."""
+    if not path:
+        return (
+            "data.tokenizer_options.path is empty: give the directory of a Hugging Face "
+            "tokenizer (for example one trained by `forge-run prepare`)."
+        )
+    if not os.path.isdir(path):
+        what = "it is a file" if os.path.exists(path) else "it does not exist"
+        return f"data.tokenizer_options.path: {path!r} is not a directory ({what})."
+    names = sorted(os.listdir(path))
+    if not any(name in names for name in VOCABULARY_FILES):
+        holds = f"it holds {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}" if names else "it is empty"
+        return (
+            f"data.tokenizer_options.path: {path!r} holds no tokenizer ({holds}): expected "
+            "tokenizer.json (what save_pretrained and `forge-run prepare --train-bpe` write) or "
+            "a vocabulary file (vocab.json with merges.txt, vocab.txt, tokenizer.model)."
+        )
+    return None
+
+
 class HFTokenizer:
     def __init__(self, options: Any) -> None:
         path = options.path
-        if not path:
-            raise ForgeError(
-                "data.tokenizer_options.path is empty: give the directory of a Hugging Face "
-                "tokenizer (for example one trained by `forge-run prepare`)."
-            )
-        if not os.path.isdir(path):
-            raise ForgeError(f"data.tokenizer_options.path: {path!r} is not a directory.")
+        problem = tokenizer_dir_problem(path)
+        if problem:
+            raise ForgeError(problem)
         from transformers import AutoTokenizer
 
         try:

@@ -1,4 +1,5 @@
-"""Registers the built-in tokenizers. Imports nothing heavy: it runs for ``forge-run check``."""
+"""Registers the built-in tokenizers and their rules. Imports nothing heavy: it runs for
+``forge-run check``."""
 
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ def forge_tokenizers() -> list[TokenizerSpec]:
             options=HFOptions,
         ),
     ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.tokenizers.rules import rules
+
+    return rules()
