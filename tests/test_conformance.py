@@ -28,6 +28,7 @@ from forge_core.testing import (  # noqa: E402
     assert_exactly_zero,
     assert_within_rounding,
     check_attention_backend,
+    longest_sum,
     reference_attention,
     rounding_tolerance,
 )
@@ -233,6 +234,9 @@ def test_rounding_tolerance_follows_dtype_sum_length_and_row_size():
     assert half.item() == pytest.approx(expected)
     with pytest.raises(ValueError, match="terms must be at least 1"):
         rounding_tolerance(want, torch.float32, 0)
+    # A model's longest sum: its largest parameter dimension, or the sequence.
+    assert longest_sum(torch.nn.Linear(3, 7), seq_len=5) == 7
+    assert longest_sum(torch.nn.Linear(3, 7), seq_len=9) == 9
 
 
 @pytest.mark.numerical

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from forge_core.testing import assert_within_rounding
+from forge_core.testing import assert_within_rounding, longest_sum
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.reference import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
@@ -47,10 +47,8 @@ def forge_model(opts: LlamaOptions, vocab: int = VOCAB):
 
 
 def same_logits(actual, expected, model, what="Forge logits against transformers'"):
-    """Equal within float32 rounding; the longest sums run over the largest parameter
-    dimension."""
-    terms = max(max(p.shape) for p in model.parameters())
-    assert_within_rounding(actual, expected, dtype=torch.float32, terms=terms, what=what)
+    """Equal within float32 rounding of a run of ``model``."""
+    assert_within_rounding(actual, expected, dtype=torch.float32, terms=longest_sum(model), what=what)
 
 
 def tokens(seq=16, vocab=VOCAB):

@@ -16,7 +16,7 @@ import torch
 
 from conftest import run_cli
 from forge_core.specs import NoOptions
-from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding
+from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, longest_sum
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.reference import packed_metadata
@@ -41,10 +41,9 @@ def ids(batch=2, seq=12, seed=1):
 
 
 def same_in_float64(got, want, what, model=None):
-    """``got`` equals ``want`` within float64 rounding; the longest sums run over the
-    largest parameter dimension of ``model`` (default: the small model's)."""
-    terms = max(max(p.shape) for p in (model or small_model()).parameters())
-    assert_within_rounding(got, want, dtype=torch.float64, terms=terms, what=what)
+    """``got`` equals ``want`` within float64 rounding of a run of ``model`` (default:
+    the small model)."""
+    assert_within_rounding(got, want, dtype=torch.float64, terms=longest_sum(model or small_model()), what=what)
 
 
 # --- structure ----------------------------------------------------------------------

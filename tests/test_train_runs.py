@@ -48,7 +48,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     import torch
     from transformers import LlamaForCausalLM
 
-    from forge_core.testing import assert_within_rounding
+    from forge_core.testing import assert_within_rounding, longest_sum
     from forge_core.train.sample import load_for_inference
 
     model, tokenizer, _, _ = load_for_inference(tmp_path / "obs")
@@ -56,7 +56,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     ids = torch.tensor([tokenizer.encode("the lazy dog")])
     with torch.no_grad():
         # Two libraries, two summation orders: equal within float32 rounding of the logits.
-        terms = max(max(p.shape) for p in model.parameters())
+        terms = longest_sum(model, ids.shape[1])
         assert_within_rounding(hf(ids).logits, model(ids), dtype=torch.float32, terms=terms, what="transformers' logits")
 
 

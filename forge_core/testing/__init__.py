@@ -4,7 +4,8 @@
   (:func:`reference_attention`), with and without ``doc_ids``, forward and backward,
   grouped-query shapes; and document isolation for backends that honour ``doc_ids``;
   in the dtype asked for and again in float64, where it is a proof.
-- :func:`assert_within_rounding`, :func:`rounding_tolerance`, :func:`assert_exactly_zero`:
+- :func:`assert_within_rounding`, :func:`rounding_tolerance`, :func:`longest_sum`,
+  :func:`assert_exactly_zero`:
   comparisons whose tolerance is derived from the dtype and the size of what is
   compared (:mod:`forge_core.testing.tolerance`), for a plugin's own equivalence tests.
 - :func:`check_packer`: token accounting, ``doc_ids``/``positions`` invariants, and
@@ -36,7 +37,7 @@ _ATTENTION_NAMES = (
     "available_devices",
     "doc_ids_from_lengths",
 )
-_TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "ROUNDING_FACTOR")
+_TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "longest_sum", "ROUNDING_FACTOR")
 
 __all__ = [
     "PackerReport",

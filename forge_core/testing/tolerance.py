@@ -82,6 +82,12 @@ def rounding_tolerance(
     return factor * per_row * want64.norm(dim=-1, keepdim=True).clamp(min=floor)
 
 
+def longest_sum(model: torch.nn.Module, seq_len: int = 1) -> int:
+    """``terms`` for a model: the sums of its forward and backward run over one of its
+    parameters' dimensions (matmuls, norms) or over the sequence (attention)."""
+    return max([seq_len, *(max(p.shape) for p in model.parameters() if p.dim())])
+
+
 def assert_within_rounding(
     got: torch.Tensor,
     want: torch.Tensor,

@@ -37,7 +37,13 @@ from typing import Any
 
 import torch
 
-from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_exactly_zero, assert_within_rounding, dtype_name
+from forge_core.testing.tolerance import (
+    ROUNDING_FACTOR,
+    assert_exactly_zero,
+    assert_within_rounding,
+    dtype_name,
+    longest_sum,
+)
 from forge_plugins.attention.reference import packed_metadata, spans
 
 #: Two rows of 24 tokens: single-token documents, and documents ending the row.
@@ -111,9 +117,7 @@ def check_document_isolation(
     # document after its first, so it has predecessors it must not see).
     start, end = max(spans(rows[0])[1:], key=lambda s: s[1] - s[0])
     weights = torch.randn((end - start, vocab), generator=gen, dtype=torch.float64)
-    # The longest sums of a forward and backward run over a parameter's dimensions
-    # (matmuls, norms) or over the sequence (attention).
-    terms = max([doc_ids.shape[1], *(max(p.shape) for p in built.parameters() if p.dim())])
+    terms = longest_sum(built, doc_ids.shape[1])
     worst = {}
     for dtype in dtypes:
         model = copy.deepcopy(built).to(device=device, dtype=dtype)
