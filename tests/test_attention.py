@@ -1,22 +1,26 @@
 """The attention backends: masks, the conformance kit on multi-block rows, document
-isolation of a whole model by equivalence (packed == standalone), sdpa's causal fast
-path, the rules. The kit's own negative controls are in test_conformance.py."""
+isolation of a whole model by equivalence (packed == standalone, proved in float64 and
+held to rounding in float32), sdpa's causal fast path, eager as a float64 reference, the
+rules. The kit's own negative controls are in test_conformance.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import make_distribution, run_cli
 from forge_core.specs import AttentionBackendSpec, NoOptions
-from forge_core.testing import check_attention_backend
-from forge_plugins.attention import equivalence, plugin, sdpa
+from forge_core.testing import assert_within_rounding, check_attention_backend, doc_ids_from_lengths, reference_attention
+from forge_plugins.attention import eager, equivalence, plugin, sdpa
+from forge_plugins.attention import flex as flex_module
 from forge_plugins.attention import rules as attention_rules
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.flex import FlexAttention
@@ -46,11 +50,21 @@ def _backend(name: str, flex: FlexAttention):
     return {"eager": EagerAttention(NoOptions()), "sdpa": SdpaAttention(SdpaOptions()), "flex": flex}[name]
 
 
-BACKENDS = ["eager", "sdpa", "flex"]
+#: PyTorch compiles FlexAttention for CPU only with AVX2 or better, and not at all under
+#: ATEN_CPU_CAPABILITY=default (one of the kernel levels CI runs the numerical tests at).
+needs_compiled_flex = pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason=f"compiled FlexAttention needs AVX2 on CPU (capability here: {torch.backends.cpu.get_cpu_capability()})",
+)
+BACKENDS = ["eager", "sdpa", pytest.param("flex", marks=needs_compiled_flex)]
 #: Compiled flex specialises on shapes: run documents "alone" at the packed shape
 #: (equal by causality, see forge_plugins.attention.equivalence) so that the model check
 #: reuses the kit's compilations.
 STANDALONE = {"eager": "exact", "sdpa": "exact", "flex": "prefix"}
+#: The dtypes each backend is checked in: float64 proves, float32 is what trains. CPU
+#: FlexAttention compiles for fp32/fp16/bf16 only; its BlockMask is proved in float64
+#: through PyTorch's unfused flex_attention below.
+DTYPES = {"eager": (torch.float64, torch.float32), "sdpa": (torch.float64, torch.float32), "flex": (torch.float32,)}
 
 
 # --- packed-row helpers -------------------------------------------------------------
@@ -179,20 +193,45 @@ def test_sdpa_with_doc_ids_passes_the_shared_dense_mask():
 # --- conformance and model-level isolation -------------------------------------------
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize("name", BACKENDS)
 def test_backend_passes_the_kit_on_multi_block_rows(name):
     # Agreement with the float64 reference (forward and backward, with and without
     # doc_ids, grouped-query and multi-head) and isolation at the q/k/v level, on rows
-    # that span several 16-token flex blocks; tolerance as tight as against fp32 eager.
+    # that span several 16-token flex blocks; in float32 and, where the backend has a
+    # float64 kernel, in float64.
     options = {"block_size": 16} if name == "flex" else None
-    check_attention_backend(name, options=options, layouts=MULTI_BLOCK_ROWS, atol=1e-5, rtol=1e-4)
+    check_attention_backend(name, options=options, layouts=MULTI_BLOCK_ROWS, float64=torch.float64 in DTYPES[name])
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize("name", BACKENDS)
 def test_model_isolation_packed_logits_and_grads_equal_each_document_alone(name, flex):
-    equivalence.check_document_isolation(
-        _backend(name, flex), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name]
+    worst = equivalence.check_document_isolation(
+        _backend(name, flex), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name], dtypes=DTYPES[name]
     )
+    assert set(worst) == set(DTYPES[name]) and max(worst.values()) < 1
+
+
+@pytest.fixture
+def unfused_flex(monkeypatch):
+    """FlexAttention whose kernel is PyTorch's unfused flex_attention (every dtype, same
+    BlockMask semantics) instead of the compiled one."""
+    monkeypatch.setattr(flex_module, "_compiled_flex", flex_attention)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        yield FlexAttention(FlexOptions(block_size=16))
+
+
+@pytest.mark.numerical
+def test_flex_block_mask_isolates_documents_in_float64(unfused_flex):
+    # The compiled CPU kernel takes no float64; the BlockMask it is given (and the CPU
+    # backward that walks it) is proved here, the kernel held to float32 rounding above.
+    check_attention_backend(unfused_flex, layouts=MULTI_BLOCK_ROWS, dtype="float64")
+    worst = equivalence.check_document_isolation(
+        unfused_flex, rows=MULTI_BLOCK_ROWS, standalone="prefix", dtypes=(torch.float64,)
+    )
+    assert set(worst) == {torch.float64}
 
 
 class _IgnoresDocIds(SdpaAttention):
@@ -202,18 +241,103 @@ class _IgnoresDocIds(SdpaAttention):
         return None
 
 
+class _MixesInOtherDocuments(SdpaAttention):
+    """A subtle leak: a 1e-10 share of plain causal attention (which sees other
+    documents) mixed into the isolated output, far below float32 rounding."""
+
+    def attend(self, q, k, v, prepared):
+        out = super().attend(q, k, v, prepared)
+        if prepared is None:
+            return out
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return out + 1e-10 * (causal - out)
+
+
+class _CausalBackward(torch.autograd.Function):
+    """Masked attention forward; the backward of plain causal attention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        ctx.save_for_backward(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        leaves = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=leaves[0].shape[1] != leaves[1].shape[1])
+        return (*torch.autograd.grad(out, leaves, grad), None)
+
+
+class _LeaksOnlyInBackward(SdpaAttention):
+    """Exact logits; gradients that flow across documents."""
+
+    def attend(self, q, k, v, prepared):
+        if prepared is None:
+            return super().attend(q, k, v, prepared)
+        return _CausalBackward.apply(q, k, v, prepared)
+
+
+@pytest.mark.numerical
 @pytest.mark.parametrize("standalone", ["exact", "prefix"])
 def test_model_check_catches_a_backend_that_ignores_doc_ids(standalone):
-    with pytest.raises(AssertionError, match=r"row 0 document 1 \(tokens 5:6\): packed logits differ"):
+    with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ"):
         equivalence.check_document_isolation(_IgnoresDocIds(SdpaOptions()), standalone=standalone)
+    with pytest.raises(AssertionError, match=r"^float32: row 0 document 1 \(tokens 5:6\): packed logits differ"):
+        equivalence.check_document_isolation(_IgnoresDocIds(SdpaOptions()), standalone=standalone, dtypes=(torch.float32,))
 
 
+@pytest.mark.numerical
+def test_model_check_catches_a_leak_below_float32_rounding():
+    backend = _MixesInOtherDocuments(SdpaOptions())
+    # float64: the logits themselves give it away (~1e-8 of a row against ~1e-14).
+    with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ .*exceeds the rounding tolerance of float64"):
+        equivalence.check_document_isolation(backend, rows=MULTI_BLOCK_ROWS)
+    # float32: the logits agree within rounding; the gradient on other documents, which
+    # must be exactly 0, does not.
+    with pytest.raises(AssertionError, match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens: \d+ entries are not exactly 0"):
+        equivalence.check_document_isolation(backend, rows=MULTI_BLOCK_ROWS, dtypes=(torch.float32,))
+
+
+@pytest.mark.numerical
+def test_model_check_catches_a_leak_in_the_backward_only():
+    with pytest.raises(AssertionError, match=r"^float64: the loss of document 6:17 has gradient on other documents' tokens"):
+        equivalence.check_document_isolation(_LeaksOnlyInBackward(SdpaOptions()), rows=MULTI_BLOCK_ROWS)
+
+
+@pytest.mark.numerical
 def test_model_check_prefix_standalone_agrees_with_exact_standalone():
-    # Both modes pass on a correct backend.
+    # Both modes pass on a correct backend, in float64 and float32.
     for standalone in ("exact", "prefix"):
-        equivalence.check_document_isolation(
+        worst = equivalence.check_document_isolation(
             SdpaAttention(SdpaOptions()), rows=MULTI_BLOCK_ROWS, standalone=standalone
         )
+        assert set(worst) == {torch.float64, torch.float32}
+
+
+@pytest.mark.numerical
+def test_eager_in_float64_is_a_float64_reference():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 34, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 34, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    backend = EagerAttention(NoOptions())
+    for doc_ids in (None, doc_ids_from_lengths(MULTI_BLOCK_ROWS, 34)):
+        out = backend.attend(q, k, v, backend.prepare(doc_ids, 34, "cpu"))
+        assert out.dtype == torch.float64
+        # About 1e-14 of each row: a float32 softmax inside would be off by ~1e-7.
+        assert_within_rounding(out, reference_attention(q, k, v, doc_ids), dtype=torch.float64, terms=34, what="eager")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "softmax_dtype"),
+    [(torch.float64, torch.float64), (torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float32)],
+)
+def test_eager_softmax_follows_the_input_dtype_but_never_below_fp32(dtype, softmax_dtype):
+    q = k = v = torch.randn(1, 2, 4, 8).to(dtype)
+    with mock.patch.object(eager.torch, "softmax", wraps=torch.softmax) as spy:
+        out = eager.eager_attention(q, k, v, torch.ones(4, 4, dtype=torch.bool).tril())
+    assert spy.call_args.kwargs["dtype"] == softmax_dtype
+    assert out.dtype == dtype
 
 
 def test_flex_causal_block_mask_is_cached_per_length():

@@ -1,6 +1,8 @@
 """The conformance kit (forge_core.testing): the built-in packers and rules pass it, and it
-fails, with a message naming the problem, on deliberately broken components. The built-in
-attention backends are run through it in test_attention.py (on multi-block rows)."""
+fails, with a message naming the problem, on deliberately broken components (including
+leaks across documents far below float32 rounding); its tolerances follow from the dtype
+and the size of what is compared. The built-in attention backends are run through it in
+test_attention.py (on multi-block rows)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,15 @@ from forge_core.testing import check_packer, check_rule
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from forge_core.testing import check_attention_backend, reference_attention  # noqa: E402
+from forge_core.testing import (  # noqa: E402
+    ROUNDING_FACTOR,
+    assert_exactly_zero,
+    assert_within_rounding,
+    check_attention_backend,
+    longest_sum,
+    reference_attention,
+    rounding_tolerance,
+)
 
 
 # --- attention backends -----------------------------------------------------------------
@@ -120,27 +130,138 @@ class _LeaksAfterFirstBlock(_Masked):
         return mask
 
 
+class _MixesInOtherDocuments(_Masked):
+    """A subtle leak: a 1e-10 share of plain causal attention (which sees other
+    documents) in every output, far below float32 rounding."""
+
+    def attend(self, q, k, v, prepared):
+        out = super().attend(q, k, v, prepared)
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return out + 1e-10 * (causal - out)
+
+
+class _Float32Softmax(_Masked):
+    """Correct, but computes in float32 whatever the input dtype (as eager once did)."""
+
+    def attend(self, q, k, v, prepared):
+        return super().attend(q.float(), k.float(), v.float(), prepared).to(q.dtype)
+
+
+class _NoFloat64(_Masked):
+    def attend(self, q, k, v, prepared):
+        if q.dtype == torch.float64:
+            raise NotImplementedError("no float64 kernel")
+        return super().attend(q, k, v, prepared)
+
+
+@pytest.mark.numerical
 def test_backend_ignoring_doc_ids_fails_document_isolation():
     with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 .*attend across documents"):
         check_attention_backend(_Causal)
 
 
+@pytest.mark.numerical
 def test_reference_agreement_with_doc_ids_catches_ignored_doc_ids_on_its_own():
     # The kit runs isolation first, and isolation catches this backend; agreement with the
     # reference under doc_ids must catch it too, so that neither check hides behind the other.
     from forge_core.testing.attention import LAYOUTS, _Case, doc_ids_from_lengths
 
-    case = _Case(_Causal(None), "cpu", torch.float32, 4, 2, 0, None, {"atol": 1e-4, "rtol": 1e-4}, "ignores", LAYOUTS)
+    case = _Case(_Causal(None), "cpu", torch.float32, 4, 2, 0, None, ROUNDING_FACTOR, "ignores", LAYOUTS)
     case.agrees_with_reference(doc_ids=None)
     with pytest.raises(AssertionError, match=r"causal with doc_ids: forward .* differs from the reference"):
         case.agrees_with_reference(doc_ids=doc_ids_from_lengths(LAYOUTS, 16))
 
 
+@pytest.mark.numerical
 def test_kit_catches_a_small_numerical_error():
     with pytest.raises(AssertionError, match=r"causal without doc_ids: forward \(no_grad, call 1 .* differs from the reference"):
         check_attention_backend(_WrongScale)
 
 
+@pytest.mark.numerical
+def test_a_leak_below_float32_rounding_is_caught_in_float64_and_by_the_exact_zero_gradient():
+    from forge_core.testing.attention import LAYOUTS, _Case, doc_ids_from_lengths
+
+    doc_ids = doc_ids_from_lengths(LAYOUTS, 16)
+    # float32: outputs agree with each document alone within rounding...
+    case = _Case(_MixesInOtherDocuments(None), "cpu", torch.float32, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS)
+    case.isolates_documents(doc_ids)
+    # ...but the gradient reaching other documents is not exactly 0.
+    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 \(positions 5\.\.5 of 16\): the gradient of its outputs reaches the [qkv] of position [0-4] \(document 0, head \d\) .* must be exactly 0"):
+        case.gradient_stays_in_document(doc_ids)
+    # float64 sees it in the outputs themselves.
+    case = _Case(_MixesInOtherDocuments(None), "cpu", torch.float64, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS)
+    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 .*output differs .*rounding tolerance of float64"):
+        case.isolates_documents(doc_ids)
+    # The whole kit, float32 first: the exact-zero gradient check is what fails.
+    with pytest.raises(AssertionError, match=r"float32, 4 query / 2 key-value heads: document isolation broken at row 0, document 1 .*must be exactly 0"):
+        check_attention_backend(_MixesInOtherDocuments)
+
+
+@pytest.mark.numerical
+def test_float64_run_requires_a_backend_that_follows_its_input_dtype():
+    check_attention_backend(_Float32Softmax, float64=False)  # fine within float32 rounding
+    with pytest.raises(AssertionError, match=r"float64, 4 query / 2 key-value heads, causal without doc_ids: forward .* exceeds the rounding tolerance of float64"):
+        check_attention_backend(_Float32Softmax)
+    with pytest.raises(AssertionError, match=r"on cpu, float64, .*failed on float64 inputs \(NotImplementedError: no float64 kernel\).*float64=False"):
+        check_attention_backend(_NoFloat64)
+    check_attention_backend(_NoFloat64, float64=False)
+
+
+def test_fixed_tolerances_are_refused_with_the_replacement():
+    with pytest.raises(ValueError, match="no longer takes atol/rtol.*rounding_factor="):
+        check_attention_backend("eager", atol=1e-5, rtol=1e-4)
+    import forge_core.testing
+
+    with pytest.raises(AttributeError, match="replaced by assert_within_rounding"):
+        forge_core.testing.assert_close  # noqa: B018
+
+
+@pytest.mark.numerical
+def test_rounding_tolerance_follows_dtype_sum_length_and_row_size():
+    want = torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)  # row norms 5 and 0
+    tol = rounding_tolerance(want, torch.float32, terms=16)
+    eps32 = torch.finfo(torch.float32).eps
+    rms = (25 / 2) ** 0.5  # a row that cancels to 0 gets the typical row's size
+    assert torch.allclose(tol, torch.tensor([[5.0], [rms]], dtype=torch.float64) * ROUNDING_FACTOR * eps32 * 4)
+    assert torch.allclose(rounding_tolerance(want, torch.float64, 16) / tol, torch.tensor(torch.finfo(torch.float64).eps / eps32, dtype=torch.float64))
+    assert torch.allclose(rounding_tolerance(want, torch.float32, 64) / tol, torch.tensor(2.0, dtype=torch.float64))
+    # A result smaller than its terms (cancellation) is held to the size of the terms.
+    assert torch.allclose(rounding_tolerance(want, torch.float32, 16, scale=50.0), tol.new_tensor(50.0) * ROUNDING_FACTOR * eps32 * 4)
+    # Half precision: results rounded to bf16, sums accumulated in fp32.
+    half = rounding_tolerance(want[:1], torch.bfloat16, 16)
+    expected = ROUNDING_FACTOR * (torch.finfo(torch.bfloat16).eps + eps32 * 4) * 5
+    assert half.item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="terms must be at least 1"):
+        rounding_tolerance(want, torch.float32, 0)
+    # A model's longest sum: its largest parameter dimension, or the sequence.
+    assert longest_sum(torch.nn.Linear(3, 7), seq_len=5) == 7
+    assert longest_sum(torch.nn.Linear(3, 7), seq_len=9) == 9
+
+
+@pytest.mark.numerical
+def test_assert_within_rounding_passes_rounding_and_names_a_real_difference():
+    want = torch.randn(3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ratio = assert_within_rounding(want.float(), want, dtype=torch.float32, terms=1, what="rounded")
+    assert 0 < ratio < 1
+    wrong = want.clone()
+    wrong[1, 2] += 1e-4 * want[1].norm()
+    with pytest.raises(AssertionError, match=r"off: max \|difference\| .* exceeds the rounding tolerance of float32 .* first mismatch at \[token 1, dim 2\]"):
+        assert_within_rounding(wrong, want, dtype=torch.float32, terms=1, what="off", dims=("token", "dim"))
+    with pytest.raises(AssertionError, match="non-finite value nan"):
+        assert_within_rounding(torch.full((2, 2), float("nan")), torch.zeros(2, 2), dtype=torch.float32, terms=1, what="x")
+
+
+@pytest.mark.numerical
+def test_assert_exactly_zero_counts_what_is_not():
+    assert_exactly_zero(torch.zeros(2, 3), "zeros")
+    grad = torch.zeros(2, 3)
+    grad[1, 2] = 1e-30
+    with pytest.raises(AssertionError, match=r"leak: 1 entries are not exactly 0 \(largest \|value\| 1e-30\); first at \[row 1, dim 2\]"):
+        assert_exactly_zero(grad, "leak", ("row", "dim"))
+
+
+@pytest.mark.numerical
 def test_layouts_reach_the_checks():
     check_attention_backend(_LeaksAfterFirstBlock)  # default rows are 16 tokens: no leak
     with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 3 \(positions 12\.\.22 of 24\)"):
@@ -151,18 +272,21 @@ def test_layouts_reach_the_checks():
         check_attention_backend("eager", layouts=((3, 0, 2),))
 
 
+@pytest.mark.numerical
 def test_backend_ignoring_doc_ids_fails_when_its_spec_declares_it_honours_them():
     spec = AttentionBackendSpec(name="liar", summary="s", impl=f"{__name__}:_Causal", honours={DOC_IDS})
     with pytest.raises(AssertionError, match="attention 'liar'.*document isolation broken"):
         check_attention_backend(spec)
 
 
+@pytest.mark.numerical
 def test_backend_that_declares_no_doc_ids_is_checked_causally_only():
     spec = AttentionBackendSpec(name="plain", summary="s", impl=f"{__name__}:_Causal")
     check_attention_backend(spec)
     check_attention_backend(_Causal, honours=())
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
@@ -178,32 +302,38 @@ def test_broken_backends_fail_with_a_specific_message(backend, message):
         check_attention_backend(backend)
 
 
+@pytest.mark.numerical
 def test_correct_masked_backend_passes_and_mask_mod_restricts_the_reference():
     check_attention_backend(_Masked)
     with pytest.raises(AssertionError, match="differs from the reference"):
         check_attention_backend(_Masked, mask_mod=lambda q, kv: q - kv < 3)
 
 
+@pytest.mark.numerical
 def test_reference_attention_matches_sdpa_and_masks_documents():
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(3))
-    torch.testing.assert_close(reference_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_within_rounding(reference_attention(q, k, v), sdpa, dtype=torch.float64, terms=6, what="reference vs sdpa")
     doc_ids = torch.tensor([[0, 0, 0, 1, 1, 1]])
     out = reference_attention(q, k, v, doc_ids)
     # The second document alone is the same as the packed row's second half.
-    torch.testing.assert_close(out[..., 3:, :], reference_attention(q[..., 3:, :], k[..., 3:, :], v[..., 3:, :]))
+    alone = reference_attention(q[..., 3:, :], k[..., 3:, :], v[..., 3:, :])
+    assert_within_rounding(out[..., 3:, :], alone, dtype=torch.float64, terms=6, what="second document")
 
 
+@pytest.mark.numerical
 def test_reference_attention_matches_the_builtin_eager_backend_with_gqa_and_doc_ids():
     from forge_core.testing import doc_ids_from_lengths
     from forge_plugins.attention.eager import EagerAttention
 
     g = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(2, 4, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g)
+    q, k, v = (torch.randn(2, h, 16, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
     doc_ids = doc_ids_from_lengths(((5, 1, 6, 4), (1, 9, 6)), 16)
     eager = EagerAttention(None)
     for ids in (None, doc_ids):
-        torch.testing.assert_close(reference_attention(q, k, v, ids), eager.attend(q, k, v, eager.prepare(ids, 16, "cpu")))
+        got = eager.attend(q, k, v, eager.prepare(ids, 16, "cpu"))
+        assert_within_rounding(got, reference_attention(q, k, v, ids), dtype=torch.float64, terms=16, what="eager")
 
 
 def test_unavailable_device_is_a_usage_error():

@@ -1,11 +1,11 @@
 """The built-in packers: pinned ``concat`` semantics, a randomized comparison with the
-literal per-token loop, ``bfd`` invariants, ``none``, and the registration contract."""
+literal per-token loop, ``bfd`` invariants and the linear cost of its placement, ``none``,
+and the registration contract. (bench/packing.py times the packers.)"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import attrs
 import numpy as np
@@ -123,6 +123,7 @@ def reference_concat(stream: list[int], seq_len: int, eos: int):
     return doc_ids, labels, positions
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.1, 0.3, 0.7, 1.0])
 def test_concat_matches_per_token_loop_on_random_streams(density):
     rng = np.random.default_rng(int(density * 1000))
@@ -152,6 +153,7 @@ def unique_docs(lengths):
     return docs
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize("seed", range(5))
 def test_bfd_places_every_token_once_and_splits_only_long_documents_in_order(seed):
     rng = np.random.default_rng(seed)
@@ -202,6 +204,7 @@ def test_bfd_places_every_token_once_and_splits_only_long_documents_in_order(see
     assert packer.stats["split_documents"] == int((lengths > S).sum())
 
 
+@pytest.mark.numerical
 def test_bfd_every_placement_is_a_best_fit():
     rng = np.random.default_rng(7)
     S = 50
@@ -228,11 +231,50 @@ def test_bfd_fill_on_lognormal_documents():
     assert np.minimum(lengths, 2048).sum() / (n_rows * 2048) > 0.99
 
 
-def test_bfd_places_100k_documents_quickly():
-    lengths = np.maximum(1, np.random.default_rng(1).lognormal(np.log(300), 1.0, 100_000).astype(np.int64))
-    start = time.perf_counter()
-    place(np.minimum(lengths, 2048), 2048)
-    assert time.perf_counter() - start < 2.0  # ~0.05 s; an O(n * rows) scan takes minutes
+def _lines_run_in(function, *args) -> int:
+    """Lines of Python executed in ``function``'s own frame while it runs: a deterministic
+    count of its work, whatever the machine's speed."""
+    count = 0
+
+    def in_frame(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return in_frame
+
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: in_frame if frame.f_code is function.__code__ else None)
+    try:
+        function(*args)
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def test_bfd_placement_does_constant_work_per_document():
+    # Ten times the documents (and rows): ten times the work. A scan over the open rows
+    # for every document would do a hundred times as much. (bench/packing.py times it.)
+    def work(n):
+        lengths = np.maximum(1, np.random.default_rng(1).lognormal(np.log(300), 1.0, n).astype(np.int64))
+        return _lines_run_in(place, np.minimum(lengths, 2048), 2048)
+
+    small, large = work(2_000), work(20_000)
+    assert 9 * small < large < 11 * small, (small, large)
+
+
+def test_line_count_sees_a_scan_over_rows():
+    # The measure has power: a placement that scans every open row is caught.
+    def first_fit(lengths, capacity):
+        room = []
+        for length in lengths:
+            for r, free in enumerate(room):
+                if free >= length:
+                    room[r] -= length
+                    break
+            else:
+                room.append(capacity - length)
+
+    lengths = np.random.default_rng(1).integers(1, 64, 1_000)
+    assert _lines_run_in(first_fit, lengths[:100], 64) * 30 < _lines_run_in(first_fit, lengths, 64)
 
 
 # --- none --------------------------------------------------------------------------

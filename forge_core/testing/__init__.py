@@ -2,7 +2,12 @@
 
 - :func:`check_attention_backend`: agreement with an explicit-softmax reference
   (:func:`reference_attention`), with and without ``doc_ids``, forward and backward,
-  grouped-query shapes; and document isolation for backends that honour ``doc_ids``.
+  grouped-query shapes; and document isolation for backends that honour ``doc_ids``;
+  in the dtype asked for and again in float64, where it is a proof.
+- :func:`assert_within_rounding`, :func:`rounding_tolerance`, :func:`longest_sum`,
+  :func:`assert_exactly_zero`:
+  comparisons whose tolerance is derived from the dtype and the size of what is
+  compared (:mod:`forge_core.testing.tolerance`), for a plugin's own equivalence tests.
 - :func:`check_packer`: token accounting, ``doc_ids``/``positions`` invariants, and
   that the declared ``emits`` (and ``emits_when``) match what ``pack`` returns.
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
@@ -14,8 +19,8 @@ available in tests as the ``forge_conformance`` fixture of the pytest plugin
 (:mod:`forge_core.testing.pytest_plugin`, registered through the ``pytest11`` entry
 point).
 
-Importing this package does not import torch: the attention names below are loaded on
-first use.
+Importing this package does not import torch: the attention and tolerance names below
+are loaded on first use.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ _ATTENTION_NAMES = (
     "check_attention_backend",
     "reference_attention",
     "reference_mask",
-    "assert_close",
     "available_devices",
     "doc_ids_from_lengths",
 )
+_TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "longest_sum", "ROUNDING_FACTOR")
 
 __all__ = [
     "PackerReport",
@@ -40,6 +45,7 @@ __all__ = [
     "check_rule",
     "conformance_documents",
     *_ATTENTION_NAMES,
+    *_TOLERANCE_NAMES,
 ]
 
 
@@ -48,8 +54,18 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import attention
 
         return getattr(attention, name)
+    if name in _TOLERANCE_NAMES:
+        from forge_core.testing import tolerance
+
+        return getattr(tolerance, name)
+    if name == "assert_close":
+        raise AttributeError(
+            "forge_core.testing.assert_close (fixed atol/rtol) was replaced by assert_within_rounding(got, want, "
+            "dtype=, terms=, what=), whose tolerance is derived from the dtype and the size of what is compared, "
+            "and assert_exactly_zero for what must vanish"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ATTENTION_NAMES))
+    return sorted(set(globals()) | set(_ATTENTION_NAMES) | set(_TOLERANCE_NAMES))

@@ -11,9 +11,20 @@ A backend is tested at its own interface (``prepare(doc_ids, seq_len, device)`` 
 - **document isolation** (for a backend that honours ``doc_ids``): in packed rows that
   hold several documents (a one-token document, a row that starts with one, documents
   that end exactly at the row end) each document's outputs, and the gradients of its
-  queries, keys and values, equal those of the same document attended on its own.
-  This needs no reference: a backend that lets tokens see across documents fails it
-  whatever else it does.
+  queries, keys and values, equal those of the same document attended on its own; and
+  the gradient of one document's outputs is exactly 0 on every other document's
+  queries, keys and values. This needs no reference: a backend that lets tokens see
+  across documents fails it whatever else it does.
+
+Every check runs in the dtype asked for (float32 by default) and again in float64,
+where it is a proof: the two sides of every comparison may differ only by float64
+rounding (about 1e-14 of the size of what is compared), so a leak weighing 1e-10 of a
+row is caught. Tolerances are derived from the size of what is compared
+(:mod:`forge_core.testing.tolerance`), never fixed, because which kernel runs and how
+it sums depend on the machine; the gradient that must not reach another document is
+checked to be exactly 0, in every dtype. A backend must therefore follow its input
+dtype (float64 in, float64 arithmetic); one without a float64 kernel passes
+``float64=False`` and is checked in its own dtype only.
 
 Both run on the packed rows ``layouts`` (document lengths per row, :data:`LAYOUTS` by
 default); a backend that works in tiles passes longer rows whose documents cross tile
@@ -34,20 +45,13 @@ import torch
 
 from forge_core.specs import DOC_IDS
 from forge_core.testing.resolve import resolve
+from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_within_rounding, dtype_name, rms_row_norm
 
 #: Document lengths of the packed rows (each row is filled to its end): 16 tokens each.
 LAYOUTS: tuple[tuple[int, ...], ...] = ((5, 1, 6, 4), (1, 9, 6))
 #: (query heads, key/value heads): grouped-query, then multi-head attention.
 HEAD_SHAPES: tuple[tuple[int, int], ...] = ((4, 2), (2, 2))
 HEAD_DIM = 8
-
-#: (atol, rtol) per dtype against the float64 reference.
-TOLERANCES = {
-    torch.float64: (1e-8, 1e-7),
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (5e-3, 5e-3),
-    torch.bfloat16: (3e-2, 3e-2),
-}
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -187,38 +191,6 @@ def _check_output(out: Any, q: torch.Tensor, where: str) -> None:
         raise AssertionError(f"{where}: attend() returned a tensor on {out.device}; expected q's device {q.device}")
 
 
-def assert_close(
-    got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str, dims: Sequence[str] | None = None
-) -> None:
-    """AssertionError naming ``what``, the largest difference and the first mismatch
-    (batch, head, position) when ``got`` and ``want`` differ beyond tolerance. ``dims``
-    names the dimensions for that location when they are not attention's."""
-    if tuple(got.shape) != tuple(want.shape):
-        raise AssertionError(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-    got64, want64 = got.detach().double().cpu(), want.detach().double().cpu()
-    if not torch.isfinite(got64).all():
-        index = tuple(torch.nonzero(~torch.isfinite(got64))[0].tolist())
-        raise AssertionError(f"{what}: non-finite value {got64[index].item()} at {_where(index, dims)}")
-    diff = (got64 - want64).abs()
-    bad = diff > atol + rtol * want64.abs()
-    if bad.any():
-        index = tuple(torch.nonzero(bad)[0].tolist())
-        raise AssertionError(
-            f"{what}: max |difference| {diff.max().item():.3g} (atol {atol:g}, rtol {rtol:g}); "
-            f"first mismatch at {_where(index, dims)}: got {got64[index].item():.6g}, expected {want64[index].item():.6g}"
-        )
-
-
-def _where(index: tuple[int, ...], dims: Sequence[str] | None = None) -> str:
-    if dims is not None and len(dims) == len(index):
-        return "[" + ", ".join(f"{dim} {i}" for dim, i in zip(dims, index)) + "]"
-    if len(index) == 4:
-        return f"[batch {index[0]}, head {index[1]}, position {index[2]}, dim {index[3]}]"
-    if len(index) == 3:
-        return f"[head {index[0]}, position {index[1]} within the document, dim {index[2]}]"
-    return str(list(index))
-
-
 # --- the checks ------------------------------------------------------------------------
 
 
@@ -244,13 +216,15 @@ def check_attention_backend(
     honours: Iterable[str] | None = None,
     mask_mod: MaskMod | None = None,
     dtype: Any = "float32",
-    atol: float | None = None,
-    rtol: float | None = None,
+    float64: bool = True,
+    rounding_factor: float = ROUNDING_FACTOR,
     layouts: Sequence[Sequence[int]] = LAYOUTS,
     extra_plugins: Iterable[tuple[str, Any]] = (),
+    atol: None = None,
+    rtol: None = None,
 ) -> None:
     """Check an attention backend against the contract; raise AssertionError on the
-    first violation, naming the backend, device, head shape and what differs.
+    first violation, naming the backend, device, dtype, head shape and what differs.
 
     ``backend`` is a registered name, an :class:`~forge_core.specs.AttentionBackendSpec`,
     the implementation class or an instance. ``options`` is a mapping or an options
@@ -260,18 +234,25 @@ def check_attention_backend(
     that honours ``doc_ids``. ``mask_mod(q_idx, kv_idx) -> bool tensor`` restricts the
     reference further for backends that attend to less than everything causal (a
     sliding window: ``lambda q, kv: q - kv < window``). ``devices`` lists where to run
-    (see :func:`available_devices`); tolerances default per ``dtype``. ``layouts``
-    gives the packed rows as document lengths per row, every row the same total length
-    (e.g. rows longer than a tiled kernel's block, with documents crossing blocks).
+    (see :func:`available_devices`). Every check runs in ``dtype`` and, with
+    ``float64`` (the default), again in float64; tolerances follow from the dtype and
+    the size of what is compared (:func:`~forge_core.testing.tolerance.rounding_tolerance`),
+    ``rounding_factor`` times the one-sum rounding estimate. ``layouts`` gives the packed
+    rows as document lengths per row, every row the same total length (e.g. rows longer
+    than a tiled kernel's block, with documents crossing blocks).
     """
+    if atol is not None or rtol is not None:
+        raise ValueError(
+            "check_attention_backend no longer takes atol/rtol: tolerances are derived from the dtype and the "
+            "size of what is compared (forge_core.testing.tolerance), because fixed ones pass on one machine "
+            "and fail on another; pass rounding_factor= (default 16) to scale them"
+        )
     resolved = resolve("attention", backend, options, extra_plugins)
     if honours is None:
         honours = resolved.spec.honours if resolved.spec is not None else frozenset({DOC_IDS})
     honours = frozenset(honours)
     dtype = _dtype(dtype)
-    default_atol, default_rtol = TOLERANCES.get(dtype, (1e-4, 1e-4))
-    atol = default_atol if atol is None else atol
-    rtol = default_rtol if rtol is None else rtol
+    dtypes = (dtype, torch.float64) if float64 and dtype != torch.float64 else (dtype,)
     layouts = tuple(tuple(lengths) for lengths in layouts)
     doc_ids = doc_ids_from_lengths(layouts, sum(layouts[0]) if layouts else 0)
     devices = tuple(devices)
@@ -279,25 +260,41 @@ def check_attention_backend(
         if torch.device(device).type not in available_devices():
             raise ValueError(f"device {device!r} is not available here (available: {', '.join(available_devices())})")
     instance = _construct(resolved.impl, resolved.options)
-    tol = {"atol": atol, "rtol": rtol}
     for device in devices:
         device_doc_ids = doc_ids.to(device)
-        for heads, kv_heads in HEAD_SHAPES:
-            where = f"{resolved.label} on {device}, {dtype}, {heads} query / {kv_heads} key-value heads"
-            case = _Case(instance, device, dtype, heads, kv_heads, seed, mask_mod, tol, where, layouts)
-            case.agrees_with_reference(doc_ids=None)
-            if DOC_IDS in honours:
-                case.isolates_documents(device_doc_ids)
-                case.agrees_with_reference(doc_ids=device_doc_ids)
+        for run_dtype in dtypes:
+            for heads, kv_heads in HEAD_SHAPES:
+                where = f"{resolved.label} on {device}, {dtype_name(run_dtype)}, {heads} query / {kv_heads} key-value heads"
+                case = _Case(instance, device, run_dtype, heads, kv_heads, seed, mask_mod, rounding_factor, where, layouts)
+                try:
+                    case.agrees_with_reference(doc_ids=None)
+                    if DOC_IDS in honours:
+                        case.isolates_documents(device_doc_ids)
+                        case.gradient_stays_in_document(device_doc_ids)
+                        case.agrees_with_reference(doc_ids=device_doc_ids)
+                except AssertionError:
+                    raise
+                except Exception as error:
+                    if run_dtype != torch.float64 or dtype == torch.float64:
+                        raise
+                    raise AssertionError(
+                        f"{where}: the backend failed on float64 inputs ({type(error).__name__}: {error}). The kit "
+                        "proves agreement and isolation in float64, so a backend should compute in its input's "
+                        "dtype; one without a float64 kernel passes float64=False and is checked in "
+                        f"{dtype_name(dtype)} only"
+                    ) from error
 
 
 class _Case:
-    """One device and head shape: random inputs and the checks that use them."""
+    """One device, dtype and head shape: random inputs and the checks that use them."""
 
-    def __init__(self, backend, device, dtype, heads, kv_heads, seed, mask_mod, tol, where, layouts):
+    def __init__(self, backend, device, dtype, heads, kv_heads, seed, mask_mod, factor, where, layouts):
         self.backend, self.device, self.dtype = backend, device, dtype
-        self.mask_mod, self.tol, self.where = mask_mod, tol, where
+        self.mask_mod, self.factor, self.where = mask_mod, factor, where
         self.layouts, self.seq_len = layouts, sum(layouts[0])
+        # The longest sums: over the keys of a row (softmax, probabilities times values,
+        # gradients of keys and values) and over the head dimension (scores).
+        self.terms = max(self.seq_len, HEAD_DIM)
         self.generator = torch.Generator().manual_seed(seed)
         batch = len(layouts)
         self.q_shape = (batch, heads, self.seq_len, HEAD_DIM)
@@ -311,6 +308,17 @@ class _Case:
         b, h, s, d = shape
         return _random(self.generator, (b, s, h, d), self.dtype, self.device).transpose(1, 2)
 
+    def close(self, got: torch.Tensor, want: torch.Tensor, what: str, scale: float) -> None:
+        assert_within_rounding(got, want, dtype=self.dtype, terms=self.terms, what=what, factor=self.factor, scale=scale)
+
+    def term_sizes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[float, ...]:
+        """Typical size of the terms summed into the output and the gradients of q, k, v
+        (``out = sum p v``, ``dv = sum p dO``, ``dq = sum p (dO.v - dO.out) k / sqrt(D)``,
+        ``dk`` alike with q): the floor of their tolerances, since a result can cancel
+        to 0 (a token that sees only itself has a query gradient of exactly 0)."""
+        nq, nk, nv, ng = (rms_row_norm(t) for t in (q, k, v, self.grad_out))
+        return nv, ng * nv * nk / HEAD_DIM**0.5, ng * nv * nq / HEAD_DIM**0.5, ng
+
     def agrees_with_reference(self, doc_ids: torch.Tensor | None) -> None:
         mode = "causal with doc_ids" if doc_ids is not None else "causal without doc_ids"
         where = f"{self.where}, {mode}"
@@ -319,20 +327,30 @@ class _Case:
         outs = _forward(self.backend, [(self.q, self.k, self.v), second], doc_ids)
         for layer, (out, (q, k, v)) in enumerate(zip(outs, [(self.q, self.k, self.v), second])):
             _check_output(out, q, where)
-            want = reference_attention(q, k, v, doc_ids, self.mask_mod)
-            assert_close(out, want, **self.tol, what=f"{where}: forward (no_grad, call {layer + 1} on one prepare()) differs from the reference")
+            # Compared with the float64 result itself, not rounded to the backend's dtype.
+            want = reference_attention(q.double(), k.double(), v.double(), doc_ids, self.mask_mod)
+            what = f"{where}: forward (no_grad, call {layer + 1} on one prepare()) differs from the reference"
+            self.close(out, want, what, self.term_sizes(q, k, v)[0])
         got = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, where)
         want = _reference_backward(self.q, self.k, self.v, self.grad_out, doc_ids, self.mask_mod)
-        for name, g, w in zip(("output", "grad of q", "grad of k", "grad of v"), got, want):
-            assert_close(g, w, **self.tol, what=f"{where}: {name} (with autograd) differs from the reference")
+        sizes = self.term_sizes(self.q, self.k, self.v)
+        for name, g, w, size in zip(("output", "grad of q", "grad of k", "grad of v"), got, want, sizes):
+            self.close(g, w, f"{where}: {name} (with autograd) differs from the reference", size)
 
-    def isolates_documents(self, doc_ids: torch.Tensor) -> None:
-        packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
-        segments = [
+    def _documents(self) -> list[tuple[int, int, int, int]]:
+        """(row, document, start, length) of every document of every row."""
+        return [
             (row, n, start, end - start)
             for row, lengths in enumerate(self.layouts)
             for n, (start, end) in enumerate(spans(lengths))
         ]
+
+    def _span(self, row: int, n: int, start: int, length: int) -> str:
+        return f"row {row}, document {n} (positions {start}..{start + length - 1} of {self.seq_len})"
+
+    def isolates_documents(self, doc_ids: torch.Tensor) -> None:
+        packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
+        segments = self._documents()
         batch = self.q.shape[0]
         # Each document alone at the start of a row of the same length, ``batch`` rows at
         # a time so the backend sees the shapes it has already seen (a compiled kernel
@@ -349,14 +367,51 @@ class _Case:
                 grad_alone[i, :, :length] = self.grad_out[row, :, start : start + length]
             results.append((chunk, _forward_backward(self.backend, *alone, grad_alone, None, f"{self.where}, documents alone")))
         # Outputs first: a leak shows up there as "document n sees an earlier document".
+        sizes = self.term_sizes(self.q, self.k, self.v)
         for index, name in enumerate(("output", "grad of q", "grad of k", "grad of v")):
             for chunk, single in results:
                 for i, (row, n, start, length) in enumerate(chunk):
-                    span = f"row {row}, document {n} (positions {start}..{start + length - 1} of {self.seq_len})"
                     p, s = packed[index], single[index]
-                    assert_close(
-                        p[row, :, start : start + length], s[i, :, :length], **self.tol,
-                        what=f"{self.where}: document isolation broken at {span}: the packed row's {name} "
-                        "differs from the same document attended on its own, so tokens attend across "
+                    self.close(
+                        p[row, :, start : start + length], s[i, :, :length],
+                        f"{self.where}: document isolation broken at {self._span(row, n, start, length)}: the packed "
+                        f"row's {name} differs from the same document attended on its own, so tokens attend across "
                         "documents (is the doc_ids mask from prepare() applied in attend()?)",
+                        sizes[index],
                     )
+
+    def gradient_stays_in_document(self, doc_ids: torch.Tensor) -> None:
+        """The gradient of document ``n``'s outputs (of every row at once) is exactly 0
+        on every query, key and value outside document ``n``: a masked probability is
+        exactly 0, so this holds in every dtype, and it catches leaks far below any
+        rounding tolerance (a mask that only down-weights other documents)."""
+        segments = self._documents()
+        owner = torch.empty(doc_ids.shape, dtype=torch.long)  # document of every position
+        for row, n, start, length in segments:
+            owner[row, start : start + length] = n
+        for n in range(max(len(lengths) for lengths in self.layouts)):
+            inside = torch.zeros(doc_ids.shape, dtype=torch.bool)
+            for row, m, start, length in segments:
+                if m == n:
+                    inside[row, start : start + length] = True
+            inside_4d = inside[:, None, :, None].to(self.device)
+            grad_out = self.grad_out.masked_fill(~inside_4d, 0.0)
+            grads = _forward_backward(self.backend, self.q, self.k, self.v, grad_out, doc_ids, f"{self.where}, with doc_ids")[1:]
+            for name, grad in zip(("q", "k", "v"), grads):
+                outside = grad.detach().masked_fill(inside_4d, 0.0).cpu()
+                if not outside.any():
+                    continue
+                b, h, pos, _ = torch.nonzero(outside)[0].tolist()
+                source = next(((r, m, s, l) for r, m, s, l in segments if r == b and m == n), None)
+                reached = f"the {name} of position {pos} (document {int(owner[b, pos])}, head {h})"
+                if source is None:
+                    raise AssertionError(
+                        f"{self.where}: row {b} holds no document {n} and gets no upstream gradient in this run, yet "
+                        f"{reached} has gradient {outside[b, h, pos].abs().max().item():.3g}: rows of the batch are mixed"
+                    )
+                raise AssertionError(
+                    f"{self.where}: document isolation broken at {self._span(*source)}: the gradient of its outputs "
+                    f"reaches {reached} with {outside[b, h, pos].abs().max().item():.3g} (largest outside the document "
+                    f"{outside.abs().max().item():.3g}), where it must be exactly 0, so tokens attend across documents "
+                    "(is the doc_ids mask from prepare() applied in attend() and in its backward?)"
+                )

@@ -1,8 +1,10 @@
 """``eager``: explicit softmax attention, the readable baseline the other backends are
 compared with (the conformance kit's float64 ``reference_attention`` is the stricter one).
 
-Scores are materialised (``B x H x S x S``) and the softmax is taken in fp32; grouped
-query attention repeats each key/value head for its query heads
+Scores are materialised (``B x H x S x S``); the softmax is taken in the input's dtype
+but never below fp32 (bf16/fp16 inputs are accumulated in fp32, float64 inputs stay
+float64, so ``eager`` in float64 can serve as a float64 reference). Grouped query
+attention repeats each key/value head for its query heads
 (``repeat_interleave``, the convention SDPA's ``enable_gqa`` and Hugging Face use). The
 mask is the dense causal (``doc_ids=None``) or block-diagonal causal boolean mask built
 once per forward, ``O(S^2)`` memory like ``sdpa``'s. Slow; meant for tests and
@@ -38,7 +40,9 @@ def eager_attention(
         v = v.repeat_interleave(group, dim=1)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    # At least fp32: half-precision softmax loses too much; float64 must stay float64.
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    probs = probs.to(q.dtype)
     return probs @ v
 
 

@@ -90,7 +90,9 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
         raise NotImplementedError(
             f"the CPU FlexAttention backward needs one BlockMask for every head, got {mask_heads}"
         )
-    qf, kf, vf, of, gof = (t.float() for t in (q, k, v, out, grad_out))
+    # At least fp32 (half-precision inputs accumulate in fp32); float64 stays float64.
+    work = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf, of, gof = (t.to(work) for t in (q, k, v, out, grad_out))
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     for b in range(batch):
 
@@ -98,7 +100,7 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
             return t[b].reshape(-1, n, seq_len, head_dim)
 
         # All query heads at once, grouped by the key/value head they share.
-        dq_b = torch.zeros(kv_heads, group, seq_len, head_dim)
+        dq_b = torch.zeros(kv_heads, group, seq_len, head_dim, dtype=work)
         _backward_heads(
             grouped(qf, group), grouped(kf, 1), grouped(vf, 1), grouped(of, group),
             grouped(gof, group), block_mask, scale, b if mask_batch > 1 else 0, dq_b, dk[b], dv[b],

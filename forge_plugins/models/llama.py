@@ -36,7 +36,8 @@ from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back (as transformers' LlamaRMSNorm)."""
+    """RMSNorm computed in fp32 (float64 for float64 inputs) and cast back, as
+    transformers' LlamaRMSNorm does for fp32 and lower."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -44,7 +45,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
+        # Never below fp32, never below the input: a float64 model stays float64 throughout.
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
