@@ -139,8 +139,15 @@ def test_out_dir_that_is_a_file_is_a_clean_error(tmp_path, capsys):
     path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "afile")}))
     assert cli.main([path]) == 2
     err = capsys.readouterr().err
-    assert f"$.run.out_dir: {str(tmp_path / 'afile')!r} is an existing file, not a directory" in err
-    assert "Set run.out_dir to a directory you can write" in err and "Traceback" not in err
+    # Refused by the kernel's run.out-dir rule before anything is built.
+    assert "[run.out-dir]" in err and f"run.out_dir {str(tmp_path / 'afile')!r} exists and is not a directory" in err
+    assert "Traceback" not in err
+
+
+def test_out_dir_that_is_a_file_is_refused_at_build_too(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    with pytest.raises(ForgeError, match=r"\$\.run\.out_dir: .*afile' is an existing file, not a directory"):
+        RunLock.acquire(tmp_path / "afile")
 
 
 def test_out_dir_below_a_file_is_a_clean_error(tmp_path):
