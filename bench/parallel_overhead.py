@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forge_core.api import INPUT_IDS, LABELS
+
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"dp_replicate": 2},
     "fsdp": {"dp_shard": 2},
@@ -72,7 +74,7 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any,
     model = components.model(config, registries, args.vocab, components.attention(config, registries))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.rows, args.seq + 1), generator=gen)
-    batch = {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
+    batch = {INPUT_IDS: ids[:, :-1].contiguous(), LABELS: ids[:, 1:].contiguous()}
     return config, registries, [model, batch]
 
 
@@ -84,7 +86,7 @@ def step_fn(pmodel: Any, batch: dict) -> Any:
 
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
     local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
-    tokens = float(batch["labels"].numel())
+    tokens = float(batch[LABELS].numel())
 
     def step() -> None:
         pmodel.forward_backward(local, loss_fn, tokens)

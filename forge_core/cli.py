@@ -1,7 +1,7 @@
 """``forge-run``: one argparse tree for every command.
 
 ``check``, ``plugins``, ``rules`` and ``show`` import neither torch nor transformers, so
-they answer in a fraction of a second. Any :class:`~forge_core.errors.ForgeError` is
+they answer in a fraction of a second. Any :class:`~forge_core.api.ForgeError` is
 printed without a traceback and exits 2.
 """
 
@@ -12,7 +12,8 @@ import json
 import sys
 from typing import Any
 
-from forge_core.errors import EXIT_INVALID, ForgeError, format_error
+from forge_core.api import ForgeError
+from forge_core.errors import EXIT_INVALID, format_error
 
 COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
 

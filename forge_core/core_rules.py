@@ -14,13 +14,11 @@ import math
 import os
 from pathlib import Path
 
-from forge_core.hookspecs import hookimpl
+from forge_core.api import DOC_IDS, Plan, Rule, hookimpl
 from forge_core.parallel_dims import MESH_DIMS
-from forge_core.rules import Rule, RuleContext
-from forge_core.specs import DOC_IDS
 
 
-def check_world_size(ctx: RuleContext) -> list[str]:
+def check_world_size(ctx: Plan) -> list[str]:
     # Each degree is at least 1 (dp_shard may be -1): the schema's validators say so.
     degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
     if ctx.world_size is None:
@@ -39,7 +37,7 @@ def check_world_size(ctx: RuleContext) -> list[str]:
     return []
 
 
-def check_seq_len(ctx: RuleContext) -> str | None:
+def check_seq_len(ctx: Plan) -> str | None:
     option = ctx.specs["model"].max_seq_len_option
     if option is None:
         return None
@@ -50,7 +48,7 @@ def check_seq_len(ctx: RuleContext) -> str | None:
     return None
 
 
-def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
+def check_metadata_forwarded(ctx: Plan) -> list[str]:
     """The founding rule, expressed through capabilities: every per-token key the packer
     emits must reach every layer under every active strategy."""
     problems = []
@@ -75,7 +73,7 @@ def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
     return problems
 
 
-def check_honours_doc_ids(ctx: RuleContext) -> str | None:
+def check_honours_doc_ids(ctx: Plan) -> str | None:
     """The packer isolates documents but the backend would let them attend across."""
     backend = ctx.specs.get("attention")
     if backend is None or DOC_IDS not in ctx.emitted or DOC_IDS in backend.honours:
@@ -106,11 +104,11 @@ def out_dir_problem(out_dir: str) -> str | None:
     return None
 
 
-def check_out_dir(ctx: RuleContext) -> str | None:
+def check_out_dir(ctx: Plan) -> str | None:
     return out_dir_problem(ctx.config.run.out_dir)
 
 
-def check_model_accepts(ctx: RuleContext) -> str | None:
+def check_model_accepts(ctx: Plan) -> str | None:
     model = ctx.specs["model"]
     refused = sorted(ctx.emitted - model.accepts)
     if refused:
@@ -122,7 +120,7 @@ def check_model_accepts(ctx: RuleContext) -> str | None:
     return None
 
 
-def check_batch_divisible(ctx: RuleContext) -> str | None:
+def check_batch_divisible(ctx: Plan) -> str | None:
     train = ctx.config.train
     dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
     if dp < 1:

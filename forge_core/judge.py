@@ -9,11 +9,12 @@ from typing import Any
 
 import attrs
 
+from forge_core.api import Plan, Violation, get_path
 from forge_core.config.loader import read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
-from forge_core.rules import RuleContext, Violation, evaluate, get_path
+from forge_core.rules import evaluate
 
 #: The id under which a chosen component whose implementation module is missing is
 #: reported (the kernel checks it for every component; it is not a declared rule).
@@ -24,7 +25,7 @@ IMPLEMENTATION_FOUND = "component.implementation-found"
 class Judgement:
     config: ForgeConfig
     registries: Registries
-    context: RuleContext
+    context: Plan
     violations: list[Violation]
 
     @property
@@ -41,17 +42,17 @@ class Judgement:
         return sum(entry.kernel for entry in self.registries.rules)
 
 
-def rule_context(config: ForgeConfig, registries: Registries, world_size: int | None) -> RuleContext:
+def rule_context(config: ForgeConfig, registries: Registries, world_size: int | None) -> Plan:
     specs = {
         block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
     degrees = resolve_degrees(config.parallel, world_size)
     strategies = active_strategies(registries["parallelism"], degrees, config.parallel.wrappers)
     emitted = specs["packer"].emitted(config.data.packer_options)
-    return RuleContext(config, specs, tuple(strategies), degrees, world_size, emitted)
+    return Plan(config, specs, tuple(strategies), degrees, world_size, emitted)
 
 
-def chosen_components(ctx: RuleContext, registries: Registries) -> list[tuple[str, str, Any]]:
+def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str, Any]]:
     """``(config path, kind, spec)`` of every component the run will build."""
     chosen = [(block.name_path, block.kind, ctx.specs[block.kind]) for block in OPTION_BLOCKS]
     chosen += [
@@ -72,7 +73,7 @@ def _module_missing(module: str) -> str | None:
     return None if found is not None else f"no module named {module!r}"
 
 
-def implementation_violations(ctx: RuleContext, registries: Registries) -> list[Violation]:
+def implementation_violations(ctx: Plan, registries: Registries) -> list[Violation]:
     """An error for every chosen component whose ``impl`` module is not installed: found
     now by ``check`` instead of as a traceback when the run builds it."""
     violations = []

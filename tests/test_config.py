@@ -6,12 +6,11 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from forge_core.api import AttentionBackendSpec, hookimpl
 from forge_core.config import loader
 from forge_core.config.loader import ConfigError, apply_overrides, load_config, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.hookspecs import hookimpl
 from forge_core.judge import judge
-from forge_core.specs import AttentionBackendSpec
 
 
 def issues_of(path, overrides=()):

@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from forge_core.hookspecs import hookimpl
-from forge_core.rules import Rule
-from forge_core.specs import DOC_IDS, POSITIONS, AttentionBackendSpec, PackerSpec
+from forge_core.api import DOC_IDS, IGNORE_INDEX, POSITIONS, AttentionBackendSpec, PackerSpec, Rule, hookimpl
 from forge_core.testing import check_packer, check_rule
 
 torch = pytest.importorskip("torch")
@@ -363,7 +361,7 @@ def test_builtin_packers_pass_the_kit(name, options, emitted, lossless):
 
 def _mutating(base: str, mutate, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
     """A PackerSpec whose packer is the built-in ``base`` with its output mutated."""
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
 
     base_cls = import_path(base)
 
@@ -434,7 +432,7 @@ def _int32(out):
 
 
 def _no_labels(out):
-    out["labels"][:] = -100
+    out["labels"][:] = IGNORE_INDEX
 
 
 @pytest.mark.parametrize(

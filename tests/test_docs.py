@@ -346,8 +346,7 @@ fake = "fake_plugin"
 ```
 
 ```python runnable file=fake_plugin.py
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import PackerSpec
+from forge_core.api import PackerSpec, hookimpl
 
 @hookimpl
 def forge_packers():

@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 import pytest
 
-from forge_core.specs import DOC_IDS, POSITIONS
+from forge_core.api import DOC_IDS, IGNORE_INDEX, POSITIONS
 from forge_plugins.packers import plugin
 from forge_plugins.packers.bfd import BfdPacker, place
 from forge_plugins.packers.concat import ConcatPacker
@@ -19,7 +19,7 @@ from forge_plugins.packers.none import NonePacker
 from forge_plugins.packers.options import ConcatOptions
 
 EOS = 9
-X = -100
+X = IGNORE_INDEX
 
 
 def concat(stream, seq_len=4, isolate=True):

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from forge_core.api import ModelSplit, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.hookspecs import hookimpl
 from forge_core.registry import load_registries
-from forge_core.specs import ParallelismSpec
 from forge_core.train import parallelize as P
 
 CALLS: list[str] = []
@@ -43,7 +42,7 @@ class Split:
             CALLS.append(f"finalize:{[type(r).__name__ for r in runners]}")
             pmodel.is_last_stage = False
 
-        return P.ModelSplit(list(model.children()), finalize)
+        return ModelSplit(list(model.children()), finalize)
 
 
 class Plugin:
@@ -79,7 +78,7 @@ def test_one_process_without_strategies_is_the_model_itself(registries):
 
 
 def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
-    from forge_core.errors import ForgeError
+    from forge_core.api import ForgeError
     from forge_core.train.mesh import build_mesh, dp_coords
 
     degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}

@@ -8,16 +8,13 @@ import json
 import pytest
 
 from conftest import REPO, make_distribution, run_cli
+from forge_core.api import AttentionBackendSpec, ForgeError, PackerSpec, hookimpl
 from forge_core.cli import main
-from forge_core.errors import ForgeError
-from forge_core.hookspecs import hookimpl
 from forge_core.plugins import load_plugins
 from forge_core.registry import build_registries, load_registries
-from forge_core.specs import AttentionBackendSpec, PackerSpec
 
 GOOD_PLUGIN = """
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import PackerSpec
+from forge_core.api import PackerSpec, hookimpl
 
 @hookimpl
 def forge_packers():
@@ -143,7 +140,7 @@ def test_a_hook_implementation_with_an_argument_the_hook_lacks_is_a_clean_error(
 def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribution(tmp_path):
     faults = {
         "exits": ("import sys\nsys.exit(3)\n", "called sys.exit(3) while being imported"),
-        "wrongarg": ("from forge_core.hookspecs import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
+        "wrongarg": ("from forge_core.api import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
                      "its forge_models() takes 'registry', which the hook does not pass"),
     }
     for name, (source, expected) in faults.items():

@@ -12,10 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 
+from forge_core.api import ForgeError
 from forge_core.data.pipeline import build_rows, documents_with_eos
 from forge_core.data.prepare import prepare
 from forge_core.data.shards import Shards
-from forge_core.errors import ForgeError
 from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.options import ConcatOptions

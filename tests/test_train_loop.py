@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from forge_core.api import IGNORE_INDEX
 from forge_core.train.checkpoint import find_latest, load_model, model_state
 from forge_core.train.launch import InvalidConfig, train
 from forge_core.train.trainer import NonFiniteStop
@@ -133,7 +134,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     tok = components.tokenizer(config, registries)
     rows = build_rows(components.source(config, registries), tok, components.packer(config, registries, tok),
                       progress=False)
-    assert len({int((row != -100).sum()) for row in rows["labels"][:40]}) > 1
+    assert len({int((row != IGNORE_INDEX).sum()) for row in rows["labels"][:40]}) > 1
 
 
 def test_nonfinite_skip_continues(tmp_path):

@@ -16,9 +16,9 @@ import attrs
 import cattrs
 import yaml
 
+from forge_core.api import INT_MAX, INT_MIN, ForgeError, did_you_mean, show_value, unknown_name
+from forge_core.api.errors import VALUE_WIDTH
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
-from forge_core.config.validators import INT_MAX, INT_MIN
-from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value, unknown_name
 
 
 class ConfigError(ForgeError):
@@ -541,7 +541,7 @@ def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:
 def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfig, list[tuple[str, str]]]:
     """Check every component name and structure its option block against its spec's
     options class. Returns the config with option blocks replaced by instances."""
-    from forge_core.rules import get_path
+    from forge_core.api import get_path
 
     values, issues = _structure_blocks(lambda path: get_path(config, path), registries)
     return (config, issues) if issues else (_with_blocks(config, values), [])

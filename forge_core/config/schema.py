@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.config.validators import above, at_least, non_blank, satisfies
+from forge_core.api import above, at_least, non_blank, satisfies
 
 
 def field(default: Any, doc: str, **kwargs: Any) -> Any:

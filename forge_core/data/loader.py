@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import INPUT_IDS, ForgeError
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -65,15 +65,15 @@ class StatefulLoader:
         shuffle: bool = True,
         num_workers: int = 0,
     ) -> None:
-        if not rows or "input_ids" not in rows:
-            raise ForgeError("the loader needs packed rows with at least 'input_ids'.")
+        if not rows or INPUT_IDS not in rows:
+            raise ForgeError(f"the loader needs packed rows with at least {INPUT_IDS!r}.")
         if batch_size < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size or num_workers < 0:
             raise ValueError(
                 f"bad loader arguments: batch_size={batch_size}, dp_rank={dp_rank}, "
                 f"dp_size={dp_size}, num_workers={num_workers}"
             )
         self.rows = rows
-        self.num_rows = int(rows["input_ids"].shape[0])
+        self.num_rows = int(rows[INPUT_IDS].shape[0])
         self.batch_size = batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size

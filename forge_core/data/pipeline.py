@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import ForgeError
+from forge_core.api import INPUT_IDS, LABELS, ForgeError
 
 #: Documents encoded per ``encode_batch`` call.
 BATCH_DOCS = 256
@@ -87,10 +87,10 @@ def build_rows(source: Any, tokenizer: Any, packer: Any, *, progress: bool = Tru
     if not docs:
         raise ForgeError(f"{source.describe()}: the source yielded no document.")
     rows = packer.pack(docs)
-    for key in ("input_ids", "labels"):
+    for key in (INPUT_IDS, LABELS):
         if key not in rows:
             raise ForgeError(f"packer {type(packer).__name__} returned no {key!r}.")
-    shape = rows["input_ids"].shape
+    shape = rows[INPUT_IDS].shape
     for key, value in rows.items():
         if value.ndim != 2 or value.shape != shape:
             raise ForgeError(

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 
 def main(args: Any) -> int:

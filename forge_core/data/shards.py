@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from forge_core.api import ForgeError
 from forge_core.data.shard_index import FORMAT, INDEX, PARTIAL_SUFFIX, VERSION, partial_dir, read_index
-from forge_core.errors import ForgeError
 
 TOKENS = "tokens.bin"
 OFFSETS = "offsets.npy"

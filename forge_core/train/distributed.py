@@ -14,7 +14,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.parallel_dims import launched_by_torchrun
 
 

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 
 def main(args: Any) -> int:
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
     from forge_core.train import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
     from forge_core.train.run_lock import ensure_out_dir

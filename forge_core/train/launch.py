@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.parallel_dims import launched_by_torchrun
 
 

@@ -27,6 +27,13 @@ from typing import Any
 import attrs
 import torch
 
+from forge_core.api import parallel as contract
+from forge_core.api.batch import LABELS
+from forge_core.deprecation import moved
+
+#: Moved to :mod:`forge_core.api`; the old name here warns for one release.
+__getattr__ = moved(__name__, {"ModelSplit": "forge_core.api"})
+
 COMPILE_ORDER = 300
 
 
@@ -79,27 +86,11 @@ class ParallelModel:
         """
         if self.train_step is not None:
             return self.train_step(batch, loss_fn, global_tokens)
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        inputs = {k: v for k, v in batch.items() if k != LABELS}
         logits = self.forward(**inputs)
-        loss_sum, tokens = loss_fn(logits, batch["labels"])
+        loss_sum, tokens = loss_fn(logits, batch[LABELS])
         (loss_sum / global_tokens).backward()
         return loss_sum.detach(), torch.as_tensor(tokens)
-
-
-@attrs.define
-class ModelSplit:
-    """What a strategy's ``apply`` returns when it splits the model (pipeline
-    parallelism) instead of returning a module.
-
-    Later strategies are applied to each of ``parts`` separately; once every strategy
-    has been applied, ``finalize(pmodel, runners)`` is called with the
-    :class:`ParallelModel` and, for each part, the module the later strategies
-    returned for it (a wrapper, or the part itself), and sets ``train_step`` and
-    ``is_last_stage`` (and anything else it drives).
-    """
-
-    parts: list[torch.nn.Module]
-    finalize: Callable[[ParallelModel, list[torch.nn.Module]], None]
 
 
 def single_process(model: torch.nn.Module) -> ParallelModel:
@@ -141,12 +132,10 @@ def parallelize(
     seed), so sharding a local copy gives every rank the weights a single process would
     have. Returns the :class:`ParallelModel`.
     """
+    from forge_core.api import ForgeError, ParallelContext
     from forge_core.config.loader import component_options
-    from forge_core.errors import ForgeError
     from forge_core.parallel_dims import active_strategies, resolve_degrees
-    from forge_core.train.mesh import build_mesh, dp_coords, group_of
-    from forge_core.train.mesh import world_size
-    from forge_core.train.parallel_context import ParallelContext
+    from forge_core.train.mesh import build_mesh, dp_coords, group_of, world_size
 
     degrees = resolve_degrees(config.parallel, world_size())
     mesh = build_mesh(degrees, device)
@@ -163,7 +152,7 @@ def parallelize(
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
-    split: ModelSplit | None = None
+    split: contract.ModelSplit | None = None
     for _, name, spec in steps:
         if spec is None:
             for runner in runners:
@@ -173,7 +162,7 @@ def parallelize(
         ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn)
         impl = spec.load()(options)
         results = [impl.apply(runner, ctx) for runner in runners]
-        if any(isinstance(result, ModelSplit) for result in results):
+        if any(isinstance(result, contract.ModelSplit) for result in results):
             if split is not None or len(results) != 1:
                 raise ForgeError(
                     f"strategy {name!r} splits the model, but it is already split: only one "

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from forge_core.api import ForgeError
 from forge_core.config.loader import load_config, read_config_file, to_plain
-from forge_core.errors import ForgeError
 from forge_core.train.checkpoint import atomic_write
 
 CONFIG = "config.yaml"

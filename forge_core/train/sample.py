@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 
 def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:

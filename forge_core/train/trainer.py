@@ -37,11 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, RunContext
 from forge_core.plugins import register
-from forge_core.run_context import RunContext
-from forge_core.train import components, flops, rundir
-from forge_core.train import train_state as ts
+from forge_core.train import components, flops, rundir, train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
     is_disk_full,
@@ -49,12 +47,9 @@ from forge_core.train.checkpoint import (
     remove_stale_temporaries,
 )
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
-from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.loss import loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize
 from forge_core.train.run_lock import RunLock
-
-MODEL_INPUT = "input_ids"
-LABELS = "labels"
 
 
 class NonFiniteStop(ForgeError):
@@ -157,7 +152,7 @@ class Trainer:
         t0 = time.perf_counter()
         packer = components.packer(cfg, reg, self.tokenizer)
         rows = build_rows(components.source(cfg, reg), self.tokenizer, packer, progress=pl.is_main)
-        n_rows = int(rows[MODEL_INPUT].shape[0])
+        n_rows = int(rows[INPUT_IDS].shape[0])
         log(pl, f"data: {n_rows:,} rows of {cfg.data.seq_len} tokens "
                 f"({cfg.data.source} -> {cfg.data.tokenizer} -> {cfg.data.packer}) in "
                 f"{time.perf_counter() - t0:.1f}s{packing_summary(getattr(packer, 'stats', None))}")
@@ -181,7 +176,7 @@ class Trainer:
         # weighted by this, summed over all processes, counts each batch once.
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
-        self.step_inputs = train.batch_size * int(rows[MODEL_INPUT].shape[1])
+        self.step_inputs = train.batch_size * int(rows[INPUT_IDS].shape[1])
         self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
         self.schedule = components.schedule(cfg, reg)
 
@@ -308,7 +303,7 @@ class Trainer:
     def _count(self, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
         """Global (labelled tokens, attended pairs, stop requested)."""
         labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
-        pairs = sum(flops.attended_pairs(b.get("doc_ids"), *b[MODEL_INPUT].shape[:2]) for b in micro)
+        pairs = sum(flops.attended_pairs(b.get(DOC_IDS), *b[INPUT_IDS].shape[:2]) for b in micro)
         w = self.slice_weight
         stop = 1.0 if self.stop.received is not None else 0.0
         labelled, pairs, stop = all_reduce_sum([labelled * w, pairs * w, stop], self.placement.device)

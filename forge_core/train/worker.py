@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from forge_core.errors import EXIT_INVALID, ForgeError, format_error
+from forge_core.api import ForgeError
+from forge_core.errors import EXIT_INVALID, format_error
 
 
 def main(argv: list[str] | None = None) -> int:

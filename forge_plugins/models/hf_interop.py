@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
 
 _LAYER_KEYS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.config.validators import above, at_least
+from forge_core.api import above, at_least
 
 _count = at_least(1)
 

@@ -1,5 +1,5 @@
 """Compatibility rules of the ``llama`` model: plain check functions over a
-:class:`~forge_core.rules.RuleContext` (config only, no torch).
+:class:`~forge_core.api.Plan` (config only, no torch).
 
 ``llama.init-from-hf`` reads the Hugging Face folder's ``config.json`` and safetensors
 headers with json only, through the same function the build calls
@@ -71,7 +71,7 @@ def check_init_from_hf(ctx: Any) -> list[str]:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_plugins.packers.layout import IGNORE, RowPacker, join, restart_counts
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
+from forge_plugins.packers.layout import RowPacker, join, restart_counts
 
 
 class ConcatPacker(RowPacker):
@@ -62,20 +63,20 @@ class ConcatPacker(RowPacker):
         }
         input_ids = inputs.astype(np.int64)
         if not self.isolate:
-            return {"input_ids": input_ids, "labels": targets.astype(np.int64)}
+            return {INPUT_IDS: input_ids, LABELS: targets.astype(np.int64)}
 
         # Compare in the stream's own dtype (often int32 or uint16): less memory to read.
         eos = inputs == self.eos_id
         labels = targets.astype(np.int64)
-        np.copyto(labels, IGNORE, where=eos)  # twice as fast as np.where here
-        out = {"input_ids": input_ids, "labels": labels}
+        np.copyto(labels, IGNORE_INDEX, where=eos)  # twice as fast as np.where here
+        out = {INPUT_IDS: input_ids, LABELS: labels}
         # The EOS mask shifted right by one: its cumsum counts EOS strictly before i.
         shifted = np.empty_like(eos)
         shifted[:, 0] = False
         shifted[:, 1:] = eos[:, :-1]
-        out["doc_ids"] = np.cumsum(shifted, axis=1, dtype=np.int64)
+        out[DOC_IDS] = np.cumsum(shifted, axis=1, dtype=np.int64)
         # The same mask with column 0 set marks every document start in the row.
         shifted[:, 0] = True
-        out["positions"] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
+        out[POSITIONS] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
         return out
 

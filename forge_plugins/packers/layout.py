@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-IGNORE = -100
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 
 
 def join(documents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -34,7 +34,7 @@ def shifted_labels(stream: np.ndarray, offsets: np.ndarray, out: np.ndarray | No
     labels = np.empty(total, np.int64) if out is None else out
     labels[: total - 1] = stream[1:]
     ends = offsets[1:][offsets[1:] > offsets[:-1]]  # skip empty documents
-    labels[ends - 1] = IGNORE
+    labels[ends - 1] = IGNORE_INDEX
     return labels
 
 
@@ -115,17 +115,17 @@ def lay_out(
     tokens[total] = pad_id
     labels = np.empty(total + 1, np.int64)
     shifted_labels(stream, offsets, out=labels)
-    labels[total] = IGNORE
+    labels[total] = IGNORE_INDEX
     out = {
-        "input_ids": tokens[src].reshape(rows, S),
-        "labels": labels[src].reshape(rows, S),
+        INPUT_IDS: tokens[src].reshape(rows, S),
+        LABELS: labels[src].reshape(rows, S),
     }
     if metadata:
         seg_slot = np.empty(n_seg, np.int64)
         seg_slot[piece_seg] = np.arange(n_pieces, dtype=np.int64) - before[row_sorted]
         seg_slot[pad_seg] = per_row
-        out["doc_ids"] = np.repeat(seg_slot, seg_len).reshape(rows, S)
-        out["positions"] = within.reshape(rows, S)
+        out[DOC_IDS] = np.repeat(seg_slot, seg_len).reshape(rows, S)
+        out[POSITIONS] = within.reshape(rows, S)
     return out
 
 

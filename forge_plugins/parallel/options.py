@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.config.validators import above
+from forge_core.api import above
 
 
 @attrs.frozen

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from forge_core.train.parallelize import ModelSplit, ParallelModel
+from forge_core.api import INPUT_IDS, LABELS, ModelSplit
 from forge_plugins.parallel.split import microbatches, stage_layer_ranges, stages_of_rank
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -105,7 +105,7 @@ class PipelineStep:
         self.group, self.last_rank, self.device = group, last_rank, device
 
     def __call__(self, batch: dict[str, torch.Tensor], loss_fn: Any, normalizer: Any = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = sorted(set(batch) - {"input_ids", "labels"})
+        extra = sorted(set(batch) - {INPUT_IDS, LABELS})
         if extra:
             raise ValueError(
                 f"the batch carries {', '.join(extra)}, which pipeline parallelism cannot forward "
@@ -113,8 +113,8 @@ class PipelineStep:
                 "not isolate documents, or parallel.pp: 1"
             )
         self.loss.begin(loss_fn, normalizer)
-        args = (batch["input_ids"],) if self.has_first else ()
-        kwargs: dict[str, Any] = {"target": batch["labels"]} if self.has_last else {}
+        args = (batch[INPUT_IDS],) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": batch[LABELS]} if self.has_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
         result = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.has_last:
@@ -146,7 +146,7 @@ class PipelineParallel:
         return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
 
     def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,
-                  pmodel: ParallelModel, runners: list[nn.Module]) -> None:
+                  pmodel: Any, runners: list[nn.Module]) -> None:
         parallel = ctx.config.parallel
         pp_mesh = ctx.mesh["pp"]
         group = pp_mesh.get_group()

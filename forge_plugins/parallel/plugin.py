@@ -8,8 +8,7 @@ what per-token metadata still reaches every layer under it.
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import ParallelismSpec
+from forge_core.api import ParallelismSpec, hookimpl
 
 from forge_plugins.parallel.options import DDPOptions, FSDPOptions
 

@@ -1,5 +1,5 @@
 """Compatibility rules of the built-in parallelism strategies: plain check functions over
-a :class:`~forge_core.rules.RuleContext` (config and degrees only, no torch).
+a :class:`~forge_core.api.Plan` (config and degrees only, no torch).
 
 The world-size product and the founding rule (pipeline parallelism refuses packers that
 isolate documents) are the kernel's, expressed through the capabilities these strategies
@@ -174,7 +174,7 @@ def check_pp_sequence_parallel(ctx: Any) -> str | None:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

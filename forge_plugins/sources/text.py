@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 OPTION = "data.source_options"
 

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.tokenizers.options import HFOptions
 
 

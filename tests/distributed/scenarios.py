@@ -25,11 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
 from forge_core.train import components
-from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.loss import loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
 
 VOCAB = 64
@@ -83,7 +84,7 @@ def batches() -> list[dict[str, torch.Tensor]]:
         ids = torch.randint(0, VOCAB, (ROWS, SEQ + 1), generator=gen)
         labels = ids[:, 1:].clone()
         labels[torch.rand(labels.shape, generator=gen) < 0.2] = IGNORE_INDEX
-        out.append({"input_ids": ids[:, :-1].contiguous(), "labels": labels})
+        out.append({INPUT_IDS: ids[:, :-1].contiguous(), LABELS: labels})
     return out
 
 
@@ -100,7 +101,7 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
     losses, norms, times = [], [], []
     for batch in data:
         start = time.perf_counter()
-        global_tokens = float((batch["labels"] != IGNORE_INDEX).sum())
+        global_tokens = float((batch[LABELS] != IGNORE_INDEX).sum())
         loss_sum = torch.zeros((), dtype=torch.float64)
         local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
         for micro in range(accum):
@@ -120,7 +121,7 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
 
 def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
     with torch.no_grad():
-        return pmodel.forward(data[0]["input_ids"][:2]).tolist()
+        return pmodel.forward(data[0][INPUT_IDS][:2]).tolist()
 
 
 def main() -> None:
@@ -141,7 +142,7 @@ def main() -> None:
         dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
         results[name] = {**got, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
-            results[name]["probe_ids"] = data[0]["input_ids"][:2].tolist()
+            results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()
             results[name]["probe"] = probe_logits(pmodel, data)
             save_checkpoint(pmodel, os.environ["FORGE_TEST_CKPT"])
     if rank == 0:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-IGNORE = -100
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 
 
 class GreedyPacker:
@@ -52,7 +52,7 @@ class GreedyPacker:
             room[row] -= length
         rows = len(room)
         input_ids = np.full((rows, S), self.pad_id, np.int64)
-        labels = np.full((rows, S), IGNORE, np.int64)
+        labels = np.full((rows, S), IGNORE_INDEX, np.int64)
         doc_ids = np.zeros((rows, S), np.int64)
         positions = np.zeros((rows, S), np.int64)
         pieces_in_row = np.zeros(rows, np.int64)
@@ -60,7 +60,7 @@ class GreedyPacker:
             length = end - start
             input_ids[row, col : col + length] = doc[start:end]
             # The next token of the document: within the piece, or the next chunk's first.
-            labels[row, col : col + length] = np.append(doc[start + 1 : end + 1], IGNORE)[:length]
+            labels[row, col : col + length] = np.append(doc[start + 1 : end + 1], IGNORE_INDEX)[:length]
             doc_ids[row, col : col + length] = pieces_in_row[row]
             positions[row, col : col + length] = np.arange(length)
             pieces_in_row[row] += 1
@@ -69,4 +69,4 @@ class GreedyPacker:
         for row in np.flatnonzero(room):
             doc_ids[row, fill[row] :] = pieces_in_row[row]
             positions[row, fill[row] :] = np.arange(room[row])
-        return {"input_ids": input_ids, "labels": labels, "doc_ids": doc_ids, "positions": positions}
+        return {INPUT_IDS: input_ids, LABELS: labels, DOC_IDS: doc_ids, POSITIONS: positions}

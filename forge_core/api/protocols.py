@@ -1,0 +1,67 @@
+"""The shape of each kind of implementation, stated in code.
+
+Each ``Protocol`` says what the object a spec's ``impl`` builds must offer, as the hook
+reference (:mod:`forge_core.hookspecs`) documents it; the conformance kit checks the
+behaviour behind it. They are ``runtime_checkable``, so ``isinstance(obj, Packer)``
+tells whether the methods are there (not whether they are right). Torch-free: tensors
+and modules appear as ``Any``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """Built as ``cls(options)``. ``prepare`` runs once per model forward and builds what
+    every layer shares (a mask); ``attend`` takes ``q (B, heads, S, head_dim)`` and
+    ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``."""
+
+    def prepare(self, doc_ids: Any, seq_len: int, device: Any) -> Any: ...
+
+    def attend(self, q: Any, k: Any, v: Any, prepared: Any) -> Any: ...
+
+
+@runtime_checkable
+class Packer(Protocol):
+    """Built as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``; ``pack`` turns
+    documents (1-D int arrays, EOS appended) into int64 arrays ``(rows, seq_len)``:
+    ``input_ids``, ``labels`` and every key the spec ``emits``."""
+
+    def pack(self, documents: list[Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Built as ``cls(options)``; yields documents in a deterministic order."""
+
+    def documents(self) -> Iterator[Any]: ...
+
+    def describe(self) -> str: ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Built as ``cls(options)``. ``identity`` changes whenever token ids would."""
+
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    identity: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def save(self, directory: str) -> None: ...
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """A parallelism strategy, built as ``cls(options)``. ``apply`` returns the module
+    to use in place of ``model`` (often ``model`` itself, changed in place), or a
+    :class:`~forge_core.api.parallel.ModelSplit` when it splits the model."""
+
+    def apply(self, model: Any, ctx: Any) -> Any: ...

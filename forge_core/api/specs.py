@@ -1,0 +1,172 @@
+"""Frozen spec objects that plugins return from the registration hooks.
+
+A spec is metadata: it names a component, summarises it in one line, points at the
+implementation by a lazy import path (``"package.module:attr"``) and declares the
+capabilities the rule engine reasons about. Nothing here imports torch, so ``forge-run
+check``, ``plugins`` and ``rules`` stay fast; the implementation is imported only when a
+run actually builds the component (``spec.load()``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar
+
+import attrs
+
+
+@attrs.frozen
+class NoOptions:
+    """Options class for a component that takes no options."""
+
+
+def _check_impl(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    module, sep, attr = value.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(
+            f"{type(instance).__name__} {instance.name!r}: impl must be 'package.module:attr', got {value!r}"
+        )
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value or not value.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"component name must be letters, digits, '-' or '_', got {value!r}")
+
+
+def import_path(path: str) -> Any:
+    """Import ``"package.module:attr"`` (``attr`` may be dotted) and return the object."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """Fields every component spec has.
+
+    ``options`` is an attrs class; the config's option block for this component is
+    structured against it (unknown keys rejected, strict scalars), so a component's
+    settings are validated before anything is built.
+    """
+
+    kind: ClassVar[str] = "component"
+
+    name: str = attrs.field(validator=_check_name)
+    summary: str
+    impl: str = attrs.field(validator=_check_impl)
+    options: type = NoOptions
+
+    def load(self) -> Any:
+        """Import and return the implementation object named by ``impl``."""
+        return import_path(self.impl)
+
+
+@attrs.frozen(kw_only=True)
+class AttentionBackendSpec(ComponentSpec):
+    """An attention kernel. ``honours`` lists the per-token metadata it respects
+    (``{"doc_ids"}`` for a backend that masks attention across documents)."""
+
+    kind: ClassVar[str] = "attention"
+    honours: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+
+@attrs.frozen(kw_only=True)
+class ParallelismSpec(ComponentSpec):
+    """A parallelism strategy or model wrapper.
+
+    - ``mesh_dim``: the ``parallel.*`` degree that switches it on (``"pp"``, ``"tp"``,
+      ``"dp_shard"``, ``"dp_replicate"``); ``None`` for a wrapper enabled by name in
+      ``parallel.wrappers``.
+    - ``order``: strategies are applied in ascending order (pipeline split 100, tensor
+      parallel 200, compile 300, data-parallel wrapping 400).
+    - ``forwards``: the per-token metadata keys that reach every layer under this
+      strategy; ``None`` means all of them (the strategy does not change what a layer
+      sees). A pipeline stage that receives only hidden states forwards ``frozenset()``.
+    - ``yields_to``: names of strategies that, when active, take over this one's job
+      (``ddp`` yields to ``fsdp``, which does HSDP when both DP degrees are above 1).
+    - ``drops_metadata_because``: why metadata outside ``forwards`` is lost; quoted by
+      the rule that refuses such a combination.
+    """
+
+    kind: ClassVar[str] = "parallelism"
+    mesh_dim: str | None = None
+    order: int = 500
+    forwards: frozenset[str] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else frozenset(v)
+    )
+    yields_to: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    drops_metadata_because: str = ""
+
+    def forwards_key(self, key: str) -> bool:
+        return self.forwards is None or key in self.forwards
+
+
+@attrs.frozen(kw_only=True)
+class PackerSpec(ComponentSpec):
+    """Turns tokenized documents into fixed-length rows. ``emits`` lists the per-token
+    metadata it returns beside ``input_ids`` and ``labels`` (``{"doc_ids", "positions"}``
+    for a packer that isolates documents). ``emits_when`` optionally names a boolean
+    option that switches emission off (``"isolate"`` for ``concat``)."""
+
+    kind: ClassVar[str] = "packer"
+    emits: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    emits_when: str | None = None
+
+    def emitted(self, options: Any) -> frozenset[str]:
+        """The metadata this packer emits under ``options`` (its structured options)."""
+        if self.emits_when is not None and not getattr(options, self.emits_when, True):
+            return frozenset()
+        return self.emits
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec(ComponentSpec):
+    """A model family. ``max_seq_len_option`` names the option holding the longest
+    sequence the model supports (used by the sequence-length rule); ``accepts`` lists the
+    per-token metadata its forward takes as keyword arguments; ``hf_export`` optionally
+    names ``"package.module:function"`` used by ``forge-run export-hf`` (called as
+    ``export(model_state_dict, options, out_dir, vocab_size=...)``, plus
+    ``eos_token_id``/``pad_token_id`` keywords when the function accepts them)."""
+
+    kind: ClassVar[str] = "model"
+    max_seq_len_option: str | None = "max_seq_len"
+    accepts: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    hf_export: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SourceSpec(ComponentSpec):
+    """A data source: yields documents as text, or as token arrays when ``pretokenized``."""
+
+    kind: ClassVar[str] = "source"
+    pretokenized: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TokenizerSpec(ComponentSpec):
+    """A tokenizer factory."""
+
+    kind: ClassVar[str] = "tokenizer"
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerSpec(ComponentSpec):
+    """An optimizer factory."""
+
+    kind: ClassVar[str] = "optimizer"
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleSpec(ComponentSpec):
+    """A learning-rate schedule: a pure function of the step."""
+
+    kind: ClassVar[str] = "schedule"
+
+
+@attrs.frozen(kw_only=True)
+class LoggerSpec(ComponentSpec):
+    """A logger: its implementation is a class whose instances implement lifecycle hooks."""
+
+    kind: ClassVar[str] = "logger"
