@@ -13,7 +13,8 @@ Key mapping (Forge -> Hugging Face), per layer ``i``::
 
 Forge's rotary uses transformers' ``rotate_half`` layout, so q/k weights are copied as
 they are (no permutation). transformers is imported inside functions only; reading a
-folder needs just ``json`` and ``safetensors``.
+folder needs just ``json`` and ``safetensors``, so no code from the folder ever runs (a
+``config.json`` with an ``auto_map`` is refused).
 """
 
 from __future__ import annotations
@@ -167,7 +168,15 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
             f"model.options.init_from_hf={str(hf_dir)!r}: no config.json there; point it at a "
             "local Hugging Face Llama folder (as written by save_pretrained)"
         )
-    return json.loads(path.read_text())
+    config = json.loads(path.read_text())
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise ValueError(
+            f"model.options.init_from_hf={str(hf_dir)!r}: {path} names custom model code (auto_map: "
+            f"{json.dumps(config['auto_map'])[:200]}). Forge never runs code from model folders: it reads "
+            "config.json and the safetensors weights itself, and only a standard LlamaForCausalLM "
+            "folder maps onto its llama"
+        )
+    return config
 
 
 def _rope_theta_and_type(config: dict[str, Any]) -> tuple[float | None, str]:
