@@ -114,7 +114,7 @@ def test_check_cli_reports_founding_rule_with_exit_2(cfg):
 
 
 def test_world_size_comes_from_torchrun_environment(cfg):
-    result = run_cli("check", cfg({"parallel": {"tp": 2}}), env={"WORLD_SIZE": "4"})
+    result = run_cli("check", cfg({"parallel": {"tp": 2, "dp_shard": 1}}), env={"WORLD_SIZE": "4"})
     assert result.returncode == 2 and "world size is 4" in result.stdout
 
 

@@ -8,6 +8,7 @@ block (``model.options``), structured against the options class its spec declare
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import attrs
@@ -21,6 +22,11 @@ def field(default: Any, doc: str, **kwargs: Any) -> Any:
     return attrs.field(default=default, metadata={"doc": doc}, **kwargs)
 
 
+def _finite_non_negative(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number of seconds, 0 or more (got {value!r})")
+
+
 @attrs.frozen
 class RunSection:
     name: str = field("forge", "Name of the run, shown in logs.")
@@ -28,6 +34,14 @@ class RunSection:
     seed: int = field(0, "Seed for model init, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = field(
         "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
+    )
+    collective_timeout: float = field(
+        0.0,
+        "Seconds a collective (all-reduce, gather, barrier) waits for the other processes "
+        "before the job stops with an error naming the rank that stopped answering. 0 picks "
+        "300 on CPU (gloo) and 600 on CUDA (nccl, torch's default). Raise it if one process "
+        "legitimately works alone longer than that (a very slow checkpoint save).",
+        validator=_finite_non_negative,
     )
 
 
@@ -59,7 +73,10 @@ class DataSection:
 @attrs.frozen
 class ParallelSection:
     dp_replicate: int = field(1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).")
-    dp_shard: int = field(1, "Data-parallel shards (FSDP2). -1 takes what is left of the world size.")
+    dp_shard: int = field(
+        -1, "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
+        "size: 1 in one process, N under `--nproc N` with every other degree 1."
+    )
     tp: int = field(1, "Tensor-parallel degree.")
     pp: int = field(1, "Pipeline-parallel stages.")
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = field(
