@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_distribution
-from forge_core.train.signals import child_pids
+from forge_core.train.signals import alive, child_pids
 from train_helpers import read_metrics, tiny_config, write_config
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
@@ -68,14 +68,6 @@ def wait_until(condition, proc: subprocess.Popen, err: Path, timeout: float = 18
 def steps_logged(run_dir: Path, n: int):
     path = run_dir / "metrics.jsonl"
     return lambda: path.is_file() and len(path.read_text().splitlines()) >= n
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids, timeout: float = 90) -> list[int]:
@@ -145,7 +137,8 @@ def test_a_worker_that_stops_answering_ends_the_job_naming_it(tmp_path):
     try:
         code = proc.wait(timeout=150)
     finally:
-        os.kill(workers[1], signal.SIGCONT) if alive(workers[1]) else None
+        if alive(workers[1]):
+            os.kill(workers[1], signal.SIGCONT)
     stderr = err.read_text()
     assert code == 124, stderr
     assert "rank 0: a collective got no answer within run.collective_timeout = 3 s: rank 1 stopped answering" in stderr

@@ -42,19 +42,11 @@ from forge_core.errors import (
     where_raised,
 )
 from forge_core.train.launch import LAUNCHER_PID_ENV
-from forge_core.train.signals import child_pids, end_with_parent
+from forge_core.train.signals import alive, child_pids, end_with_parent, process_state
 
 #: Set for the workers: the pid of their agent, so a worker can tell it was orphaned early.
 AGENT_PID_ENV = "FORGE_AGENT_PID"
 _INTERRUPTED = {exit_for_signal(signal.SIGINT), exit_for_signal(signal.SIGTERM), -signal.SIGINT, -signal.SIGTERM}
-
-
-def _stat_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _rank_of(pid: int) -> int | None:
@@ -86,8 +78,8 @@ class WorkerWatch(threading.Thread):
                 if pid not in self.ranks and (rank := _rank_of(pid)) is not None:
                     self.ranks[pid] = rank
             for pid in self.ranks:
-                state = _stat_state(pid)
-                if state in (None, "Z", "X"):
+                state = process_state(pid)
+                if not alive(pid):
                     self.ended.add(pid)
                 elif state == "T":
                     self.stopped_since.setdefault(pid, time.time())

@@ -41,7 +41,7 @@ from forge_core.errors import (
     where_raised,
 )
 from forge_core.parallel_dims import launched_by_torchrun
-from forge_core.train.signals import StopSignal, child_pids
+from forge_core.train.signals import StopSignal, alive, child_pids
 
 #: Set by ``forge-run`` for its agent, which checks it is still its parent.
 LAUNCHER_PID_ENV = "FORGE_LAUNCHER_PID"
@@ -160,14 +160,6 @@ def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
     return cmd + ["-m", "forge_core.train.worker", args.config, *overrides]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def relaunch(args: Any, overrides: Sequence[str]) -> int:
     """Run the agent as a child in its own session (so a Ctrl-C in the terminal reaches
     ``forge-run`` alone). SIGTERM and SIGINT sent to ``forge-run`` are passed to the
@@ -204,14 +196,14 @@ def relaunch(args: Any, overrides: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code < 0:
-        survivors = [pid for pid in workers if _alive(pid)]
+        survivors = [pid for pid in workers if alive(pid)]
         print(f"error: the torchrun agent (pid {child.pid}) was killed by {signal_name(-code)}"
               + (f"; waiting for its {len(survivors)} worker(s) to save and stop" if survivors else ""),
               file=sys.stderr, flush=True)
         deadline = time.monotonic() + ORPHAN_WAIT_S
         while survivors and time.monotonic() < deadline:
             time.sleep(0.2)
-            survivors = [pid for pid in survivors if _alive(pid)]
+            survivors = [pid for pid in survivors if alive(pid)]
         if survivors:
             print(f"error: worker(s) {', '.join(map(str, survivors))} still running after "
                   f"{ORPHAN_WAIT_S:g} s", file=sys.stderr)

@@ -94,3 +94,18 @@ def child_pids(pid: int) -> list[int]:
     except OSError:
         return []
     return found
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (``R``, ``S``, ``T`` stopped, ``Z``
+    ended, ...), or ``None`` when it is gone or this is not Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended)."""
+    return process_state(pid) not in (None, "Z", "X")
