@@ -1,19 +1,29 @@
 """``forge-run``: one argparse tree for every command.
 
 ``check``, ``plugins``, ``rules`` and ``show`` import neither torch nor transformers, so
-they answer in a fraction of a second. Any :class:`~forge_core.api.ForgeError` is
-printed without a traceback and exits 2.
+they answer in a fraction of a second. Each command reads its options and overrides in
+any order. What ends a command and its exit status (docs/cli.md lists them):
+
+- a :class:`~forge_core.api.ForgeError` (bad input: config, files, plugins, a
+  component that failed) is printed without a traceback; status 2 unless the error
+  says otherwise (124: a collective timed out);
+- SIGTERM/SIGINT before training starts: a one-line notice, 128 + the signal;
+- the reader of stdout going away (``forge-run rules | head``): quietly, 141, like a
+  program killed by SIGPIPE;
+- an OSError (a file, a permission, the disk): its message, status 2;
+- anything else is a bug: one line saying what and where, status 1; the traceback is
+  shown with ``FORGE_TRACEBACK=1`` (which also prints it before any other error).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-from forge_core.api import ForgeError
-from forge_core.errors import EXIT_INVALID, format_error
+from forge_core.errors import EXIT_INVALID, Interrupted, outcome, show_tracebacks, traceback_text
 
 COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
 
@@ -43,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model (the default command)")
     _add_config_args(p)
-    p.add_argument("--nproc", type=int, default=1, help="processes to launch through torch.distributed.run")
+    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
+                   help="processes to launch on this machine through torch.distributed.run")
     p.add_argument("--nnodes", default=None, help="passed to torch.distributed.run (e.g. 2 or 1:4)")
     p.add_argument("--node-rank", type=int, default=None, help="passed to torch.distributed.run")
     p.add_argument("--rdzv-endpoint", default=None, help="host:port, passed to torch.distributed.run")
@@ -94,6 +105,27 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser, by name."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Each command's own parser reads its arguments intermixed, so options may come
+    before, between or after the config and its overrides
+    (``check cfg.yaml --world-size 2 parallel.pp=2``)."""
+    parser = build_parser()
+    argv = normalize_argv(argv)
+    if argv and argv[0] in COMMANDS:
+        args = subcommands(parser)[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return parser, args
+    return parser, parser.parse_args(argv)
+
+
 # --- commands -----------------------------------------------------------------------
 
 
@@ -113,7 +145,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(render(result.violations))
         checked = len(result.registries.rules)
         verdict = "invalid" if result.errors else "valid"
-        ws = "unknown (pass --world-size to check it)" if result.context.world_size is None else result.context.world_size
+        ws = result.context.world_size
+        if ws is None:
+            ws = "unknown (pass --world-size to check it)"
+            if result.context.degrees.get("dp_shard") == -1:
+                ws = ("unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
+                      "leave of it (pass --world-size N to check it now)")
         blocked = result.registries.plugins.blocked
         print(
             f"{args.config}: {verdict}: {len(result.errors)} error(s), {len(result.warnings)} warning(s) "
@@ -219,19 +256,40 @@ HANDLERS = {
 }
 
 
+def _stdout_closed() -> None:
+    """The reader of stdout went away (``forge-run rules | head``): stop quietly, with the
+    status of a program killed by SIGPIPE. stdout now points at /dev/null so the flush at
+    interpreter exit does not complain again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a file descriptor (captured in process): nothing to redirect
+
+
+def run_command(handler: Any, args: argparse.Namespace) -> int:
+    """Run one command and turn whatever ends it into its exit status (module docstring)."""
+    try:
+        code = handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here, not at exit
+        return code
+    except (Exception, KeyboardInterrupt, Interrupted) as exc:
+        message, code = outcome(exc)
+        if isinstance(exc, BrokenPipeError):
+            _stdout_closed()
+        if message is not None:
+            if show_tracebacks() and not isinstance(exc, Interrupted):
+                print(traceback_text(exc), end="", file=sys.stderr)
+            print(message, file=sys.stderr)
+        return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
+    parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return EXIT_INVALID
-    try:
-        return HANDLERS[args.command](args)
-    except ForgeError as exc:
-        print(format_error(exc), file=sys.stderr)
-        return EXIT_INVALID
-    except KeyboardInterrupt:
-        return 130
+    return run_command(HANDLERS[args.command], args)
 
 
 if __name__ == "__main__":

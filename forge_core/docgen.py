@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from forge_core.cli import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
 REGENERATE = "python -m forge_core.docgen"
@@ -466,18 +467,31 @@ def config_markdown(registries: Any) -> str:
 #: What each command is for, beyond its one-line help; shown above its usage text.
 COMMAND_NOTES = {
     "train": """\
-Trains. `forge-run CONFIG [key=value ...]` means `forge-run train CONFIG ...`. The config is
-judged first exactly as `check` does; an invalid one is refused with the same report and
-exit status 2, before any process group or tensor exists. Running the same command again
-resumes from the run directory's latest complete checkpoint (`checkpoint.resume: auto`).
-`--nproc N` starts N processes through `torch.distributed.run`; `--nnodes`,
+Trains. `forge-run CONFIG [key=value ...]` means `forge-run train CONFIG ...`; options and
+overrides may come in any order. The config is judged first exactly as `check` does; an
+invalid one is refused with the same report, the exact `forge-run check` command that
+prints it, and exit status 2, before any process group or tensor exists. Running the same
+command again resumes from the run directory's latest complete checkpoint
+(`checkpoint.resume: auto`). `--nproc N` (also spelled `--nproc-per-node`, as torchrun
+does) starts N processes through torchrun's agent; with every other degree 1,
+`parallel.dp_shard: -1` (the default) makes them N FSDP2 shards. `--nnodes`,
 `--node-rank` and `--rdzv-endpoint` are passed through for several machines (see
 [multi-node training](multi-node.md)). A run started by `torchrun` directly works too.
+
+SIGTERM or SIGINT (Ctrl-C) saves a checkpoint at the next step boundary and exits 143 or
+130; before training starts (data, model, resume) it stops at once, saving nothing,
+with the same status. Under `--nproc` the signal goes to every worker. Killing
+`forge-run`, even with SIGKILL, stops its workers the same way (on Linux the kernel
+tells the agent, the agent its workers), and so does killing the agent. A worker that
+stops answering (hung, or stopped with SIGSTOP) makes the others' next collective time
+out after `run.collective_timeout` seconds (300 on CPU by default): the job ends with
+status 124 and a report naming the rank that was found stopped.
 
 ```console
 $ forge-run configs/quickstart.yaml
 $ forge-run configs/quickstart.yaml train.steps=50 run.out_dir=runs/short
-$ forge-run --nproc 2 configs/quickstart.yaml parallel.dp_shard=2
+$ forge-run --nproc 2 configs/quickstart.yaml
+$ forge-run configs/pipeline.yaml --nproc 2 parallel.pp=2
 ```
 """,
     "check": """\
@@ -487,10 +501,12 @@ be blocked; the summary says how many there are), checks the files the config na
 looks up every chosen component's implementation module without importing it. Prints
 every error and warning at once; exit status 0 when valid (warnings allowed), 2 when not. Rules
 about the number of processes use `--world-size`, else torchrun's `WORLD_SIZE`, else
-are skipped. Imports neither torch nor transformers.
+are skipped (and `parallel.dp_shard: -1` is reported as resolving at launch). Imports
+neither torch nor transformers. Options and overrides may come in any order.
 
 ```console
 $ forge-run check configs/quickstart.yaml parallel.pp=2 --world-size 2
+$ forge-run check configs/quickstart.yaml --world-size 2 parallel.pp=2
 ```
 """,
     "plugins": """\
@@ -537,10 +553,17 @@ _EXIT_CODES = """\
 
 | status | meaning |
 | --- | --- |
-| 0 | success (`check`: the config is valid; warnings may have been printed) |
-| 1 | an unexpected failure (a bug, a missing dependency such as torch, or a training run that failed): the traceback says where |
-| 2 | an invalid config, a rule error, a problem with a plugin, a run directory in use by another run or that cannot be written, a checkpoint refused as damaged or unsafe, or a full disk: the message says what and how to fix it, never a traceback |
-| 130 | interrupted (Ctrl-C) outside training; training itself saves a checkpoint on SIGINT/SIGTERM and exits 0 |
+| 0 | success: the command did what it was asked (`check`: the config is valid, warnings allowed; `train`: training completed) |
+| 1 | an unexpected failure: a bug (one line says what was raised and where; `FORGE_TRACEBACK=1` prints the traceback), or a worker that lost its peer because another one died |
+| 2 | bad input: an invalid config or rule error, a plugin that cannot load, a component that failed on its options or files (the message names the component, its plugin and the original error), a run directory in use by another run or that cannot be written, a checkpoint refused as damaged or unsafe, a file, permission or full-disk problem. Never a traceback |
+| 124 | a collective timed out (`run.collective_timeout`): a process stopped answering; the report names the rank found stopped |
+| 130, 143 | stopped by SIGINT (Ctrl-C) or SIGTERM. During training a checkpoint was saved at the step boundary and the same command resumes; before training started ("interrupted during start-up") nothing was saved |
+| 128 + N | a worker (or the torchrun agent) was killed by signal N, e.g. 137 for SIGKILL (often the kernel's out-of-memory killer); the report names the rank |
+| 141 | the reader of the output went away (`forge-run rules \\| head`): stopped quietly, as a program killed by SIGPIPE |
+
+Workers started by `torchrun` itself (`python -m forge_core.train.worker`) use the same
+statuses, except that a run stopped by a signal after saving exits 0, so that torchrun does
+not count a clean stop as a failure.
 """
 
 _ENVIRONMENT = """\
@@ -550,7 +573,9 @@ _ENVIRONMENT = """\
 | --- | --- |
 | `FORGE_DISABLE_PLUGIN_AUTOLOAD=1` | load only the built-in plugins, no third-party entry points |
 | `FORGE_BLOCK_PLUGINS=a,b` | do not load the plugins with these entry-point names (as `forge-run plugins` shows them); the config's `plugins.block` does the same |
+| `FORGE_TRACEBACK=1` | print the traceback of every error before its message, and torchrun's own log under `--nproc` |
 | `WORLD_SIZE` | set by torchrun; `check` judges against it when `--world-size` is not given |
+| `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` | seconds torchrun's agent gives workers to stop after SIGTERM before it kills them (default 30) |
 """
 
 
@@ -559,16 +584,7 @@ def _help_text(parser: argparse.ArgumentParser) -> str:
     return parser.format_help().rstrip()
 
 
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers here
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-            return dict(action.choices)
-    return {}
-
-
 def cli_markdown() -> str:
-    from forge_core.cli import build_parser
-
     parser = build_parser()
     commands = subcommands(parser)
     lines = [

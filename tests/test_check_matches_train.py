@@ -91,7 +91,7 @@ def corpus(root: Path) -> dict[str, tuple[dict, str]]:
         "text-no-match": ({"data": {"source": "text", "source_options": {"paths": [str(root / "*.nothing")]}}},
                           "matches no file"),
         "hf-tokenizer-empty": ({"data": {"tokenizer": "hf", "tokenizer_options": {"path": str(root / "empty-tok")}}},
-                               "holds no tokenizer (it is empty): expected tokenizer.json"),
+                               "holds no tokenizer files (found: nothing)"),
         "init-missing": (model(str(root / "no-such-hf")), "the folder does not exist"),
         "init-no-config": (model(hf_folder(root, "no-config", None, llama_shapes())), "no config.json there"),
         "init-mismatch": (model(hf_folder(root, "mismatch", hf_config(hidden_size=16, num_hidden_layers=2), None)),

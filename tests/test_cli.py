@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +148,76 @@ def test_malformed_override_values_exit_2(tmp_path, path, data):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = main(["check", str(config), override])
     assert code == 2 and err.getvalue().startswith("error: ")
+
+
+# --- the command line people type ----------------------------------------------------
+
+
+def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
+    from forge_core.cli import parse_args
+    from forge_core.train import launch
+
+    path = cfg({"data": {"packer": "none"}})
+    for argv in (["check", path, "--world-size", "2", "parallel.pp=2"],
+                 ["check", "--world-size", "2", path, "parallel.pp=2"],
+                 ["check", path, "parallel.pp=2", "--world-size", "2", "--json"]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert ("world size 2" in out) or json.loads(out)["world_size"] == 2, argv
+    launched = []
+    monkeypatch.setattr(launch, "relaunch", lambda args, overrides: launched.append((args.nproc, overrides)) or 0)
+    for flag in ("--nproc", "--nproc-per-node", "--nproc_per_node"):
+        assert main([path, flag, "2", "parallel.dp_shard=2"]) == 0
+    assert launched == [(2, ["parallel.dp_shard=2"])] * 3
+    args = parse_args(["prepare", path, "--out", "shards", "data.tokenizer=hf", "--train-bpe", "300"])[1]
+    assert (args.config, args.out, args.overrides, args.train_bpe) == (path, "shards", ["data.tokenizer=hf"], 300)
+
+
+def test_check_without_world_size_says_dp_shard_resolves_at_launch(cfg, capsys):
+    assert main(["check", cfg({})]) == 0
+    assert "parallel.dp_shard = -1 resolves at launch" in capsys.readouterr().out
+    assert main(["check", cfg({"train": {"batch_size": 6}}), "--world-size", "4"]) == 2  # 4 shards
+    assert "cannot be split evenly over 4 data-parallel ranks" in capsys.readouterr().out
+
+
+def test_refused_launch_prints_the_exact_check_command(cfg, capsys, monkeypatch):
+    """--nproc 2 with every degree 1: refused before any process starts, and the command
+    it names (overrides quoted, world size included) prints the same report."""
+    def no_child(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_child)
+    path = cfg({})
+    assert main([path, "--nproc", "2", "parallel.dp_shard=1", "run.name=my run"]) == 2
+    err = capsys.readouterr().err
+    command = f"forge-run check {shlex.quote(path)} parallel.dp_shard=1 'run.name=my run' --world-size 2"
+    assert f"`{command}` prints the same report" in err and "[parallel.world-size]" in err
+    assert main(shlex.split(command)[1:]) == 2
+    report = capsys.readouterr().out.rsplit("\n", 2)[0]
+    assert report and report in err
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_ends_quietly_in_process(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["rules"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_rules_plugins_and_check_json_into_a_closed_pipe_end_quietly(tmp_path):
+    """`forge-run rules | head`: the reader is gone before the output is written: no
+    BrokenPipeError traceback, status 141 (what a program killed by SIGPIPE reports)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    for argv in (["rules"], ["plugins"], ["check", "--json", str(config)]):
+        read, write = os.pipe()
+        os.close(read)
+        with open(write, "w") as out:
+            proc = subprocess.run([sys.executable, "-m", "forge_core.cli", *argv], stdout=out,
+                                  stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=60)
+        assert proc.returncode == 141, (argv, proc.stderr)
+        assert proc.stderr == "", (argv, proc.stderr)

@@ -79,7 +79,7 @@ def test_exported_folder_loads_in_transformers_with_equal_logits(tmp_path, tie):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["tie_word_embeddings"] is tie and config["eos_token_id"] == 2
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
     assert hf.dtype == torch.float32
     with torch.no_grad():
         expected = hf(tokens()).logits

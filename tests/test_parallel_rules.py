@@ -19,7 +19,8 @@ MODEL = {"name": "llama", "options": {"dim": 64, "n_layers": 4, "n_heads": 8, "n
 
 
 def violations(cfg, parallel=None, world_size=None, **sections):
-    data = {"model": MODEL, "data": {"packer": "none", "seq_len": 64}, "parallel": parallel or {}}
+    # Explicit degrees (dp_shard 1 unless given): these rules judge a layout, not a launch.
+    data = {"model": MODEL, "data": {"packer": "none", "seq_len": 64}, "parallel": {"dp_shard": 1, **(parallel or {})}}
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     result = judge(cfg(data), [], world_size)

@@ -114,7 +114,7 @@ def test_check_cli_reports_founding_rule_with_exit_2(cfg):
 
 
 def test_world_size_comes_from_torchrun_environment(cfg):
-    result = run_cli("check", cfg({"parallel": {"tp": 2}}), env={"WORLD_SIZE": "4"})
+    result = run_cli("check", cfg({"parallel": {"tp": 2, "dp_shard": 1}}), env={"WORLD_SIZE": "4"})
     assert result.returncode == 2 and "world size is 4" in result.stdout
 
 
@@ -230,10 +230,10 @@ def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(cfg, tmp_path):
 
     (tmp_path / "empty").mkdir()
     message = rule_errors(hf(tmp_path / "empty"))["hf.tokenizer-files"]
-    assert "holds no tokenizer (it is empty): expected tokenizer.json" in message
+    assert "holds no tokenizer files (found: nothing)" in message
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "README.md").write_text("x")
-    assert "(it holds README.md)" in rule_errors(hf(tmp_path / "other"))["hf.tokenizer-files"]
+    assert "(found: README.md)" in rule_errors(hf(tmp_path / "other"))["hf.tokenizer-files"]
     assert "does not exist" in rule_errors(hf(tmp_path / "none"))["hf.tokenizer-files"]
     assert "path is empty" in rule_errors(hf(""))["hf.tokenizer-files"]
     (tmp_path / "other" / "tokenizer.json").write_text("{}")

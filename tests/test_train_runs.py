@@ -52,7 +52,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     from forge_core.train.sample import load_for_inference
 
     model, tokenizer, _, _ = load_for_inference(tmp_path / "obs")
-    hf = LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    hf = LlamaForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
     ids = torch.tensor([tokenizer.encode("the lazy dog")])
     with torch.no_grad():
         # Two libraries, two summation orders: equal within float32 rounding of the logits.
@@ -82,9 +82,23 @@ def test_two_processes_match_one(tmp_path):
 
 
 @pytest.mark.distributed
+def test_the_first_multi_process_run_needs_no_degree(tmp_path):
+    """`forge-run configs/quickstart.yaml --nproc-per-node 2 ...`: options after the config,
+    torchrun's spelling, and parallel.dp_shard: -1 (the default) makes 2 FSDP2 shards."""
+    out = tmp_path / "qs2"
+    result = run_cli("configs/quickstart.yaml", "--nproc-per-node", "2", f"run.out_dir={out}", "train.steps=1",
+                     "train.batch_size=2", "data.source_options.max_bytes=100000", "train.peak_tflops=1.0",
+                     "logging.loggers=[jsonl]", "model.options.n_layers=2", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "device cpu x 2" in result.stdout and [r["step"] for r in read_metrics(out)] == [1]
+    assert len(list((out / "checkpoints/step-000001").glob("train_state-rank*.json"))) == 2
+
+
+@pytest.mark.distributed
 def test_sigterm_to_a_two_process_run_saves_and_resumes(tmp_path):
     """SIGTERM to `forge-run --nproc 2` reaches the workers: they agree on a step, save
-    one checkpoint (a train state per rank) and exit 0; the next start resumes it."""
+    one checkpoint (a train state per rank) and exit 0, and forge-run exits 143; the next
+    start resumes it."""
     import signal
     import subprocess
     import sys
@@ -104,7 +118,7 @@ def test_sigterm_to_a_two_process_run_saves_and_resumes(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
+    assert proc.returncode == 143, out
     step = int((tmp_path / "ddpterm/checkpoints/latest").read_text().strip().removeprefix("step-"))
     ckpt = tmp_path / f"ddpterm/checkpoints/step-{step:06d}"
     assert (ckpt / "train_state-rank00000.json").is_file() and (ckpt / "train_state-rank00001.json").is_file()
@@ -143,4 +157,4 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
     out = tmp_path / "hf-out"
     export.main(argparse.Namespace(checkpoint=str(tmp_path / "hfrun"), out_dir=str(out)))
     assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
-    assert AutoTokenizer.from_pretrained(out).encode("the quick", add_special_tokens=False) == ids
+    assert AutoTokenizer.from_pretrained(out, trust_remote_code=False).encode("the quick", add_special_tokens=False) == ids

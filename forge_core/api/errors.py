@@ -1,7 +1,8 @@
 """User-facing errors and the helpers that word them.
 
 A :class:`ForgeError`'s message is the whole story (what is wrong, the config path and
-value, the fix), so the CLI prints it without a traceback and exits 2.
+value, the fix), so the CLI prints it without a traceback and exits with its
+``exit_code`` (2).
 """
 
 from __future__ import annotations
@@ -10,8 +11,15 @@ import difflib
 from collections.abc import Iterable
 
 
+#: The exit status of a command refused for bad input (config, files, a plugin, a component).
+EXIT_INVALID = 2
+
+
 class ForgeError(Exception):
-    """An error caused by the user's config, files or plugins, with a fix in its message."""
+    """An error caused by the user's config, files or plugins, with a fix in its message.
+    ``forge-run`` prints the message alone and exits with ``exit_code``."""
+
+    exit_code = EXIT_INVALID
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -37,6 +37,14 @@ class RunSection:
     device: Literal["auto", "cpu", "cuda"] = field(
         "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
     )
+    collective_timeout: float = field(
+        0.0,
+        "Seconds a collective (all-reduce, gather, barrier) waits for the other processes "
+        "before the job stops with an error naming the rank that stopped answering. 0 picks "
+        "300 on CPU (gloo) and 600 on CUDA (nccl, torch's default). Raise it if one process "
+        "legitimately works alone longer than that (a very slow checkpoint save).",
+        validator=at_least(0),
+    )
 
 
 @attrs.frozen
@@ -71,8 +79,11 @@ class ParallelSection:
     dp_replicate: int = field(
         1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).", validator=at_least(1)
     )
-    dp_shard: int = field(1, "Data-parallel shards (FSDP2). -1 takes what is left of the world size.",
-                          validator=_DP_SHARD)
+    dp_shard: int = field(
+        -1, "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
+        "size: 1 in one process, N under `--nproc N` with every other degree 1.",
+        validator=_DP_SHARD,
+    )
     tp: int = field(1, "Tensor-parallel degree.", validator=at_least(1))
     pp: int = field(1, "Pipeline-parallel stages.", validator=at_least(1))
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = field(

@@ -3,19 +3,37 @@
 
 gloo on CPU, nccl on CUDA. A single process never creates a process group: everything
 downstream (checkpointing included) works without one.
+
+Every collective may wait ``run.collective_timeout`` seconds for the other processes
+(0 picks :data:`DEFAULT_TIMEOUTS`: short on CPU, where nothing legitimately takes minutes
+between two collectives of a step, torch's NCCL default on CUDA). When one runs out,
+:func:`collective_failure` turns gloo's error into a message that says a process stopped
+answering; under NCCL the watchdog ends the process and ``forge-run``'s agent names the
+rank that stopped.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
 import attrs
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from forge_core.api import ForgeError
+from forge_core.errors import CollectiveTimeout, ProcessLost
 from forge_core.parallel_dims import launched_by_torchrun
+
+#: Seconds a collective waits when ``run.collective_timeout`` is 0, by backend.
+DEFAULT_TIMEOUTS = {"gloo": 300.0, "nccl": 600.0}
+
+#: Lower-case fragments of the errors a collective raises (gloo's wording).
+_TIMED_OUT = ("timed out", "timeout")
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+              "connection refused", "socket closed")
 
 
 @attrs.frozen
@@ -24,6 +42,8 @@ class Placement:
     local_rank: int
     world_size: int
     device: torch.device
+    #: Seconds a collective may wait for the other processes (0 alone: there are none).
+    collective_timeout: float = 0.0
 
     @property
     def is_main(self) -> bool:
@@ -46,21 +66,60 @@ def choose_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(requested_device: str) -> Placement:
-    """Choose the device and, under torchrun with more than one process, join the group."""
+def resolve_timeout(backend: str, configured: float) -> float:
+    """``run.collective_timeout`` in seconds, 0 resolved to the backend's default."""
+    return float(configured) if configured > 0 else DEFAULT_TIMEOUTS.get(backend, DEFAULT_TIMEOUTS["nccl"])
+
+
+def setup(requested_device: str, collective_timeout: float = 0.0) -> Placement:
+    """Choose the device and, under torchrun with more than one process, join the group
+    with every collective bounded by ``collective_timeout`` seconds (0: the default)."""
     if not launched_by_torchrun():
         return Placement(0, 0, 1, choose_device(requested_device))
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = choose_device(requested_device, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    seconds = resolve_timeout(backend, collective_timeout) if world_size > 1 else 0.0
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs: dict[str, Any] = {"backend": backend}
+        timeout = datetime.timedelta(seconds=seconds)
+        # Groups created later (the device mesh's dimensions) take torch's module-level
+        # default, not the default group's timeout: make that ours too.
+        c10d.default_pg_timeout = timeout
+        c10d.default_pg_nccl_timeout = timeout
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
         if device.type == "cuda":
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
-    return Placement(rank, local_rank, world_size, device)
+    return Placement(rank, local_rank, world_size, device, seconds)
+
+
+def collective_failure(exc: BaseException, placement: Placement) -> ForgeError | None:
+    """A clear error for a collective that timed out or lost its peer, else ``None``."""
+    if not isinstance(exc, RuntimeError) or placement.world_size < 2:
+        return None
+    text = str(exc)
+    low = text.lower()
+    if not (isinstance(exc, dist.DistError) or "gloo" in low or "nccl" in low):
+        return None  # not raised by a collective
+    rank = placement.rank
+    others = "rank 1" if placement.world_size == 2 and rank == 0 else (
+        "rank 0" if placement.world_size == 2 else "another process")
+    if any(fragment in low for fragment in _TIMED_OUT):
+        return CollectiveTimeout(
+            f"rank {rank}: a collective got no answer within run.collective_timeout = "
+            f"{placement.collective_timeout:g} s: {others} stopped answering (it hangs, was "
+            f"stopped, or is far slower than this one). forge-run names the rank it found "
+            f"stopped; if a step legitimately takes longer, raise run.collective_timeout. "
+            f"({text.strip().splitlines()[0]})"
+        )
+    if any(fragment in low for fragment in _PEER_GONE):
+        return ProcessLost(
+            f"rank {rank}: lost the connection to {others} during a collective: it ended or "
+            f"was killed. ({text.strip().splitlines()[0]})"
+        )
+    return None
 
 
 def teardown() -> None:

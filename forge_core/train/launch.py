@@ -1,13 +1,20 @@
 """``forge-run CONFIG`` / ``forge-run train``: judge the config, then train.
 
 - The config is judged first, exactly as ``forge-run check`` does, against the world
-  size the run will have; an invalid config is refused with the same report before any
-  process group or tensor exists. Warnings are printed and the run goes on.
-- One process by default. ``--nproc N`` re-launches through
-  ``python -m torch.distributed.run --nproc-per-node N ... -m forge_core.train.worker``
+  size the run will have; an invalid config is refused with the same report (and the
+  exact ``forge-run check`` command that prints it) before any process group or tensor
+  exists. Warnings are printed and the run goes on.
+- One process by default. ``--nproc N`` starts :mod:`forge_core.train.agent` (torchrun's
+  agent, same options) which starts N :mod:`forge_core.train.worker` processes
   (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` passed through).
 - Started by ``torchrun`` directly (``RANK``/``WORLD_SIZE`` set), it trains in this
   process as one rank of the group.
+
+Stopping: SIGTERM/SIGINT save a checkpoint at the next step boundary (before training
+starts they stop at once, nothing saved) and ``forge-run`` exits 128 + the signal. Under
+``--nproc`` they are passed to the workers themselves. Killing ``forge-run``, even with
+SIGKILL, makes the kernel send SIGTERM to the agent, which stops its workers the same
+way; killing the agent does the same to its workers (:func:`~forge_core.train.signals.end_with_parent`).
 
 :func:`train` is the in-process entry point (tests, notebooks): it accepts extra
 plugins registered for this run only.
@@ -16,18 +23,42 @@ plugins registered for this run only.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.errors import (
+    EXIT_OK,
+    TRACEBACK_ENV,
+    ComponentError,
+    exit_for_signal,
+    signal_name,
+    where_raised,
+)
 from forge_core.parallel_dims import launched_by_torchrun
+from forge_core.train.signals import StopSignal, alive, child_pids
+
+#: Set by ``forge-run`` for its agent, which checks it is still its parent.
+LAUNCHER_PID_ENV = "FORGE_LAUNCHER_PID"
+#: How long ``forge-run`` waits for the workers of a killed agent to save and stop.
+ORPHAN_WAIT_S = 120.0
 
 
 class InvalidConfig(ForgeError):
     """The rule engine found errors; the message is ``forge-run check``'s report."""
+
+
+def check_command(config_path: str, overrides: Sequence[str], world_size: int | None) -> str:
+    """The ``forge-run check`` command that judges exactly what a run judged."""
+    words = ["forge-run", "check", config_path, *overrides]
+    if world_size is not None:
+        words += ["--world-size", str(world_size)]
+    return shlex.join(words)
 
 
 def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
@@ -42,7 +73,7 @@ def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
         raise InvalidConfig(
             f"{render(result.violations)}\n{config_path}: invalid: {len(result.errors)} error(s), "
             f"{len(result.warnings)} warning(s); refusing to train (world size {world_size}). "
-            f"`forge-run check {config_path}` prints the same report."
+            f"`{check_command(config_path, overrides, world_size)}` prints the same report."
         )
     if result.warnings and not quiet:
         print(render(result.warnings), file=sys.stderr, flush=True)
@@ -50,21 +81,59 @@ def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
 
 
 def train(config_path: str, overrides: Sequence[str] = (), *,
-          extra_plugins: Sequence[tuple[str, Any]] = ()) -> str:
+          extra_plugins: Sequence[tuple[str, Any]] = (), stop: StopSignal | None = None) -> str:
     """Train in this process (one rank of a torchrun group when launched by one).
-    Returns ``"completed"`` or ``"interrupted"``; raises ForgeError on user errors."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
-    rank = int(os.environ.get("RANK", "0"))
-    # Judge before importing torch: an invalid config is refused in a fraction of a second.
-    result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
-    from forge_core.train import distributed
-    from forge_core.train.trainer import Trainer
+    Returns ``"completed"`` or ``"interrupted"`` (``stop.received`` says by which signal);
+    raises ForgeError on user errors, :class:`~forge_core.errors.Interrupted` when a
+    signal arrived before training began."""
+    stop = stop or StopSignal()
+    with stop:  # from the first moment: a signal during start-up stops cleanly
+        world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+        rank = int(os.environ.get("RANK", "0"))
+        # Judge before importing torch: an invalid config is refused in a fraction of a second.
+        result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
+        from forge_core.train import distributed
+        from forge_core.train.trainer import Trainer
 
-    placement = distributed.setup(result.config.run.device)
-    try:
-        return Trainer(result.config, result.registries, placement).run()
-    finally:
-        distributed.teardown()
+        placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
+        try:
+            return Trainer(result.config, result.registries, placement, stop=stop).run()
+        except (ForgeError, BrokenPipeError):
+            raise
+        except Exception as exc:
+            explained = explain_failure(exc, result.registries, placement)
+            if explained is None:
+                raise
+            raise explained from exc
+        finally:
+            distributed.teardown()
+
+
+def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeError | None:
+    """A clean error for an exception that escaped the run: a collective that timed out or
+    lost its peer, or plugin code (named with its component and plugin); ``None`` for the
+    kernel's own failures, which are bugs."""
+    from forge_core.train import components, distributed
+
+    collective = distributed.collective_failure(exc, placement)
+    if collective is not None:
+        return collective
+    who = components.culprit(exc, registries)
+    if who is None:
+        return None
+    return ComponentError(f"{who} failed: {components.original_error(exc)} (at {where_raised(exc)}; "
+                          f"{TRACEBACK_ENV}=1 shows the traceback)")
+
+
+def run_here(config_path: str, overrides: Sequence[str]) -> int:
+    """Train in this process; the exit status. Interrupted and saved: 128 + the signal
+    alone, 0 as a torchrun worker (its agent must not take a clean stop for a failure:
+    the launcher knows which signal it passed on)."""
+    stop = StopSignal()
+    status = train(config_path, overrides, stop=stop)
+    if status == "interrupted" and stop.received is not None and not launched_by_torchrun():
+        return exit_for_signal(stop.received)
+    return EXIT_OK
 
 
 def _nnodes_count(nnodes: str | None) -> int | None:
@@ -78,7 +147,8 @@ def _nnodes_count(nnodes: str | None) -> int | None:
 
 
 def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc)]
+    """The agent's command line: torchrun's options, then the worker and its arguments."""
+    cmd = [sys.executable, "-m", "forge_core.train.agent", "--nproc-per-node", str(args.nproc)]
     if args.nnodes is not None:
         cmd += ["--nnodes", str(args.nnodes)]
     if args.node_rank is not None:
@@ -90,41 +160,57 @@ def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
     return cmd + ["-m", "forge_core.train.worker", args.config, *overrides]
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    found: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(x) for x in f.read().split())
-    except OSError:
-        return []
-    return found
-
-
 def relaunch(args: Any, overrides: Sequence[str]) -> int:
-    """Run torchrun as a child in its own session. SIGTERM and SIGINT (Ctrl-C) sent to
-    ``forge-run`` are passed to the workers themselves, which save a checkpoint at the
-    next step boundary and exit 0, so torchrun ends cleanly too. (Signalling torchrun
-    would make its agent tear the workers down and exit with an error.)"""
-    child = subprocess.Popen(torchrun_command(args, overrides), start_new_session=True)
+    """Run the agent as a child in its own session (so a Ctrl-C in the terminal reaches
+    ``forge-run`` alone). SIGTERM and SIGINT sent to ``forge-run`` are passed to the
+    workers themselves, which save a checkpoint at the next step boundary and exit 0, so
+    the agent ends cleanly too; ``forge-run`` then exits 128 + the signal. (Signalling the
+    agent would make it tear the workers down.) When the agent is killed, its workers
+    are told to stop by the kernel: ``forge-run`` waits for them and exits 128 + the
+    agent's signal."""
+    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+    child = subprocess.Popen(torchrun_command(args, overrides), start_new_session=True, env=env)
+    received: list[int] = []
+    workers: set[int] = set()
 
     def forward(signum: int, frame: Any) -> None:
-        workers = _children(child.pid)
-        for pid in workers:
+        received.append(signum)
+        current = child_pids(child.pid)
+        for pid in current:
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signum)
             except ProcessLookupError:
                 pass
-        if not workers:
+        if not current:  # no worker yet: the agent stops (and exits 128 + signum)
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return child.wait()
+        while True:
+            try:
+                code = child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                workers.update(child_pids(child.pid))  # known even after the agent is gone
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if code < 0:
+        survivors = [pid for pid in workers if alive(pid)]
+        print(f"error: the torchrun agent (pid {child.pid}) was killed by {signal_name(-code)}"
+              + (f"; waiting for its {len(survivors)} worker(s) to save and stop" if survivors else ""),
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while survivors and time.monotonic() < deadline:
+            time.sleep(0.2)
+            survivors = [pid for pid in survivors if alive(pid)]
+        if survivors:
+            print(f"error: worker(s) {', '.join(map(str, survivors))} still running after "
+                  f"{ORPHAN_WAIT_S:g} s", file=sys.stderr)
+        return exit_for_signal(-code)
+    if code == 0 and received:
+        return exit_for_signal(received[0])
+    return code
 
 
 def main(args: Any) -> int:
@@ -136,12 +222,10 @@ def main(args: Any) -> int:
         if nproc > 1 and os.environ.get("RANK") == "0":
             print("warning: --nproc is ignored under torchrun (it already started the processes)",
                   file=sys.stderr)
-        train(args.config, overrides)
-        return 0
+        return run_here(args.config, overrides)
     nnodes = getattr(args, "nnodes", None)
     if nproc > 1 or (nnodes is not None and _nnodes_count(nnodes) != 1):
         count = _nnodes_count(nnodes)
         judged(args.config, overrides, None if count is None else nproc * count)
         return relaunch(args, overrides)
-    train(args.config, overrides)
-    return 0
+    return run_here(args.config, overrides)

@@ -20,6 +20,11 @@ One optimizer step:
 
 The whole run holds the run directory's lock (:mod:`forge_core.train.run_lock`), taken
 by rank 0 before anything is built or written.
+
+SIGTERM/SIGINT are handled from the start of :meth:`Trainer.run`: during the build, the
+run directory's preparation and the resume they stop it at once
+(:class:`~forge_core.errors.Interrupted`, nothing saved); from the first step on, at the
+next step boundary, after saving.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import math
 import random
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,7 @@ from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_ob
 from forge_core.train.loss import loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize
 from forge_core.train.run_lock import RunLock
+from forge_core.train.signals import StopSignal
 
 
 class NonFiniteStop(ForgeError):
@@ -64,32 +69,6 @@ def log(placement: Placement, message: str) -> None:
 def warn(placement: Placement, message: str) -> None:
     if placement.is_main:
         print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-class StopSignal:
-    """SIGTERM/SIGINT set a flag; the loop saves and exits at the next step boundary.
-    Handlers are installed only from the main thread and restored on exit."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
-
-    def __enter__(self) -> StopSignal:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
 
 
 def packing_summary(stats: dict[str, Any] | None) -> str:
@@ -129,7 +108,8 @@ class Trainer:
     (``"completed"`` or ``"interrupted"``); a failure raises after ``forge_train_end``
     was called with ``"failed"``."""
 
-    def __init__(self, config: Any, registries: Any, placement: Placement) -> None:
+    def __init__(self, config: Any, registries: Any, placement: Placement,
+                 stop: StopSignal | None = None) -> None:
         self.config = config
         self.registries = registries
         self.placement = placement
@@ -137,7 +117,7 @@ class Trainer:
         self.run_dir = Path(config.run.out_dir)
         self.step = 0
         self.nonfinite_streak = 0
-        self.stop = StopSignal()
+        self.stop = stop or StopSignal()
         self.last_saved: int | None = None
 
     # -- build -----------------------------------------------------------------------
@@ -394,13 +374,14 @@ class Trainer:
                              f"({self.nonfinite_streak} of at most {policy.max_consecutive} in a row)")
 
     def run(self) -> str:
-        with self.claim_run_dir():
+        with self.stop, self.claim_run_dir():  # a signal during start-up raises Interrupted
             return self._run()
 
     def _run(self) -> str:
         self.build()
         self.prepare_run_dir()
         self.resume()
+        self.stop.start_training()
         cfg, pl = self.config, self.placement
         total = cfg.train.steps
         run = RunContext(config=cfg, out_dir=str(self.run_dir), start_step=self.step, total_steps=total,

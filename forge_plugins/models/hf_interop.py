@@ -13,7 +13,8 @@ Key mapping (Forge -> Hugging Face), per layer ``i``::
 
 Forge's rotary uses transformers' ``rotate_half`` layout, so q/k weights are copied as
 they are (no permutation). transformers is imported inside functions only; reading a
-folder needs just ``json`` and ``safetensors``.
+folder needs just ``json`` and ``safetensors``, so no code from the folder ever runs (a
+``config.json`` with an ``auto_map`` is refused).
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
         raise HFFolderMismatch(f"{_where(hf_dir)}: config.json is not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise HFFolderMismatch(f"{_where(hf_dir)}: config.json holds {type(config).__name__}, not an object")
+    if config.get("auto_map"):
+        raise HFFolderMismatch(
+            f"{_where(hf_dir)}: {path} names custom model code (auto_map: "
+            f"{json.dumps(config['auto_map'])[:200]}). Forge never runs code from model folders: it reads "
+            "config.json and the safetensors weights itself, and only a standard LlamaForCausalLM "
+            "folder maps onto its llama"
+        )
     return config
 
 

@@ -1,6 +1,11 @@
 """The ``hf`` tokenizer: any Hugging Face tokenizer from a local directory.
 
-Loaded with ``transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)``.
+Loaded with ``transformers.AutoTokenizer.from_pretrained(path, local_files_only=True,
+trust_remote_code=False)``: Forge never runs code from a model folder. A folder that asks
+for its own code (an ``auto_map`` in ``tokenizer_config.json``, or an ``AutoTokenizer``
+entry in the ``auto_map`` of ``config.json``) is refused before transformers sees it, and
+so is a folder without tokenizer files (:func:`folder_problem`, which needs no
+transformers).
 ``encode`` adds no special tokens (no BOS; the pipeline appends EOS itself).
 ``vocab_size`` is ``len(tokenizer)`` (added tokens included); ``eos_id`` is the
 tokenizer's EOS (an error if it has none); ``pad_id`` its PAD, or EOS when it has no
@@ -19,32 +24,69 @@ from typing import Any
 from forge_core.api import ForgeError
 from forge_plugins.tokenizers.options import HFOptions
 
+#: What a tokenizer folder must hold one of: a fast tokenizer's serialization, or a slow
+#: tokenizer's vocabulary (BPE, WordPiece, SentencePiece, tiktoken).
+FAST_FILE = "tokenizer.json"
+VOCAB_FILES = ("vocab.json", "vocab.txt")
+VOCAB_SUFFIXES = (".model", ".tiktoken")
 
-#: Files that hold a tokenizer's vocabulary; a folder needs one of them.
-VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model",
-                    "sentencepiece.bpe.model")
+
+def _json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None  # unreadable: transformers will say why
+
+
+def folder_problem(path: str) -> str | None:
+    """Why ``path`` cannot be loaded as a Hugging Face tokenizer without running code
+    from it, or ``None``. Reads only file names and two small JSON files."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        return f"{path!r} cannot be read ({exc.strerror or exc})"
+    for file, key in (("tokenizer_config.json", None), ("config.json", "AutoTokenizer")):
+        data = _json(os.path.join(path, file)) if file in names else None
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if auto_map and (key is None or (isinstance(auto_map, dict) and key in auto_map)):
+            return (
+                f"{os.path.join(path, file)} names custom tokenizer code (auto_map: {json.dumps(auto_map)[:200]}). "
+                "Forge never runs code from model folders (it loads them with trust_remote_code=False). "
+                "Use a tokenizer that needs no custom code, for example one saved as tokenizer.json "
+                "by the `tokenizers` library or trained by `forge-run prepare --train-bpe`."
+            )
+    if FAST_FILE in names or any(n in VOCAB_FILES or n.endswith(VOCAB_SUFFIXES) for n in names):
+        return None
+    found = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") if names else "nothing"
+    return (
+        f"{path!r} holds no tokenizer files (found: {found}). A Hugging Face tokenizer folder needs "
+        f"{FAST_FILE} (what save_pretrained writes for a fast tokenizer) or a slow tokenizer's "
+        "vocabulary: vocab.json with merges.txt, vocab.txt, a SentencePiece *.model or a *.tiktoken file."
+    )
+
+
+def load_pretrained(path: str) -> Any:
+    """``AutoTokenizer`` from a local folder, offline, never running the folder's code."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
 
 
 def tokenizer_dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot hold a Hugging Face tokenizer, from its file names alone (no
-    transformers import), or ``None``. Shared by the build and ``forge-run check``."""
+    """Why ``data.tokenizer_options.path`` cannot be loaded, from the file system alone
+    (no transformers import), or ``None``. Shared by the build and ``forge-run check``."""
+    where = "data.tokenizer_options.path"
     if not path:
         return (
-            "data.tokenizer_options.path is empty: give the directory of a Hugging Face "
+            f"{where} is empty: give the directory of a Hugging Face "
             "tokenizer (for example one trained by `forge-run prepare`)."
         )
     if not os.path.isdir(path):
         what = "it is a file" if os.path.exists(path) else "it does not exist"
-        return f"data.tokenizer_options.path: {path!r} is not a directory ({what})."
-    names = sorted(os.listdir(path))
-    if not any(name in names for name in VOCABULARY_FILES):
-        holds = f"it holds {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}" if names else "it is empty"
-        return (
-            f"data.tokenizer_options.path: {path!r} holds no tokenizer ({holds}): expected "
-            "tokenizer.json (what save_pretrained and `forge-run prepare --train-bpe` write) or "
-            "a vocabulary file (vocab.json with merges.txt, vocab.txt, tokenizer.model)."
-        )
-    return None
+        return f"{where}: {path!r} is not a directory ({what})."
+    problem = folder_problem(path)
+    return None if problem is None else f"{where}: {problem}"
 
 
 class HFTokenizer:
@@ -53,10 +95,8 @@ class HFTokenizer:
         problem = tokenizer_dir_problem(path)
         if problem:
             raise ForgeError(problem)
-        from transformers import AutoTokenizer
-
         try:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = load_pretrained(path)
         except (OSError, ValueError) as exc:
             raise ForgeError(f"{path}: cannot load a Hugging Face tokenizer ({exc}).") from None
         if tok.eos_token_id is None:

@@ -12,6 +12,7 @@ class HFOptions:
         metadata={
             "doc": "Local directory of a Hugging Face tokenizer (what `save_pretrained` "
             "writes, or a BPE tokenizer trained by `forge-run prepare`). Loaded with "
-            "`transformers.AutoTokenizer`, offline."
+            "`transformers.AutoTokenizer`, offline and with `trust_remote_code=False`: a "
+            "folder that needs its own code (an `auto_map`) is refused."
         },
     )

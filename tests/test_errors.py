@@ -1,0 +1,176 @@
+"""Errors from plugin code, at build and at run time, come out of ``forge-run`` as one
+clean message naming the component, the plugin and the original error, with exit 2; the
+kernel's own failures as one line with exit 1 (the traceback with FORGE_TRACEBACK=1);
+KeyboardInterrupt and SystemExit are never wrapped. In process, through ``cli.main``,
+with the components registered by an installed (fake) distribution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_distribution
+from forge_core.cli import main
+from train_helpers import tiny_config, write_config
+
+FAULTS = """
+import os
+
+from forge_core.api import LoggerSpec, ModelSpec, SourceSpec, hookimpl
+
+ACCEPTS = {"doc_ids", "positions"}
+
+
+class MissingFileSource:
+    def __init__(self, options):
+        open("/nonexistent/forge-corpus.txt")
+
+
+def model_raises(options, vocab_size, attention):
+    raise ValueError("dim 30 does not split into 4 heads")
+
+
+def model_old_signature(options):
+    return None
+
+
+def model_exits(options, vocab_size, attention):
+    raise SystemExit(7)
+
+
+def model_interrupted(options, vocab_size, attention):
+    raise KeyboardInterrupt
+
+
+class BombLogger:
+    def __init__(self, options):
+        pass
+
+    @hookimpl
+    def forge_step_end(self, run, step, metrics):
+        if step == 2:
+            raise ValueError("cannot reach the dashboard")
+
+
+@hookimpl
+def forge_sources():
+    return [SourceSpec(name="missing", summary="Reads a file that is not there",
+                       impl="forge_faults:MissingFileSource")]
+
+
+@hookimpl
+def forge_models():
+    spec = dict(max_seq_len_option=None, accepts=ACCEPTS)
+    return [
+        ModelSpec(name="raises", summary="Refuses its options", impl="forge_faults:model_raises", **spec),
+        ModelSpec(name="oldsig", summary="Old constructor signature", impl="forge_faults:model_old_signature", **spec),
+        ModelSpec(name="exits", summary="Calls sys.exit", impl="forge_faults:model_exits", **spec),
+        ModelSpec(name="ctrlc", summary="Interrupted", impl="forge_faults:model_interrupted", **spec),
+        ModelSpec(name="absent", summary="Its module is missing", impl="forge_faults_gone:build", **spec),
+    ]
+
+
+@hookimpl
+def forge_loggers():
+    return [LoggerSpec(name="bomb", summary="Raises at step 2", impl="forge_faults:BombLogger")]
+"""
+
+
+@pytest.fixture
+def faults(tmp_path, monkeypatch):
+    site = make_distribution(tmp_path / "site", "forge-faults", "0.1", {"forge_faults": FAULTS},
+                             {"faults": "forge_faults"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv("FORGE_TRACEBACK", raising=False)
+
+    def config(**sections) -> str:
+        return write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "run", **sections))
+
+    return config
+
+
+def run(capsys, path: str) -> tuple[int, str]:
+    code = main([path])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, original", [
+    ("raises", "ValueError: dim 30 does not split into 4 heads"),
+    ("oldsig", "TypeError: model_old_signature() got an unexpected keyword argument"),
+])
+def test_a_component_that_fails_to_build_names_itself_and_its_plugin(faults, capsys, model, original):
+    code, err = run(capsys, faults(model={"name": model, "options": {}}))
+    assert code == 2
+    assert err.startswith(f"error: building model {model!r} (plugin 'faults') failed: {original}"), err
+    assert "Traceback" not in err
+
+
+def test_file_errors_and_missing_modules_of_components_exit_2(faults, capsys, tmp_path):
+    code, err = run(capsys, faults(data={"source": "missing", "source_options": {}}))
+    assert code == 2 and "Traceback" not in err
+    assert "building data source 'missing' (plugin 'faults') failed: FileNotFoundError:" in err
+    assert "/nonexistent/forge-corpus.txt" in err
+    code, err = run(capsys, faults(model={"name": "absent", "options": {}}))
+    assert code == 2
+    # The check that precedes every run looks the module up without importing it.
+    assert "[component.implementation-found]" in err
+    assert "model 'absent' (plugin 'faults', from" in err and "'forge_faults_gone:build'" in err
+    assert "module 'forge_faults_gone' cannot be found" in err and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_component_failing_while_training_is_named(faults, capsys):
+    code, err = run(capsys, faults(logging={"loggers": ["bomb"]}))
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"), err
+    assert "forge_faults.py" in err and "in forge_step_end" in err
+
+
+def test_a_kernel_failure_is_one_line_and_the_traceback_is_opt_in(faults, capsys, monkeypatch):
+    from forge_core.train.trainer import Trainer
+
+    def broken(self):
+        raise RuntimeError("internal invariant broken")
+
+    monkeypatch.setattr(Trainer, "prepare_run_dir", broken)
+    path = faults()
+    code, err = run(capsys, path)
+    assert code == 1
+    assert err.startswith("error: unexpected RuntimeError: internal invariant broken (at ")
+    assert "FORGE_TRACEBACK=1 shows the traceback" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("FORGE_TRACEBACK", "1")
+    code, err = run(capsys, path)
+    assert code == 1 and "Traceback (most recent call last)" in err and "in broken" in err
+
+
+def test_system_exit_and_keyboard_interrupt_from_plugins_are_not_wrapped(faults, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main([faults(model={"name": "exits", "options": {}})])
+    assert caught.value.code == 7
+    assert main([faults(model={"name": "ctrlc", "options": {}})]) == 130
+
+
+def test_culprit_without_a_component():
+    """A helper module of a plugin that no component names is the plugin's; code of no
+    plugin (the kernel, the standard library) is nobody's."""
+    from forge_core.registry import load_registries
+    from forge_core.train.components import culprit
+    from forge_plugins.models import rotary
+
+    registries = load_registries()
+    with pytest.raises(TypeError) as caught:
+        rotary.rotary_table("eight", 8, 10000.0)  # a helper of the 'models' plugin, given garbage
+    assert culprit(caught.value, registries) == "plugin 'models'"
+    with pytest.raises(ValueError) as caught:
+        json.loads("{")
+    assert culprit(caught.value, registries) is None
+
+
+def test_init_from_hf_folder_that_needs_its_own_code_is_refused(tmp_path):
+    from forge_plugins.models.hf_interop import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}))
+    with pytest.raises(ValueError, match="names custom model code .*never runs code from model folders"):
+        read_hf_config(tmp_path)
