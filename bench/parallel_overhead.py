@@ -90,6 +90,7 @@ def step_fn(pmodel: Any, batch: dict) -> Any:
 
     def step() -> None:
         pmodel.forward_backward(local, loss_fn, tokens)
+        pmodel.finish_gradients()
         clip_grad_norm(pmodel, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

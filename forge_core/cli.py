@@ -137,7 +137,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "valid": not result.errors,
-            "world_size": result.context.world_size,
+            "world_size": result.plan.world_size,
             "violations": [v.to_json() for v in result.violations],
         }, indent=2))
     else:
@@ -145,10 +145,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(render(result.violations))
         checked = len(result.registries.rules)
         verdict = "invalid" if result.errors else "valid"
-        ws = result.context.world_size
+        ws = result.plan.world_size
         if ws is None:
             ws = "unknown (pass --world-size to check it)"
-            if result.context.degrees.get("dp_shard") == -1:
+            if result.plan.degrees.get("dp_shard") == -1:
                 ws = ("unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
                       "leave of it (pass --world-size N to check it now)")
         blocked = result.registries.plugins.blocked

@@ -73,6 +73,24 @@ def check_metadata_forwarded(ctx: Plan) -> list[str]:
     return problems
 
 
+def check_model_supports_strategies(ctx: Plan) -> list[str]:
+    """Every active strategy finds in the model the contract pieces it needs."""
+    model = ctx.specs["model"]
+    problems = []
+    for strategy in ctx.strategies:
+        missing = sorted(strategy.requires - model.supports)
+        if not missing:
+            continue
+        off = f"parallel.{strategy.mesh_dim}: 1" if strategy.mesh_dim else f"remove {strategy.name!r} from parallel.wrappers"
+        problems.append(
+            f"strategy {strategy.name!r} needs the model to supply {', '.join(missing)} through its parallel "
+            f"contract, but model {model.name!r} does not declare {'them' if len(missing) > 1 else 'it'} "
+            f"(its spec supports: {', '.join(sorted(model.supports)) or 'nothing'}): the strategy cannot know "
+            f"how to split or shard it. Switch the strategy off ({off}) or choose a model that supports it"
+        )
+    return problems
+
+
 def check_honours_doc_ids(ctx: Plan) -> str | None:
     """The packer isolates documents but the backend would let them attend across."""
     backend = ctx.specs.get("attention")
@@ -157,6 +175,16 @@ RULES = [
         summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
         check=check_metadata_forwarded,
         fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+    ),
+    Rule(
+        id="parallel.model-supports-strategy",
+        severity="error",
+        paths=("model.name", *(f"parallel.{dim}" for dim in MESH_DIMS), "parallel.wrappers"),
+        summary="Every active parallelism strategy finds what it requires in the model's declared parallel contract.",
+        check=check_model_supports_strategies,
+        fix="Set the strategy's degree back to 1 (or drop the wrapper), or choose a model whose spec "
+        "supports it. Model authors: declare the piece in ModelSpec.supports and supply it from the "
+        "model's parallel_contract() (forge_core.api.ParallelContract).",
     ),
     Rule(
         id="attention.honours-doc-ids",

@@ -160,6 +160,11 @@ HOOK_OBJECTS = (
     "forge_core.api:Plan",
     "forge_core.api:RunContext",
     "forge_core.api:ParallelContext",
+    "forge_core.api:ModelFacts",
+    "forge_core.api:ParallelContract",
+    "forge_core.api:PipelineSplit",
+    "forge_core.api:TensorParallelPlan",
+    "forge_core.api:TensorParallelScope",
 )
 
 

@@ -78,7 +78,11 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     strategies must *sum* gradients over ranks: the trainer already divides each loss
     sum by the global count of labelled tokens. Declare in ``forwards`` which per-token
     metadata still reaches every layer once the strategy is applied: the rule engine
-    rejects a packer whose metadata would be lost.
+    rejects a packer whose metadata would be lost, and in ``requires`` the pieces of
+    the model's parallel contract the strategy uses (a model that lacks one is refused).
+    A strategy that must reduce gradients once per optimizer step, after the last
+    backward and before clipping, registers a callback with
+    ``ctx.add_gradient_finisher``.
 
     Example::
 
@@ -118,6 +122,21 @@ def forge_models() -> list[ModelSpec]:
     factory called as ``build(options, vocab_size=..., attention=...)`` returning a
     ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
     ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend.
+
+    Parallelism strategies know the model only through its parallel contract: the
+    spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``
+    (a torch-free function of the options returning ``ModelFacts``), and the module's
+    ``parallel_contract()`` returning a ``ParallelContract`` (all from
+    :mod:`forge_core.api`): the attribute holding its blocks (an ``nn.ModuleDict``), its
+    tensor-parallel plan, every parameter of which is sharded by a style or declared
+    ``replicated`` or ``partial``, and its pipeline split. A pipeline stage is a shallow
+    copy of the model with the split's ``first`` modules (on every stage but the first)
+    and ``last`` modules (on every stage but the last) set to ``None``: without its
+    ``first`` modules the forward takes hidden states ``(batch, seq, dim)`` in place of
+    ``input_ids``; without its ``last`` modules it returns hidden states; per-token
+    metadata (``doc_ids``, ``positions``) always arrive as keyword arguments, on every
+    stage, and the stage builds whatever mask it needs from them (the backend's
+    ``prepare``).
 
     Example::
 

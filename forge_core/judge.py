@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import Plan, Violation, get_path
+from forge_core.api import ForgeError, Plan, Violation, get_path
 from forge_core.config.loader import read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
@@ -25,7 +25,7 @@ IMPLEMENTATION_FOUND = "component.implementation-found"
 class Judgement:
     config: ForgeConfig
     registries: Registries
-    context: Plan
+    plan: Plan
     violations: list[Violation]
 
     @property
@@ -49,7 +49,23 @@ def rule_context(config: ForgeConfig, registries: Registries, world_size: int | 
     degrees = resolve_degrees(config.parallel, world_size)
     strategies = active_strategies(registries["parallelism"], degrees, config.parallel.wrappers)
     emitted = specs["packer"].emitted(config.data.packer_options)
-    return Plan(config, specs, tuple(strategies), degrees, world_size, emitted)
+    return Plan(config, specs, tuple(strategies), degrees, world_size, emitted,
+                model_facts(specs["model"], config.model.options, registries))
+
+
+def model_facts(spec: Any, options: Any, registries: Registries) -> Any:
+    """``spec.facts(options)``, or ``None`` for a model that declares none; plugin code,
+    so a failure names the plugin."""
+    if spec.facts is None:
+        return None
+    try:
+        return spec.facts(options)
+    except Exception as exc:
+        plugin = registries["model"].plugin_of(spec.name)
+        raise ForgeError(
+            f"model {spec.name!r} (plugin {plugin!r}): its facts function raised "
+            f"{type(exc).__name__}: {exc}. Report this to the plugin's authors, or choose another model."
+        ) from exc
 
 
 def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str, Any]]:

@@ -95,7 +95,7 @@ def test_interleaved_stages_loop_over_ranks():
 def test_tp_must_divide_heads_and_kv_heads(cfg):
     found, _ = violations(cfg, {"tp": 8, "dp_shard": 1})
     (message,) = messages(found, R.TP_HEADS)
-    assert "n_kv_heads = 4 is not divisible by parallel.tp = 8" in message
+    assert "model 'llama' has 4 key/value heads, not divisible by parallel.tp = 8" in message
     found, _ = violations(cfg, {"tp": 3})
     assert len(messages(found, R.TP_HEADS)) == 2
     found, _ = violations(cfg, {"tp": 4})
@@ -105,7 +105,7 @@ def test_tp_must_divide_heads_and_kv_heads(cfg):
 def test_pp_stages_not_above_layers(cfg):
     found, _ = violations(cfg, {"pp": 4, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
                                 "pp_microbatches": 4}, train={"batch_size": 8})
-    assert "n_layers = 4 is below the 8 pipeline stages" in messages(found, R.PP_LAYERS)[0]
+    assert "model 'llama' has 4 layers, fewer than the 8 pipeline stages" in messages(found, R.PP_LAYERS)[0]
     found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
                                 "pp_microbatches": 4}, train={"batch_size": 8})
     assert R.PP_LAYERS not in found and R.PP_SCHEDULE not in found and R.PP_MICROBATCHES not in found

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_core.api import ModelSplit, ParallelismSpec, hookimpl
+from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
@@ -26,6 +26,7 @@ class Wrap:
 
     def apply(self, model, ctx):
         CALLS.append(f"wrap:{type(model).__name__}")
+        ctx.add_gradient_finisher(lambda: CALLS.append(f"finish:{type(model).__name__}"))
         return torch.nn.Sequential(model) if isinstance(model, torch.nn.Linear) else model
 
 
@@ -98,6 +99,15 @@ def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monk
     assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
 
 
+def test_gradient_finishers_registered_by_strategies_run_when_the_step_finishes(registries):
+    model = torch.nn.Linear(2, 2)
+    config = config_with(registries, {"wrappers": ["after", "before"]})
+    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    CALLS.clear()
+    pmodel.finish_gradients()
+    assert CALLS == ["finish:Linear", "finish:Sequential"]  # in the order the strategies ran
+
+
 def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     config = config_with(registries, {"wrappers": ["early", "before"]})
@@ -109,20 +119,27 @@ def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
 
 def test_compile_is_in_place_and_block_by_block(monkeypatch):
     # nn.Module.compile compiles in place (no OptimizedModule wrapper, whose "_orig_mod."
-    # keys would break checkpoints); every block is compiled on its own.
+    # keys would break checkpoints); every block the model's contract names is compiled
+    # on its own, and a model without a contract as a whole.
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(self))
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
+
+    class Blocks(torch.nn.Module):
+        def parallel_contract(self):
+            return ParallelContract(blocks="stack")
+
+    model = Blocks()
+    model.stack = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
     P.compile_part(model)
-    assert compiled == list(model.layers.values())
-    plain = torch.nn.Linear(2, 2)
+    assert compiled == list(model.stack.values())
+    plain = torch.nn.Module()
+    plain.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2)})  # a name means nothing without a contract
     P.compile_part(plain)
     assert compiled[-1] is plain
 
 
 def test_pipeline_stages_chained_equal_the_whole_model(registries):
-    from forge_plugins.parallel.pipeline import stage_module
+    from forge_plugins.parallel.pipeline import split_of, stage_module
     from forge_plugins.parallel.split import stage_layer_ranges
     from forge_core.train import components
 
@@ -132,9 +149,11 @@ def test_pipeline_stages_chained_equal_the_whole_model(registries):
     ids = torch.randint(0, 50, (2, 16))
     with torch.no_grad():
         expected = model(ids)
-        keys = list(model.layers.keys())
+        contract, blocks = split_of(model, "llama")
+        keys = list(blocks.keys())
         ranges = stage_layer_ranges(len(keys), 3)
-        stages = [stage_module(model, [keys[i] for i in r], first=s == 0, last=s == 2) for s, r in enumerate(ranges)]
+        stages = [stage_module(model, contract, [keys[i] for i in r], first=s == 0, last=s == 2)
+                  for s, r in enumerate(ranges)]
         h = ids
         for stage in stages:
             h = stage(h)

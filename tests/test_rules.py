@@ -68,7 +68,7 @@ def test_strategy_that_forwards_metadata_passes(cfg):
     # Block the built-in pipeline so only the forwarding one is active on the pp dimension.
     path = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}, "plugins": {"block": ["parallel"]}})
     found, result = errors(path, world_size=2, extra=[("fwd", _ForwardingPipeline())])
-    assert [s.name for s in result.context.strategies] == ["pp_meta"]
+    assert [s.name for s in result.plan.strategies] == ["pp_meta"]
     assert "parallel.metadata-reaches-layers" not in found
 
 
@@ -76,7 +76,7 @@ def test_world_size_rule(cfg):
     found, _ = errors(cfg({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
     assert "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
     found, result = errors(cfg({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
-    assert "parallel.world-size" not in found and result.context.degrees["dp_shard"] == 4
+    assert "parallel.world-size" not in found and result.plan.degrees["dp_shard"] == 4
     found, _ = errors(cfg({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
     assert "not divisible" in found["parallel.world-size"].message
 

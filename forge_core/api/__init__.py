@@ -12,8 +12,21 @@ move; these names are what Forge keeps stable.
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
-from forge_core.api.parallel import ModelSplit, ParallelContext
-from forge_core.api.protocols import AttentionBackend, Packer, Source, Strategy, Tokenizer
+from forge_core.api.parallel import (
+    BLOCKS,
+    PIPELINE,
+    TENSOR_PARALLEL,
+    ModelFacts,
+    ModelSplit,
+    ParallelContext,
+    ParallelContract,
+    PipelineSplit,
+    TensorParallelPlan,
+    TensorParallelScope,
+    blocks_of,
+    contract_of,
+)
+from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
 from forge_core.api.specs import (
@@ -47,8 +60,9 @@ __all__ = [
     "DOC_IDS", "IGNORE_INDEX", "INPUT_IDS", "LABELS", "POSITIONS",
     "ForgeError", "did_you_mean", "show_value", "unknown_name",
     "PROJECT", "hookimpl", "hookspec",
-    "ModelSplit", "ParallelContext",
-    "AttentionBackend", "Packer", "Source", "Strategy", "Tokenizer",
+    "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
+    "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
+    "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",
     "AttentionBackendSpec", "ComponentSpec", "LoggerSpec", "ModelSpec", "NoOptions", "OptimizerSpec",

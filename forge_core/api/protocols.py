@@ -65,3 +65,13 @@ class Strategy(Protocol):
     :class:`~forge_core.api.parallel.ModelSplit` when it splits the model."""
 
     def apply(self, model: Any, ctx: Any) -> Any: ...
+
+
+@runtime_checkable
+class ParallelModule(Protocol):
+    """A model (the ``nn.Module`` its factory returns) that tells the strategies how it
+    is split and sharded: ``parallel_contract()`` returns a
+    :class:`~forge_core.api.parallel.ParallelContract`. Its spec's ``supports`` says
+    which pieces of the contract are filled in."""
+
+    def parallel_contract(self) -> Any: ...

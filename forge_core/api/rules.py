@@ -47,6 +47,8 @@ class Plan:
       when the world size is unknown).
     - ``world_size``: from ``--world-size`` or the torchrun environment, else ``None``.
     - ``emitted``: the per-token metadata the chosen packer emits under its options.
+    - ``facts``: the model's :class:`~forge_core.api.ModelFacts` under its options
+      (``ModelSpec.facts``), or ``None`` when the model declares none.
     """
 
     config: Any
@@ -55,6 +57,7 @@ class Plan:
     degrees: dict[str, int] = attrs.field(factory=dict)
     world_size: int | None = None
     emitted: frozenset[str] = frozenset()
+    facts: Any = None
 
     def get(self, path: str) -> Any:
         return get_path(self.config, path)

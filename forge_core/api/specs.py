@@ -10,6 +10,7 @@ run actually builds the component (``spec.load()``).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -88,6 +89,9 @@ class ParallelismSpec(ComponentSpec):
       (``ddp`` yields to ``fsdp``, which does HSDP when both DP degrees are above 1).
     - ``drops_metadata_because``: why metadata outside ``forwards`` is lost; quoted by
       the rule that refuses such a combination.
+    - ``requires``: the pieces of the model's parallel contract the strategy needs
+      (``{TENSOR_PARALLEL}``, ``{PIPELINE}``, from :mod:`forge_core.api`); a model whose
+      spec does not declare them in ``supports`` is refused by ``forge-run check``.
     """
 
     kind: ClassVar[str] = "parallelism"
@@ -98,6 +102,7 @@ class ParallelismSpec(ComponentSpec):
     )
     yields_to: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     drops_metadata_because: str = ""
+    requires: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
     def forwards_key(self, key: str) -> bool:
         return self.forwards is None or key in self.forwards
@@ -123,17 +128,30 @@ class PackerSpec(ComponentSpec):
 
 @attrs.frozen(kw_only=True)
 class ModelSpec(ComponentSpec):
-    """A model family. ``max_seq_len_option`` names the option holding the longest
-    sequence the model supports (used by the sequence-length rule); ``accepts`` lists the
-    per-token metadata its forward takes as keyword arguments; ``hf_export`` optionally
-    names ``"package.module:function"`` used by ``forge-run export-hf`` (called as
-    ``export(model_state_dict, options, out_dir, vocab_size=...)``, plus
-    ``eos_token_id``/``pad_token_id`` keywords when the function accepts them)."""
+    """A model family.
+
+    - ``max_seq_len_option``: the option holding the longest sequence the model
+      supports (used by the sequence-length rule).
+    - ``accepts``: the per-token metadata its forward takes as keyword arguments.
+    - ``hf_export``: optionally ``"package.module:function"`` used by ``forge-run
+      export-hf`` (called as ``export(model_state_dict, options, out_dir,
+      vocab_size=...)``, plus ``eos_token_id``/``pad_token_id`` keywords when the
+      function accepts them).
+    - ``supports``: the pieces of the parallel contract its implementation supplies
+      through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``
+      from :mod:`forge_core.api`); a strategy that ``requires`` one it lacks is refused.
+    - ``facts``: a torch-free function of the structured options returning
+      :class:`~forge_core.api.ModelFacts` (layers, heads, kv heads, tied embeddings),
+      which the parallelism rules read whatever the options are called; ``None`` when
+      the model declares none (a strategy whose rules need them is then refused).
+    """
 
     kind: ClassVar[str] = "model"
     max_seq_len_option: str | None = "max_seq_len"
     accepts: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     hf_export: str | None = None
+    supports: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    facts: Callable[[Any], Any] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -54,7 +54,7 @@ def check_rule(
         for n, case in enumerate(violating_cases + passing_cases):
             expect_fire = n < len(violating_cases)
             judgement, label = _judge(case, Path(tmp) / f"config{n}.yaml", extra_plugins, world_size)
-            ctx = judgement.context
+            ctx = judgement.plan
             target = _find_rule(rule, judgement.registries)
             where = f"rule {target.id!r} on the {'violating' if expect_fire else 'passing'} config {label}"
             if n == 0:

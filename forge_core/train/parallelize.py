@@ -32,7 +32,7 @@ from forge_core.api.batch import LABELS
 from forge_core.deprecation import moved
 
 #: Moved to :mod:`forge_core.api`; the old name here warns for one release.
-__getattr__ = moved(__name__, {"ModelSplit": "forge_core.api"})
+__getattr__ = moved(__name__, {"ModelSplit": "forge_core.api", "transformer_blocks": "forge_core.api:blocks_of"})
 
 COMPILE_ORDER = 300
 
@@ -57,6 +57,10 @@ class ParallelModel:
     - ``mesh``: the DeviceMesh, or ``None`` in one process; ``pp_group`` is its pipeline
       group (``None`` without pipeline parallelism).
     - ``is_last_stage``: whether this process computes the loss (pipeline: last stage).
+    - ``gradient_finishers``: what strategies registered through
+      :meth:`~forge_core.api.ParallelContext.add_gradient_finisher`; the trainer calls
+      :meth:`finish_gradients` once per optimizer step, after the last backward and
+      before clipping.
     """
 
     parts: list[torch.nn.Module]
@@ -68,6 +72,12 @@ class ParallelModel:
     is_last_stage: bool = True
     dp_group: Any = None
     pp_group: Any = None
+    gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+
+    def finish_gradients(self) -> None:
+        """Complete this step's gradients (after the last backward, before clipping)."""
+        for finish in self.gradient_finishers:
+            finish()
 
     def parameters(self):
         for part in self.parts:
@@ -97,23 +107,11 @@ def single_process(model: torch.nn.Module) -> ParallelModel:
     return ParallelModel(parts=[model], forward=model)
 
 
-def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a model part: its ``layers`` (``nn.ModuleDict`` or
-    ``nn.ModuleList``), the unit that FSDP shards and compile compiles one by one.
-    Empty for a module without ``layers``."""
-    layers = getattr(module, "layers", None)
-    if isinstance(layers, torch.nn.ModuleDict):
-        return list(layers.values())
-    if isinstance(layers, torch.nn.ModuleList):
-        return list(layers)
-    return []
-
-
 def compile_part(module: torch.nn.Module) -> None:
     """``torch.compile`` in place, block by block (the same small graph is reused for
-    every block; state-dict keys keep their names, unlike an ``OptimizedModule``)."""
-    blocks = transformer_blocks(module)
-    for block in blocks or [module]:
+    every block; state-dict keys keep their names, unlike an ``OptimizedModule``); the
+    whole part for a model whose contract names no blocks."""
+    for block in contract.blocks_of(module) or [module]:
         block.compile()
 
 
@@ -159,7 +157,8 @@ def parallelize(
                 compile_part(runner)
             continue
         options = component_options(config, "parallel", name, registry)
-        ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn)
+        ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn,
+                              gradient_finishers=pmodel.gradient_finishers)
         impl = spec.load()(options)
         results = [impl.apply(runner, ctx) for runner in runners]
         if any(isinstance(result, contract.ModelSplit) for result in results):

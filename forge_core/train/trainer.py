@@ -13,7 +13,9 @@ One optimizer step:
    precision: every batch key but ``labels`` passed to the model as a keyword argument,
    loss *sum* divided by that global count, backward (gradient sync only on the last
    micro-batch);
-3. clip to the global gradient norm, check the loss and norm are finite (policy:
+3. finish the gradients (what strategies reduce once per step, after the last
+   backward: tensor parallelism's partial parameters), clip to the global gradient
+   norm, check the loss and norm are finite (policy:
    skip or stop), step the optimizer, advance the schedule;
 4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
    SIGTERM/SIGINT (flag set by the handler, acted on here) and at the end.
@@ -311,6 +313,7 @@ class Trainer:
             with _grad_sync(pmodel.forward, last), autocast:
                 loss_sum, _ = pmodel.forward_backward(batch, loss_fn, normalizer)
             loss_total += loss_sum.detach().float()
+        pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)
         grad_norm = float(clip_grad_norm(pmodel, train.grad_clip))
         # Every process holds its data-parallel slice's loss (pipeline ranks get it back
         # from the last stage): weight so each slice counts once.

@@ -5,14 +5,18 @@ embeddings, RMSNorm, SwiGLU MLP, both residual) -> RMSNorm -> output projection.
 Attention itself is delegated to the configured backend (``attention.backend``), which
 builds its mask once per forward (:meth:`prepare`) and is reused by every layer.
 
-Names are stable so that parallelism plans and checkpoints can address them:
-``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` ..
+Names are stable so that checkpoints (and the model's own parallel plans) can address
+them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` ..
 ``"n_layers-1"``: deleting layers for a pipeline stage keeps the other keys), each with
 ``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``,
 ``feed_forward.{w1,w2,w3}`` (gate, down, up), then ``norm`` and ``output``. Linear
-layers have no bias. A pipeline stage may set ``tok_embeddings``, ``norm`` or ``output``
-to ``None``: forward then takes hidden states ``(B, S, dim)`` instead of token ids, or
-returns hidden states instead of logits.
+layers have no bias.
+
+The parallelism strategies know the model through :meth:`Llama.parallel_contract`
+only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
+only) or ``norm`` and ``output`` (last stage only) to ``None``, and forward then takes
+hidden states ``(B, S, dim)`` instead of token ids, or returns hidden states instead of
+logits; the tensor-parallel plan is in :mod:`forge_plugins.models.llama_parallel`.
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
@@ -128,6 +133,14 @@ class Llama(nn.Module):
         if options.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
+    def parallel_contract(self) -> ParallelContract:
+        """How the strategies split and shard this model (see the module docstring)."""
+        return ParallelContract(
+            blocks="layers",
+            pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
+            tensor_parallel=tensor_parallel_plan,
+        )
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -190,6 +203,14 @@ class Llama(nn.Module):
             from forge_plugins.models.hf_interop import load_into
 
             load_into(self, options.init_from_hf)
+
+
+def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
+    """The plan of :mod:`forge_plugins.models.llama_parallel`, imported only when tensor
+    parallelism is applied."""
+    from forge_plugins.models import llama_parallel
+
+    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel)
 
 
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:

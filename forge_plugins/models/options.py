@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.api import above, at_least
+from forge_core.api import ModelFacts, above, at_least
 
 _count = at_least(1)
 
@@ -79,3 +79,9 @@ def ffn_hidden_size(options: LlamaOptions) -> int:
         return options.ffn_hidden
     hidden = int(2 * (4 * options.dim) / 3)
     return options.multiple_of * ((hidden + options.multiple_of - 1) // options.multiple_of)
+
+
+def llama_facts(options: LlamaOptions) -> ModelFacts:
+    """What the parallelism rules need to know (``ModelSpec.facts``)."""
+    return ModelFacts(blocks=options.n_layers, heads=options.n_heads, kv_heads=options.n_kv_heads,
+                      tied_embeddings=options.tie_embeddings)

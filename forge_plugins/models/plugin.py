@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from forge_core.api import DOC_IDS, POSITIONS, ModelSpec, hookimpl
-from forge_plugins.models.options import LlamaOptions
+from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_plugins.models.options import LlamaOptions, llama_facts
 
 
 @hookimpl
@@ -17,6 +17,8 @@ def forge_models() -> list[ModelSpec]:
             accepts={DOC_IDS, POSITIONS},
             hf_export="forge_plugins.models.hf_interop:export",
             max_seq_len_option="max_seq_len",
+            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+            facts=llama_facts,
         )
     ]
 

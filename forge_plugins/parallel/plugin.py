@@ -8,7 +8,7 @@ what per-token metadata still reaches every layer under it.
 
 from __future__ import annotations
 
-from forge_core.api import ParallelismSpec, hookimpl
+from forge_core.api import PIPELINE, TENSOR_PARALLEL, ParallelismSpec, hookimpl
 
 from forge_plugins.parallel.options import DDPOptions, FSDPOptions
 
@@ -30,13 +30,15 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             order=100,
             forwards=frozenset(),
             drops_metadata_because=PIPELINE_DROPS_METADATA,
+            requires={PIPELINE},
         ),
         ParallelismSpec(
             name="tp",
-            summary="Tensor parallelism (DTensor): column/row-wise attention and MLP, sharded embeddings and head",
+            summary="Tensor parallelism (DTensor): applies the model's plan (column/row-wise layers, sharded embeddings and head)",
             impl="forge_plugins.parallel.tensor:TensorParallel",
             mesh_dim="tp",
             order=200,
+            requires={TENSOR_PARALLEL},
         ),
         ParallelismSpec(
             name="fsdp",

@@ -1,18 +1,19 @@
 """Compatibility rules of the built-in parallelism strategies: plain check functions over
 a :class:`~forge_core.api.Plan` (config and degrees only, no torch).
 
-The world-size product and the founding rule (pipeline parallelism refuses packers that
-isolate documents) are the kernel's, expressed through the capabilities these strategies
-declare in ``plugin.py``; the rules here are the limits of the implementations.
-Model-shaped limits read ``model.options`` by attribute name (``n_heads``,
-``n_kv_heads``, ``n_layers``, ``tie_embeddings``) so they apply to any model family
-that uses those names and stay silent for one that does not.
+The world-size product, the founding rule (pipeline parallelism refuses packers that
+isolate documents) and the model's support of each strategy are the kernel's, expressed
+through the capabilities these strategies declare in ``plugin.py``; the rules here are
+the limits of the implementations. Model-shaped limits read the model's declared facts
+(``plan.facts``: layers, heads, kv heads, tied embeddings, from ``ModelSpec.facts``),
+whatever its options call them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from forge_core.api import PIPELINE, TENSOR_PARALLEL
 from forge_plugins.parallel.split import microbatches
 
 TP_HEADS = "tp.heads-divisible"
@@ -26,8 +27,18 @@ PP_SCHEDULE = "pp.schedule-virtual-stages"
 PP_SEQUENCE_PARALLEL = "pp.not-with-sequence-parallel"
 
 
-def _model_option(ctx: Any, name: str) -> Any:
-    return getattr(ctx.config.model.options, name, None)
+def _facts(ctx: Any, needed_by: str, requires: str) -> tuple[Any, str | None]:
+    """``(facts, problem)``: the model's facts, or why the rule cannot judge it. A model
+    that does not support the strategy at all is the kernel rule's to report."""
+    if ctx.facts is not None:
+        return ctx.facts, None
+    model = ctx.specs["model"]
+    if requires not in model.supports:
+        return None, None
+    return None, (
+        f"model {model.name!r} declares no facts (ModelSpec.facts), so {needed_by} cannot be "
+        "checked before launch; its authors should declare them"
+    )
 
 
 def _rows_per_pipeline_step(ctx: Any) -> int | None:
@@ -44,15 +55,16 @@ def check_tp_heads(ctx: Any) -> list[str]:
     tp = ctx.degrees["tp"]
     if tp <= 1:
         return []
-    problems = []
-    for name in ("n_heads", "n_kv_heads"):
-        value = _model_option(ctx, name)
-        if isinstance(value, int) and value % tp:
-            problems.append(
-                f"model.options.{name} = {value} is not divisible by parallel.tp = {tp}: tensor "
-                "parallelism gives every rank whole attention heads (q/k/v are split by columns)"
-            )
-    return problems
+    facts, problem = _facts(ctx, f"whether its attention heads divide by parallel.tp = {tp}", TENSOR_PARALLEL)
+    if facts is None:
+        return [problem] if problem else []
+    model = ctx.specs["model"].name
+    return [
+        f"model {model!r} has {value} {what}, not divisible by parallel.tp = {tp}: tensor "
+        "parallelism gives every rank whole attention heads (q/k/v are split by columns)"
+        for what, value in (("query heads", facts.heads), ("key/value heads", facts.kv_heads))
+        if value % tp
+    ]
 
 
 def check_sequence_parallel_without_tp(ctx: Any) -> str | None:
@@ -88,16 +100,18 @@ def check_ddp_with_tp(ctx: Any) -> str | None:
 
 def check_pp_layers(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
-    n_layers = _model_option(ctx, "n_layers")
     virtual = ctx.config.parallel.pp_virtual_stages
-    if pp <= 1 or not isinstance(n_layers, int):
+    if pp <= 1:
         return None
     stages = pp * virtual
-    if n_layers < stages:
+    facts, problem = _facts(ctx, f"whether its layers fill {stages} pipeline stages", PIPELINE)
+    if facts is None:
+        return problem
+    if facts.blocks < stages:
         return (
-            f"model.options.n_layers = {n_layers} is below the {stages} pipeline stages "
-            f"(parallel.pp = {pp} x parallel.pp_virtual_stages = {virtual}): every stage "
-            "needs at least one layer"
+            f"model {ctx.specs['model'].name!r} has {facts.blocks} layers, fewer than the "
+            f"{stages} pipeline stages (parallel.pp = {pp} x parallel.pp_virtual_stages = "
+            f"{virtual}): every stage needs at least one layer"
         )
     return None
 
@@ -134,10 +148,11 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
 
 def check_pp_tied_embeddings(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
-    if pp > 1 and _model_option(ctx, "tie_embeddings") is True:
+    if pp > 1 and ctx.facts is not None and ctx.facts.tied_embeddings:
         return (
-            f"model.options.tie_embeddings is true with parallel.pp = {pp}: the token "
-            "embedding lives on the first stage and the output head on the last, so one "
+            f"model {ctx.specs['model'].name!r} ties its input and output embeddings, with "
+            f"parallel.pp = {pp}: the token embedding lives on the first stage and the output "
+            "head on the last, so one "
             "shared matrix would have to live on two processes and its gradients would never "
             "be summed"
         )
@@ -180,10 +195,11 @@ def rules() -> list[Any]:
         Rule(
             id=TP_HEADS,
             severity="error",
-            paths=("parallel.tp", "model.options.n_heads", "model.options.n_kv_heads"),
-            summary="Under tensor parallelism n_heads and n_kv_heads are divisible by tp.",
+            paths=("parallel.tp", "model.name"),
+            summary="Under tensor parallelism the model's query and key/value heads are divisible by tp.",
             check=check_tp_heads,
-            fix="Choose parallel.tp among the common divisors of n_heads and n_kv_heads.",
+            fix="Choose parallel.tp among the common divisors of the model's query and key/value head "
+            "counts, or change those counts in model.options.",
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL,
@@ -213,10 +229,10 @@ def rules() -> list[Any]:
         Rule(
             id=PP_LAYERS,
             severity="error",
-            paths=("parallel.pp", "parallel.pp_virtual_stages", "model.options.n_layers"),
-            summary="pp x pp_virtual_stages is not above the number of layers.",
+            paths=("parallel.pp", "parallel.pp_virtual_stages", "model.name"),
+            summary="pp x pp_virtual_stages is not above the model's number of layers.",
             check=check_pp_layers,
-            fix="Lower parallel.pp or parallel.pp_virtual_stages, or add layers.",
+            fix="Lower parallel.pp or parallel.pp_virtual_stages, or give the model more layers.",
         ),
         Rule(
             id=PP_MICROBATCHES,
@@ -234,10 +250,10 @@ def rules() -> list[Any]:
         Rule(
             id=PP_TIED,
             severity="error",
-            paths=("parallel.pp", "model.options.tie_embeddings"),
+            paths=("parallel.pp", "model.name"),
             summary="Tied input/output embeddings cannot be split across pipeline stages.",
             check=check_pp_tied_embeddings,
-            fix="Set model.options.tie_embeddings: false, or parallel.pp: 1.",
+            fix="Untie the model's input and output embeddings (an option of the model), or set parallel.pp: 1.",
         ),
         Rule(
             id=PP_SCHEDULE,

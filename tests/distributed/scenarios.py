@@ -1,7 +1,8 @@
-"""Run under ``torchrun``: train a tiny llama for a few steps under several parallel
-layouts in ONE launch (each scenario builds its own mesh on the same process group),
-and record per-step losses and gradient norms next to a single-process reference run of
-the same global batches. ``test_*.py`` in this folder launch it and assert.
+"""Run under ``torchrun``: train a tiny llama (or a variant of it, :data:`VARIANTS`) for
+a few steps under several parallel layouts in ONE launch (each scenario builds its own
+mesh on the same process group), and record per-step losses and gradient norms next to
+a single-process reference run of the same model on the same global batches. A
+scenario whose model must be refused at build records the error instead. ``test_*.py`` in this folder launch it and assert.
 
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
 
@@ -25,7 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS
+import variants
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
@@ -41,8 +43,17 @@ LR = 0.5
 MAX_NORM = 0.05
 MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64, "max_seq_len": SEQ}
 
-#: name -> (parallel overrides, train overrides)
-SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+#: Models a scenario may train: name -> (model.name, options over MODEL). Each gets its
+#: own single-process reference run.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "tied": ("llama", {"tie_embeddings": True}),
+    "qknorm": ("qknorm", {}),  # per-head q/k norms declared partial (variants.py)
+    "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
+}
+
+#: name -> (parallel overrides, train overrides[, model variant])
+SCENARIOS: dict[str, tuple[Any, ...]] = {
     "ddp": ({"dp_replicate": 2}, {}),
     "fsdp": ({"dp_shard": 2}, {}),
     "fsdp_accum": ({"dp_shard": 2}, {"grad_accum": 2}),
@@ -51,18 +62,26 @@ SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pp_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4}, {}),
     "pp_1f1b": ({"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 2}, {"grad_accum": 2}),
     "pp_interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2, "pp_microbatches": 4}, {}),
+    "tp_tied": ({"tp": 2}, {}, "tied"),
+    "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
+    "tp_sp_qknorm": ({"tp": 2, "sequence_parallel": True}, {}, "qknorm"),
+    "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
     "pp_tp": ({"pp": 2, "tp": 2, "pp_schedule": "1f1b"}, {}),
     "pp_fsdp": ({"pp": 2, "dp_shard": 2, "pp_schedule": "1f1b"}, {}),
     "pp_ddp": ({"pp": 2, "dp_replicate": 2, "pp_schedule": "gpipe"}, {}),
+    "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
+    "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
 }
 
 
-def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any]) -> ForgeConfig:
+def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any],
+                variant: str = "llama") -> ForgeConfig:
+    model, options = VARIANTS[variant]
     raw = {
-        "model": {"name": "llama", "options": MODEL},
+        "model": {"name": model, "options": {**MODEL, **options}},
         "attention": {"backend": "sdpa"},
         "data": {"packer": "none", "seq_len": SEQ},
         "parallel": parallel,
@@ -110,6 +129,7 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
             loss_sum += loss.double()
         if pmodel.dp_group is not None:
             dist.all_reduce(loss_sum, group=pmodel.dp_group)
+        pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -117,6 +137,13 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
         losses.append(float(loss_sum) / global_tokens)
         norms.append(float(norm))
     return {"loss": losses, "norm": norms, "time": times}
+
+
+def qk_norms(pmodel: Any) -> list[float]:
+    """Every q/k norm weight this process holds (whole: they are not sharded)."""
+    return [float(v) for part in pmodel.parts for name, p in sorted(part.named_parameters())
+            if name.endswith(("q_norm.weight", "k_norm.weight"))
+            for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)]
 
 
 def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
@@ -128,19 +155,28 @@ def main() -> None:
     out_path, names = sys.argv[1], sys.argv[2:]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
-    registries = load_registries()
+    registries = load_registries(extra=(("variants", variants),))
     data = batches()
-    ref_config = make_config(registries, {}, {})
-    reference = train(single_process(build_model(ref_config, registries)), ref_config, data)
-    results: dict[str, Any] = {"reference": reference, "world": world}
+    results: dict[str, Any] = {"world": world}
     for name in names:
-        parallel, train_over = SCENARIOS[name]
-        config = make_config(registries, parallel, train_over)
-        pmodel = parallelize(build_model(config, registries), config, registries["parallelism"], torch.device("cpu"), loss_fn)
+        parallel, train_over, variant = (*SCENARIOS[name], "llama")[:3]
+        reference = "reference" if variant == "llama" else f"reference:{variant}"
+        if reference not in results and variant != "qknorm_undeclared":
+            ref_config = make_config(registries, {}, {}, variant)
+            ref_model = single_process(build_model(ref_config, registries))
+            start = qk_norms(ref_model)
+            results[reference] = {**train(ref_model, ref_config, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
+        config = make_config(registries, parallel, train_over, variant)
+        try:
+            pmodel = parallelize(build_model(config, registries), config, registries["parallelism"],
+                                 torch.device("cpu"), loss_fn)
+        except ForgeError as exc:  # a scenario whose model must be refused at build
+            results[name] = {"error": str(exc)}
+            continue
         got = train(pmodel, config, data)
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
-        results[name] = {**got, "ranks": every}
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel)})
+        results[name] = {**got, "reference": reference, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
             results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()
             results[name]["probe"] = probe_logits(pmodel, data)
