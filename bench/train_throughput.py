@@ -55,7 +55,7 @@ def build_forge(args: argparse.Namespace, tmp: str):
     path.write_text(yaml.safe_dump(forge_config(args, str(Path(tmp) / "run"))))
     result = judge(str(path), [], 1)
     assert not result.errors, result.errors
-    trainer = Trainer(result.config, result.registries, setup("cpu"))
+    trainer = Trainer(result.plan, result.registries, setup("cpu"))
     trainer.build()
     return trainer
 

@@ -53,7 +53,8 @@ def check_metadata_forwarded(ctx: Plan) -> list[str]:
     emits must reach every layer under every active strategy."""
     problems = []
     packer = ctx.specs["packer"]
-    for strategy in ctx.strategies:
+    for active in ctx.strategies:
+        strategy = active.spec
         lost = sorted(key for key in ctx.emitted if not strategy.forwards_key(key))
         if not lost:
             continue
@@ -77,7 +78,8 @@ def check_model_supports_strategies(ctx: Plan) -> list[str]:
     """Every active strategy finds in the model the contract pieces it needs."""
     model = ctx.specs["model"]
     problems = []
-    for strategy in ctx.strategies:
+    for active in ctx.strategies:
+        strategy = active.spec
         missing = sorted(strategy.requires - model.supports)
         if not missing:
             continue

@@ -158,6 +158,7 @@ HOOK_OBJECTS = (
     "forge_core.api:NoOptions",
     "forge_core.api:Rule",
     "forge_core.api:Plan",
+    "forge_core.api:ActiveStrategy",
     "forge_core.api:RunContext",
     "forge_core.api:ParallelContext",
     "forge_core.api:ModelFacts",
@@ -464,6 +465,19 @@ def config_markdown(registries: Any) -> str:
                     "",
                     *_component_tables(registries, kind, path, "", keyed=True),
                 ]
+    from forge_core.config.loader import MOVED_KEYS
+
+    lines += [
+        "## Keys that moved",
+        "",
+        "An old key, in a file or an override, is an error at its path that names the new one",
+        "(run directories written before the move still load for `sample` and `export-hf`).",
+        "",
+        "| old key | new key |",
+        "| --- | --- |",
+        *[f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()],
+        "",
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,6 +1,8 @@
 """Judge a config completely before anything is built: load, resolve components,
 evaluate every rule, find every chosen implementation. Shared by ``forge-run check`` and
-``forge-run train``, so a config ``check`` accepts is the config a run builds."""
+``forge-run train``, so a config ``check`` accepts is the config a run builds: the
+:class:`~forge_core.api.Plan` made here is what the rules judge and what the trainer and
+``parallelize`` build from."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, Plan, Violation, get_path
-from forge_core.config.loader import read_raw, structure_config
+from forge_core.api import ActiveStrategy, ForgeError, Plan, Violation, get_path
+from forge_core.config.loader import component_options, read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
@@ -42,15 +44,24 @@ class Judgement:
         return sum(entry.kernel for entry in self.registries.rules)
 
 
-def rule_context(config: ForgeConfig, registries: Registries, world_size: int | None) -> Plan:
+def make_plan(config: ForgeConfig, registries: Registries, world_size: int | None) -> Plan:
+    """The :class:`~forge_core.api.Plan` of a resolved config: the chosen specs, the
+    degrees resolved against ``world_size``, the active strategies in application order
+    with their options, the packer's metadata and the model's facts. Computed once,
+    here; the rules judge it and the run builds from it."""
     specs = {
         block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
     degrees = resolve_degrees(config.parallel, world_size)
-    strategies = active_strategies(registries["parallelism"], degrees, config.parallel.wrappers)
+    registry = registries["parallelism"]
+    options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
+    strategies = tuple(
+        ActiveStrategy(spec, options[spec.name], registry.plugin_of(spec.name))
+        for spec in active_strategies(registry, degrees, config.parallel.wrappers)
+    )
     emitted = specs["packer"].emitted(config.data.packer_options)
-    return Plan(config, specs, tuple(strategies), degrees, world_size, emitted,
-                model_facts(specs["model"], config.model.options, registries))
+    facts = model_facts(specs["model"], config.model.options, registries)
+    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options)
 
 
 def model_facts(spec: Any, options: Any, registries: Registries) -> Any:
@@ -72,7 +83,7 @@ def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str,
     """``(config path, kind, spec)`` of every component the run will build."""
     chosen = [(block.name_path, block.kind, ctx.specs[block.kind]) for block in OPTION_BLOCKS]
     chosen += [
-        (f"parallel.{s.mesh_dim}" if s.mesh_dim else "parallel.wrappers", "parallelism", s)
+        (f"parallel.{s.spec.mesh_dim}" if s.spec.mesh_dim else "parallel.wrappers", "parallelism", s.spec)
         for s in ctx.strategies
     ]
     chosen += [("logging.loggers", "logger", registries["logger"].get(n)) for n in ctx.config.logging.loggers]
@@ -147,6 +158,6 @@ def judge_config(config: ForgeConfig, registries: Registries, world_size: int | 
     implementation module."""
     if world_size is None:
         world_size = world_size_from_env()
-    ctx = rule_context(config, registries, world_size)
-    violations = evaluate(registries.rules, ctx) + implementation_violations(ctx, registries)
-    return Judgement(config, registries, ctx, violations)
+    plan = make_plan(config, registries, world_size)
+    violations = evaluate(registries.rules, plan) + implementation_violations(plan, registries)
+    return Judgement(config, registries, plan, violations)

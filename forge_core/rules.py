@@ -16,11 +16,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from forge_core.api.errors import show_value
-from forge_core.api.rules import Plan, Violation, get_path
+from forge_core.api.rules import Plan, Violation
 from forge_core.deprecation import moved
 
 __getattr__ = moved(__name__, {
     "Rule": "forge_core.api", "RuleContext": "forge_core.api:Plan", "Severity": "forge_core.api",
+    "get_path": "forge_core.api",
 })
 
 
@@ -30,7 +31,7 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
     violations: list[Violation] = []
     for entry in rules:
         rule = entry.rule
-        fields = tuple((path, get_path(ctx.config, path, "<unset>")) for path in rule.paths)
+        fields = tuple((path, ctx.get(path, "<unset>")) for path in rule.paths)
         try:
             result = rule.check(ctx)
         except (Exception, SystemExit) as exc:  # a rule must not end the process either

@@ -11,6 +11,7 @@ import torch
 from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
+from forge_core.judge import make_plan
 from forge_core.registry import load_registries
 from forge_core.train import parallelize as P
 
@@ -56,13 +57,14 @@ class Plugin:
         ]
 
 
-def config_with(registries, parallel, train=None):
+def plan_with(registries, parallel, train=None):
+    """The judged plan of a small config, in one process."""
     raw = {"model": {"name": "llama", "options": TINY}, "parallel": parallel, "train": train or {}}
     config, issues = structure(raw, ForgeConfig)
     assert not issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return config
+    return make_plan(config, registries, 1)
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def registries():
 
 def test_one_process_without_strategies_is_the_model_itself(registries):
     model = torch.nn.Linear(2, 2)
-    pmodel = P.parallelize(model, config_with(registries, {}), registries["parallelism"], torch.device("cpu"))
+    pmodel = P.parallelize(model, plan_with(registries, {}), torch.device("cpu"))
     assert pmodel.parts == [model] and pmodel.forward is model
     assert (pmodel.dp_rank, pmodel.dp_size, pmodel.mesh, pmodel.train_step) == (0, 1, None, None)
 
@@ -92,8 +94,8 @@ def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
 def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch):
     monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
     model = torch.nn.Linear(2, 2)
-    config = config_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
-    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    plan = plan_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
     assert CALLS == ["wrap:Linear", "compile", "wrap:Sequential"]
     # The wrapper is what gets called; the part stays the unwrapped module.
     assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
@@ -101,8 +103,8 @@ def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monk
 
 def test_gradient_finishers_registered_by_strategies_run_when_the_step_finishes(registries):
     model = torch.nn.Linear(2, 2)
-    config = config_with(registries, {"wrappers": ["after", "before"]})
-    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    plan = plan_with(registries, {"wrappers": ["after", "before"]})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
     CALLS.clear()
     pmodel.finish_gradients()
     assert CALLS == ["finish:Linear", "finish:Sequential"]  # in the order the strategies ran
@@ -110,8 +112,8 @@ def test_gradient_finishers_registered_by_strategies_run_when_the_step_finishes(
 
 def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-    config = config_with(registries, {"wrappers": ["early", "before"]})
-    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    plan = plan_with(registries, {"wrappers": ["early", "before"]})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
     assert CALLS == ["split", "wrap:Linear", "wrap:ReLU", "finalize:['Sequential', 'ReLU']"]
     assert pmodel.parts == list(model.children()) and pmodel.forward is None
     assert pmodel.is_last_stage is False
@@ -143,9 +145,9 @@ def test_pipeline_stages_chained_equal_the_whole_model(registries):
     from forge_plugins.parallel.split import stage_layer_ranges
     from forge_core.train import components
 
-    config = config_with(registries, {})
+    plan = plan_with(registries, {})
     torch.manual_seed(0)
-    model = components.model(config, registries, 50, components.attention(config, registries))
+    model = components.model(plan, registries, 50, components.attention(plan, registries))
     ids = torch.randint(0, 50, (2, 16))
     with torch.no_grad():
         expected = model(ids)

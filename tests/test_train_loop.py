@@ -37,8 +37,8 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from forge_core.train import components
     from forge_core.train.rundir import load_run_config
 
-    config, registries = load_run_config(run_dir)
-    model = components.model(config, registries, 258, components.attention(config, registries))
+    plan, registries = load_run_config(run_dir)
+    model = components.model(plan, registries, 258, components.attention(plan, registries))
     load_model(find_latest(run_dir / "checkpoints"), [model])
     return {k: v.clone() for k, v in model_state([model]).items()}
 
@@ -130,9 +130,9 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     from forge_core.train import components
     from forge_core.train.rundir import load_run_config
 
-    config, registries = load_run_config(tmp_path / "accum1")
-    tok = components.tokenizer(config, registries)
-    rows = build_rows(components.source(config, registries), tok, components.packer(config, registries, tok),
+    plan, registries = load_run_config(tmp_path / "accum1")
+    tok = components.tokenizer(plan, registries)
+    rows = build_rows(components.source(plan, registries), tok, components.packer(plan, registries, tok),
                       progress=False)
     assert len({int((row != IGNORE_INDEX).sum()) for row in rows["labels"][:40]}) > 1
 

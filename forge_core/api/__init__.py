@@ -27,7 +27,7 @@ from forge_core.api.parallel import (
     contract_of,
 )
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
-from forge_core.api.rules import Plan, Rule, Severity, Violation, get_path
+from forge_core.api.rules import ActiveStrategy, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
 from forge_core.api.specs import (
     AttentionBackendSpec,
@@ -63,7 +63,7 @@ __all__ = [
     "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
     "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
-    "Plan", "Rule", "Severity", "Violation", "get_path",
+    "ActiveStrategy", "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",
     "AttentionBackendSpec", "ComponentSpec", "LoggerSpec", "ModelSpec", "NoOptions", "OptimizerSpec",
     "PackerSpec", "ParallelismSpec", "ScheduleSpec", "SourceSpec", "TokenizerSpec", "import_path",

@@ -17,6 +17,16 @@ import attrs
 Severity = Literal["error", "warning"]
 
 
+class _NoDefault:
+    """The default of ``get``'s ``default``: a missing path raises ``KeyError``."""
+
+    def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+
+_MISSING = _NoDefault()
+
+
 @attrs.frozen
 class Rule:
     """A compatibility rule.
@@ -35,32 +45,74 @@ class Rule:
 
 
 @attrs.frozen
+class ActiveStrategy:
+    """A parallelism strategy (or wrapper) the config switches on: its spec, its
+    structured options (``parallel.options.<name>``, defaults where the config gives
+    none) and the plugin that registered it."""
+
+    spec: Any
+    options: Any
+    plugin: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@attrs.frozen
 class Plan:
-    """A judged config: what every rule sees, and what the run builds.
+    """A judged config: what every rule sees, and exactly what the run builds (the
+    trainer and ``parallelize`` consume this object; nothing is recomputed from the raw
+    config).
 
     - ``config``: the resolved :class:`~forge_core.config.schema.ForgeConfig`; option
       blocks are instances of the chosen components' options classes.
     - ``specs``: the chosen spec per kind (``"model"``, ``"attention"``, ``"source"``,
       ``"tokenizer"``, ``"packer"``, ``"optimizer"``, ``"schedule"``).
-    - ``strategies``: the active parallelism specs, in the order they are applied.
+    - ``strategies``: the active strategies (:class:`ActiveStrategy`), in the order they
+      are applied.
     - ``degrees``: ``parallel.*`` degrees with ``dp_shard: -1`` resolved (left at -1
       when the world size is unknown).
     - ``world_size``: from ``--world-size`` or the torchrun environment, else ``None``.
     - ``emitted``: the per-token metadata the chosen packer emits under its options.
     - ``facts``: the model's :class:`~forge_core.api.ModelFacts` under its options
       (``ModelSpec.facts``), or ``None`` when the model declares none.
+    - ``strategy_options``: every registered strategy's structured options, active or
+      not (read them with :meth:`options_of`).
     """
 
     config: Any
     specs: dict[str, Any]
-    strategies: tuple[Any, ...] = ()
+    strategies: tuple[ActiveStrategy, ...] = ()
     degrees: dict[str, int] = attrs.field(factory=dict)
     world_size: int | None = None
     emitted: frozenset[str] = frozenset()
     facts: Any = None
+    strategy_options: dict[str, Any] = attrs.field(factory=dict)
 
-    def get(self, path: str) -> Any:
-        return get_path(self.config, path)
+    def options_of(self, strategy: str) -> Any:
+        """The structured options of a strategy, active or not (its defaults when the
+        config gives none)."""
+        try:
+            return self.strategy_options[strategy]
+        except KeyError:
+            known = ", ".join(sorted(self.strategy_options)) or "none"
+            raise KeyError(f"no parallelism strategy {strategy!r} is registered (registered: {known})") from None
+
+    def is_active(self, strategy: str) -> bool:
+        """Whether the config switches the strategy on."""
+        return any(s.name == strategy for s in self.strategies)
+
+    def get(self, path: str, default: Any = _MISSING) -> Any:
+        """The value at a dotted config path, strategy options included (with defaults).
+
+        ``parallel.options.<strategy>.<field>`` reads :meth:`options_of`. A missing path
+        returns ``default``, or raises ``KeyError`` without one."""
+        parts = path.split(".")
+        if parts[:2] == ["parallel", "options"] and len(parts) > 2 and parts[2] in self.strategy_options:
+            options = self.strategy_options[parts[2]]
+            return get_path(options, ".".join(parts[3:]), default) if len(parts) > 3 else options
+        return get_path(self.config, path, default)
 
 
 @attrs.frozen
@@ -84,9 +136,6 @@ class Violation:
             "fix": self.fix,
             "fields": {path: _jsonable(value) for path, value in self.fields},
         }
-
-
-_MISSING = object()
 
 
 def get_path(obj: Any, path: str, default: Any = _MISSING) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from forge_core.api import Plan, Rule, get_path
+from forge_core.api import Plan, Rule
 
 #: A config given to :func:`check_rule`: a mapping (written to a temporary YAML file), a
 #: path, or ``(mapping or path, ["section.key=value", ...])``.
@@ -108,7 +108,7 @@ def _find_rule(rule: Rule | str, registries: Any) -> Rule:
 def _check_declaration(rule: Rule, ctx: Plan) -> None:
     for path in rule.paths:
         try:
-            get_path(ctx.config, path)
+            ctx.get(path)
         except KeyError:
             raise AssertionError(
                 f"rule {rule.id!r} names the field {path!r}, which the config does not have "

@@ -29,8 +29,8 @@ def main(args: Any) -> int:
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
-    config, registries = load_run_config(run_dir)
-    spec = registries["model"].get(config.model.name)
+    plan, registries = load_run_config(run_dir)
+    config, spec = plan.config, plan.specs["model"]
     if not spec.hf_export:
         raise ForgeError(
             f"model {spec.name!r} declares no Hugging Face export (ModelSpec.hf_export is empty); "
@@ -39,12 +39,12 @@ def main(args: Any) -> int:
     info = read_run_info(run_dir)
     tokenizer = None
     try:
-        tokenizer = components.saved_tokenizer(config, registries, run_dir / TOKENIZER)
+        tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     except Exception as exc:  # the weights can be exported without it
         print(f"warning: cannot rebuild the run's tokenizer ({exc}); exporting the model only",
               file=sys.stderr)
     vocab_size = int(info.get("vocab_size") or (tokenizer.vocab_size if tokenizer else 0)) or None
-    model = components.model(config, registries, vocab_size, components.attention(config, registries))
+    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     exporter = import_path(spec.hf_export)
     kwargs: dict[str, Any] = {"vocab_size": vocab_size}

@@ -97,7 +97,7 @@ def train(config_path: str, overrides: Sequence[str] = (), *,
 
         placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
         try:
-            return Trainer(result.config, result.registries, placement, stop=stop).run()
+            return Trainer(result.plan, result.registries, placement, stop=stop).run()
         except (ForgeError, BrokenPipeError):
             raise
         except Exception as exc:

@@ -6,10 +6,10 @@ reads, an optional ``train_step`` for strategies that take over forward and back
 (pipeline parallelism), and a gradient-clipping function that computes the true global
 norm across every shard and stage.
 
-:func:`parallelize` knows no concrete strategy: it asks the ``parallelism`` registry
-which specs the degrees switch on (:func:`forge_core.parallel_dims.active_strategies`)
-and applies each one's implementation in its declared ``order``, with ``train.compile``
-slotted in at 300 (after the pipeline split and tensor parallelism, before data-parallel
+:func:`parallelize` knows no concrete strategy: it applies the strategies of the judged
+:class:`~forge_core.api.Plan` (``plan.strategies``: active, in their declared ``order``,
+each with its options) on a mesh of ``plan.degrees``, with ``train.compile`` slotted in
+at 300 (after the pipeline split and tensor parallelism, before data-parallel
 wrapping, as FSDP and DDP expect compiled blocks).
 
 Gradient convention: data-parallel strategies SUM gradients over the data-parallel
@@ -117,29 +117,24 @@ def compile_part(module: torch.nn.Module) -> None:
 
 def parallelize(
     model: torch.nn.Module,
-    config: Any,
-    registry: Any,
+    plan: Any,
     device: torch.device,
     loss_fn: Callable | None = None,
 ) -> ParallelModel:
-    """Build the mesh for the process group's world size and apply every active
-    strategy to ``model``.
+    """Build the mesh of ``plan.degrees`` and apply ``plan.strategies`` to ``model``.
 
-    ``registry`` is the run's ``parallelism`` registry; ``config`` the resolved
-    ForgeConfig. Every process calls this with an identically initialised model (same
-    seed), so sharding a local copy gives every rank the weights a single process would
-    have. Returns the :class:`ParallelModel`.
+    ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with, against the
+    world size it runs at: nothing is recomputed from the config. Every process calls
+    this with an identically initialised model (same seed), so sharding a local copy
+    gives every rank the weights a single process would have. Returns the
+    :class:`ParallelModel`.
     """
     from forge_core.api import ForgeError, ParallelContext
-    from forge_core.config.loader import component_options
-    from forge_core.parallel_dims import active_strategies, resolve_degrees
-    from forge_core.train.mesh import build_mesh, dp_coords, group_of, world_size
+    from forge_core.train.mesh import build_mesh, dp_coords, group_of
 
-    degrees = resolve_degrees(config.parallel, world_size())
-    mesh = build_mesh(degrees, device)
-    strategies = active_strategies(registry, degrees, list(config.parallel.wrappers))
-    steps: list[tuple[int, str, Any]] = [(spec.order, spec.name, spec) for spec in strategies]
-    if config.train.compile:
+    mesh = build_mesh(plan.degrees, device)
+    steps: list[tuple[int, str, Any]] = [(s.spec.order, s.name, s) for s in plan.strategies]
+    if plan.config.train.compile:
         steps.append((COMPILE_ORDER, "compile", None))
     steps.sort(key=lambda step: (step[0], step[1]))
 
@@ -151,15 +146,14 @@ def parallelize(
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
     split: contract.ModelSplit | None = None
-    for _, name, spec in steps:
-        if spec is None:
+    for _, name, strategy in steps:
+        if strategy is None:
             for runner in runners:
                 compile_part(runner)
             continue
-        options = component_options(config, "parallel", name, registry)
-        ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn,
-                              gradient_finishers=pmodel.gradient_finishers)
-        impl = spec.load()(options)
+        ctx = ParallelContext(config=plan.config, mesh=mesh, device=device, options=strategy.options,
+                              loss_fn=loss_fn, gradient_finishers=pmodel.gradient_finishers)
+        impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
         if any(isinstance(result, contract.ModelSplit) for result in results):
             if split is not None or len(results) != 1:

@@ -108,11 +108,16 @@ def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
 class Trainer:
     """Builds everything for one run and trains it. ``run()`` returns the final status
     (``"completed"`` or ``"interrupted"``); a failure raises after ``forge_train_end``
-    was called with ``"failed"``."""
+    was called with ``"failed"``.
 
-    def __init__(self, config: Any, registries: Any, placement: Placement,
+    ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with (at its real
+    world size): the components, the strategies and the degrees are built from it, never
+    recomputed from the config. ``registries`` give the loggers and the lifecycle hooks."""
+
+    def __init__(self, plan: Any, registries: Any, placement: Placement,
                  stop: StopSignal | None = None) -> None:
-        self.config = config
+        self.plan = plan
+        self.config = config = plan.config
         self.registries = registries
         self.placement = placement
         self.pm = registries.plugins.pm
@@ -125,22 +130,22 @@ class Trainer:
     # -- build -----------------------------------------------------------------------
 
     def build(self) -> None:
-        cfg, reg, pl = self.config, self.registries, self.placement
+        cfg, plan, reg, pl = self.config, self.plan, self.registries, self.placement
         train = cfg.train
         seed_everything(cfg.run.seed)
-        self.tokenizer = components.tokenizer(cfg, reg)
+        self.tokenizer = components.tokenizer(plan, reg)
         from forge_core.data.pipeline import build_rows
 
         t0 = time.perf_counter()
-        packer = components.packer(cfg, reg, self.tokenizer)
-        rows = build_rows(components.source(cfg, reg), self.tokenizer, packer, progress=pl.is_main)
+        packer = components.packer(plan, reg, self.tokenizer)
+        rows = build_rows(components.source(plan, reg), self.tokenizer, packer, progress=pl.is_main)
         n_rows = int(rows[INPUT_IDS].shape[0])
         log(pl, f"data: {n_rows:,} rows of {cfg.data.seq_len} tokens "
                 f"({cfg.data.source} -> {cfg.data.tokenizer} -> {cfg.data.packer}) in "
                 f"{time.perf_counter() - t0:.1f}s{packing_summary(getattr(packer, 'stats', None))}")
 
-        self.probe = flops.AttentionProbe(components.attention(cfg, reg))
-        model = components.model(cfg, reg, int(self.tokenizer.vocab_size), self.probe)
+        self.probe = flops.AttentionProbe(components.attention(plan, reg))
+        model = components.model(plan, reg, int(self.tokenizer.vocab_size), self.probe)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_matmul = flops.matmul_params(model)
         self.attn_width = flops.measure_attention_width(model, self.probe, next(model.parameters()).device)
@@ -148,7 +153,7 @@ class Trainer:
 
         # Strategies (and train.compile, slotted in among them) are applied in their
         # declared order; data-parallel wrappers SUM gradients over ranks.
-        self.pmodel = parallelize(model, cfg, reg["parallelism"], pl.device, loss_fn=loss_fn)
+        self.pmodel = parallelize(model, plan, pl.device, loss_fn=loss_fn)
         dp = self.pmodel.dp_size
         self.micro_batch = train.batch_size // (dp * train.grad_accum)
         if self.micro_batch < 1 or self.micro_batch * dp * train.grad_accum != train.batch_size:
@@ -159,8 +164,8 @@ class Trainer:
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
         self.step_inputs = train.batch_size * int(rows[INPUT_IDS].shape[1])
-        self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
-        self.schedule = components.schedule(cfg, reg)
+        self.optimizers = [components.optimizer(plan, reg, part.parameters()) for part in self.pmodel.parts]
+        self.schedule = components.schedule(plan, reg)
 
         from forge_core.data.loader import StatefulLoader
 
@@ -392,7 +397,7 @@ class Trainer:
         registered = []
         # pluggy calls the most recently registered first: register in reverse so the
         # loggers see each hook in the order logging.loggers lists them.
-        for name, instance in reversed(components.loggers(cfg, self.registries)):
+        for name, instance in reversed(components.loggers(self.plan, self.registries)):
             register(self.pm, instance, f"logger.{name}")
             registered.append(instance)
         status = "failed"

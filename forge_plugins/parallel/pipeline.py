@@ -1,6 +1,6 @@
 """``pp``: pipeline parallelism with ``torch.distributed.pipelining``.
 
-The model is split into ``pp * pp_virtual_stages`` stages by layer
+The model is split into ``pp * virtual_stages`` stages by block
 (:mod:`forge_plugins.parallel.split` documents the rule for the remainder); the first
 stage also keeps what the model's split names ``first`` (a token embedding), the last
 what it names ``last`` (final norm, output head). Every process
@@ -10,12 +10,13 @@ then the schedule is built: ``gpipe`` (every forward, then every backward), ``1f
 (one forward one backward in steady state: activation memory bounded by the number of
 stages) or ``interleaved_1f1b`` (several smaller stages per rank: a smaller bubble).
 
-The step's rows are cut into ``parallel.pp_microbatches`` microbatches (0: one per
-rank). The last stage calls the trainer's ``loss_fn`` on each microbatch and
+Its options are ``parallel.options.pp`` (``schedule``, ``microbatches``,
+``virtual_stages``). The step's rows are cut into ``microbatches`` microbatches (0: one
+per rank). The last stage calls the trainer's ``loss_fn`` on each microbatch and
 back-propagates ``loss_sum / normalizer`` (the step's global token count,
 :mod:`forge_core.train.parallelize`), with the schedule's own division by the number of
-microbatches off, so the gradients equal a single process's on the whole batch. The summed loss and token count are then broadcast from the last
-stage to the whole pipeline, so every process logs the same loss.
+microbatches off, so the gradients equal a single process's on the whole batch. The
+summed loss and token count are then broadcast from the last stage to the whole pipeline, so every process logs the same loss.
 
 What it knows of the model is its parallel contract (``parallel_contract()``): the
 blocks (an ``nn.ModuleDict``, so that a stage keeps its blocks' state-dict keys) and the
@@ -144,14 +145,14 @@ class PipelineParallel:
         self.options = options
 
     def apply(self, model: nn.Module, ctx: Any) -> ModelSplit:
-        parallel = ctx.config.parallel
+        options = self.options
         pp_mesh = ctx.mesh["pp"]
         pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
-        n_stages = pp * parallel.pp_virtual_stages
+        n_stages = pp * options.virtual_stages
         contract, blocks = split_of(model, ctx.config.model.name)
         keys = list(blocks.keys())
         ranges = stage_layer_ranges(len(keys), n_stages)
-        stage_ids = stages_of_rank(pp_rank, pp, parallel.pp_virtual_stages)
+        stage_ids = stages_of_rank(pp_rank, pp, options.virtual_stages)
         parts = [
             stage_module(model, contract, [keys[i] for i in ranges[s]], first=s == 0, last=s == n_stages - 1)
             for s in stage_ids
@@ -160,7 +161,6 @@ class PipelineParallel:
 
     def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,
                   pmodel: Any, runners: list[nn.Module]) -> None:
-        parallel = ctx.config.parallel
         pp_mesh = ctx.mesh["pp"]
         group = pp_mesh.get_group()
         stages = [
@@ -168,10 +168,10 @@ class PipelineParallel:
             for stage, runner in zip(stage_ids, runners)
         ]
         loss = _MicrobatchLoss()
-        schedule_cls = SCHEDULES[parallel.pp_schedule]
+        schedule_cls = SCHEDULES[self.options.schedule]
         # scale_grads=False: the trainer's loss is already normalised by the global token count.
         target = stages if schedule_cls is ScheduleInterleaved1F1B else stages[0]
-        n_microbatches = microbatches(parallel)
+        n_microbatches = microbatches(self.options, pp_mesh.size())
         schedule = schedule_cls(target, n_microbatches, loss_fn=loss, scale_grads=False)
         has_last = n_stages - 1 in stage_ids
         pmodel.train_step = PipelineStep(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from forge_core.api import PIPELINE, TENSOR_PARALLEL, ParallelismSpec, hookimpl
 
-from forge_plugins.parallel.options import DDPOptions, FSDPOptions
+from forge_plugins.parallel.options import DDPOptions, FSDPOptions, PipelineOptions, TensorParallelOptions
 
 PIPELINE_DROPS_METADATA = (
     "A pipeline stage after the first receives only the previous stage's hidden states: "
@@ -26,6 +26,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             name="pp",
             summary="Pipeline parallelism: GPipe, 1F1B or interleaved 1F1B over parallel.pp stages",
             impl="forge_plugins.parallel.pipeline:PipelineParallel",
+            options=PipelineOptions,
             mesh_dim="pp",
             order=100,
             forwards=frozenset(),
@@ -36,6 +37,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             name="tp",
             summary="Tensor parallelism (DTensor): applies the model's plan (column/row-wise layers, sharded embeddings and head)",
             impl="forge_plugins.parallel.tensor:TensorParallel",
+            options=TensorParallelOptions,
             mesh_dim="tp",
             order=200,
             requires={TENSOR_PARALLEL},

@@ -67,18 +67,20 @@ def check_tp_heads(ctx: Any) -> list[str]:
     ]
 
 
+def _sequence_parallel(ctx: Any) -> bool:
+    return ctx.options_of("tp").sequence_parallel
+
+
 def check_sequence_parallel_without_tp(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    if parallel.sequence_parallel and ctx.degrees["tp"] <= 1:
-        return "parallel.sequence_parallel is on but parallel.tp = 1: it has no effect"
+    if _sequence_parallel(ctx) and ctx.degrees["tp"] <= 1:
+        return "parallel.options.tp.sequence_parallel is on but parallel.tp = 1: it has no effect"
     return None
 
 
 def check_sequence_parallel_divisible(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
     tp = ctx.degrees["tp"]
     seq_len = ctx.config.data.seq_len
-    if parallel.sequence_parallel and tp > 1 and seq_len % tp:
+    if _sequence_parallel(ctx) and tp > 1 and seq_len % tp:
         return (
             f"data.seq_len = {seq_len} is not divisible by parallel.tp = {tp}: sequence "
             "parallelism gives every tensor-parallel rank an equal slice of each row"
@@ -100,7 +102,7 @@ def check_ddp_with_tp(ctx: Any) -> str | None:
 
 def check_pp_layers(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
-    virtual = ctx.config.parallel.pp_virtual_stages
+    virtual = ctx.options_of("pp").virtual_stages
     if pp <= 1:
         return None
     stages = pp * virtual
@@ -110,18 +112,18 @@ def check_pp_layers(ctx: Any) -> str | None:
     if facts.blocks < stages:
         return (
             f"model {ctx.specs['model'].name!r} has {facts.blocks} layers, fewer than the "
-            f"{stages} pipeline stages (parallel.pp = {pp} x parallel.pp_virtual_stages = "
+            f"{stages} pipeline stages (parallel.pp = {pp} x parallel.options.pp.virtual_stages = "
             f"{virtual}): every stage needs at least one layer"
         )
     return None
 
 
 def check_pp_microbatches(ctx: Any) -> list[str]:
-    parallel = ctx.config.parallel
+    options = ctx.options_of("pp")
     pp = ctx.degrees["pp"]
     if pp <= 1:
         return []
-    count = microbatches(parallel)
+    count = microbatches(options, pp)
     problems = []
     rows = _rows_per_pipeline_step(ctx)
     if rows is not None and rows % count:
@@ -131,12 +133,12 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
             f"{ctx.config.train.grad_accum}) = {rows} rows, which do not split into "
             f"{count} equal microbatches"
         )
-    if parallel.pp_schedule == "1f1b" and count < pp:
+    if options.schedule == "1f1b" and count < pp:
         problems.append(
             f"the 1f1b schedule needs at least one microbatch per stage: {count} "
             f"microbatches for {pp} stages"
         )
-    if parallel.pp_schedule == "interleaved_1f1b":
+    if options.schedule == "interleaved_1f1b":
         rounds = max(1, count // pp)
         if count % rounds:
             problems.append(
@@ -160,28 +162,27 @@ def check_pp_tied_embeddings(ctx: Any) -> str | None:
 
 
 def check_pp_schedule(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    virtual = parallel.pp_virtual_stages
+    options = ctx.options_of("pp")
+    virtual = options.virtual_stages
     if ctx.degrees["pp"] <= 1:
         return None
-    if parallel.pp_schedule == "interleaved_1f1b" and virtual == 1:
+    if options.schedule == "interleaved_1f1b" and virtual == 1:
         return (
-            "parallel.pp_schedule = 'interleaved_1f1b' needs parallel.pp_virtual_stages above 1: "
-            "interleaving alternates between several stages held by each rank"
+            "parallel.options.pp.schedule = 'interleaved_1f1b' needs parallel.options.pp.virtual_stages "
+            "above 1: interleaving alternates between several stages held by each rank"
         )
-    if parallel.pp_schedule != "interleaved_1f1b" and virtual > 1:
+    if options.schedule != "interleaved_1f1b" and virtual > 1:
         return (
-            f"parallel.pp_virtual_stages = {virtual} needs parallel.pp_schedule = "
-            f"'interleaved_1f1b': {parallel.pp_schedule!r} runs one stage per rank"
+            f"parallel.options.pp.virtual_stages = {virtual} needs parallel.options.pp.schedule = "
+            f"'interleaved_1f1b': {options.schedule!r} runs one stage per rank"
         )
     return None
 
 
 def check_pp_sequence_parallel(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    if ctx.degrees["pp"] > 1 and ctx.degrees["tp"] > 1 and parallel.sequence_parallel:
+    if ctx.degrees["pp"] > 1 and ctx.degrees["tp"] > 1 and _sequence_parallel(ctx):
         return (
-            "parallel.sequence_parallel with parallel.pp above 1: a later pipeline stage "
+            "parallel.options.tp.sequence_parallel with parallel.pp above 1: a later pipeline stage "
             "receives its tensor-parallel rank's slice of the sequence and would take that "
             "slice's length for the whole row's (rotary positions, causal mask)"
         )
@@ -204,18 +205,18 @@ def rules() -> list[Any]:
         Rule(
             id=TP_SEQUENCE_PARALLEL,
             severity="error",
-            paths=("parallel.sequence_parallel", "parallel.tp", "data.seq_len"),
+            paths=("parallel.options.tp.sequence_parallel", "parallel.tp", "data.seq_len"),
             summary="Sequence parallelism splits every row into tp equal slices.",
             check=check_sequence_parallel_divisible,
-            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.sequence_parallel: false.",
+            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.options.tp.sequence_parallel: false.",
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL_NO_TP,
             severity="warning",
-            paths=("parallel.sequence_parallel", "parallel.tp"),
+            paths=("parallel.options.tp.sequence_parallel", "parallel.tp"),
             summary="Sequence parallelism does nothing without tensor parallelism.",
             check=check_sequence_parallel_without_tp,
-            fix="Set parallel.tp above 1, or parallel.sequence_parallel: false.",
+            fix="Set parallel.tp above 1, or parallel.options.tp.sequence_parallel: false.",
         ),
         Rule(
             id=DDP_WITH_TP,
@@ -229,22 +230,22 @@ def rules() -> list[Any]:
         Rule(
             id=PP_LAYERS,
             severity="error",
-            paths=("parallel.pp", "parallel.pp_virtual_stages", "model.name"),
-            summary="pp x pp_virtual_stages is not above the model's number of layers.",
+            paths=("parallel.pp", "parallel.options.pp.virtual_stages", "model.name"),
+            summary="pp x virtual_stages is not above the model's number of layers.",
             check=check_pp_layers,
-            fix="Lower parallel.pp or parallel.pp_virtual_stages, or give the model more layers.",
+            fix="Lower parallel.pp or parallel.options.pp.virtual_stages, or give the model more layers.",
         ),
         Rule(
             id=PP_MICROBATCHES,
             severity="error",
             paths=(
-                "parallel.pp", "parallel.pp_microbatches", "parallel.pp_schedule",
+                "parallel.pp", "parallel.options.pp.microbatches", "parallel.options.pp.schedule",
                 "train.batch_size", "train.grad_accum",
             ),
             summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
             check=check_pp_microbatches,
             fix="Make train.batch_size / (dp_replicate * dp_shard * grad_accum) a multiple of "
-            "parallel.pp_microbatches (0 means parallel.pp), with at least pp microbatches for "
+            "parallel.options.pp.microbatches (0 means parallel.pp), with at least pp microbatches for "
             "1f1b and a multiple of pp for interleaved_1f1b.",
         ),
         Rule(
@@ -258,18 +259,18 @@ def rules() -> list[Any]:
         Rule(
             id=PP_SCHEDULE,
             severity="error",
-            paths=("parallel.pp", "parallel.pp_schedule", "parallel.pp_virtual_stages"),
-            summary="interleaved_1f1b and pp_virtual_stages > 1 go together.",
+            paths=("parallel.pp", "parallel.options.pp.schedule", "parallel.options.pp.virtual_stages"),
+            summary="interleaved_1f1b and virtual_stages > 1 go together.",
             check=check_pp_schedule,
-            fix="Use parallel.pp_schedule: interleaved_1f1b with pp_virtual_stages >= 2, or "
-            "another schedule with pp_virtual_stages: 1.",
+            fix="Use parallel.options.pp.schedule: interleaved_1f1b with virtual_stages >= 2, or "
+            "another schedule with virtual_stages: 1.",
         ),
         Rule(
             id=PP_SEQUENCE_PARALLEL,
             severity="error",
-            paths=("parallel.pp", "parallel.tp", "parallel.sequence_parallel"),
+            paths=("parallel.pp", "parallel.tp", "parallel.options.tp.sequence_parallel"),
             summary="Sequence parallelism is not combined with pipeline parallelism.",
             check=check_pp_sequence_parallel,
-            fix="Set parallel.sequence_parallel: false (tensor parallelism alone works with pp).",
+            fix="Set parallel.options.tp.sequence_parallel: false (tensor parallelism alone works with pp).",
         ),
     ]

@@ -1,6 +1,6 @@
 """How pipeline parallelism splits the layers over stages (pure arithmetic, no torch).
 
-``pp * pp_virtual_stages`` stages share the model's blocks in order. Every stage gets
+``pp * virtual_stages`` stages share the model's blocks in order. Every stage gets
 ``blocks // stages`` of them and the first ``blocks % stages`` stages get one more:
 the first stage also embeds tokens and the last one runs the final norm and the output
 head, which on real vocabularies is the heaviest piece, so the remainder goes to the
@@ -32,6 +32,6 @@ def stages_of_rank(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
-def microbatches(parallel: object) -> int:
-    """Microbatches per pipeline step: ``parallel.pp_microbatches``, or one per rank."""
-    return parallel.pp_microbatches or parallel.pp  # type: ignore[attr-defined]
+def microbatches(options: object, pp: int) -> int:
+    """Microbatches per pipeline step: ``parallel.options.pp.microbatches``, or one per rank."""
+    return options.microbatches or pp  # type: ignore[attr-defined]

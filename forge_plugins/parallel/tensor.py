@@ -145,7 +145,7 @@ class TensorParallel:
                 "declares TENSOR_PARALLEL in supports."
             )
         mesh = ctx.mesh["tp"]
-        plan = contract.tensor_parallel(sequence_parallel=bool(ctx.config.parallel.sequence_parallel))
+        plan = contract.tensor_parallel(sequence_parallel=self.options.sequence_parallel)
         tied = tied_names(model)
         root = {path: style for path, style in plan.root.styles.items() if _present(model, path)}
         if root:

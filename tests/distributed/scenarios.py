@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 import variants
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError
+from forge_core import judge
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
@@ -52,33 +53,42 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
 }
 
+SP = {"options": {"tp": {"sequence_parallel": True}}}
+
+
+def pp_options(**options: Any) -> dict[str, Any]:
+    return {"options": {"pp": options}}
+
+
 #: name -> (parallel overrides, train overrides[, model variant])
 SCENARIOS: dict[str, tuple[Any, ...]] = {
     "ddp": ({"dp_replicate": 2}, {}),
     "fsdp": ({"dp_shard": 2}, {}),
     "fsdp_accum": ({"dp_shard": 2}, {"grad_accum": 2}),
     "tp": ({"tp": 2}, {}),
-    "tp_sp": ({"tp": 2, "sequence_parallel": True}, {}),
-    "pp_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4}, {}),
-    "pp_1f1b": ({"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 2}, {"grad_accum": 2}),
-    "pp_interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2, "pp_microbatches": 4}, {}),
+    "tp_sp": ({"tp": 2, **SP}, {}),
+    "pp_gpipe": ({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, {}),
+    "pp_1f1b": ({"pp": 2, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2}),
+    "pp_interleaved": ({"pp": 2, **pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4)}, {}),
     "tp_tied": ({"tp": 2}, {}, "tied"),
     "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
-    "tp_sp_qknorm": ({"tp": 2, "sequence_parallel": True}, {}, "qknorm"),
+    "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
     "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
-    "pp_tp": ({"pp": 2, "tp": 2, "pp_schedule": "1f1b"}, {}),
-    "pp_fsdp": ({"pp": 2, "dp_shard": 2, "pp_schedule": "1f1b"}, {}),
-    "pp_ddp": ({"pp": 2, "dp_replicate": 2, "pp_schedule": "gpipe"}, {}),
+    "pp_tp": ({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, {}),
+    "pp_fsdp": ({"pp": 2, "dp_shard": 2, **pp_options(schedule="1f1b")}, {}),
+    "pp_ddp": ({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, {}),
     "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
     "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
 }
 
 
-def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any],
-                variant: str = "llama") -> ForgeConfig:
+def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], variant: str = "llama",
+              world_size: int = 1) -> Plan:
+    """The judged plan of a scenario's config, as ``forge-run train`` hands it to the
+    trainer (the rules are not evaluated: these layouts are valid by construction)."""
     model, options = VARIANTS[variant]
     raw = {
         "model": {"name": model, "options": {**MODEL, **options}},
@@ -91,7 +101,7 @@ def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any]
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return config
+    return judge.make_plan(config, registries, world_size)
 
 
 def batches() -> list[dict[str, torch.Tensor]]:
@@ -107,14 +117,14 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def build_model(config: ForgeConfig, registries: Any) -> torch.nn.Module:
+def build_model(plan: Plan, registries: Any) -> torch.nn.Module:
     torch.manual_seed(0)
-    return components.model(config, registries, VOCAB, components.attention(config, registries))
+    return components.model(plan, registries, VOCAB, components.attention(plan, registries))
 
 
-def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
+def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
     """The trainer's step, in miniature. Returns per-step losses and gradient norms."""
-    accum = config.train.grad_accum
+    accum = plan.config.train.grad_accum
     rows = ROWS // pmodel.dp_size // accum
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=LR)
     losses, norms, times = [], [], []
@@ -162,18 +172,17 @@ def main() -> None:
         parallel, train_over, variant = (*SCENARIOS[name], "llama")[:3]
         reference = "reference" if variant == "llama" else f"reference:{variant}"
         if reference not in results and variant != "qknorm_undeclared":
-            ref_config = make_config(registries, {}, {}, variant)
-            ref_model = single_process(build_model(ref_config, registries))
+            ref_plan = make_plan(registries, {}, {}, variant)
+            ref_model = single_process(build_model(ref_plan, registries))
             start = qk_norms(ref_model)
-            results[reference] = {**train(ref_model, ref_config, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
-        config = make_config(registries, parallel, train_over, variant)
+            results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
+        plan = make_plan(registries, parallel, train_over, variant, world)
         try:
-            pmodel = parallelize(build_model(config, registries), config, registries["parallelism"],
-                                 torch.device("cpu"), loss_fn)
+            pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
-        got = train(pmodel, config, data)
+        got = train(pmodel, plan, data)
         every = [None] * world
         dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel)})
         results[name] = {**got, "reference": reference, "ranks": every}

@@ -112,15 +112,15 @@ def test_checkpoint_saved_under_fsdp_loads_in_one_process(two):
     logits equal those the sharded model computed."""
     from pathlib import Path
 
-    from scenarios import build_model, make_config
+    from scenarios import build_model, make_plan
 
     from forge_core.registry import load_registries
     from forge_core.train.checkpoint import find_latest, load_model
 
     registries = load_registries()
-    config = make_config(registries, {}, {})
+    plan = make_plan(registries, {}, {})
     torch.manual_seed(99)  # any init: the checkpoint must overwrite it
-    model = build_model(config, registries)
+    model = build_model(plan, registries)
     torch.nn.init.normal_(model.output.weight)
     probe = torch.tensor(two["fsdp"]["probe"])
     ids = torch.tensor(two["fsdp"]["probe_ids"])
