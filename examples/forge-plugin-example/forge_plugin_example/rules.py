@@ -1,6 +1,6 @@
 """The example's compatibility rule: a window as long as the row changes nothing.
 
-A rule is data plus a check over the :class:`~forge_core.rules.Plan` (the
+A rule is data plus a check over the :class:`~forge_core.api.Plan` (the
 resolved config and the chosen specs); it runs for ``forge-run check`` before anything
 is built, so it imports nothing heavy.
 """
