@@ -411,6 +411,12 @@ How it is read (all problems are reported at once, each with its path such as
   reason `check` could see.
 - A component is named only by its registered name (`attention.backend: flex`);
   `forge-run plugins` lists what is installed. A config cannot import arbitrary code.
+- When two installed plugins register one name (a package's `wsd` schedule beside the
+  built-in one), a config that uses the name says whose it means, in `plugins.prefer`
+  (`plugins: {prefer: {schedule: {wsd: my_plugin}}}`; as an override,
+  `plugins.prefer.schedule.wsd=my_plugin`). Until it does, the name is an error naming
+  both plugins; every other component of both stays usable, and `forge-run check` warns
+  (`component.shadowed`) about each chosen component that shadows another.
 - Each component's own settings live in the option block beside its name
   (`attention.options`, `data.packer_options`, ...) and are checked against the options
   class the component declares: the keys depend on the component chosen. The tables
