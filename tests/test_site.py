@@ -59,9 +59,14 @@ def built_page(site: Path, page: str) -> Path:
     return site / ("index.html" if stem == "index" else f"{stem.removesuffix('/index')}/index.html")
 
 
-def rendering_problems(browser: Browser, html: Path, markdown: str, where: str) -> list[str]:
-    """How the page the browser shows differs from the Markdown's code blocks."""
+def rendering_problems(
+    browser: Browser, html: Path, markdown: str, where: str, screenshot: Path | None = None
+) -> list[str]:
+    """How the page the browser shows differs from the Markdown's code blocks; the page
+    as shown goes to ``screenshot`` first, if given (looking takes the code blocks out)."""
     browser.open(html.as_uri())
+    if screenshot is not None:
+        browser.screenshot(screenshot)
     rendered = browser.evaluate(_RENDERED)
     codes = [text.rstrip("\n") for text in rendered["codes"]]
     problems = []
@@ -121,14 +126,15 @@ def test_plugin_guide_pages_show_every_block_as_code(site, chromium):
         for page in pages:
             markdown = (REPO / "docs" / page).read_text()
             runnable += sum(block.runnable for block in code_blocks(markdown, page))
-            problems += rendering_problems(browser, built_page(site, page), markdown, f"docs/{page}")
-            if page in SCREENSHOT_PAGES:
-                browser.screenshot(shots / f"{page.removesuffix('.md').replace('/', '-')}.png")
+            shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png" if page in SCREENSHOT_PAGES else None
+            problems += rendering_problems(browser, built_page(site, page), markdown, f"docs/{page}", shot)
     assert not problems, "\n".join(problems)
     assert runnable >= 96, f"only {runnable} runnable blocks on the plugin-guide pages"
     for page in SCREENSHOT_PAGES:
         shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png"
         assert shot.stat().st_size > 10_000, f"{shot} is too small to show the page"
+        # A whole page with its code: far taller than the window.
+        assert int.from_bytes(shot.read_bytes()[20:24], "big") > 2 * 900, f"{shot} shows less than the whole page"
 
 
 def test_the_browser_check_sees_a_fence_that_renders_as_prose(tmp_path, chromium):
