@@ -18,7 +18,7 @@ import yaml
 
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
 from forge_core.config.validators import INT_MAX, INT_MIN
-from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value, unknown_name
+from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value
 
 
 class ConfigError(ForgeError):
