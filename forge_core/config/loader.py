@@ -551,7 +551,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         if not isinstance(name, str):
             continue  # not a name: the schema reports it
         if name not in registry:
-            issues.append((f"$.{block.name_path}", unknown_name(registry.kind.label, name, registry.names())))
+            issues.append((f"$.{block.name_path}", registry.refusal(name)))
             continue
         options = lookup(block.options_path)
         if options is _UNUSABLE:
@@ -565,7 +565,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         if isinstance(names, list):
             for i, name in enumerate(names):
                 if isinstance(name, str) and name not in registry:
-                    issues.append((f"$.{block.name_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
+                    issues.append((f"$.{block.name_path}[{i}]", registry.refusal(name)))
         given = lookup(block.options_path)
         if not isinstance(given, dict):
             continue
@@ -573,7 +573,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         for name, opts in given.items():
             where = f"$.{block.options_path}.{name}"
             if name not in registry:
-                issues.append((where, unknown_name(registry.kind.label, name, registry.names())))
+                issues.append((where, registry.refusal(name)))
                 continue
             value, problems = structure(opts, registry.get(name).options, where)
             issues.extend(problems)
@@ -598,11 +598,11 @@ def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfi
     return (config, issues) if issues else (_with_blocks(config, values), [])
 
 
-def plugin_blocklist(raw: dict[str, Any]) -> list[str] | None:
-    """``plugins.block`` of unstructured config data, or ``None`` when it is invalid (the
-    plugins to load are then unknown)."""
+def plugin_settings(raw: dict[str, Any]) -> PluginsSection | None:
+    """``plugins`` of unstructured config data, or ``None`` when it is invalid (the
+    plugins to load, and whose components to prefer, are then unknown)."""
     value, issues = structure(raw.get("plugins", {}), PluginsSection, "$.plugins")
-    return None if issues else list(value.block)
+    return None if issues else value
 
 
 def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tuple[str, str]] = ()) -> ForgeConfig:
@@ -610,14 +610,16 @@ def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tupl
     block, reporting the problems of both (after ``issues`` already found, such as bad
     overrides) in one :class:`ConfigError`. The option blocks are structured even when
     the schema has errors, wherever the component's name is known.
-    ``registries_for(block)`` returns the registries for a ``plugins.block`` list; it is
-    not called when ``plugins.block`` itself is invalid."""
+    ``registries_for(plugins)`` returns the registries for a ``plugins`` section (what
+    it blocks and prefers); it is not called when that section itself is invalid."""
     config, found = structure(raw, ForgeConfig)
     issues = [*issues, *found]
-    block = list(config.plugins.block) if config is not None else plugin_blocklist(raw)
-    if block is None:
+    plugins = config.plugins if config is not None else plugin_settings(raw)
+    if plugins is None:
         raise ConfigError(issues)
-    values, more = _structure_blocks(_raw_lookup(raw), registries_for(block))
+    registries = registries_for(plugins)
+    issues += registries.preference_issues
+    values, more = _structure_blocks(_raw_lookup(raw), registries)
     issues += more
     if issues:
         raise ConfigError(issues)
@@ -640,7 +642,7 @@ def load_config(path: str | Path, overrides: list[str] = (), registries: Any = N
         if issues or found:
             raise ConfigError([*issues, *found])
         return config
-    return structure_config(raw, lambda block: registries, issues)
+    return structure_config(raw, lambda plugins: registries, issues)
 
 
 def to_plain(config: ForgeConfig) -> dict[str, Any]:

@@ -152,6 +152,12 @@ class LoggingSection:
 @attrs.frozen
 class PluginsSection:
     block: list[str] = field([], "Plugins not to load (names from `forge-run plugins`).")
+    prefer: dict[str, dict[str, str]] = field(
+        {},
+        "Whose component a name means when several plugins register it, by kind and name: "
+        "`{schedule: {wsd: my_plugin}}`. A config can use such a name only once it is chosen "
+        "here; `forge-run check` warns that the chosen one shadows the others.",
+    )
 
 
 @attrs.frozen

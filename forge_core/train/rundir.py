@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from forge_core.api import ForgeError
-from forge_core.config.loader import read_config_file, to_plain
+from forge_core.config.loader import plugin_settings, read_config_file, to_plain
+from forge_core.config.schema import PluginsSection
 from forge_core.train.checkpoint import atomic_write
 
 CONFIG = "config.yaml"
@@ -56,8 +57,8 @@ def load_run_config(run_dir: Path) -> tuple[Any, Any]:
     if not path.is_file():
         raise ForgeError(f"{run_dir} has no {CONFIG}: is it the out_dir of a Forge run?")
     raw = migrate_moved_keys(read_config_file(path))
-    block = tuple((raw.get("plugins") or {}).get("block") or ())
-    registries = load_registries(block=block)
+    plugins = plugin_settings(raw) or PluginsSection()
+    registries = load_registries(block=tuple(plugins.block), prefer=plugins.prefer)
     config = structure_config(raw, lambda _: registries)
     return make_plan(config, registries, world_size=None), registries
 
