@@ -254,3 +254,15 @@ def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
     first = next(iter(source.documents()))
     assert tok.decode(first) == "def f0(x):\n    return x * 0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "corpus.txt", "shards"]
+
+
+def test_cli_refuses_a_mixture(tmp_path):
+    import argparse
+
+    from forge_core.data.prepare_cli import main
+
+    config = tmp_path / "mix.yaml"
+    config.write_text("data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n")
+    args = argparse.Namespace(config=str(config), overrides=[], out=str(tmp_path / "out"), train_bpe=0)
+    with pytest.raises(ForgeError, match=r"mixes 2 sources \(data.sources\); `forge-run prepare` tokenizes one"):
+        main(args)
