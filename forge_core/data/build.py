@@ -32,8 +32,9 @@ import attrs
 import numpy as np
 
 from forge_core.errors import ForgeError
+from forge_core.specs import DOC_IDS, POSITIONS
 
-DOC_IDS_AND_POSITIONS = frozenset({"doc_ids", "positions"})
+DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
 
 def _stderr(message: str) -> None:
@@ -126,19 +127,23 @@ def pack(packer: Any, spec: Any, options: Any, stream: Any, seq_len: int, eos_id
         message = f"{who} {EAGER_DEPRECATION}"
         warnings.warn(message, FutureWarning, stacklevel=2)
         report(f"warning: {message}")
-        return eager_rows(packer, stream, seq_len, who)
+        rows = eager_rows(packer, stream, seq_len, who)
+        _check_emitted(who, spec.emitted(options), frozenset(rows.keys) - {"input_ids", "labels"}, "its rows carry")
+        return rows
     layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
-    declared = spec.emitted(options)
     emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
-    if declared != emitted:
-        shown = ", ".join(sorted(declared)) or "nothing"
-        raise ForgeError(
-            f"{who}: its spec declares that it emits {shown} under these options, but its layout has "
-            f"metadata={layout.metadata}, which gives {', '.join(sorted(emitted)) or 'no metadata'}. The rule "
-            "engine trusts the declaration: make the two agree (a lazy layout emits doc_ids and positions "
-            "together; other per-token keys need the deprecated pack())."
-        )
+    _check_emitted(who, spec.emitted(options), emitted, f"its layout has metadata={layout.metadata}, which gives")
     return PackedRows(layout, stream, eos_id=eos_id, pad_id=pad_id)
+
+
+def _check_emitted(who: str, declared: frozenset[str], emitted: frozenset[str], what: str) -> None:
+    if declared != emitted:
+        raise ForgeError(
+            f"{who}: its spec declares that it emits {', '.join(sorted(declared)) or 'nothing'} under these "
+            f"options, but {what} {', '.join(sorted(emitted)) or 'no metadata'}. The rule engine trusts the "
+            "declaration: make the two agree (a lazy layout emits doc_ids and positions together; other "
+            "per-token keys need the deprecated pack())."
+        )
 
 
 def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError:

@@ -24,10 +24,10 @@ import numpy as np
 
 from forge_core.data.packing_contract import EAGER_DEPRECATION, RowLayout
 from forge_core.errors import ForgeError
+from forge_core.specs import DOC_IDS, POSITIONS
 
+#: The label of a position that takes no loss (the trainer's ignore index).
 IGNORE = -100
-DOC_IDS = "doc_ids"
-POSITIONS = "positions"
 
 
 def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
