@@ -438,8 +438,15 @@ def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
         yield f"{prefix}{f.name}", f
 
 
+def _list_item_class(tp: Any) -> type | None:
+    """``X`` for a field of type ``list[X]`` where ``X`` is an attrs class."""
+    args = typing.get_args(tp) if typing.get_origin(tp) is list else ()
+    return args[0] if len(args) == 1 and isinstance(args[0], type) and attrs.has(args[0]) else None
+
+
 def config_keys() -> list[str]:
-    """Every key path of the schema, sections recursively (``train.nonfinite.policy``)."""
+    """Every key path of the schema, sections recursively (``train.nonfinite.policy``;
+    the keys of a list's entries as ``data.sources[].name``)."""
     from forge_core.config.schema import ForgeConfig
 
     out: list[str] = []
@@ -449,6 +456,8 @@ def config_keys() -> list[str]:
             out.append(prefix + f.name)
             if isinstance(f.type, type) and attrs.has(f.type):
                 visit(f.type, f"{prefix}{f.name}.")
+            elif _list_item_class(f.type) is not None:
+                visit(_list_item_class(f.type), f"{prefix}{f.name}[].")
 
     visit(ForgeConfig, "")
     return out
@@ -507,6 +516,9 @@ def config_markdown(registries: Any) -> str:
             if isinstance(f.type, type) and attrs.has(f.type):
                 lines += [f"### `{path}`", "", f.metadata.get("doc", ""), ""]
                 lines += [*_field_table(list(_walk(f.type, f"{path}."))), ""]
+            elif _list_item_class(f.type) is not None:
+                lines += [f"### `{path}[]`", "", f"Each entry of `{path}`: {f.metadata.get('doc', '')}", ""]
+                lines += [*_field_table(list(_walk(_list_item_class(f.type), f"{path}[]."))), ""]
             elif path in blocks:
                 block = blocks[path]
                 lines += [
@@ -606,8 +618,10 @@ component option blocks resolved.
 """,
     "prepare": """\
 Tokenizes the config's `data.source` with `data.tokenizer` into pre-tokenized shards
-(a flat token file read through `np.memmap` and a JSON index naming the tokenizer) that
-the `shards` source reads; a run with a different tokenizer refuses them. The output is
+(a flat token file read through `np.memmap`, per-document offsets and content hashes, a
+JSON index naming the tokenizer) that the `shards` source reads; a run with a different
+tokenizer refuses them. A training run tokenizes a source into its cache by itself
+([Data](data.md)); `prepare` is for tokenizing ahead, to a directory of your choice. The output is
 deterministic and appears only when complete (it is written under a temporary name and
 renamed), so an interrupted prepare leaves nothing that looks whole. `--train-bpe VOCAB`
 first trains a byte-level BPE tokenizer on the source (with `data.tokenizer: hf`) and

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ActiveStrategy, ForgeError, Plan, Violation, get_path
+from forge_core.api import ActiveStrategy, ChosenSource, ForgeError, Plan, Violation, get_path
 from forge_core.config.loader import component_options, read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig, PluginsSection
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
@@ -55,6 +55,11 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     specs = {
         block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
+    sources = tuple(
+        ChosenSource(where, registries["source"].get(entry.name), entry.options, float(entry.weight), entry.label)
+        for where, entry in config.data.source_entries()
+    )
+    specs["source"] = sources[0].spec
     degrees = resolve_degrees(config.parallel, world_size)
     registry = registries["parallelism"]
     options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
@@ -64,7 +69,7 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     )
     emitted = specs["packer"].emitted(config.data.packer_options)
     facts = model_facts(specs["model"], config.model.options, registries)
-    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options)
+    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources)
 
 
 def model_facts(spec: Any, options: Any, registries: Registries) -> Any:

@@ -56,8 +56,8 @@ def test_every_public_name_is_exported():
     import forge_core.api as api
 
     assert sorted(api.__all__) == sorted(n for n in vars(api) if n[0] not in "_@" and n not in
-                                         {"batch", "errors", "hooks", "parallel", "protocols", "rules", "run",
-                                          "specs", "validators"})
+                                         {"batch", "errors", "fingerprint", "hooks", "packing", "parallel",
+                                          "protocols", "rules", "run", "specs", "validators"})
 
 
 def test_no_module_of_forge_or_the_example_package_uses_a_deprecated_path():

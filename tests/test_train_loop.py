@@ -7,10 +7,11 @@ import math
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from forge_core.api import IGNORE_INDEX
+from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.train.checkpoint import find_latest, load_model, model_state
 from forge_core.train.launch import InvalidConfig, train
 from forge_core.train.trainer import NonFiniteStop
@@ -126,15 +127,14 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
     # The test has power: rows hold different numbers of labelled tokens, so a mean of
     # per-micro-batch means would differ from the global mean.
-    from forge_core.data.pipeline import build_rows
+    from forge_core.data.build import build_training_data
     from forge_core.train import components
     from forge_core.train.rundir import load_run_config
 
     plan, registries = load_run_config(tmp_path / "accum1")
     tok = components.tokenizer(plan, registries)
-    rows = build_rows(components.source(plan, registries), tok, components.packer(plan, registries, tok),
-                      progress=False)
-    assert len({int((row != IGNORE_INDEX).sum()) for row in rows["labels"][:40]}) > 1
+    labels = build_training_data(plan, registries, tok).rows.read(np.arange(40))[LABELS]
+    assert len({int((row != IGNORE_INDEX).sum()) for row in labels}) > 1
 
 
 def test_nonfinite_skip_continues(tmp_path):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from forge_core.api.packing import LazyPacker
+
 
 @runtime_checkable
 class AttentionBackend(Protocol):
@@ -24,13 +26,11 @@ class AttentionBackend(Protocol):
     def attend(self, q: Any, k: Any, v: Any, prepared: Any) -> Any: ...
 
 
-@runtime_checkable
-class Packer(Protocol):
-    """Built as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``; ``pack`` turns
-    documents (1-D int arrays, EOS appended) into int64 arrays ``(rows, seq_len)``:
-    ``input_ids``, ``labels`` and every key the spec ``emits``."""
-
-    def pack(self, documents: list[Any]) -> dict[str, Any]: ...
+#: A packer: built as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``,
+#: ``layout(lengths)`` places the documents into rows
+#: (:class:`~forge_core.api.packing.LazyPacker`; the deprecated ``pack(documents)`` is
+#: :class:`~forge_core.api.packing.EagerPacker`).
+Packer = LazyPacker
 
 
 @runtime_checkable
@@ -40,6 +40,10 @@ class Source(Protocol):
     def documents(self) -> Iterator[Any]: ...
 
     def describe(self) -> str: ...
+
+    # Optional: ``fingerprint() -> str``, a string that changes whenever the documents
+    # could (forge_core.api.files_fingerprint for a source that reads files); the token
+    # cache is keyed by it.
 
 
 @runtime_checkable

@@ -60,6 +60,23 @@ class ActiveStrategy:
 
 
 @attrs.frozen
+class ChosenSource:
+    """A data source the run reads: where the config names it (``data.source``, or
+    ``data.sources[i]`` in a mixture), its spec, its structured options, its weight in
+    the mixture (1 for the one source) and its configured label (``""``: none)."""
+
+    where: str
+    spec: Any
+    options: Any
+    weight: float = 1.0
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@attrs.frozen
 class Plan:
     """A judged config: what every rule sees, and exactly what the run builds (the
     trainer and ``parallelize`` consume this object; nothing is recomputed from the raw
@@ -68,7 +85,8 @@ class Plan:
     - ``config``: the resolved :class:`~forge_core.config.schema.ForgeConfig`; option
       blocks are instances of the chosen components' options classes.
     - ``specs``: the chosen spec per kind (``"model"``, ``"attention"``, ``"source"``,
-      ``"tokenizer"``, ``"packer"``, ``"optimizer"``, ``"schedule"``).
+      ``"tokenizer"``, ``"packer"``, ``"optimizer"``, ``"schedule"``); for a mixture of
+      sources, ``"source"`` is the first of ``sources``.
     - ``strategies``: the active strategies (:class:`ActiveStrategy`), in the order they
       are applied.
     - ``degrees``: ``parallel.*`` degrees with ``dp_shard: -1`` resolved (left at -1
@@ -79,6 +97,8 @@ class Plan:
       (``ModelSpec.facts``), or ``None`` when the model declares none.
     - ``strategy_options``: every registered strategy's structured options, active or
       not (read them with :meth:`options_of`).
+    - ``sources``: every source the run reads (:class:`ChosenSource`), in config order:
+      the one of ``data.source``, or each entry of ``data.sources``.
     """
 
     config: Any
@@ -89,6 +109,7 @@ class Plan:
     emitted: frozenset[str] = frozenset()
     facts: Any = None
     strategy_options: dict[str, Any] = attrs.field(factory=dict)
+    sources: tuple[ChosenSource, ...] = ()
 
     def options_of(self, strategy: str) -> Any:
         """The structured options of a strategy, active or not (its defaults when the

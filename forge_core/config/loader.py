@@ -389,7 +389,17 @@ def _strict_list(value: Any, cl: type) -> list:
     if not isinstance(value, list):
         raise ScalarError(f"expected a list, got {show_value(value)} ({_type_name(value)})")
     (item_type,) = typing.get_args(cl) or (Any,)
-    return [converter.structure(item, item_type) for item in value]
+    out, errors = [], []
+    for i, item in enumerate(value):
+        try:
+            out.append(converter.structure(item, item_type))
+        except Exception as exc:  # noqa: BLE001 - collected, every item reported at its index
+            exc.__notes__ = [*getattr(exc, "__notes__", []),
+                             cattrs.errors.IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type)]
+            errors.append(exc)
+    if errors:
+        raise cattrs.errors.IterableValidationError(f"While structuring {cl!r}", errors, cl)
+    return out
 
 
 class FieldValidatorError(ValueError):
@@ -559,6 +569,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         value, problems = structure(options, registry.get(name).options, f"$.{block.options_path}")
         issues.extend(problems)
         values[block.options_path] = value
+    issues += _structure_source_entries(lookup, registries["source"], values)
     for block in KEYED_BLOCKS:
         registry = registries[block.kind]
         names = lookup(block.name_path)
@@ -580,6 +591,42 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
             keyed[name] = value
         values[block.options_path] = keyed
     return values, issues
+
+
+def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]) -> list[tuple[str, str]]:
+    """``data.sources``: every entry's name checked and its options structured against
+    that source's options class (``values["data.sources"]``, the entries with structured
+    options); and ``data.source``/``data.source_options`` refused beside it."""
+    entries = lookup("data.sources")
+    if not isinstance(entries, list) or not entries:
+        return []
+    issues: list[tuple[str, str]] = []
+    given = [path for path in ("data.source", "data.source_options") if lookup(path) != _schema_default(path)]
+    if given:
+        issues.append((f"$.{given[0]}", (
+            "give one source with data.source (and data.source_options), or a mixture with "
+            "data.sources, not both: move it into data.sources as {name: ..., weight: ..., options: ...}"
+        )))
+    structured = []
+    for i, entry in enumerate(entries):
+        raw = attrs.asdict(entry, recurse=False) if attrs.has(type(entry)) else entry
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            issues.append(("", ""))  # the schema reports what is wrong with the entry itself
+            continue
+        where = f"$.data.sources[{i}]"
+        if raw["name"] not in registry:
+            issues.append((f"{where}.name", unknown_name(registry.kind.label, raw["name"], registry.names())))
+            continue
+        value, problems = structure(raw.get("options", {}), registry.get(raw["name"]).options, f"{where}.options")
+        issues.extend(problems)
+        if not problems:
+            from forge_core.config.schema import SourceEntry
+
+            base = entry if attrs.has(type(entry)) else converter.structure({**raw, "options": {}}, SourceEntry)
+            structured.append(attrs.evolve(base, options=value))
+    if not issues:
+        values["data.sources"] = structured
+    return [issue for issue in issues if issue[0]]
 
 
 def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:

@@ -136,8 +136,11 @@ def saved_tokenizer(plan: Any, registries: Any, directory: Path) -> Any:
     return _build(plan, registries, "tokenizer", make)
 
 
-def source(plan: Any, registries: Any) -> Any:
-    return _build(plan, registries, "source", lambda cls: cls(plan.config.data.source_options))
+def source(plan: Any, registries: Any, index: int = 0) -> Any:
+    """The ``index``-th source the run reads (``plan.sources``, in config order: the one
+    of ``data.source``, or each entry of a ``data.sources`` mixture)."""
+    chosen = plan.sources[index]
+    return _build(plan, registries, "source", lambda cls: cls(chosen.options), spec=chosen.spec)
 
 
 def packer(plan: Any, registries: Any, tok: Any) -> Any:
