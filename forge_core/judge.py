@@ -88,8 +88,10 @@ def model_facts(spec: Any, options: Any, registries: Registries) -> Any:
 
 
 def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str, Any]]:
-    """``(config path, kind, spec)`` of every component the run will build."""
-    chosen = [(block.name_path, block.kind, ctx.specs[block.kind]) for block in OPTION_BLOCKS]
+    """``(config path, kind, spec)`` of every component the run will build: every source
+    of a mixture (``data.sources[i].name``) included."""
+    chosen = [(b.name_path, b.kind, ctx.specs[b.kind]) for b in OPTION_BLOCKS if b.kind != "source"]
+    chosen += [(s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources]
     chosen += [
         (f"parallel.{s.spec.mesh_dim}" if s.spec.mesh_dim else "parallel.wrappers", "parallelism", s.spec)
         for s in ctx.strategies

@@ -160,20 +160,23 @@ class Violation:
 
 
 def get_path(obj: Any, path: str, default: Any = _MISSING) -> Any:
-    """Read ``"a.b.c"`` from nested attrs objects and mappings."""
+    """Read ``"a.b.c"`` from nested attrs objects and mappings; ``"a.items[1].b"``
+    indexes a list."""
     for part in path.split("."):
-        if isinstance(obj, dict):
-            if part not in obj:
+        name, *indices = part.replace("]", "").split("[")
+        for step in ([name] if name else []) + [int(i) for i in indices]:
+            if isinstance(step, int):
+                found = isinstance(obj, (list, tuple)) and -len(obj) <= step < len(obj)
+                value = obj[step] if found else None
+            elif isinstance(obj, dict):
+                found, value = step in obj, obj.get(step)
+            else:
+                found, value = hasattr(obj, step), getattr(obj, step, None)
+            if not found:
                 if default is _MISSING:
                     raise KeyError(path)
                 return default
-            obj = obj[part]
-        elif hasattr(obj, part):
-            obj = getattr(obj, part)
-        elif default is not _MISSING:
-            return default
-        else:
-            raise KeyError(path)
+            obj = value
     return obj
 
 
