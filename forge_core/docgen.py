@@ -159,6 +159,7 @@ HOOK_OBJECTS = (
     "forge_core.rules:Rule",
     "forge_core.rules:RuleContext",
     "forge_core.run_context:RunContext",
+    "forge_core.train.named_params:NamedParameter",
     "forge_core.train.parallel_context:ParallelContext",
 )
 

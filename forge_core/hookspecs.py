@@ -117,7 +117,10 @@ def forge_models() -> list[ModelSpec]:
     Return a list of :class:`~forge_core.specs.ModelSpec`. The implementation is a
     factory called as ``build(options, vocab_size=..., attention=...)`` returning a
     ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
-    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend.
+    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend. The
+    module may define ``param_roles() -> dict[str, str]`` (parameter name to role) to
+    override the rule that decides which parameters take weight decay (see
+    ``forge_optimizers``).
 
     Example::
 
@@ -174,8 +177,16 @@ def forge_optimizers() -> list[OptimizerSpec]:
     """Register optimizers, selected by ``train.optimizer``.
 
     Return a list of :class:`~forge_core.specs.OptimizerSpec`. The implementation is a
-    factory called as ``build(param_groups, lr=..., options=...)`` returning a
-    ``torch.optim.Optimizer``.
+    factory called as ``build(named_params=..., lr=..., options=...)`` returning a
+    ``torch.optim.Optimizer``, once per model part this process trains (one, or one per
+    pipeline stage). ``named_params`` is a list of
+    :class:`~forge_core.train.named_params.NamedParameter`, every trainable parameter of
+    the part in ``named_parameters()`` order, each with its ``name``, ``param`` and
+    ``role`` (``embedding``, ``bias``, ``norm``, ``vector`` or ``matrix``, decided from
+    the owning module's type and the parameter's shape, or by the model's
+    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies. A
+    factory whose first parameter has another name is called the old way, with a list
+    of parameters, and a FutureWarning.
 
     Example::
 
@@ -183,6 +194,13 @@ def forge_optimizers() -> list[OptimizerSpec]:
         def forge_optimizers():
             return [OptimizerSpec(name="lion", summary="Lion", impl="my_pkg.lion:build",
                                   options=LionOptions)]
+
+        # my_pkg/lion.py
+        def build(named_params, lr, options):
+            decay = [p.param for p in named_params if p.decays()]
+            rest = [p.param for p in named_params if not p.decays()]
+            return Lion([{"params": decay, "weight_decay": options.weight_decay},
+                         {"params": rest, "weight_decay": 0.0}], lr=lr)
     """
 
 

@@ -15,6 +15,7 @@ used, from the exception's traceback.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,42 @@ def model(config: ForgeConfig, registries: Any, vocab_size: int, attention_backe
                   lambda build: build(config.model.options, vocab_size=vocab_size, attention=attention_backend))
 
 
-def optimizer(config: ForgeConfig, registries: Any, params: Any) -> Any:
-    return _build(registries, "optimizer", config.train.optimizer,
-                  lambda build: build(params, lr=config.train.lr, options=config.train.optimizer_options))
+#: The first parameter of an optimizer factory under the current contract.
+NAMED_PARAMS = "named_params"
+
+
+def _takes_named_params(build: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(build).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: assume the current contract
+        return True
+    return NAMED_PARAMS in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def optimizer(config: ForgeConfig, registries: Any, module: Any) -> Any:
+    """The optimizer of ``module`` (one model part): its factory is called as
+    ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory written
+    for the old contract (a first parameter of another name, which received a one-shot
+    iterator of parameters) gets a list of the parameters, with a FutureWarning."""
+    from forge_core.train.named_params import named_parameters
+
+    named = named_parameters(module)
+    name = config.train.optimizer
+    train = config.train
+
+    def make(build: Callable[..., Any]) -> Any:
+        if _takes_named_params(build):
+            return build(named_params=named, lr=train.lr, options=train.optimizer_options)
+        warnings.warn(
+            f"{describe(registries, 'optimizer', name)}: its factory {build.__qualname__}(...) takes the "
+            f"parameters under the old contract. Forge now calls build({NAMED_PARAMS}, lr=..., options=...) "
+            f"with a list of NamedParameter (name, param, role; see the forge_optimizers hook), so a factory "
+            f"can keep weight decay off biases, norms and embeddings; rename its first parameter to "
+            f"{NAMED_PARAMS!r} and read .param from each. Passing a plain list of parameters this time.",
+            FutureWarning, stacklevel=2)
+        return build([p.param for p in named], lr=train.lr, options=train.optimizer_options)
+
+    return _build(registries, "optimizer", name, make)
 
 
 def schedule(config: ForgeConfig, registries: Any) -> Any:

@@ -162,7 +162,7 @@ class Trainer:
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
         self.step_inputs = train.batch_size * int(rows[MODEL_INPUT].shape[1])
-        self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
+        self.optimizers = [components.optimizer(cfg, reg, part) for part in self.pmodel.parts]
         self.schedule = components.schedule(cfg, reg)
 
         from forge_core.data.loader import StatefulLoader
