@@ -277,8 +277,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
     ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
     ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
-    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds) and ``skipped`` (true when a
-    non-finite loss skipped the update); it is a fresh dict, safe to keep.
+    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds), ``skipped`` (true when a
+    non-finite loss skipped the update) and peak memory in GiB: ``mem_rss_peak_gib``
+    (this process's resident-memory high-water mark since it started) and, on CUDA,
+    ``mem_cuda_allocated_peak_gib`` and ``mem_cuda_reserved_peak_gib`` (peaks since the
+    previous logged step), each also as ``<key>_max``, the largest over all processes.
+    It is a fresh dict, safe to keep. A logger that reports to another system should
+    forward every key it gets, not a fixed list: other keys may be added.
     """
 
 

@@ -54,6 +54,7 @@ from forge_core.train.checkpoint import (
 )
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
 from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.memory import MemoryMeter
 from forge_core.train.parallelize import clip_grad_norm, parallelize
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
@@ -171,6 +172,7 @@ class Trainer:
                                      seed=cfg.run.seed, shuffle=cfg.data.shuffle,
                                      num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)
+        self.memory = MemoryMeter(pl.device)
 
         from forge_core.train.peak import cached_peak, peak_flops
 
@@ -344,6 +346,7 @@ class Trainer:
             "mfu": step_flops / step_time / (self.peak * pl.world_size),
             "step_time": step_time,
             "skipped": not finite,
+            **self.memory.measure(),
         }
 
     def _check_peak(self, achieved: float) -> None:
@@ -407,6 +410,8 @@ class Trainer:
                 while self.step < total:
                     metrics = self.train_step()
                     self.pm.hook.forge_step_end(run=run, step=self.step, metrics=dict(metrics))
+                    if run.should_log(self.step):
+                        self.memory.next_window()
                     self.check_finite(metrics)
                     # Alone, act on a signal at once; together, on the flag every
                     # process agreed on in this step's all-reduce.
