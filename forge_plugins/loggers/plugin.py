@@ -6,7 +6,13 @@ from __future__ import annotations
 from forge_core.hookspecs import hookimpl
 from forge_core.specs import LoggerSpec
 
-from forge_plugins.loggers.options import ConsoleOptions, JsonlOptions, PlotOptions, TensorBoardOptions
+from forge_plugins.loggers.options import (
+    ConsoleOptions,
+    JsonlOptions,
+    PlotOptions,
+    ProfilerOptions,
+    TensorBoardOptions,
+)
 
 
 @hookimpl
@@ -20,6 +26,9 @@ def forge_loggers() -> list[LoggerSpec]:
                    impl="forge_plugins.loggers.tensorboard:TensorBoardLogger", options=TensorBoardOptions),
         LoggerSpec(name="plot", summary="Loss-curve PNG at the end of the run (when matplotlib is installed)",
                    impl="forge_plugins.loggers.plot:PlotLogger", options=PlotOptions),
+        LoggerSpec(name="profiler", summary="torch.profiler over a range of steps: Chrome trace (and CUDA memory "
+                   "snapshot) in the run directory",
+                   impl="forge_plugins.loggers.profiler:ProfilerLogger", options=ProfilerOptions),
     ]
 
 
