@@ -3,15 +3,17 @@ imported by ``forge-run check``."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from forge_core.config.validators import at_least, relative_path, satisfies
 
 
 def _opt(default, doc, validator=None):
-    if isinstance(default, list):
+    if isinstance(default, (list, dict)):
         value = default
-        return attrs.field(factory=lambda: list(value), metadata={"doc": doc}, validator=validator)
+        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc}, validator=validator)
     return attrs.field(default=default, metadata={"doc": doc}, validator=validator)
 
 
@@ -63,3 +65,31 @@ class ProfilerOptions:
     ranks: list[int] = _opt([0], "Processes that profile, each writing its own trace ([] for every process).",
                             _ranks)
     log_dir: str = _opt("profiler", "Directory for the traces, relative to the run directory.", relative_path)
+
+
+_tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+
+
+@attrs.frozen
+class WandbOptions:
+    project: str = _opt("", "W&B project ('': run.name).")
+    entity: str = _opt("", "W&B entity (team or user; '': your default).")
+    name: str = _opt("", "Display name of the W&B run ('': run.name).")
+    group: str = _opt("", "W&B group, to gather related runs ('': none).")
+    tags: list[str] = _opt([], "W&B tags of the run.", _tags)
+    mode: Literal["", "online", "offline", "disabled"] = _opt(
+        "", "'offline' writes locally for `wandb sync` later; '': WANDB_MODE, else online."
+    )
+
+
+@attrs.frozen
+class MlflowOptions:
+    tracking_uri: str = _opt(
+        "", "Tracking server or store URI ('': MLFLOW_TRACKING_URI, else a SQLite store in <run>/mlflow)."
+    )
+    experiment: str = _opt("", "Experiment name ('': run.name); created when missing.")
+    run_name: str = _opt("", "Name of the MLflow run ('': run.name).")
+    tags: dict[str, str] = _opt({}, "Tags of the MLflow run.",
+                                satisfies("a mapping of strings to strings",
+                                          lambda v: isinstance(v, dict)
+                                          and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())))
