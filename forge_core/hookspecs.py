@@ -211,7 +211,9 @@ def forge_schedules() -> list[ScheduleSpec]:
     Return a list of :class:`~forge_core.specs.ScheduleSpec`. The implementation is a
     pure function ``factor(step, total_steps, warmup_steps, options) -> float``, the
     multiplier applied to ``train.lr`` at ``step`` (0-based). Being a function of the
-    step alone, a schedule needs no state to resume.
+    step alone, a schedule needs no state to resume. ``total_steps`` is the span of the
+    schedule (``train.schedule_steps``, by default the ``train.steps`` the run started
+    with); ``step`` is always below it: past the end the trainer keeps the final value.
 
     Example::
 

@@ -194,11 +194,14 @@ def optimizer(config: ForgeConfig, registries: Any, module: Any) -> Any:
     return _build(registries, "optimizer", name, make)
 
 
-def schedule(config: ForgeConfig, registries: Any) -> Any:
-    """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step``."""
+def schedule(config: ForgeConfig, registries: Any, total_steps: int) -> Any:
+    """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step`` of a schedule
+    spanning ``total_steps``; past its end, its final value (the function is never asked
+    about a step at or beyond ``total_steps``)."""
     fn = _build(registries, "schedule", config.train.schedule, lambda fn: fn)
     train = config.train
-    return lambda step: float(fn(step, train.steps, train.warmup_steps, train.schedule_options))
+    last = max(0, total_steps - 1)
+    return lambda step: float(fn(min(step, last), total_steps, train.warmup_steps, train.schedule_options))
 
 
 def loggers(config: ForgeConfig, registries: Any) -> list[tuple[str, Any]]:

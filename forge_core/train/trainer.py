@@ -44,7 +44,7 @@ import torch
 from forge_core.errors import ForgeError
 from forge_core.plugins import register
 from forge_core.run_context import RunContext
-from forge_core.train import components, flops, rundir
+from forge_core.train import components, flops, rundir, schedule_span
 from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
@@ -164,7 +164,8 @@ class Trainer:
         # Every step trains on batch_size full rows, whatever the packer put in them.
         self.step_inputs = train.batch_size * int(rows[MODEL_INPUT].shape[1])
         self.optimizers = [components.optimizer(cfg, reg, part) for part in self.pmodel.parts]
-        self.schedule = components.schedule(cfg, reg)
+        self.schedule_steps = schedule_span.span_at_start(train)
+        self.schedule = components.schedule(cfg, reg, self.schedule_steps)
 
         from forge_core.data.loader import StatefulLoader
 
@@ -268,6 +269,19 @@ class Trainer:
         ts.restore_rng(state["rng"], self.placement.device)
         self.last_saved = self.step
         log(self.placement, f"resumed from {path} at step {self.step}")
+        self._resume_schedule(state.get(schedule_span.STATE_KEY))
+
+    def _resume_schedule(self, saved: int | None) -> None:
+        cfg = self.config
+        self.schedule_steps = schedule_span.span_on_resume(cfg.train, saved)
+        self.schedule = components.schedule(cfg, self.registries, self.schedule_steps)
+
+        def lr_at(span: int, step: int) -> float:
+            return cfg.train.lr * components.schedule(cfg, self.registries, span)(step)
+
+        notice = schedule_span.resume_notice(cfg.train, saved, self.step, lr_at)
+        if notice:
+            warn(self.placement, notice)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -280,6 +294,7 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "rng": ts.capture_rng(self.placement.device),
             "tokenizer_identity": str(self.tokenizer.identity),
+            schedule_span.STATE_KEY: self.schedule_steps,
         }
         path = self.checkpoints.save(self.step, self.pmodel.parts, self.optimizers, state)
         self.last_saved = self.step
