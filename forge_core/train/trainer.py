@@ -257,7 +257,7 @@ class Trainer:
         path = self.checkpoints.find_resume(lambda m: warn(self.placement, m))
         if path is None:
             return
-        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers)
+        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers, lambda m: warn(self.placement, m))
         if state.get("tokenizer_identity") not in (None, str(self.tokenizer.identity)):
             raise ForgeError(
                 f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
