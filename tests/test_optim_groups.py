@@ -154,13 +154,18 @@ def new_style(named_params, lr, options):
     return torch.optim.SGD([p.param for p in named_params], lr=lr)
 
 
+def keyword_style(**kwargs):
+    return new_style(**kwargs)
+
+
 class Third:
     from forge_core.hookspecs import hookimpl
 
     @hookimpl
     def forge_optimizers(self):
         return [OptimizerSpec(name="old", summary="old contract", impl="test_optim_groups:old_style"),
-                OptimizerSpec(name="new", summary="new contract", impl="test_optim_groups:new_style")]
+                OptimizerSpec(name="new", summary="new contract", impl="test_optim_groups:new_style"),
+                OptimizerSpec(name="kw", summary="keywords only", impl="test_optim_groups:keyword_style")]
 
 
 def test_old_optimizer_signature_works_with_a_warning_naming_the_new_one():
@@ -170,7 +175,8 @@ def test_old_optimizer_signature_works_with_a_warning_naming_the_new_one():
                                            r"options=\.\.\.\).*NamedParameter"):
         opt = components.optimizer(config(registries, "old"), registries, model)
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        opt = components.optimizer(config(registries, "new"), registries, model)
-    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+    for name in ("new", "kw"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            opt = components.optimizer(config(registries, name), registries, model)
+        assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

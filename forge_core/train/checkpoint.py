@@ -581,7 +581,6 @@ class CheckpointManager:
             raise ForgeError(f"cannot read {state_file}: {exc}") from None
         if saved_world != self.world_size and warn is not None:
             warn(elastic.notice(path, saved_world, self.world_size))
-        state["world_size"] = self.world_size
         full = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
         load_state(full, path, no_dist=not is_distributed())
         _set_model(parts, full["model"])

@@ -165,7 +165,13 @@ def _takes_named_params(build: Callable[..., Any]) -> bool:
         parameters = inspect.signature(build).parameters
     except (TypeError, ValueError):  # a builtin or C callable: assume the current contract
         return True
-    return NAMED_PARAMS in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    if NAMED_PARAMS in parameters:
+        return True
+    # Only keywords (``build(**kwargs)``) can take the new call; anything else is older.
+    kinds = {p.kind for p in parameters.values()}
+    positional = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL}
+    return inspect.Parameter.VAR_KEYWORD in kinds and not kinds & positional
 
 
 def optimizer(config: ForgeConfig, registries: Any, module: Any) -> Any:

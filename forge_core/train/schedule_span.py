@@ -54,7 +54,7 @@ def resume_notice(train: Any, saved: int | None, step: int, lr_at: Callable[[int
                 f"with (train.schedule_steps: 0): {flat} continue at its final learning rate "
                 f"{lr_at(span, span - 1):.2e}. To stretch the schedule over {train.steps} steps instead, set "
                 f"train.schedule_steps={train.steps} ({change(train.steps)}).")
-    return (f"train.steps is {train.steps}, below the {span} steps the learning-rate schedule spans (those the run "
-            f"started with): the run stops at step {train.steps} with the learning rate at "
+    return (f"train.steps is {train.steps}, below the {span} steps the learning-rate schedule spans (those the "
+            f"run started with): the run stops at step {train.steps} with the learning rate at "
             f"{lr_at(span, train.steps - 1):.2e}, before the schedule's final {lr_at(span, span - 1):.2e}. To end "
             f"the schedule at step {train.steps}, set train.schedule_steps={train.steps} ({change(train.steps)}).")

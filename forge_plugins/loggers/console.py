@@ -1,6 +1,6 @@
 """The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
-tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or when tqdm is
-missing). Acts on the main process only."""
+tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
+when tqdm is missing). Acts on the main process only."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def _fmt_loss(value: float) -> str:
 def _fmt_memory(metrics: dict[str, Any]) -> str:
     """``"mem 12.3/14.0 GiB"`` (CUDA allocated/reserved peaks) or ``"rss 1.52 GiB"``
     (resident memory), the largest over processes; empty without memory figures."""
-    allocated, reserved = metrics.get("mem_cuda_allocated_peak_gib_max"), metrics.get("mem_cuda_reserved_peak_gib_max")
+    allocated = metrics.get("mem_cuda_allocated_peak_gib_max")
+    reserved = metrics.get("mem_cuda_reserved_peak_gib_max")
     if allocated is not None and reserved is not None:
         return f"mem {allocated:.1f}/{reserved:.1f} GiB"
     rss = metrics.get("mem_rss_peak_gib_max")
@@ -67,9 +68,9 @@ class ConsoleLogger:
                     refresh=False,
                 )
         elif logged:
-            print(f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                  f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}".rstrip(),
-                  file=sys.stderr, flush=True)
+            line = (f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
+                    f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}")
+            print(line.rstrip(), file=sys.stderr, flush=True)
 
     @hookimpl
     def forge_checkpoint_saved(self, run, step, path):

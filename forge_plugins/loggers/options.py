@@ -68,6 +68,9 @@ class ProfilerOptions:
 
 
 _tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+_string_map = satisfies("a mapping of strings to strings",
+                        lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                              for k, x in v.items()))
 
 
 @attrs.frozen
@@ -89,7 +92,4 @@ class MlflowOptions:
     )
     experiment: str = _opt("", "Experiment name ('': run.name); created when missing.")
     run_name: str = _opt("", "Name of the MLflow run ('': run.name).")
-    tags: dict[str, str] = _opt({}, "Tags of the MLflow run.",
-                                satisfies("a mapping of strings to strings",
-                                          lambda v: isinstance(v, dict)
-                                          and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())))
+    tags: dict[str, str] = _opt({}, "Tags of the MLflow run.", _string_map)
