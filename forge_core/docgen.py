@@ -219,6 +219,7 @@ HOOK_OBJECTS = (
     "forge_core.api:ActiveStrategy",
     "forge_core.api:ChosenSource",
     "forge_core.api:RunContext",
+    "forge_core.api:NamedParameter",
     "forge_core.api:ParallelContext",
     "forge_core.api:ModelFacts",
     "forge_core.api:ParallelContract",

@@ -125,7 +125,10 @@ def forge_models() -> list[ModelSpec]:
     Return a list of :class:`~forge_core.api.ModelSpec`. The implementation is a
     factory called as ``build(options, vocab_size=..., attention=...)`` returning a
     ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
-    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend.
+    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend. The
+    module may define ``param_roles() -> dict[str, str]`` (parameter name to role) to
+    override the rule that decides which parameters take weight decay (see
+    ``forge_optimizers``).
 
     Parallelism strategies know the model only through its parallel contract: the
     spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``
@@ -201,8 +204,16 @@ def forge_optimizers() -> list[OptimizerSpec]:
     """Register optimizers, selected by ``train.optimizer``.
 
     Return a list of :class:`~forge_core.api.OptimizerSpec`. The implementation is a
-    factory called as ``build(param_groups, lr=..., options=...)`` returning a
-    ``torch.optim.Optimizer``.
+    factory called as ``build(named_params=..., lr=..., options=...)`` returning a
+    ``torch.optim.Optimizer``, once per model part this process trains (one, or one per
+    pipeline stage). ``named_params`` is a list of
+    :class:`~forge_core.api.NamedParameter`, every trainable parameter of
+    the part in ``named_parameters()`` order, each with its ``name``, ``param`` and
+    ``role`` (``embedding``, ``bias``, ``norm``, ``vector`` or ``matrix``, decided from
+    the owning module's type and the parameter's shape, or by the model's
+    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies. A
+    factory whose first parameter has another name is called the old way, with a list
+    of parameters, and a FutureWarning.
 
     Example::
 
@@ -210,6 +221,13 @@ def forge_optimizers() -> list[OptimizerSpec]:
         def forge_optimizers():
             return [OptimizerSpec(name="lion", summary="Lion", impl="my_pkg.lion:build",
                                   options=LionOptions)]
+
+        # my_pkg/lion.py
+        def build(named_params, lr, options):
+            decay = [p.param for p in named_params if p.decays()]
+            rest = [p.param for p in named_params if not p.decays()]
+            return Lion([{"params": decay, "weight_decay": options.weight_decay},
+                         {"params": rest, "weight_decay": 0.0}], lr=lr)
     """
 
 
@@ -220,7 +238,9 @@ def forge_schedules() -> list[ScheduleSpec]:
     Return a list of :class:`~forge_core.api.ScheduleSpec`. The implementation is a
     pure function ``factor(step, total_steps, warmup_steps, options) -> float``, the
     multiplier applied to ``train.lr`` at ``step`` (0-based). Being a function of the
-    step alone, a schedule needs no state to resume.
+    step alone, a schedule needs no state to resume. ``total_steps`` is the span of the
+    schedule (``train.schedule_steps``, by default the ``train.steps`` the run started
+    with); ``step`` is always below it: past the end the trainer keeps the final value.
 
     Example::
 
@@ -286,8 +306,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
     ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
     ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
-    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds) and ``skipped`` (true when a
-    non-finite loss skipped the update); it is a fresh dict, safe to keep.
+    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds), ``skipped`` (true when a
+    non-finite loss skipped the update) and peak memory in GiB: ``mem_rss_peak_gib``
+    (this process's resident-memory high-water mark since it started) and, on CUDA,
+    ``mem_cuda_allocated_peak_gib`` and ``mem_cuda_reserved_peak_gib`` (peaks since the
+    previous logged step), each also as ``<key>_max``, the largest over all processes.
+    It is a fresh dict, safe to keep. A logger that reports to another system should
+    forward every key it gets, not a fixed list: other keys may be added.
     """
 
 

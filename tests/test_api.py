@@ -56,7 +56,7 @@ def test_every_public_name_is_exported():
     import forge_core.api as api
 
     assert sorted(api.__all__) == sorted(n for n in vars(api) if n[0] not in "_@" and n not in
-                                         {"batch", "errors", "fingerprint", "hooks", "packing", "parallel",
+                                         {"batch", "errors", "fingerprint", "hooks", "optim", "packing", "parallel",
                                           "protocols", "rules", "run", "specs", "validators"})
 
 

@@ -97,16 +97,26 @@ def test_resolve_checkpoint_from_run_dir_or_checkpoint_dir(tmp_path):
         resolve_checkpoint(tmp_path / "nowhere")
 
 
-def test_load_refuses_another_world_size(tmp_path):
+def test_load_on_fewer_processes_takes_its_rank_state_and_warns(tmp_path):
+    """A checkpoint of 2 processes loads in 1: process 0 continues process 0's train
+    state, and the warning says what cannot carry over (the random streams)."""
     manager, model, optimizer = save_steps(tmp_path, [1])
-    other = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1)
     path = tmp_path / "checkpoints/step-000001"
-    state_file = path / "train_state-rank00000.json"
-    data = json.loads(state_file.read_text())
-    data["world_size"] = 2
-    state_file.write_text(json.dumps(data))
-    with pytest.raises(ForgeError, match="written by 2 processes"):
-        other.load(path, [model], [optimizer])
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["world_size"] = 2
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    data = json.loads((path / "train_state-rank00000.json").read_text())
+    (path / "train_state-rank00001.json").write_text(json.dumps({**data, "step": 99}))
+    warned = []
+    state = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1).load(path, [model], [optimizer], warned.append)
+    assert state["step"] == 1
+    assert len(warned) == 1 and "written by 2 processes; resuming on 1" in warned[0]
+    assert "Random number streams are per process" in warned[0]
+    assert "the streams of process 0 go on, those of process 1 are dropped" in warned[0]
+    # on more processes than saved, process r continues process r mod N
+    grown = CheckpointManager(tmp_path, keep=2, rank=3, world_size=4).load(path, [model], [optimizer], warned.append)
+    assert grown["step"] == 99  # rank 3 -> saved rank 1
+    assert "processes 2-3 start from copies of the streams of processes 0-1" in warned[1]
 
 
 def test_train_state_round_trips_rng_and_nested_values(tmp_path):

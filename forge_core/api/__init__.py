@@ -4,7 +4,7 @@
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
 ``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``fingerprint``, ``parallel``,
-``protocols``, ``validators``) and nothing here imports torch or any other part of
+``optim``, ``protocols``, ``validators``) and nothing here imports torch or any other part of
 Forge, so a plugin's registration module stays as light as ``forge-run check`` needs it. Trainer internals are free to
 move; these names are what Forge keeps stable.
 """
@@ -28,6 +28,7 @@ from forge_core.api.parallel import (
     blocks_of,
     contract_of,
 )
+from forge_core.api.optim import NamedParameter
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
@@ -66,6 +67,7 @@ __all__ = [
     "BOUNDARIES", "Boundaries", "EagerPacker", "LazyPacker", "RowLayout",
     "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
     "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
+    "NamedParameter",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "ActiveStrategy", "ChosenSource", "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",

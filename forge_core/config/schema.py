@@ -169,6 +169,12 @@ class TrainSection:
     warmup_steps: int = field(
         0, "Linear warmup steps (used by every built-in schedule).", validator=at_least(0)
     )
+    schedule_steps: int = field(
+        0, "Steps the learning-rate schedule spans. 0: the train.steps the run started with, kept "
+        "when a resumed run changes train.steps (past its end the learning rate stays at the "
+        "schedule's final value). Set it to re-plan the schedule; on resume the log then gives "
+        "the learning rate before and after.", validator=at_least(0),
+    )
     grad_clip: float = field(
         1.0, "Clip the global gradient norm to this (0 disables).", validator=at_least(0)
     )

@@ -62,7 +62,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from forge_core.api import ForgeError
-from forge_core.train import train_state
+from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
 from forge_core.train.distributed import broadcast_object, is_distributed
 
@@ -568,21 +568,19 @@ class CheckpointManager:
             raise found
         return None if found is None else Path(found)
 
-    def load(self, path: Path, parts: list[torch.nn.Module],
-             optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-        """Load a checkpoint :meth:`find_resume` chose (it verified it)."""
-        state_file = path / train_state_name(self.rank)
+    def load(self, path: Path, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
+             warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Load a checkpoint :meth:`find_resume` chose (it verified it). Written by
+        another number of processes, it is resharded and ``warn`` is told what cannot
+        carry over (see :mod:`forge_core.train.elastic`)."""
+        saved_world = self._saved_world(path)
+        state_file = path / train_state_name(elastic.source_rank(self.rank, saved_world))
         try:
             state = train_state.read(state_file)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ForgeError(f"cannot read {state_file}: {exc}") from None
-        if state.get("world_size") != self.world_size:
-            raise ForgeError(
-                f"checkpoint {path} was written by {state.get('world_size')} processes; this run has "
-                f"{self.world_size}. Exact resume needs the same number of processes (the loader "
-                f"position and RNG states are per process). Relaunch with that many, or start a new "
-                f"run (checkpoint.resume: never, or another run.out_dir)."
-            )
+        if saved_world != self.world_size and warn is not None:
+            warn(elastic.notice(path, saved_world, self.world_size))
         full = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
         load_state(full, path, no_dist=not is_distributed())
         _set_model(parts, full["model"])
@@ -590,3 +588,12 @@ class CheckpointManager:
             set_optimizer_state_dict(part, optimizer, full["optim"], options=_OPTIM_OPTIONS)
         self.intact.add(path)
         return state
+
+    @staticmethod
+    def _saved_world(path: Path) -> int:
+        """How many processes wrote ``path``: its manifest says, else its train states."""
+        manifest = _manifest(path) or {}
+        world = manifest.get("world_size")
+        if isinstance(world, int) and world >= 1:
+            return world
+        return max(1, len(list(path.glob("train_state-rank*.json"))))

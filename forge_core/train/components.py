@@ -18,6 +18,7 @@ used, from the exception's traceback.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,17 +161,58 @@ def model(plan: Any, registries: Any, vocab_size: int, attention_backend: Any) -
                   lambda build: build(options, vocab_size=vocab_size, attention=attention_backend))
 
 
-def optimizer(plan: Any, registries: Any, params: Any) -> Any:
+#: The first parameter of an optimizer factory under the current contract.
+NAMED_PARAMS = "named_params"
+
+
+def _takes_named_params(build: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(build).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: assume the current contract
+        return True
+    if NAMED_PARAMS in parameters:
+        return True
+    # Only keywords (``build(**kwargs)``) can take the new call; anything else is older.
+    kinds = {p.kind for p in parameters.values()}
+    positional = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL}
+    return inspect.Parameter.VAR_KEYWORD in kinds and not kinds & positional
+
+
+def optimizer(plan: Any, registries: Any, module: Any) -> Any:
+    """The optimizer of ``module`` (one model part): its factory is called as
+    ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory written
+    for the old contract (a first parameter of another name, which received a one-shot
+    iterator of parameters) gets a list of the parameters, with a FutureWarning."""
+    from forge_core.train.named_params import named_parameters
+
+    named = named_parameters(module)
+    name = plan.config.train.optimizer
     train = plan.config.train
-    return _build(plan, registries, "optimizer",
-                  lambda build: build(params, lr=train.lr, options=train.optimizer_options))
+
+    def make(build: Callable[..., Any]) -> Any:
+        if _takes_named_params(build):
+            return build(named_params=named, lr=train.lr, options=train.optimizer_options)
+        warnings.warn(
+            f"{describe(registries, 'optimizer', name)}: its factory {build.__qualname__}(...) takes the "
+            f"parameters under the old contract. Forge now calls build({NAMED_PARAMS}, lr=..., options=...) "
+            f"with a list of NamedParameter (name, param, role; see the forge_optimizers hook), so a factory "
+            f"can keep weight decay off biases, norms and embeddings; rename its first parameter to "
+            f"{NAMED_PARAMS!r} and read .param from each. Passing a plain list of parameters this time.",
+            FutureWarning, stacklevel=2)
+        return build([p.param for p in named], lr=train.lr, options=train.optimizer_options)
+
+    return _build(plan, registries, "optimizer", make)
 
 
-def schedule(plan: Any, registries: Any) -> Any:
-    """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step``."""
+def schedule(plan: Any, registries: Any, total_steps: int) -> Any:
+    """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step`` of a schedule
+    spanning ``total_steps``; past its end, its final value (the function is never asked
+    about a step at or beyond ``total_steps``)."""
     fn = _build(plan, registries, "schedule", lambda fn: fn)
     train = plan.config.train
-    return lambda step: float(fn(step, train.steps, train.warmup_steps, train.schedule_options))
+    last = max(0, total_steps - 1)
+    return lambda step: float(fn(min(step, last), total_steps, train.warmup_steps, train.schedule_options))
 
 
 def loggers(plan: Any, registries: Any) -> list[tuple[str, Any]]:

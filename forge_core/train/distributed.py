@@ -140,6 +140,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """The largest of a few floats over every process; identity alone."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

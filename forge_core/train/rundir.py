@@ -63,8 +63,32 @@ def load_run_config(run_dir: Path) -> tuple[Any, Any]:
     return make_plan(config, registries, world_size=None), registries
 
 
-def changed_settings(run_dir: Path, config: Any, ignore: tuple[str, ...] = ("train.steps",)) -> list[str]:
-    """Dotted paths whose value differs between the saved config and ``config``."""
+#: Config paths (a section, a block or a key) whose change alters what a resumed run
+#: computes: a resume warns when one of them differs from the saved config.
+AFFECTS_RESULTS = ("run.seed", "model", "attention", "data", "train")
+#: Paths inside those that do not: how fast batches are loaded, the MFU figure, and the
+#: run's length and schedule span (a resumed run reports those itself, with the
+#: learning rates involved).
+#:
+#: Left out entirely: logging.*, checkpoint.*, run.name, run.out_dir, run.device and
+#: run.collective_timeout, plugins.*, and parallel.* and train.compile, which change
+#: only speed and the rounding of sums (a resume with another process count says so
+#: itself).
+NOT_RESULTS = ("data.num_workers", "train.peak_tflops", "train.compile", "train.steps", "train.schedule_steps")
+
+
+def _within(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in prefixes)
+
+
+def affects_results(path: str) -> bool:
+    """Whether a change of the config at dotted ``path`` changes what a resumed run computes."""
+    return _within(path, AFFECTS_RESULTS) and not _within(path, NOT_RESULTS)
+
+
+def changed_settings(run_dir: Path, config: Any) -> list[str]:
+    """Dotted paths whose value differs between the saved config and ``config``, among
+    those that change what a resumed run computes (:func:`affects_results`)."""
     path = run_dir / CONFIG
     if not path.is_file():
         return []
@@ -78,7 +102,7 @@ def changed_settings(run_dir: Path, config: Any, ignore: tuple[str, ...] = ("tra
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
                 walk(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
-        elif a != b and prefix not in ignore:
+        elif a != b and affects_results(prefix):
             changed.append(prefix)
 
     walk(saved, to_plain(config), "")

@@ -45,7 +45,8 @@ import torch
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, RunContext
 from forge_core.plugins import register
-from forge_core.train import components, flops, rundir, train_state as ts
+from forge_core.train import components, flops, rundir, schedule_span
+from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
     is_disk_full,
@@ -54,6 +55,7 @@ from forge_core.train.checkpoint import (
 )
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
 from forge_core.train.loss import loss_fn
+from forge_core.train.memory import MemoryMeter
 from forge_core.train.parallelize import clip_grad_norm, parallelize
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
@@ -152,8 +154,9 @@ class Trainer:
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
         self.step_inputs = train.batch_size * self.data.seq_len
-        self.optimizers = [components.optimizer(plan, reg, part.parameters()) for part in self.pmodel.parts]
-        self.schedule = components.schedule(plan, reg)
+        self.optimizers = [components.optimizer(plan, reg, part) for part in self.pmodel.parts]
+        self.schedule_steps = schedule_span.span_at_start(train)
+        self.schedule = components.schedule(plan, reg, self.schedule_steps)
 
         from forge_core.data.loader import StatefulLoader
 
@@ -161,6 +164,7 @@ class Trainer:
                                      seed=cfg.run.seed, shuffle=cfg.data.shuffle,
                                      num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)
+        self.memory = MemoryMeter(pl.device)
 
         from forge_core.train.peak import cached_peak, peak_flops
 
@@ -244,7 +248,7 @@ class Trainer:
         path = self.checkpoints.find_resume(lambda m: warn(self.placement, m))
         if path is None:
             return
-        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers)
+        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers, lambda m: warn(self.placement, m))
         if state.get("tokenizer_identity") not in (None, str(self.tokenizer.identity)):
             raise ForgeError(
                 f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
@@ -256,6 +260,19 @@ class Trainer:
         ts.restore_rng(state["rng"], self.placement.device)
         self.last_saved = self.step
         log(self.placement, f"resumed from {path} at step {self.step}")
+        self._resume_schedule(state.get(schedule_span.STATE_KEY))
+
+    def _resume_schedule(self, saved: int | None) -> None:
+        cfg = self.config
+        self.schedule_steps = schedule_span.span_on_resume(cfg.train, saved)
+        self.schedule = components.schedule(self.plan, self.registries, self.schedule_steps)
+
+        def lr_at(span: int, step: int) -> float:
+            return cfg.train.lr * components.schedule(self.plan, self.registries, span)(step)
+
+        notice = schedule_span.resume_notice(cfg.train, saved, self.step, lr_at)
+        if notice:
+            warn(self.placement, notice)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -268,6 +285,7 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "rng": ts.capture_rng(self.placement.device),
             "tokenizer_identity": str(self.tokenizer.identity),
+            schedule_span.STATE_KEY: self.schedule_steps,
         }
         path = self.checkpoints.save(self.step, self.pmodel.parts, self.optimizers, state)
         self.last_saved = self.step
@@ -335,6 +353,7 @@ class Trainer:
             "mfu": step_flops / step_time / (self.peak * pl.world_size),
             "step_time": step_time,
             "skipped": not finite,
+            **self.memory.measure(),
         }
 
     def _check_peak(self, achieved: float) -> None:
@@ -398,6 +417,8 @@ class Trainer:
                 while self.step < total:
                     metrics = self.train_step()
                     self.pm.hook.forge_step_end(run=run, step=self.step, metrics=dict(metrics))
+                    if run.should_log(self.step):
+                        self.memory.next_window()
                     self.check_finite(metrics)
                     # Alone, act on a signal at once; together, on the flag every
                     # process agreed on in this step's all-reduce.

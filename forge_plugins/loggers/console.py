@@ -1,6 +1,6 @@
-"""The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate
-and tokens/s (one plain line per logged step with ``bar: false``, or when tqdm is
-missing). Acts on the main process only."""
+"""The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
+tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
+when tqdm is missing). Acts on the main process only."""
 
 from __future__ import annotations
 
@@ -14,6 +14,17 @@ from forge_core.api import hookimpl
 
 def _fmt_loss(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else str(value)
+
+
+def _fmt_memory(metrics: dict[str, Any]) -> str:
+    """``"mem 12.3/14.0 GiB"`` (CUDA allocated/reserved peaks) or ``"rss 1.52 GiB"``
+    (resident memory), the largest over processes; empty without memory figures."""
+    allocated = metrics.get("mem_cuda_allocated_peak_gib_max")
+    reserved = metrics.get("mem_cuda_reserved_peak_gib_max")
+    if allocated is not None and reserved is not None:
+        return f"mem {allocated:.1f}/{reserved:.1f} GiB"
+    rss = metrics.get("mem_rss_peak_gib_max")
+    return f"rss {rss:.2f} GiB" if rss is not None else ""
 
 
 class ConsoleLogger:
@@ -50,14 +61,16 @@ class ConsoleLogger:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if logged:
+                memory = _fmt_memory(metrics).replace(" ", "=", 1)
                 self.bar.set_postfix_str(
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
-                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={metrics['mfu']:.1%}",
+                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={metrics['mfu']:.1%} {memory}".rstrip(),
                     refresh=False,
                 )
         elif logged:
-            print(f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                  f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}", file=sys.stderr, flush=True)
+            line = (f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
+                    f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}")
+            print(line.rstrip(), file=sys.stderr, flush=True)
 
     @hookimpl
     def forge_checkpoint_saved(self, run, step, path):

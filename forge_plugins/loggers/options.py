@@ -3,12 +3,17 @@ imported by ``forge-run check``."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
-from forge_core.api import at_least, relative_path
+from forge_core.api import at_least, relative_path, satisfies
 
 
 def _opt(default, doc, validator=None):
+    if isinstance(default, (list, dict)):
+        value = default
+        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc}, validator=validator)
     return attrs.field(default=default, metadata={"doc": doc}, validator=validator)
 
 
@@ -36,3 +41,55 @@ class PlotOptions:
         0, "Also draw a moving average over this many steps (0: off; auto when the run is long).",
         at_least(0),
     )
+
+
+_ranks = satisfies("a list of process ranks (integers, 0 or more)",
+                   lambda v: isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                                                         for r in v))
+
+
+@attrs.frozen
+class ProfilerOptions:
+    start_step: int = _opt(3, "First step recorded (counting from 1, as the metrics do).", at_least(1))
+    steps: int = _opt(3, "Steps recorded from start_step on.", at_least(1))
+    warmup: int = _opt(
+        1, "Steps run under the profiler just before start_step and left out of the trace: the "
+        "profiler's own start-up cost lands there.", at_least(0),
+    )
+    record_shapes: bool = _opt(False, "Record the input shapes of every operator.")
+    memory: bool = _opt(
+        False, "Record memory allocations and frees in the trace; on CUDA also write a memory "
+        "snapshot (allocation timeline with stacks) of the recorded steps.",
+    )
+    with_stack: bool = _opt(False, "Record the Python stack of every operator (slower, larger trace).")
+    ranks: list[int] = _opt([0], "Processes that profile, each writing its own trace ([] for every process).",
+                            _ranks)
+    log_dir: str = _opt("profiler", "Directory for the traces, relative to the run directory.", relative_path)
+
+
+_tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+_string_map = satisfies("a mapping of strings to strings",
+                        lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                              for k, x in v.items()))
+
+
+@attrs.frozen
+class WandbOptions:
+    project: str = _opt("", "W&B project ('': run.name).")
+    entity: str = _opt("", "W&B entity (team or user; '': your default).")
+    name: str = _opt("", "Display name of the W&B run ('': run.name).")
+    group: str = _opt("", "W&B group, to gather related runs ('': none).")
+    tags: list[str] = _opt([], "W&B tags of the run.", _tags)
+    mode: Literal["", "online", "offline", "disabled"] = _opt(
+        "", "'offline' writes locally for `wandb sync` later; '': WANDB_MODE, else online."
+    )
+
+
+@attrs.frozen
+class MlflowOptions:
+    tracking_uri: str = _opt(
+        "", "Tracking server or store URI ('': MLFLOW_TRACKING_URI, else a SQLite store in <run>/mlflow)."
+    )
+    experiment: str = _opt("", "Experiment name ('': run.name); created when missing.")
+    run_name: str = _opt("", "Name of the MLflow run ('': run.name).")
+    tags: dict[str, str] = _opt({}, "Tags of the MLflow run.", _string_map)

@@ -34,14 +34,7 @@ class PlotLogger:
                   "no loss curve will be written", file=sys.stderr, flush=True)
             return
         self.enabled = True
-        if run.start_step:
-            from forge_plugins.loggers.jsonl import read_metrics
-
-            jsonl = run.config.logging.options.get("jsonl")
-            name = getattr(jsonl, "filename", "metrics.jsonl")
-            for record in read_metrics(Path(run.out_dir) / name):
-                if record["step"] <= run.start_step and isinstance(record.get("loss"), (int, float)):
-                    self.points[record["step"]] = float(record["loss"])
+        self.points = earlier_points(run)
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
@@ -60,6 +53,22 @@ class PlotLogger:
                   f"this time", file=sys.stderr, flush=True)
             return
         print(f"forge: loss curve written to {path}", file=sys.stderr, flush=True)
+
+
+def earlier_points(run: Any) -> dict[int, float]:
+    """``{step: loss}`` of the steps before a resumed run's first, read from the
+    ``jsonl`` logger's file when it exists; empty for a fresh run."""
+    points: dict[int, float] = {}
+    if not run.start_step:
+        return points
+    from forge_plugins.loggers.jsonl import read_metrics
+
+    jsonl = run.config.logging.options.get("jsonl")
+    name = getattr(jsonl, "filename", "metrics.jsonl")
+    for record in read_metrics(Path(run.out_dir) / name):
+        if record["step"] <= run.start_step and isinstance(record.get("loss"), (int, float)):
+            points[record["step"]] = float(record["loss"])
+    return points
 
 
 def write_plot(path: Path, points: dict[int, float], smooth: int, title: str) -> None:

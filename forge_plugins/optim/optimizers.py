@@ -1,28 +1,21 @@
-"""Optimizer factories: AdamW (fused or foreach) and SGD, with weight decay kept off
-norms, biases and other 1-D parameters."""
+"""Optimizer factories: AdamW (fused or foreach) and SGD. Both take the parameters as
+:class:`~forge_core.train.named_params.NamedParameter` and keep weight decay off biases,
+norms and other vectors (and off embeddings with ``decay_embeddings: false``): see
+:func:`forge_plugins.optim.groups.decay_groups`."""
 
 from __future__ import annotations
 
 import torch
 
-
-def split_decay(params, weight_decay: float) -> list[dict]:
-    """Two param groups: matrices decay, vectors (norm weights, biases) do not."""
-    params = [p for p in params if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+from forge_plugins.optim.groups import decay_groups
 
 
 def _on_cuda(groups: list[dict]) -> bool:
     return any(p.is_cuda for g in groups for p in g["params"])
 
 
-def build_adamw(params, lr: float, options) -> torch.optim.Optimizer:
-    groups = split_decay(params, options.weight_decay)
+def build_adamw(named_params, lr: float, options) -> torch.optim.Optimizer:
+    groups = decay_groups(named_params, options.weight_decay, options.decay_embeddings)
     kwargs = {}
     impl = options.implementation
     if impl == "auto":
@@ -36,6 +29,6 @@ def build_adamw(params, lr: float, options) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=lr, betas=(options.beta1, options.beta2), eps=options.eps, **kwargs)
 
 
-def build_sgd(params, lr: float, options) -> torch.optim.Optimizer:
-    groups = split_decay(params, options.weight_decay)
+def build_sgd(named_params, lr: float, options) -> torch.optim.Optimizer:
+    groups = decay_groups(named_params, options.weight_decay, options.decay_embeddings)
     return torch.optim.SGD(groups, lr=lr, momentum=options.momentum, nesterov=options.nesterov)

@@ -23,7 +23,11 @@ class AdamWOptions:
     beta1: float = opt(0.9, "First-moment decay.", _decay)
     beta2: float = opt(0.95, "Second-moment decay.", _decay)
     eps: float = opt(1e-8, "Denominator epsilon.", above(0))
-    weight_decay: float = opt(0.1, "Decoupled weight decay (not applied to norms and biases).", at_least(0))
+    weight_decay: float = opt(
+        0.1, "Decoupled weight decay, on matrices only: never on biases, norms or other 1-D parameters.",
+        at_least(0),
+    )
+    decay_embeddings: bool = opt(True, "Apply weight_decay to embedding weights (nn.Embedding) too.")
     implementation: Literal["auto", "fused", "foreach", "loop"] = opt(
         "auto", "'auto': fused on CUDA, foreach elsewhere."
     )
@@ -33,7 +37,10 @@ class AdamWOptions:
 class SGDOptions:
     momentum: float = opt(0.9, "Momentum factor.", _decay)
     nesterov: bool = opt(False, "Nesterov momentum (needs a momentum above 0).")
-    weight_decay: float = opt(0.0, "L2 penalty (not applied to norms and biases).", at_least(0))
+    weight_decay: float = opt(
+        0.0, "L2 penalty, on matrices only: never on biases, norms or other 1-D parameters.", at_least(0)
+    )
+    decay_embeddings: bool = opt(True, "Apply weight_decay to embedding weights (nn.Embedding) too.")
 
 
 @attrs.frozen
