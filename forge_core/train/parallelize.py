@@ -29,6 +29,7 @@ import torch
 
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
+from forge_core.api.errors import ForgeError
 from forge_core.deprecation import moved
 
 #: Moved to :mod:`forge_core.api`; the old name here warns for one release.
@@ -51,6 +52,8 @@ class ParallelModel:
       microbatch and ``loss_sum / normalizer`` back-propagated; the sums over the
       microbatches of ``loss_sum`` and ``tokens`` are returned to every process of the
       pipeline (every one calls it with the same batch).
+    - ``eval_step``: ``eval_step(batch, loss_fn) -> (loss_sum, tokens)``, the
+      forward-only counterpart of ``train_step`` (set with it), or ``None``.
     - ``dp_rank``/``dp_size``: this process's data-parallel coordinates; every process
       with the same ``dp_rank`` reads the same batch. ``dp_group`` sums over them
       (``None`` when ``dp_size`` is 1).
@@ -66,6 +69,7 @@ class ParallelModel:
     parts: list[torch.nn.Module]
     forward: torch.nn.Module | None
     train_step: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    eval_step: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     dp_rank: int = 0
     dp_size: int = 1
     mesh: Any = None
@@ -100,6 +104,19 @@ class ParallelModel:
         logits = self.forward(**inputs)
         loss_sum, tokens = loss_fn(logits, batch[LABELS])
         (loss_sum / global_tokens).backward()
+        return loss_sum.detach(), torch.as_tensor(tokens)
+
+    @torch.no_grad()
+    def evaluate(self, batch: dict[str, torch.Tensor], loss_fn: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward only: ``(loss_sum, tokens)`` of this process's rows (under pipeline
+        parallelism: of the pipeline's rows, on every stage), no gradient kept. The
+        caller switches the parts to eval mode and back."""
+        if self.train_step is not None:
+            if self.eval_step is None:
+                raise ForgeError("this parallel layout has no forward-only step for evaluation")
+            return self.eval_step(batch, loss_fn)
+        inputs = {k: v for k, v in batch.items() if k != LABELS}
+        loss_sum, tokens = loss_fn(self.forward(**inputs), batch[LABELS])
         return loss_sum.detach(), torch.as_tensor(tokens)
 
 
