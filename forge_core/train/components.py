@@ -150,6 +150,16 @@ def attention(config: ForgeConfig, registries: Any) -> Any:
     return _build(registries, "attention", config.attention.backend, lambda cls: cls(config.attention.options))
 
 
+def without_pretrained(config: ForgeConfig, registries: Any) -> ForgeConfig:
+    """``config`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
+    for commands whose weights come from a Forge checkpoint instead."""
+    name = registries["model"].get(config.model.name).pretrained_option
+    options = config.model.options
+    if not name or not getattr(options, name, None):
+        return config
+    return attrs.evolve(config, model=attrs.evolve(config.model, options=attrs.evolve(options, **{name: ""})))
+
+
 def model(config: ForgeConfig, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
     return _build(registries, "model", config.model.name,
                   lambda build: build(config.model.options, vocab_size=vocab_size, attention=attention_backend))
