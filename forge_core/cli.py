@@ -178,12 +178,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_INVALID if result.errors else 0
 
 
-def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any]]]:
-    grouped: dict[str, list[tuple[str, Any]]] = {}
+def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any, list[str]]]]:
+    """``{plugin: [(kind, spec, other plugins registering the same name)]}``."""
+    grouped: dict[str, list[tuple[str, Any, list[str]]]] = {}
     for registry in registries:
         for name in registry.names():
-            grouped.setdefault(registry.plugin_of(name), []).append((registry.kind.name, registry.get(name)))
+            grouped.setdefault(registry.plugin_of(name), []).append((registry.kind.name, registry.get(name), []))
+        for clash in registry.clashes.values():
+            owners = [entry.plugin for entry in clash.entries]
+            for entry in clash.entries:
+                others = [o for o in owners if o != entry.plugin]
+                grouped.setdefault(entry.plugin, []).append((registry.kind.name, entry.spec, others))
     return grouped
+
+
+def _clash_lines(registries: Any) -> list[str]:
+    """The names several plugins register: listed, and usable once a config chooses."""
+    lines = [
+        f"    {registry.kind.name} {name!r}: {', '.join(repr(e.plugin) for e in clash.entries)}"
+        for registry in registries for name, clash in sorted(registry.clashes.items())
+    ]
+    if not lines:
+        return []
+    return [
+        "name clashes: a config can use these names only once it says whose it means, in "
+        "plugins.prefer (as {kind: {name: plugin}}); everything else stays usable:", *lines,
+    ]
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -204,7 +224,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             {
                 "name": info.name, "distribution": info.distribution, "version": info.version,
                 "module": info.module, "builtin": info.builtin,
-                "components": [{"kind": k, "name": s.name, "summary": s.summary} for k, s in grouped.get(info.name, [])],
+                "components": [
+                    {"kind": k, "name": s.name, "summary": s.summary, **({"clashes_with": o} if o else {})}
+                    for k, s, o in grouped.get(info.name, [])
+                ],
                 "rules": rules_by_plugin.get(info.name, []),
             }
             for info in infos.values()
@@ -213,12 +236,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for info in infos.values():
         origin = "built-in" if info.builtin else "third-party"
         print(f"{info.name}  ({info.distribution} {info.version}, {origin}, {info.module})")
-        for kind, spec in grouped.get(info.name, []):
-            print(f"    {kind:<12} {spec.name:<14} {spec.summary}")
+        for kind, spec, others in grouped.get(info.name, []):
+            clash = f"  [also registered by {', '.join(map(repr, others))}]" if others else ""
+            print(f"    {kind:<12} {spec.name:<14} {spec.summary}{clash}")
         for rule_id in rules_by_plugin.get(info.name, []):
             print(f"    {'rule':<12} {rule_id}")
     if registries.plugins.blocked:
         print(f"blocked: {', '.join(registries.plugins.blocked)}")
+    for line in _clash_lines(registries):
+        print(line)
     return 0
 
 

@@ -95,10 +95,14 @@ def forge_packers() -> list[PackerSpec]:
 
     Return a list of :class:`~forge_core.specs.PackerSpec`. The implementation is a
     class constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)`` whose
-    ``pack(documents)`` takes a list of 1-D int token arrays (EOS already appended) and
-    returns a dict of int64 arrays of shape ``(rows, seq_len)``: ``input_ids``,
-    ``labels`` (-100 where no loss is taken) and every key listed in ``emits``. A packer
-    may set a ``stats`` dict after packing (fill efficiency, tokens kept) for the logs.
+    ``layout(lengths)`` takes the length of every document (1-D int64, EOS included)
+    and returns a :class:`~forge_core.data.packing_contract.RowLayout`: which runs of
+    the document stream go into which row, and how labels and metadata follow
+    (``boundaries``, ``metadata``). It reads no token; Forge materializes ``input_ids``,
+    ``labels`` (-100 where no loss is taken) and, with ``metadata``, ``doc_ids`` and
+    ``positions`` when a batch is read. ``metadata`` must match ``emits``. The former
+    ``pack(documents)``, returning whole ``(rows, seq_len)`` int64 arrays, still runs
+    with a deprecation warning (every row in memory).
 
     Example::
 
@@ -152,7 +156,10 @@ def forge_sources() -> list[SourceSpec]:
     ``describe()`` returning a one-line description for logs. EOS is appended to every
     document by the pipeline, pre-tokenized ones included. A pre-tokenized source may
     expose ``tokenizer_identity``: the run stops when it differs from the configured
-    tokenizer's ``identity``.
+    tokenizer's ``identity``. Optional: ``fingerprint()``, a string that changes
+    whenever the documents could (a hash of the files' bytes, say), computed without
+    tokenizing: the token cache is keyed by it (without it, every document is hashed
+    in one pass at every start).
 
     Example::
 

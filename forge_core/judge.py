@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from forge_core.config.loader import read_raw, structure_config
-from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
+from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig, PluginsSection
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
 from forge_core.rules import RuleContext, Violation, evaluate, get_path
@@ -18,6 +18,9 @@ from forge_core.rules import RuleContext, Violation, evaluate, get_path
 #: The id under which a chosen component whose implementation module is missing is
 #: reported (the kernel checks it for every component; it is not a declared rule).
 IMPLEMENTATION_FOUND = "component.implementation-found"
+#: The id of the warning for a chosen component that ``plugins.prefer`` took from one
+#: plugin over another's of the same name.
+COMPONENT_SHADOWED = "component.shadowed"
 
 
 @attrs.frozen
@@ -97,6 +100,28 @@ def implementation_violations(ctx: RuleContext, registries: Registries) -> list[
     return violations
 
 
+def shadow_violations(ctx: RuleContext, registries: Registries) -> list[Violation]:
+    """A warning for every chosen component whose name another plugin registers too: the
+    config chose it in ``plugins.prefer``, and the report says so, every time."""
+    violations = []
+    for path, kind, spec in chosen_components(ctx, registries):
+        registry = registries[kind]
+        hidden = registry.shadowed.get(spec.name)
+        if not hidden:
+            continue
+        chosen = registry.plugin_of(spec.name)
+        others = ", ".join(repr(e.plugin) for e in hidden)
+        violations.append(Violation(
+            COMPONENT_SHADOWED, "warning", chosen,
+            f"{registry.kind.label} {spec.name!r} is the one of plugin {chosen!r}, as plugins.prefer "
+            f"says; it shadows the one of {others}",
+            f"Nothing to do if {chosen!r} is the one you mean; plugins.prefer.{kind}.{spec.name}: "
+            f"{hidden[0].plugin} takes the other.",
+            ((path, get_path(ctx.config, path)), (f"plugins.prefer.{kind}.{spec.name}", chosen)),
+        ))
+    return violations
+
+
 def load_resolved(
     config_path: str, overrides: list[str] = (), extra_plugins: tuple[tuple[str, Any], ...] = ()
 ) -> tuple[ForgeConfig, Registries]:
@@ -105,8 +130,8 @@ def load_resolved(
     raw, issues = read_raw(config_path, overrides)
     loaded: list[Registries] = []
 
-    def registries_for(block: list[str]) -> Registries:
-        loaded.append(load_registries(block=tuple(block), extra=extra_plugins))
+    def registries_for(plugins: PluginsSection) -> Registries:
+        loaded.append(load_registries(block=tuple(plugins.block), extra=extra_plugins, prefer=plugins.prefer))
         return loaded[-1]
 
     config = structure_config(raw, registries_for, issues)
@@ -131,5 +156,6 @@ def judge_config(config: ForgeConfig, registries: Registries, world_size: int | 
     if world_size is None:
         world_size = world_size_from_env()
     ctx = rule_context(config, registries, world_size)
-    violations = evaluate(registries.rules, ctx) + implementation_violations(ctx, registries)
+    violations = (evaluate(registries.rules, ctx) + implementation_violations(ctx, registries)
+                  + shadow_violations(ctx, registries))
     return Judgement(config, registries, ctx, violations)

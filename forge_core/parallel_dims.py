@@ -39,8 +39,15 @@ def active_strategies(registry: Any, degrees: dict[str, int], wrappers: list[str
     strategy it ``yields_to`` is active too; a wrapper is active when named in
     ``parallel.wrappers``.
     """
+    def switched_on(s: Any) -> bool:
+        return degrees.get(s.mesh_dim, 1) > 1 if s.mesh_dim is not None else s.name in wrappers
+
+    # A strategy switched on by a degree is never named in the config, so a clashing one
+    # is refused here, with the way to choose, rather than left out of the plan.
+    for name, clash in registry.clashes.items():
+        if any(switched_on(entry.spec) for entry in clash.entries):
+            registry.get(name, "parallel")
     specs = [registry.get(name) for name in registry.names()]
-    on = {s.name for s in specs if s.mesh_dim is not None and degrees.get(s.mesh_dim, 1) > 1}
-    on |= {s.name for s in specs if s.mesh_dim is None and s.name in wrappers}
+    on = {s.name for s in specs if switched_on(s)}
     chosen = [s for s in specs if s.name in on and not (set(s.yields_to) & on)]
     return sorted(chosen, key=lambda s: (s.order, s.name))

@@ -1,8 +1,14 @@
 """Typed registries, one per kind of component, built from the registration hooks.
 
 Each hookimpl is called on its own so every spec is attributed to the plugin that
-returned it: a name registered twice is an error naming both plugins, and
-``forge-run plugins`` can list what each plugin contributes.
+returned it, and ``forge-run plugins`` can list what each plugin contributes.
+
+A name that several plugins register (a third-party ``wsd`` schedule beside the built-in
+one) is a *clash*: no config can use that name until it says whose it means, in
+``plugins.prefer`` (``{schedule: {wsd: my_plugin}}``), and everything else every plugin
+registers stays usable. Nothing wins by load order or by being third-party: a config
+that uses a clashing name without choosing gets an error naming both plugins, and a
+chosen one that shadows another is reported as a warning by ``forge-run check``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 import attrs
 
 from forge_core import specs as S
-from forge_core.errors import ForgeError, unknown_name
+from forge_core.errors import ForgeError, did_you_mean, unknown_name
 from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, load_plugins
 from forge_core.rules import Rule
 
@@ -53,11 +59,23 @@ class Entry:
 
 
 @attrs.frozen
+class Clash:
+    """A name registered by several plugins with none chosen: no config can use it."""
+
+    entries: tuple[Entry, ...]
+    message: str
+
+
+@attrs.frozen
 class Registry:
-    """The components of one kind, by name."""
+    """The components of one kind, by name: the usable ones (``entries``), the clashing
+    names no ``plugins.prefer`` resolved (``clashes``), and the components a preference
+    hid (``shadowed``, by name)."""
 
     kind: Kind
     entries: dict[str, Entry]
+    clashes: dict[str, Clash] = attrs.field(factory=dict)
+    shadowed: dict[str, tuple[Entry, ...]] = attrs.field(factory=dict)
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -65,13 +83,20 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self.entries
 
+    def refusal(self, name: str) -> str:
+        """Why ``name`` cannot be used: its clash, or unknown with a did-you-mean."""
+        if name in self.clashes:
+            return self.clashes[name].message
+        return unknown_name(self.kind.label, name, [*self.entries, *self.clashes])
+
     def get(self, name: str, path: str | None = None) -> Any:
-        """The spec registered as ``name``; an unknown name is a ForgeError with a
-        did-you-mean and the list of available names."""
+        """The spec registered as ``name``; an unknown or clashing name is a ForgeError
+        saying what exists, or how to choose."""
         try:
             return self.entries[name].spec
         except (KeyError, TypeError):
-            raise ForgeError(unknown_name(self.kind.label, name, self.entries, path)) from None
+            where = f"{path}: " if path else ""
+            raise ForgeError(where + self.refusal(name)) from None
 
     def plugin_of(self, name: str) -> str:
         return self.entries[name].plugin
@@ -88,11 +113,13 @@ class RuleEntry:
 
 @attrs.frozen
 class Registries:
-    """All registries plus the rules, from one set of loaded plugins."""
+    """All registries plus the rules, from one set of loaded plugins; the problems of the
+    ``plugins.prefer`` they were built with, as ``(config path, message)``."""
 
     plugins: LoadedPlugins
     by_kind: dict[str, Registry]
     rules: tuple[RuleEntry, ...]
+    preference_issues: tuple[tuple[str, str], ...] = ()
 
     def __getitem__(self, kind: str) -> Registry:
         return self.by_kind[kind]
@@ -130,39 +157,108 @@ def _remedy(plugins: LoadedPlugins, name: str) -> str:
     return f"Block it with FORGE_BLOCK_PLUGINS={name}{dist} to continue without it."
 
 
-def _clash_fix(plugins: LoadedPlugins, names: tuple[str, str]) -> str:
-    """How to resolve two plugins registering one name. Never advice to block a built-in
+def _origin(plugins: LoadedPlugins, name: str) -> str:
+    info = plugins.infos.get(name)
+    if info is None:
+        return repr(name)
+    version = f" {info.version}" if info.version else ""
+    return f"{name!r} ({info.distribution}{version}{', built-in' if info.builtin else ''})"
+
+
+def _is_third_party(plugins: LoadedPlugins, name: str) -> bool:
+    info = plugins.infos.get(name)
+    return name not in KERNEL_PLUGINS and not (info is not None and info.builtin)
+
+
+def _clash(plugins: LoadedPlugins, kind: Kind, name: str, entries: tuple[Entry, ...]) -> Clash:
+    """The clash of ``name`` and how to resolve it. It never advises blocking a built-in
     plugin: that would take its other components and its rules away too."""
-    infos = plugins.infos
-    third_party = [n for n in names if n not in KERNEL_PLUGINS and not (n in infos and infos[n].builtin)]
-    if not third_party:
-        return "This is a bug in Forge itself: please report it."
-    shown = " or ".join(f"FORGE_BLOCK_PLUGINS={n}" for n in third_party)
-    dists = sorted({infos[n].distribution for n in third_party if n in infos})
-    return (
-        f"Skip the third-party one with {shown} (everything it registers goes with it), uninstall "
-        f"{' or '.join(dists) or 'it'}, or ask its authors to rename the component."
+    owners = [e.plugin for e in entries]
+    origins = ", ".join(_origin(plugins, o) for o in owners[:-1]) + f" and {_origin(plugins, owners[-1])}"
+    third_party = [o for o in owners if _is_third_party(plugins, o)]
+    pick = third_party[0] if third_party else owners[0]
+    others = " or ".join(o for o in owners if o != pick)
+    message = (
+        f"{kind.label} {name!r} is registered by {len(owners)} plugins: {origins}. Say which one a "
+        f"config means with plugins.prefer: {{{kind.name}: {{{name}: {pick}}}}} (or {others}); the "
+        "other components of each stay available."
+    )
+    if third_party:
+        dists = sorted({plugins.infos[o].distribution for o in third_party
+                        if o in plugins.infos and not plugins.infos[o].distribution.startswith("<")})
+        skip = " or ".join(f"FORGE_BLOCK_PLUGINS={o}" for o in third_party)
+        ways = [f"skip the third-party plugin with {skip} (everything it registers goes with it)",
+                *([f"uninstall {' or '.join(dists)}"] if dists else []), "ask its authors to rename the component"]
+        message += f" Or {', '.join(ways[:-1])}, or {ways[-1]}."
+    return Clash(entries, message)
+
+
+def _preferred(
+    plugins: LoadedPlugins, kind: Kind, name: str, found: list[Entry], plugin: str
+) -> tuple[Entry | None, str | None]:
+    """The entry ``plugins.prefer`` names for ``name``, or the problem with the choice."""
+    for entry in found:
+        if entry.plugin == plugin:
+            return entry, None
+    owners = [e.plugin for e in found]
+    blocked = " (it is blocked)" if plugin in plugins.blocked else ""
+    return None, (
+        f"plugin {plugin!r}{blocked} does not register the {kind.label} {name!r}, "
+        f"which {' and '.join(map(repr, owners))} {'does' if len(owners) == 1 else 'do'}."
+        f"{did_you_mean(plugin, owners)} Name one of: {', '.join(owners)}."
     )
 
 
-def build_registries(plugins: LoadedPlugins) -> Registries:
+def _apply_preferences(
+    plugins: LoadedPlugins, kind: Kind, candidates: dict[str, list[Entry]], prefer: dict[str, str]
+) -> tuple[Registry, list[tuple[str, str]]]:
+    entries: dict[str, Entry] = {}
+    clashes: dict[str, Clash] = {}
+    shadowed: dict[str, tuple[Entry, ...]] = {}
+    issues: list[tuple[str, str]] = []
+    for name, plugin in prefer.items():
+        if name not in candidates:
+            issues.append((f"$.plugins.prefer.{kind.name}.{name}", unknown_name(kind.label, name, candidates)))
+    for name, found in candidates.items():
+        chosen, problem = _preferred(plugins, kind, name, found, prefer[name]) if name in prefer else (None, None)
+        if problem:
+            issues.append((f"$.plugins.prefer.{kind.name}.{name}", problem))
+        if chosen is not None:
+            entries[name] = chosen
+            if len(found) > 1:
+                shadowed[name] = tuple(e for e in found if e is not chosen)
+        elif len(found) == 1:
+            entries[name] = found[0]
+        else:
+            built_in_first = sorted(found, key=lambda e: (_is_third_party(plugins, e.plugin), e.plugin))
+            clashes[name] = _clash(plugins, kind, name, tuple(built_in_first))
+    return Registry(kind, entries, clashes, shadowed), issues
+
+
+def build_registries(plugins: LoadedPlugins, prefer: dict[str, dict[str, str]] | None = None) -> Registries:
+    """The registries of ``plugins``; ``prefer`` (the config's ``plugins.prefer``, kind ->
+    component name -> plugin) says whose component a clashing name means."""
+    prefer = prefer or {}
+    kinds = {kind.name for kind in KINDS}
+    issues = [(f"$.plugins.prefer.{k}", unknown_name("kind of component", k, kinds)) for k in prefer if k not in kinds]
     by_kind: dict[str, Registry] = {}
     for kind in KINDS:
-        entries: dict[str, Entry] = {}
+        candidates: dict[str, list[Entry]] = {}
         for plugin, spec in _results(plugins, kind.hook):
             if not isinstance(spec, kind.spec_cls):
                 raise ForgeError(
                     f"plugin {plugin!r}: {kind.hook}() returned {spec!r}; expected "
                     f"{kind.spec_cls.__name__} objects."
                 )
-            if spec.name in entries:
-                first = entries[spec.name].plugin
+            found = candidates.setdefault(spec.name, [])
+            if any(e.plugin == plugin for e in found):
                 raise ForgeError(
-                    f"{kind.label} {spec.name!r} is registered by two plugins: {first!r} and "
-                    f"{plugin!r}. {_clash_fix(plugins, (first, plugin))}"
+                    f"plugin {plugin!r} registers the {kind.label} {spec.name!r} twice. "
+                    f"{_remedy(plugins, plugin)}"
                 )
-            entries[spec.name] = Entry(spec, plugin)
-        by_kind[kind.name] = Registry(kind, entries)
+            found.append(Entry(spec, plugin))
+        by_kind[kind.name], more = _apply_preferences(plugins, kind, candidates, prefer.get(kind.name, {}))
+        issues += more
     rules: dict[str, RuleEntry] = {}
     for plugin, rule in _results(plugins, "forge_rules"):
         if not isinstance(rule, Rule):
@@ -172,9 +268,13 @@ def build_registries(plugins: LoadedPlugins) -> Registries:
                 f"rule {rule.id!r} is declared by two plugins: {rules[rule.id].plugin!r} and {plugin!r}."
             )
         rules[rule.id] = RuleEntry(rule, plugin, kernel=plugin in KERNEL_PLUGINS)
-    return Registries(plugins, by_kind, tuple(rules.values()))
+    return Registries(plugins, by_kind, tuple(rules.values()), tuple(issues))
 
 
-def load_registries(block: tuple[str, ...] = (), extra: tuple[tuple[str, Any], ...] = ()) -> Registries:
+def load_registries(
+    block: tuple[str, ...] = (),
+    extra: tuple[tuple[str, Any], ...] = (),
+    prefer: dict[str, dict[str, str]] | None = None,
+) -> Registries:
     """Load plugins and build the registries in one call."""
-    return build_registries(load_plugins(block=block, extra=extra))
+    return build_registries(load_plugins(block=block, extra=extra), prefer)

@@ -42,6 +42,20 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Forge's caches (tokenized sources, the measured peak) in a directory of this test
+    session, inherited by the processes tests start: no test reads what an earlier
+    session, or the user, left in ~/.cache/forge."""
+    previous = os.environ.get("FORGE_CACHE_DIR")
+    os.environ["FORGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("forge-cache"))
+    yield Path(os.environ["FORGE_CACHE_DIR"])
+    if previous is None:
+        os.environ.pop("FORGE_CACHE_DIR", None)
+    else:
+        os.environ["FORGE_CACHE_DIR"] = previous
+
+
 @pytest.fixture
 def cfg(tmp_path):
     """Write a config dict to a YAML file and return its path."""

@@ -362,22 +362,44 @@ def test_builtin_packers_pass_the_kit(name, options, emitted, lossless):
 
 
 def _mutating(base: str, mutate, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
-    """A PackerSpec whose packer is the built-in ``base`` with its output mutated."""
+    """A PackerSpec whose packer returns the built-in ``base``'s rows, mutated (through
+    the deprecated eager ``pack``, which hands the kit whole rows to break)."""
+    from forge_core.data.packed_rows import pack_documents
+    from forge_core.specs import import_path
+
+    base_cls = import_path(base)
+
+    class Mutated:
+        def __init__(self, options, **kwargs):
+            self.inner = base_cls(options, **kwargs)
+
+        def pack(self, documents):
+            out = pack_documents(self.inner, documents)
+            mutate(out)
+            return out
+
+    return _park(Mutated, emits=emits, emits_when=emits_when, options=options)
+
+
+def _park(cls, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
+    # Specs name their implementation by import path: park the class where one reaches it.
+    attr = f"m{len(vars(_MUTANTS))}"
+    setattr(_MUTANTS, attr, cls)
+    kwargs = {"options": options} if options is not None else {}
+    return PackerSpec(name="mutant", summary="s", impl=f"{__name__}:_MUTANTS.{attr}", emits=emits, emits_when=emits_when, **kwargs)
+
+
+def _lazy_mutant(base: str, change):
+    """A lazy packer whose layout is the built-in ``base``'s, changed by ``change(layout, lengths)``."""
     from forge_core.specs import import_path
 
     base_cls = import_path(base)
 
     class Mutated(base_cls):
-        def pack(self, documents):
-            out = super().pack(documents)
-            mutate(out)
-            return out
+        def layout(self, lengths):
+            return change(super().layout(lengths), lengths)
 
-    # Specs name their implementation by import path: park the class where one reaches it.
-    attr = f"m{len(vars(_MUTANTS))}"
-    setattr(_MUTANTS, attr, Mutated)
-    kwargs = {"options": options} if options is not None else {}
-    return PackerSpec(name="mutant", summary="s", impl=f"{__name__}:_MUTANTS.{attr}", emits=emits, emits_when=emits_when, **kwargs)
+    return _park(Mutated)
 
 
 _MUTANTS = types.SimpleNamespace()
@@ -440,9 +462,9 @@ def _no_labels(out):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (_mutating(BFD, _drop(DOC_IDS, POSITIONS)), r"declares that it emits \{doc_ids, positions\}.*returned no doc_ids, positions"),
-        (_mutating(BFD, lambda out: None, emits=frozenset()), "returned doc_ids, positions, which the spec does not declare"),
-        (_mutating(BFD, lambda out: None, emits_when="isolate", options=_Switch), r"with isolate=False: pack\(\) returned doc_ids"),
+        (_mutating(BFD, _drop(DOC_IDS, POSITIONS)), r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids, positions"),
+        (_mutating(BFD, lambda out: None, emits=frozenset()), "rows carry doc_ids, positions, which the spec does not declare"),
+        (_mutating(BFD, lambda out: None, emits_when="isolate", options=_Switch), r"with isolate=False: its rows carry doc_ids"),
         (_mutating(CONCAT, _eos_labels_cross), "label must not cross a document boundary"),
         (_mutating(BFD, _merge_documents), "spans two documents"),
         (_mutating(CONCAT, _eos_opens_the_next_document), r"spans two documents \(an EOS of unknown document then document \d+ token 0\)"),
@@ -455,9 +477,55 @@ def _no_labels(out):
     ids=["declared-not-emitted", "emitted-not-declared", "emits_when-ignored", "label-crosses",
          "merged-doc-ids", "eos-in-next-doc", "positions", "duplicate", "dtype", "no-labels", "wrong-labels"],
 )
+@pytest.mark.filterwarnings("ignore:.*eager packer contract:FutureWarning")
 def test_broken_packers_fail_with_a_specific_message(spec, message):
     with pytest.raises(AssertionError, match=message):
         check_packer(spec)
+
+
+def _overlap(layout, lengths):
+    return attrs.evolve(layout, starts=np.minimum(layout.starts + 1, layout.starts.max()))
+
+
+def _no_metadata(layout, lengths):
+    return attrs.evolve(layout, metadata=False)
+
+
+def _mutates_lengths(layout, lengths):
+    lengths[:] = 0
+    return layout
+
+
+_CALLS = iter(range(10**6))
+
+
+def _changes_every_call(layout, lengths):
+    """Every other call, the same rows in reverse order: a valid layout, but another one."""
+    if next(_CALLS) % 2 == 0:
+        return layout
+    per_row = np.diff(layout.row_ptr)
+    row = np.repeat(np.arange(layout.rows), per_row)
+    order = np.lexsort((np.arange(layout.num_pieces), -row))
+    return attrs.evolve(layout, starts=layout.starts[order], lengths=layout.lengths[order],
+                        row_ptr=np.concatenate([[0], np.cumsum(per_row[::-1])]))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (_lazy_mutant(BFD, _overlap), "layout\\(\\) broke the packer contract: pieces overlap"),
+    (_lazy_mutant(BFD, _no_metadata), r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids"),
+    (_lazy_mutant(BFD, _mutates_lengths), "layout\\(\\) modified the lengths it was given"),
+    (_lazy_mutant(BFD, _changes_every_call), "twice gave different results"),
+], ids=["overlap", "metadata-off", "mutates-lengths", "nondeterministic"])
+def test_broken_lazy_packers_fail_with_a_specific_message(spec, message):
+    with pytest.raises(AssertionError, match=message):
+        check_packer(spec)
+
+
+def test_an_eager_only_packer_still_passes_with_a_warning_naming_the_lazy_contract():
+    spec = _mutating(BFD, lambda out: None)
+    with pytest.warns(FutureWarning, match=r"eager packer contract \(deprecated\).*Implement layout\(lengths\) -> RowLayout"):
+        report = check_packer(spec, lossless=True)
+    assert report.emitted == {DOC_IDS, POSITIONS}
 
 
 def test_lossless_is_enforced_when_asked():

@@ -91,6 +91,11 @@ def faults(tmp_path, monkeypatch):
     return config
 
 
+def error_line(err: str) -> str:
+    """The report's error line (progress notes such as the token cache's come before it)."""
+    return next(line for line in err.splitlines() if line.startswith("error:"))
+
+
 def run(capsys, path: str) -> tuple[int, str]:
     code = main([path])
     return code, capsys.readouterr().err
@@ -103,7 +108,7 @@ def run(capsys, path: str) -> tuple[int, str]:
 def test_a_component_that_fails_to_build_names_itself_and_its_plugin(faults, capsys, model, original):
     code, err = run(capsys, faults(model={"name": model, "options": {}}))
     assert code == 2
-    assert err.startswith(f"error: building model {model!r} (plugin 'faults') failed: {original}"), err
+    assert error_line(err).startswith(f"error: building model {model!r} (plugin 'faults') failed: {original}"), err
     assert "Traceback" not in err
 
 
@@ -123,7 +128,7 @@ def test_file_errors_and_missing_modules_of_components_exit_2(faults, capsys, tm
 def test_a_component_failing_while_training_is_named(faults, capsys):
     code, err = run(capsys, faults(logging={"loggers": ["bomb"]}))
     assert code == 2 and "Traceback" not in err
-    assert err.startswith("error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"), err
+    assert error_line(err).startswith("error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"), err
     assert "forge_faults.py" in err and "in forge_step_end" in err
 
 
@@ -137,7 +142,7 @@ def test_a_kernel_failure_is_one_line_and_the_traceback_is_opt_in(faults, capsys
     path = faults()
     code, err = run(capsys, path)
     assert code == 1
-    assert err.startswith("error: unexpected RuntimeError: internal invariant broken (at ")
+    assert error_line(err).startswith("error: unexpected RuntimeError: internal invariant broken (at ")
     assert "FORGE_TRACEBACK=1 shows the traceback" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     monkeypatch.setenv("FORGE_TRACEBACK", "1")

@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 import pytest
 
+from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
 from forge_core.specs import DOC_IDS, POSITIONS
 from forge_plugins.packers import plugin
 from forge_plugins.packers.bfd import BfdPacker, place
@@ -22,10 +23,19 @@ EOS = 9
 X = -100
 
 
+def packed(packer, documents):
+    """Every row of ``packer``'s layout of ``documents``, as a run reads them, and the stats."""
+    stream = DocumentStream.from_documents(documents)
+    layout = check_layout(packer.layout(stream.lengths.copy()), stream, packer.seq_len, "packer")
+    rows = PackedRows(layout, stream, eos_id=packer.eos_id, pad_id=packer.pad_id)
+    return rows.read(np.arange(rows.num_rows)), rows.stats
+
+
 def concat(stream, seq_len=4, isolate=True):
+    """``concat`` over a raw stream (one "document" holding EOS ids wherever the test puts them)."""
     packer = ConcatPacker(ConcatOptions(isolate=isolate), seq_len=seq_len, eos_id=EOS, pad_id=0)
-    out = packer.pack_stream(np.asarray(stream, dtype=np.int64))
-    return {k: v.tolist() for k, v in out.items()}, packer.stats
+    out, stats = packed(packer, [np.asarray(stream, dtype=np.int64)])
+    return {k: v.tolist() for k, v in out.items()}, stats
 
 
 # --- concat: pinned semantics ------------------------------------------------------
@@ -90,7 +100,7 @@ def test_concat_needs_seq_len_plus_one_tokens_for_a_row():
 def test_concat_pack_joins_documents_and_returns_int64():
     docs = [np.array([1, 2, EOS], np.int32), np.array([3, EOS], np.int32), np.array([4, 5, EOS], np.int32)]
     packer = ConcatPacker(ConcatOptions(), seq_len=3, eos_id=EOS, pad_id=0)
-    out = packer.pack(docs)
+    out, _ = packed(packer, docs)
     ref, _ = concat(np.concatenate(docs), seq_len=3)
     assert {k: v.tolist() for k, v in out.items()} == ref
     assert all(v.dtype == np.int64 and v.shape == (2, 3) for v in out.values())
@@ -161,7 +171,7 @@ def test_bfd_places_every_token_once_and_splits_only_long_documents_in_order(see
     lengths = np.maximum(1, rng.lognormal(np.log(S / 3), 1.0, int(rng.integers(1, 200))).astype(int))
     docs = unique_docs(lengths)
     packer = BfdPacker(None, seq_len=S, eos_id=EOS, pad_id=0)
-    out = packer.pack(docs)
+    out, stats = packed(packer, docs)
     ids, labels, doc_ids, positions = (out[k] for k in ("input_ids", "labels", "doc_ids", "positions"))
     assert ids.shape[1] == S and all(v.shape == ids.shape and v.dtype == np.int64 for v in out.values())
 
@@ -199,9 +209,9 @@ def test_bfd_places_every_token_once_and_splits_only_long_documents_in_order(see
     for chunks in chunk_rows.values():  # the chunks of a long document come in order
         assert [r for _, r in sorted(chunks)] == sorted(r for _, r in chunks)
 
-    assert packer.stats["fill"] == pytest.approx(real.sum() / ids.size)
-    assert packer.stats["kept"] == 1.0
-    assert packer.stats["split_documents"] == int((lengths > S).sum())
+    assert stats["fill"] == pytest.approx(real.sum() / ids.size)
+    assert stats["kept"] == 1.0
+    assert stats["split_documents"] == int((lengths > S).sum())
 
 
 @pytest.mark.numerical
@@ -283,13 +293,13 @@ def test_line_count_sees_a_scan_over_rows():
 def test_none_pads_short_and_truncates_long_documents():
     docs = [np.array([1, 2, EOS]), np.array([3, 4, 5, 6, 7, EOS])]
     packer = NonePacker(None, seq_len=4, eos_id=EOS, pad_id=0)
-    out = packer.pack(docs)
+    out, stats = packed(packer, docs)
     assert set(out) == {"input_ids", "labels"}
     assert out["input_ids"].tolist() == [[1, 2, EOS, 0], [3, 4, 5, 6]]
     # The last kept token of a truncated document keeps its label (the next token).
     assert out["labels"].tolist() == [[2, EOS, X, X], [4, 5, 6, 7]]
-    assert packer.stats["kept"] == pytest.approx(7 / 9)
-    assert packer.stats["fill"] == pytest.approx(7 / 8)
+    assert stats["kept"] == pytest.approx(7 / 9)
+    assert stats["fill"] == pytest.approx(7 / 8)
 
 
 # --- registration ------------------------------------------------------------------
@@ -304,7 +314,7 @@ def test_specs_declare_what_each_packer_emits():
     assert specs["bfd"].emitted(None) == {DOC_IDS, POSITIONS}
     for spec in specs.values():
         packer = spec.load()(spec.options(), seq_len=4, eos_id=EOS, pad_id=0)
-        out = packer.pack([np.array([1, 2, 3, EOS]), np.array([4, 5, EOS])])
+        out, _ = packed(packer, [np.array([1, 2, 3, EOS]), np.array([4, 5, EOS])])
         assert set(out) == {"input_ids", "labels"} | spec.emitted(spec.options())
 
 

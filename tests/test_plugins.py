@@ -1,5 +1,5 @@
-"""Plugin manager and registries: entry-point discovery, blocking, and the errors a
-plugin author meets (failed import, duplicate name, misspelled hook)."""
+"""Plugin manager and registries: entry-point discovery, blocking, name clashes and
+``plugins.prefer``, and the errors a plugin author meets (failed import, misspelled hook)."""
 
 from __future__ import annotations
 
@@ -85,17 +85,6 @@ class _Misspelled:
 def test_misspelled_hook_is_an_error_with_did_you_mean():
     with pytest.raises(ForgeError, match=r"unknown hook 'forge_packer'\. Did you mean 'forge_packers'\?"):
         load_plugins(extra=[("typo", _Misspelled())])
-
-
-class _DuplicateBackend:
-    @hookimpl
-    def forge_attention_backends(self):
-        return [AttentionBackendSpec(name="sdpa", summary="shadow", impl="x.y:Z")]
-
-
-def test_duplicate_component_name_names_both_plugins():
-    with pytest.raises(ForgeError, match=r"attention backend 'sdpa' is registered by two plugins: 'attention' and 'dup'"):
-        build_registries(load_plugins(extra=[("dup", _DuplicateBackend())]))
 
 
 class _WrongType:
@@ -200,18 +189,124 @@ def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(cfg, 
     assert "blocked plugins (their components and rules not loaded): loggers" in out
 
 
-class _ShadowsSdpa:
-    @hookimpl
-    def forge_attention_backends(self):
-        return [AttentionBackendSpec(name="sdpa", summary="shadow", impl="x.y:Z")]
+# --- name clashes: a third-party component named like a built-in ---------------------
+
+WSD_PLUGIN = """
+from forge_core.hookspecs import hookimpl
+from forge_core.specs import ScheduleSpec
+
+@hookimpl
+def forge_schedules():
+    return [ScheduleSpec(name="wsd", summary="My own warmup-stable-decay", impl="os.path:join")]
+"""
 
 
-def test_a_name_clash_never_advises_blocking_a_builtin_plugin():
+@pytest.fixture
+def wsd_site(tmp_path, monkeypatch):
+    """An installed package that registers ``wsd``, which the built-in ``optim`` has too."""
+    site = make_distribution(tmp_path / "site", "forge-mywsd", "2.0", {"mywsd_plugin": WSD_PLUGIN}, {"mywsd": "mywsd_plugin"})
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def test_a_clash_leaves_every_other_component_of_both_plugins_usable(wsd_site):
+    registries = load_registries()
+    schedules = registries["schedule"]
+    assert "wsd" not in schedules and {"cosine", "linear", "constant"} <= set(schedules.names())
+    assert "adamw" in registries["optimizer"]
     with pytest.raises(ForgeError) as info:
-        build_registries(load_plugins(extra=[("shadow", _ShadowsSdpa())]))
+        schedules.get("wsd", "train.schedule")
     message = str(info.value)
-    assert "Skip the third-party one with FORGE_BLOCK_PLUGINS=shadow" in message
-    assert "FORGE_BLOCK_PLUGINS=attention" not in message
+    assert message.startswith("train.schedule: schedule 'wsd' is registered by 2 plugins: 'optim' "
+                              "(forge-trainer 0.1.0, built-in) and 'mywsd' (forge-mywsd 2.0).")
+    assert "plugins.prefer: {schedule: {wsd: mywsd}} (or optim)" in message
+    # Never advice to block the built-in plugin: its other components and rules would go too.
+    assert "FORGE_BLOCK_PLUGINS=mywsd" in message and "FORGE_BLOCK_PLUGINS=optim" not in message
+    assert "uninstall forge-mywsd" in message
+
+
+def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_site, cfg, capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule     wsd            My own warmup-stable-decay  [also registered by 'optim']" in out
+    assert "name clashes: a config can use these names only once it says whose it means" in out
+    assert "    schedule 'wsd': 'optim', 'mywsd'" in out
+    assert main(["rules"]) == 0
+    capsys.readouterr()
+
+    quickstart = str(REPO / "configs" / "quickstart.yaml")
+    assert main(["check", quickstart]) == 0  # cosine: the clash does not concern it
+    capsys.readouterr()
+    assert main(["check", quickstart, "train.schedule=wsd"]) == 2
+    err = capsys.readouterr().err
+    assert "error: $.train.schedule: schedule 'wsd' is registered by 2 plugins" in err
+    assert "Traceback" not in err
+
+    for chosen, other, summary in (("mywsd", "optim", "My own"), ("optim", "mywsd", "Warmup-stable-decay")):
+        overrides = ["train.schedule=wsd", f"plugins.prefer.schedule.wsd={chosen}"]
+        assert main(["check", quickstart, *overrides]) == 0
+        out = capsys.readouterr().out
+        assert "[component.shadowed]" in out
+        assert f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; it shadows the one of {other!r}" in out
+        from forge_core.judge import judge
+
+        assert judge(quickstart, overrides).context.specs["schedule"].summary.startswith(summary)
+
+
+def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, cfg, capsys):
+    path = cfg({"plugins": {"block": ["mywsd"], "prefer": {
+        "schedules": {"wsd": "mywsd"},
+        "schedule": {"wsd": "mywsd", "cosin": "optim"},
+        "optimizer": {"adamw": "optimm"},
+    }}})
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err
+    assert "$.plugins.prefer.schedules: unknown kind of component 'schedules'. Did you mean 'schedule'?" in err
+    assert "$.plugins.prefer.schedule.cosin: unknown schedule 'cosin'. Did you mean 'cosine'?" in err
+    assert ("$.plugins.prefer.schedule.wsd: plugin 'mywsd' (it is blocked) does not register the schedule "
+            "'wsd', which 'optim' does.") in err
+    assert "$.plugins.prefer.optimizer.adamw: plugin 'optimm' does not register the optimizer 'adamw', which 'optim' does. Did you mean 'optim'?" in err
+
+
+def test_a_preference_pins_a_name_no_other_plugin_registers():
+    registries = load_registries(prefer={"schedule": {"cosine": "optim"}})
+    assert registries.preference_issues == () and registries["schedule"].shadowed == {}
+    assert registries["schedule"].plugin_of("cosine") == "optim"
+
+
+def test_a_clashing_strategy_switched_on_by_a_degree_is_refused_not_dropped():
+    from forge_core.parallel_dims import active_strategies
+    from forge_core.specs import ParallelismSpec
+
+    class MyDdp:
+        @hookimpl
+        def forge_parallelisms(self):
+            return [ParallelismSpec(name="ddp", summary="mine", impl="os.path:join", mesh_dim="dp_replicate")]
+
+    registry = load_registries(extra=(("myddp", MyDdp()),))["parallelism"]
+    assert [s.name for s in active_strategies(registry, {"tp": 2}, [])] == ["tp"]
+    with pytest.raises(ForgeError, match=r"parallel: parallelism strategy 'ddp' is registered by 2 plugins"):
+        active_strategies(registry, {"dp_replicate": 2}, [])
+
+
+def test_a_plugin_registering_one_name_twice_is_named():
+    class Twice:
+        @hookimpl
+        def forge_packers(self):
+            return [PackerSpec(name="twin", summary="a", impl="x.y:Z"), PackerSpec(name="twin", summary="b", impl="x.y:Z")]
+
+    with pytest.raises(ForgeError, match=r"plugin 'twice' registers the packer 'twin' twice\. Block it with FORGE_BLOCK_PLUGINS=twice"):
+        load_registries(extra=(("twice", Twice()),))
+
+
+def test_a_resumed_run_keeps_the_choice_its_config_made(wsd_site, tmp_path):
+    from forge_core.train.rundir import load_run_config
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(
+        "train: {schedule: wsd}\nplugins: {prefer: {schedule: {wsd: mywsd}}}\n")
+    config, registries = load_run_config(tmp_path / "run")
+    assert registries["schedule"].plugin_of(config.train.schedule) == "mywsd"
 
 
 def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(cfg):

@@ -12,7 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from forge_core.data.pipeline import build_rows, documents_with_eos
+from forge_core.data.build import pack, source_shards
+from forge_core.data.packed_rows import pack_documents
+from forge_core.data.pipeline import document_hashes, tokenize
 from forge_core.data.prepare import prepare
 from forge_core.data.shards import Shards
 from forge_core.errors import ForgeError
@@ -53,6 +55,23 @@ def quiet(*args, **kwargs):
     return prepare(*args, progress=False, report=lambda _: None, **kwargs)
 
 
+def documents_with_eos(source, tokenizer):
+    return [np.append(d, np.int32(tokenizer.eos_id)) for batch, _ in tokenize(source, tokenizer, progress=False)
+            for d in batch]
+
+
+def build_rows(source, tokenizer, packer, cache_dir):
+    """Every row a run reads from ``source`` (through its shards, or the cache in ``cache_dir``)."""
+    from forge_core.config.schema import CacheSection
+    from forge_plugins.packers import plugin
+
+    spec = {s.name: s for s in plugin.forge_packers()}[{"ConcatPacker": "concat", "BfdPacker": "bfd"}[type(packer).__name__]]
+    shards, _ = source_shards(source, tokenizer, CacheSection(dir=str(cache_dir)), "test", report=lambda m: None)
+    stream = shards.stream(tokenizer.eos_id, tokenizer.vocab_size)
+    rows = pack(packer, spec, spec.options(), stream, packer.seq_len, tokenizer.eos_id, tokenizer.pad_id)
+    return rows.read(np.arange(rows.num_rows))
+
+
 def packers():
     return [
         ConcatPacker(ConcatOptions(), seq_len=64, eos_id=BYTE.eos_id, pad_id=BYTE.pad_id),
@@ -65,22 +84,25 @@ def test_round_trip_text_shards_rows_equals_direct(text_source, tmp_path):
     assert index["num_documents"] == 303 and index["dtype"] == "uint16"
     shard_source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
     assert shard_source.tokenizer_identity == BYTE.identity
-    direct_docs = documents_with_eos(text_source, BYTE, progress=False)
-    shard_docs = documents_with_eos(shard_source, BYTE, progress=False)
+    direct_docs = documents_with_eos(text_source, BYTE)
+    shard_docs = documents_with_eos(shard_source, BYTE)
     assert [d.tolist() for d in shard_docs] == [d.tolist() for d in direct_docs]
     assert all(d[-1] == BYTE.eos_id and (d[:-1] < 256).all() for d in direct_docs)
+    # The hashes are those of the texts (not of the tokens), made while tokenizing.
+    assert np.array_equal(Shards(tmp_path / "shards").hashes, document_hashes(list(text_source.documents())))
     for direct_packer, shard_packer in zip(packers(), packers()):
-        direct = build_rows(text_source, BYTE, direct_packer, progress=False)
-        from_shards = build_rows(shard_source, BYTE, shard_packer, progress=False)
+        direct = pack_documents(direct_packer, direct_docs)
+        from_shards = build_rows(shard_source, BYTE, shard_packer, tmp_path / "cache")
         assert direct.keys() == from_shards.keys()
         for key in direct:
             assert np.array_equal(direct[key], from_shards[key]), key
+    assert not (tmp_path / "cache").exists()  # shards are read as they are, never cached again
 
 
 def test_prepare_is_deterministic(text_source, tmp_path):
     quiet(text_source, BYTE, tmp_path / "one")
     quiet(text_source, BYTE, tmp_path / "two")
-    for name in ("index.json", "tokens.bin", "offsets.npy"):
+    for name in ("index.json", "tokens.bin", "offsets.npy", "hashes.npy"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
@@ -151,7 +173,7 @@ def test_shards_from_another_tokenizer_are_refused(text_source, tmp_path):
     source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
     match = "tokenized with 'byte:utf-8.*configured tokenizer is 'byte:latin-1'"
     with pytest.raises(ForgeError, match=match):
-        build_rows(source, Other(None), packers()[0], progress=False)
+        build_rows(source, Other(None), packers()[0], tmp_path / "cache")
 
 
 def test_ids_outside_the_vocabulary_are_refused(text_source, tmp_path):
@@ -162,9 +184,10 @@ def test_ids_outside_the_vocabulary_are_refused(text_source, tmp_path):
     tokens.flush()
     del tokens
     source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
-    match = "document 5 holds token id 300, outside the tokenizer's vocabulary of 258"
+    # Ids were checked when written; a file damaged since is caught when its row is read.
+    match = r"tokens\.bin: document 5 holds token id 300, outside the tokenizer's vocabulary of 258"
     with pytest.raises(ForgeError, match=match):
-        build_rows(source, BYTE, packers()[0], progress=False)
+        build_rows(source, BYTE, packers()[0], tmp_path / "cache")
 
 
 def test_damaged_shards_are_refused(text_source, tmp_path):
@@ -175,10 +198,17 @@ def test_damaged_shards_are_refused(text_source, tmp_path):
         ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
 
 
-def test_corpus_smaller_than_one_row_is_an_error():
-    packer = ConcatPacker(ConcatOptions(), seq_len=64, eos_id=BYTE.eos_id, pad_id=BYTE.pad_id)
+def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
+    from forge_core.data.build import build_training_data
+    from forge_core.judge import load_resolved
+
+    (tmp_path / "tiny.txt").write_text("hello\n\nworld!")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data: {{source: text, source_options: {{paths: ['{tmp_path / 'tiny.txt'}'], separator: \"\\n\\n\"}}, "
+                      f"seq_len: 64, cache: {{dir: '{tmp_path / 'cache'}'}}}}\n")
+    cfg, registries = load_resolved(str(config))
     with pytest.raises(ForgeError, match="13 tokens in 2 documents, not enough for one row of seq_len 64"):
-        build_rows(ListSource(["hello", "world!"]), BYTE, packer, progress=False)
+        build_training_data(cfg, registries, BYTE, report=lambda m: None)
 
 
 # --- forge-run prepare ----------------------------------------------------------------
@@ -224,3 +254,15 @@ def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
     first = next(iter(source.documents()))
     assert tok.decode(first) == "def f0(x):\n    return x * 0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "corpus.txt", "shards"]
+
+
+def test_cli_refuses_a_mixture(tmp_path):
+    import argparse
+
+    from forge_core.data.prepare_cli import main
+
+    config = tmp_path / "mix.yaml"
+    config.write_text("data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n")
+    args = argparse.Namespace(config=str(config), overrides=[], out=str(tmp_path / "out"), train_bpe=0)
+    with pytest.raises(ForgeError, match=r"mixes 2 sources \(data.sources\); `forge-run prepare` tokenizes one"):
+        main(args)

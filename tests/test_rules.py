@@ -218,7 +218,7 @@ def test_shard_directories_are_checked_from_their_index(cfg, tmp_path):
                                              "eos_id": 0, "pad_id": 0})
     import numpy as np
 
-    writer.add([np.arange(5)])
+    writer.add([np.arange(5)], np.zeros(1, np.uint64))
     writer.commit("test")
     path = shards(tmp_path / "good")
     assert "tokenized with the 'hf' tokenizer, but data.tokenizer is 'byte'" in rule_errors(path)["shards.directory"]

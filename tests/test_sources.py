@@ -161,7 +161,7 @@ def test_shard_source_errors(tmp_path):
 
 def test_specs_and_documented_options():
     specs = {s.name: s for s in plugin.forge_sources()}
-    assert set(specs) == {"text", "shards", "stdlib"}
+    assert set(specs) == {"text", "shards", "stdlib", "hf_datasets"}
     assert specs["shards"].pretokenized and not specs["text"].pretokenized
     for spec in specs.values():
         assert spec.load()  # the lazy path resolves
@@ -176,3 +176,29 @@ def test_plugin_module_imports_nothing_heavy():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_binary_file_is_refused_naming_it(corpus):
+    (corpus / "blob.txt").write_bytes(b"GIF89a\x00\x01\x02 looks like text after the header")
+    with pytest.raises(ForgeError, match=r"blob\.txt, line 1: a NUL byte \(at byte 6\): this looks like a binary file"):
+        docs(paths=["blob.txt"])
+    assert docs(paths=["blob.txt"], encoding_errors="replace")[0].startswith("GIF89a\x00")
+    (corpus / "rec.jsonl").write_bytes(b'{"text": "a"}\n{"text": "b\x00"}\n')
+    with pytest.raises(ForgeError, match=r"rec\.jsonl, line 2: a NUL byte"):
+        docs(paths=["rec.jsonl"])
+
+
+def test_the_fingerprint_follows_content_and_settings_not_location(corpus, tmp_path):
+    base = TextSource(TextOptions(paths=["a.txt", "b/*.txt"])).fingerprint()
+    assert base == TextSource(TextOptions(paths=["a.txt", "b/*.txt"])).fingerprint()
+    assert base != TextSource(TextOptions(paths=["a.txt", "b/*.txt"], separator="\n\n")).fingerprint()
+    assert base != TextSource(TextOptions(paths=["b/*.txt", "a.txt"])).fingerprint()  # order matters
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (moved / "a.txt").write_bytes((corpus / "a.txt").read_bytes())
+    (moved / "b").mkdir()
+    for f in ("1.txt", "2.txt"):
+        (moved / "b" / f).write_bytes((corpus / "b" / f).read_bytes())
+    assert base == TextSource(TextOptions(paths=[str(moved / "a.txt"), str(moved / "b/*.txt")])).fingerprint()
+    (corpus / "b" / "2.txt").write_text("secoND")
+    assert base != TextSource(TextOptions(paths=["a.txt", "b/*.txt"])).fingerprint()

@@ -18,7 +18,7 @@ import yaml
 
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
 from forge_core.config.validators import INT_MAX, INT_MIN
-from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value, unknown_name
+from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value
 
 
 class ConfigError(ForgeError):
@@ -338,7 +338,17 @@ def _strict_list(value: Any, cl: type) -> list:
     if not isinstance(value, list):
         raise ScalarError(f"expected a list, got {show_value(value)} ({_type_name(value)})")
     (item_type,) = typing.get_args(cl) or (Any,)
-    return [converter.structure(item, item_type) for item in value]
+    out, errors = [], []
+    for i, item in enumerate(value):
+        try:
+            out.append(converter.structure(item, item_type))
+        except Exception as exc:  # noqa: BLE001 - collected, every item reported at its index
+            exc.__notes__ = [*getattr(exc, "__notes__", []),
+                             cattrs.errors.IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type)]
+            errors.append(exc)
+    if errors:
+        raise cattrs.errors.IterableValidationError(f"While structuring {cl!r}", errors, cl)
+    return out
 
 
 class FieldValidatorError(ValueError):
@@ -512,7 +522,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         if not isinstance(name, str):
             continue  # not a name: the schema reports it
         if name not in registry:
-            issues.append((f"$.{block.name_path}", unknown_name(registry.kind.label, name, registry.names())))
+            issues.append((f"$.{block.name_path}", registry.refusal(name)))
             continue
         options = lookup(block.options_path)
         if options is _UNUSABLE:
@@ -524,13 +534,14 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
             value, problems = _resolved(spec, value, f"$.{block.options_path}")
             issues.extend(problems)
         values[block.options_path] = value
+    issues += _structure_source_entries(lookup, registries["source"], values)
     for block in KEYED_BLOCKS:
         registry = registries[block.kind]
         names = lookup(block.name_path)
         if isinstance(names, list):
             for i, name in enumerate(names):
                 if isinstance(name, str) and name not in registry:
-                    issues.append((f"$.{block.name_path}[{i}]", unknown_name(registry.kind.label, name, registry.names())))
+                    issues.append((f"$.{block.name_path}[{i}]", registry.refusal(name)))
         given = lookup(block.options_path)
         if not isinstance(given, dict):
             continue
@@ -538,13 +549,49 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         for name, opts in given.items():
             where = f"$.{block.options_path}.{name}"
             if name not in registry:
-                issues.append((where, unknown_name(registry.kind.label, name, registry.names())))
+                issues.append((where, registry.refusal(name)))
                 continue
             value, problems = structure(opts, registry.get(name).options, where)
             issues.extend(problems)
             keyed[name] = value
         values[block.options_path] = keyed
     return values, issues
+
+
+def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]) -> list[tuple[str, str]]:
+    """``data.sources``: every entry's name checked and its options structured against
+    that source's options class (``values["data.sources"]``, the entries with structured
+    options); and ``data.source``/``data.source_options`` refused beside it."""
+    entries = lookup("data.sources")
+    if not isinstance(entries, list) or not entries:
+        return []
+    issues: list[tuple[str, str]] = []
+    given = [path for path in ("data.source", "data.source_options") if lookup(path) != _schema_default(path)]
+    if given:
+        issues.append((f"$.{given[0]}", (
+            "give one source with data.source (and data.source_options), or a mixture with "
+            "data.sources, not both: move it into data.sources as {name: ..., weight: ..., options: ...}"
+        )))
+    structured = []
+    for i, entry in enumerate(entries):
+        raw = attrs.asdict(entry, recurse=False) if attrs.has(type(entry)) else entry
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            issues.append(("", ""))  # the schema reports what is wrong with the entry itself
+            continue
+        where = f"$.data.sources[{i}]"
+        if raw["name"] not in registry:
+            issues.append((f"{where}.name", unknown_name(registry.kind.label, raw["name"], registry.names())))
+            continue
+        value, problems = structure(raw.get("options", {}), registry.get(raw["name"]).options, f"{where}.options")
+        issues.extend(problems)
+        if not problems:
+            from forge_core.config.schema import SourceEntry
+
+            base = entry if attrs.has(type(entry)) else converter.structure({**raw, "options": {}}, SourceEntry)
+            structured.append(attrs.evolve(base, options=value))
+    if not issues:
+        values["data.sources"] = structured
+    return [issue for issue in issues if issue[0]]
 
 
 def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:
@@ -563,11 +610,11 @@ def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfi
     return (config, issues) if issues else (_with_blocks(config, values), [])
 
 
-def plugin_blocklist(raw: dict[str, Any]) -> list[str] | None:
-    """``plugins.block`` of unstructured config data, or ``None`` when it is invalid (the
-    plugins to load are then unknown)."""
+def plugin_settings(raw: dict[str, Any]) -> PluginsSection | None:
+    """``plugins`` of unstructured config data, or ``None`` when it is invalid (the
+    plugins to load, and whose components to prefer, are then unknown)."""
     value, issues = structure(raw.get("plugins", {}), PluginsSection, "$.plugins")
-    return None if issues else list(value.block)
+    return None if issues else value
 
 
 def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tuple[str, str]] = ()) -> ForgeConfig:
@@ -575,14 +622,16 @@ def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tupl
     block, reporting the problems of both (after ``issues`` already found, such as bad
     overrides) in one :class:`ConfigError`. The option blocks are structured even when
     the schema has errors, wherever the component's name is known.
-    ``registries_for(block)`` returns the registries for a ``plugins.block`` list; it is
-    not called when ``plugins.block`` itself is invalid."""
+    ``registries_for(plugins)`` returns the registries for a ``plugins`` section (what
+    it blocks and prefers); it is not called when that section itself is invalid."""
     config, found = structure(raw, ForgeConfig)
     issues = [*issues, *found]
-    block = list(config.plugins.block) if config is not None else plugin_blocklist(raw)
-    if block is None:
+    plugins = config.plugins if config is not None else plugin_settings(raw)
+    if plugins is None:
         raise ConfigError(issues)
-    values, more = _structure_blocks(_raw_lookup(raw), registries_for(block))
+    registries = registries_for(plugins)
+    issues += registries.preference_issues
+    values, more = _structure_blocks(_raw_lookup(raw), registries)
     issues += more
     if issues:
         raise ConfigError(issues)
@@ -605,7 +654,7 @@ def load_config(path: str | Path, overrides: list[str] = (), registries: Any = N
         if issues or found:
             raise ConfigError([*issues, *found])
         return config
-    return structure_config(raw, lambda block: registries, issues)
+    return structure_config(raw, lambda plugins: registries, issues)
 
 
 def to_plain(config: ForgeConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.config.validators import above, at_least, non_blank, satisfies
+from forge_core.config.validators import above, at_least, between, non_blank, satisfies
 
 
 def field(default: Any, doc: str, **kwargs: Any) -> Any:
@@ -60,9 +60,51 @@ class AttentionSection:
 
 
 @attrs.frozen
+class SourceEntry:
+    name: str = field("", "Registered data source of this part of the mixture.", validator=non_blank)
+    weight: float = field(
+        1.0, "Its share of the training rows: weights are divided by their sum, so 7 and 3 "
+        "mean 70% and 30%, whatever the sources' sizes (a small source is repeated, a large "
+        "one sampled).", validator=above(0),
+    )
+    options: Any = field({}, "The source's own options, checked against its options class.")
+    label: str = field(
+        "", "Its name in the logs and the data summary (default: the source's name, numbered "
+        "when two entries share it)."
+    )
+
+
+@attrs.frozen
+class HeldoutSection:
+    fraction: float = field(
+        0.0, "Share of documents held out of training, chosen by a hash of each document's "
+        "content (so a document stays on its side when the corpus grows, and identical "
+        "documents share a side). 0: none.", validator=between(0, 1, high_open=True),
+    )
+    seed: int = field(0, "Changes which documents are held out (not how many).", validator=at_least(0))
+
+
+@attrs.frozen
+class CacheSection:
+    dir: str = field(
+        "", "Where tokenized sources are cached ('' means $FORGE_CACHE_DIR/data, else "
+        "$XDG_CACHE_HOME/forge/data, else ~/.cache/forge/data). Entries are keyed by the "
+        "source's content, the tokenizer's identity and the format version."
+    )
+    wait_s: float = field(
+        3600.0, "How long a process waits for another one that is tokenizing the same source "
+        "into the cache before it gives up with an error.", validator=above(0),
+    )
+
+
+@attrs.frozen
 class DataSection:
-    source: str = field("stdlib", "Registered data source.")
+    source: str = field("stdlib", "Registered data source (one source; `sources` for a mixture).")
     source_options: Any = field({}, "The source's own options.")
+    sources: list[SourceEntry] = field(
+        [], "A weighted mixture of sources, instead of `source`/`source_options`: a list of "
+        "{name, weight, options, label}."
+    )
     tokenizer: str = field("byte", "Registered tokenizer.")
     tokenizer_options: Any = field({}, "The tokenizer's own options.")
     packer: str = field("concat", "Registered packer: none, concat, bfd, ...")
@@ -72,6 +114,16 @@ class DataSection:
     num_workers: int = field(
         0, "Loader worker processes (0: load in the training process).", validator=at_least(0)
     )
+    heldout: HeldoutSection = field(HeldoutSection(), "A document-level held-out split.")
+    cache: CacheSection = field(CacheSection(), "The cache of tokenized sources.")
+
+    def source_entries(self) -> list[tuple[str, SourceEntry]]:
+        """``(where, entry)`` for every source the run reads: each of ``sources``
+        (``where`` is ``data.sources[i]``), or ``source``/``source_options`` as the one
+        entry of weight 1 (``where`` is ``data.source``)."""
+        if self.sources:
+            return [(f"data.sources[{i}]", entry) for i, entry in enumerate(self.sources)]
+        return [("data.source", SourceEntry(name=self.source, weight=1.0, options=self.source_options))]
 
 
 @attrs.frozen
@@ -162,6 +214,12 @@ class LoggingSection:
 @attrs.frozen
 class PluginsSection:
     block: list[str] = field([], "Plugins not to load (names from `forge-run plugins`).")
+    prefer: dict[str, dict[str, str]] = field(
+        {},
+        "Whose component a name means when several plugins register it, by kind and name: "
+        "`{schedule: {wsd: my_plugin}}`. A config can use such a name only once it is chosen "
+        "here; `forge-run check` warns that the chosen one shadows the others.",
+    )
 
 
 @attrs.frozen
@@ -208,6 +266,7 @@ KEYED_BLOCKS: tuple[OptionBlock, ...] = (
 )
 
 
-for _cls in (RunSection, ModelSection, AttentionSection, DataSection, ParallelSection, NonFiniteSection,
+for _cls in (RunSection, ModelSection, AttentionSection, SourceEntry, HeldoutSection, CacheSection, DataSection,
+             ParallelSection, NonFiniteSection,
              TrainSection, CheckpointSection, LoggingSection, PluginsSection, ForgeConfig):
     attrs.resolve_types(_cls)  # real types on fields, for docs generation and tests

@@ -1,6 +1,11 @@
 """The stateful, resumable loader over packed rows.
 
-Order: epoch ``e`` visits the rows in ``np.random.default_rng([seed, e]).permutation``
+Rows are anything with ``num_rows``, ``seq_len`` and ``read(indices) -> dict of int64
+arrays``: :class:`~forge_core.data.packed_rows.PackedRows` materializes them from
+memory-mapped tokens as each batch is read, :class:`~forge_core.data.packed_rows.ArrayRows`
+holds them in memory (a plain dict of arrays is wrapped in one).
+
+Order of one row set: epoch ``e`` visits the rows in ``np.random.default_rng([seed, e]).permutation``
 (or in order without ``shuffle``) and cuts that order into *global batches* of
 ``batch_size * dp_size`` rows; the rows that do not fill a last global batch are
 skipped that epoch (a different remainder each epoch when shuffling). Global batch
@@ -15,6 +20,12 @@ with :meth:`StatefulLoader.load_state_dict` yields exactly the batches the origi
 would have yielded next, with or without workers. With ``num_workers > 0`` a
 ``torch.utils.data.DataLoader`` gathers batches in worker processes from a sampler
 that starts at the restored position.
+
+A :class:`~forge_core.data.mixture.MixedRows` (several sources with weights) is read in
+its own order instead (:mod:`forge_core.data.mixture`): global batch ``b`` is slots
+``b * global_batch`` onwards of the mixture, each rank again taking its contiguous
+slice; there are no epochs over the whole, each source runs through its own. Its state
+is the number of global batches consumed.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from forge_core.data.mixture import source_order
 from forge_core.errors import ForgeError
 
 
@@ -38,17 +50,14 @@ def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
 class _Rows(torch.utils.data.Dataset):
     """Map-style dataset whose keys are row-index arrays: one key, one collated batch."""
 
-    def __init__(self, rows: dict[str, np.ndarray]) -> None:
+    def __init__(self, rows: Any) -> None:
         self.rows = rows
 
     def __getitem__(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {
-            k: torch.from_numpy(np.ascontiguousarray(v[index], dtype=np.int64))
-            for k, v in self.rows.items()
-        }
+        return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in self.rows.read(index).items()}
 
     def __len__(self) -> int:  # only for DataLoader's bookkeeping; keys are not ints
-        return len(next(iter(self.rows.values())))
+        return self.rows.num_rows
 
 
 class StatefulLoader:
@@ -56,7 +65,7 @@ class StatefulLoader:
 
     def __init__(
         self,
-        rows: dict[str, np.ndarray],
+        rows: Any,
         batch_size: int,
         *,
         dp_rank: int = 0,
@@ -65,15 +74,19 @@ class StatefulLoader:
         shuffle: bool = True,
         num_workers: int = 0,
     ) -> None:
-        if not rows or "input_ids" not in rows:
-            raise ForgeError("the loader needs packed rows with at least 'input_ids'.")
+        from forge_core.data.mixture import MixedRows
+        from forge_core.data.packed_rows import ArrayRows
+
+        if isinstance(rows, dict):
+            rows = ArrayRows(rows)
         if batch_size < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size or num_workers < 0:
             raise ValueError(
                 f"bad loader arguments: batch_size={batch_size}, dp_rank={dp_rank}, "
                 f"dp_size={dp_size}, num_workers={num_workers}"
             )
         self.rows = rows
-        self.num_rows = int(rows["input_ids"].shape[0])
+        self.mixture = rows if isinstance(rows, MixedRows) else None
+        self.num_rows = int(rows.num_rows)
         self.batch_size = batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size
@@ -82,7 +95,9 @@ class StatefulLoader:
         self.num_workers = num_workers
         self.global_batch = batch_size * dp_size
         self.batches_per_epoch = self.num_rows // self.global_batch
-        if self.batches_per_epoch == 0:
+        if self.mixture is not None:
+            self.batches_per_epoch = 0  # a mixture has no epochs over the whole
+        elif self.batches_per_epoch == 0:
             raise ForgeError(
                 f"the data packs into {self.num_rows} rows, fewer than one global batch of "
                 f"{self.global_batch} (batch size {batch_size} per rank x {dp_size} "
@@ -97,12 +112,29 @@ class StatefulLoader:
     def keys(self, epoch: int, batch: int) -> Iterator[np.ndarray]:
         """Row indices of this rank's batches, from ``(epoch, batch)`` on, forever."""
         lo = self.dp_rank * self.batch_size
+        if self.mixture is not None:
+            yield from self._mixture_keys(batch, lo)
+            return
         while True:
             order = epoch_order(self.num_rows, self.seed, epoch, self.shuffle)
             for b in range(batch, self.batches_per_epoch):
                 start = b * self.global_batch + lo
                 yield order[start : start + self.batch_size]
             epoch, batch = epoch + 1, 0
+
+    def _mixture_keys(self, batch: int, lo: int) -> Iterator[np.ndarray]:
+        mix = self.mixture
+        orders: dict[int, tuple[int, np.ndarray]] = {}  # source -> (epoch, its order)
+        while True:
+            source, taken = mix.plan.slots(batch * self.global_batch + lo, self.batch_size)
+            keys = np.empty(self.batch_size, np.int64)
+            for j, (i, k) in enumerate(zip(source.tolist(), taken.tolist())):
+                epoch, at = divmod(k, mix.sizes[i])
+                if orders.get(i, (None,))[0] != epoch:
+                    orders[i] = (epoch, source_order(mix.sizes[i], self.seed, i, epoch, self.shuffle))
+                keys[j] = mix.base[i] + orders[i][1][at]
+            yield keys
+            batch += 1
 
     def _start(self) -> Iterator[dict[str, torch.Tensor]]:
         dataset = _Rows(self.rows)
@@ -126,7 +158,7 @@ class StatefulLoader:
         batch = next(self._iter)
         # Count here, in the training process, not where batches are produced.
         self.batch += 1
-        if self.batch == self.batches_per_epoch:
+        if self.batch == self.batches_per_epoch:  # never for a mixture (0)
             self.epoch, self.batch = self.epoch + 1, 0
         return batch
 
@@ -136,27 +168,33 @@ class StatefulLoader:
 
     # -- resume --------------------------------------------------------------------
 
+    def _identity(self) -> dict[str, Any]:
+        """What must match for a saved position to mean the same batches."""
+        out: dict[str, Any] = {"seed": self.seed, "shuffle": self.shuffle, "num_rows": self.num_rows,
+                               "global_batch": self.global_batch}
+        if self.mixture is not None:
+            out["mixture"] = {"sources": self.mixture.labels, "rows": self.mixture.sizes,
+                              "slots_per_period": self.mixture.plan.counts.tolist()}
+        return out
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "num_rows": self.num_rows,
-            "global_batch": self.global_batch,
-        }
+        return {"epoch": self.epoch, "batch": self.batch, **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken. The data, seed, shuffling and
         global batch size must match; the number of workers (and, at a fixed global
         batch, how it is split across data-parallel ranks) may change."""
-        for key in ("seed", "shuffle", "num_rows", "global_batch"):
-            if state[key] != getattr(self, key):
+        for key, now in self._identity().items():
+            if state.get(key) != now:
                 raise ForgeError(
-                    f"cannot resume the data loader: {key} was {state[key]!r} when the "
-                    f"checkpoint was saved and is {getattr(self, key)!r} now. Resume with "
-                    "the same data, seed and global batch size, or start a new run."
+                    f"cannot resume the data loader: {key} was {state.get(key)!r} when the "
+                    f"checkpoint was saved and is {now!r} now. Resume with "
+                    "the same data, mixture, seed and global batch size, or start a new run."
                 )
+        if self.mixture is None and "mixture" in state:
+            raise ForgeError("cannot resume the data loader: the checkpoint was saved reading a mixture "
+                             f"({state['mixture']['sources']}), the config now reads one source. Resume "
+                             "with the same data.sources, or start a new run.")
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self._iter = None

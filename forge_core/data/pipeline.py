@@ -1,15 +1,21 @@
-"""Source -> tokenizer -> packer: the rows a run trains on.
+"""Source -> tokenizer: documents tokenized in batches, each with its content hash.
 
 Contract with the components (see the hook docstrings): a source's ``documents()``
 yields ``str``, or 1-D token arrays when it is pre-tokenized. A pre-tokenized source
 may expose ``tokenizer_identity``; the pipeline refuses a tokenizer whose ``identity``
 differs, and checks every pre-tokenized id against the tokenizer's vocabulary. Text is
 encoded with ``tokenizer.encode_batch(texts)`` when the tokenizer has it, else
-``encode`` per document. Every document, text or tokens, gets ``eos_id`` appended.
+``encode`` per document. EOS is not part of a tokenized document: the packer's stream
+appends it (:class:`forge_core.data.packed_rows.DocumentStream`).
+
+Every document also gets a content hash (:func:`document_hashes`): what the held-out
+split is decided by, so it does not depend on the tokenizer or on where the document
+sits in the corpus.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -34,8 +40,24 @@ def check_tokenizer(source: Any, tokenizer: Any) -> None:
         )
 
 
-def tokenize(source: Any, tokenizer: Any, *, progress: bool = True) -> Iterator[list[np.ndarray]]:
-    """Batches of tokenized documents (int32 arrays, no EOS), in source order.
+def document_hash(document: Any) -> bytes:
+    """8 bytes of BLAKE2b over a document's content: its UTF-8 text, or its token ids as
+    little-endian int64 (a pre-tokenized document)."""
+    if isinstance(document, str):
+        data = document.encode("utf-8", errors="surrogatepass")
+    else:
+        data = np.ascontiguousarray(np.asarray(document).reshape(-1), dtype="<i8").tobytes()
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def document_hashes(documents: list[Any]) -> np.ndarray:
+    """:func:`document_hash` of each document, as uint64."""
+    return np.frombuffer(b"".join(document_hash(d) for d in documents), dtype="<u8").copy()
+
+
+def tokenize(source: Any, tokenizer: Any, *, progress: bool = True) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
+    """Batches of ``(tokenized documents, their content hashes)`` in source order: int32
+    arrays without EOS, and uint64 hashes of the documents as the source gave them.
 
     Pre-tokenized ids outside ``[0, vocab_size)`` are an error naming the document.
     Shows a progress bar on stderr once tokenizing has taken more than two seconds.
@@ -61,51 +83,7 @@ def tokenize(source: Any, tokenizer: Any, *, progress: bool = True) -> Iterator[
             ]
             index += len(batch)
             bar.update(len(batch), sum(len(d) for d in out))
-            yield out
-
-
-def documents_with_eos(source: Any, tokenizer: Any, *, progress: bool = True) -> list[np.ndarray]:
-    """Every document of ``source`` tokenized, with ``tokenizer.eos_id`` appended."""
-    eos = int(tokenizer.eos_id)
-    docs = []
-    for batch in tokenize(source, tokenizer, progress=progress):
-        for ids in batch:
-            doc = np.empty(len(ids) + 1, np.int32)
-            doc[:-1] = ids
-            doc[-1] = eos
-            docs.append(doc)
-    return docs
-
-
-def build_rows(source: Any, tokenizer: Any, packer: Any, *, progress: bool = True) -> dict[str, np.ndarray]:
-    """Tokenize ``source``, append EOS, pack: the int64 ``(rows, seq_len)`` arrays.
-
-    A corpus that fills no row is an error, and so is packer output that breaks the
-    packer contract (missing ``input_ids``/``labels``, arrays of different shapes).
-    """
-    docs = documents_with_eos(source, tokenizer, progress=progress)
-    if not docs:
-        raise ForgeError(f"{source.describe()}: the source yielded no document.")
-    rows = packer.pack(docs)
-    for key in ("input_ids", "labels"):
-        if key not in rows:
-            raise ForgeError(f"packer {type(packer).__name__} returned no {key!r}.")
-    shape = rows["input_ids"].shape
-    for key, value in rows.items():
-        if value.ndim != 2 or value.shape != shape:
-            raise ForgeError(
-                f"packer {type(packer).__name__}: {key!r} has shape {value.shape}, "
-                f"input_ids {shape}; every array must be (rows, seq_len)."
-            )
-    if shape[0] == 0:
-        tokens = sum(len(d) for d in docs)
-        seq_len = getattr(packer, "seq_len", shape[1])
-        raise ForgeError(
-            f"{source.describe()}: {tokens} tokens in {len(docs)} documents, not enough "
-            f"for one row of seq_len {seq_len} ({type(packer).__name__}). Add data or "
-            "lower data.seq_len."
-        )
-    return {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in rows.items()}
+            yield out, document_hashes(arrays)
 
 
 def _check_ids(docs: list[Any], vocab: int, first_index: int, source: Any) -> None:

@@ -49,6 +49,27 @@ def prepare(
     if tmp.exists():
         report(f"{tmp}: left by an interrupted prepare; removing it.")
         shutil.rmtree(tmp)
+    index = write_shards(source, tokenizer, out, tmp, progress=progress, replace=overwrite, save_tokenizer=True)
+    report(
+        f"{out}: {index['num_documents']} documents, {index['num_tokens']} tokens "
+        f"({index['dtype']}), tokenizer {tokenizer.identity}"
+    )
+    return index
+
+
+def write_shards(
+    source: Any,
+    tokenizer: Any,
+    out: Path,
+    tmp: Path,
+    *,
+    progress: bool = True,
+    replace: bool = False,
+    save_tokenizer: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Tokenize ``source`` into ``tmp`` and rename it to ``out`` once complete (``tmp``
+    is removed on any error, a crash leaves only ``tmp``). Returns the index."""
     writer = ShardWriter(
         out,
         {
@@ -57,21 +78,18 @@ def prepare(
             "eos_id": int(tokenizer.eos_id),
             "pad_id": int(tokenizer.pad_id),
         },
+        tmp=tmp,
     )
     try:
-        for batch in tokenize(source, tokenizer, progress=progress):
-            writer.add(batch)
+        for batch, hashes in tokenize(source, tokenizer, progress=progress):
+            writer.add(batch, hashes)
         if not writer.num_documents:
             raise ForgeError(f"{source.describe()}: the source yielded no document; nothing to prepare.")
-        tok_dir = writer.tmp / TOKENIZER_DIR
-        tok_dir.mkdir()
-        tokenizer.save(str(tok_dir))
-        index = writer.commit(source.describe(), replace=overwrite)
+        if save_tokenizer:
+            tok_dir = writer.tmp / TOKENIZER_DIR
+            tok_dir.mkdir()
+            tokenizer.save(str(tok_dir))
+        return writer.commit(source.describe(), replace=replace, extra=extra)
     except BaseException:
         writer.abort()
         raise
-    report(
-        f"{out}: {index['num_documents']} documents, {index['num_tokens']} tokens "
-        f"({index['dtype']}), tokenizer {tokenizer.identity}"
-    )
-    return index

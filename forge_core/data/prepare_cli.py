@@ -31,6 +31,12 @@ def main(args: Any) -> int:
     from forge_core.train import components
 
     config, registries = load_resolved(args.config, args.overrides)
+    if config.data.sources:
+        raise ForgeError(
+            f"{args.config} mixes {len(config.data.sources)} sources (data.sources); `forge-run prepare` "
+            "tokenizes one (data.source). Prepare each with its own config, or let the run tokenize them "
+            "into its cache."
+        )
     out = Path(args.out)
     overwrite = bool(getattr(args, "overwrite", False))
     if out.exists() and not overwrite:

@@ -14,7 +14,7 @@ from typing import Any
 from forge_core.errors import ForgeError
 
 FORMAT = "forge-shards"
-VERSION = 1
+VERSION = 2
 INDEX = "index.json"
 PARTIAL_SUFFIX = ".partial"
 #: Bytes per token of each dtype ``forge-run prepare`` writes.
@@ -58,7 +58,7 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
         )
     try:
         files = index["files"]
-        tokens_path, offsets_path = path / files["tokens"], path / files["offsets"]
+        tokens_path, offsets_path, hashes_path = (path / files[k] for k in ("tokens", "offsets", "hashes"))
         itemsize = ITEMSIZE[index["dtype"]]
         num_tokens, num_documents = int(index["num_tokens"]), int(index["num_documents"])
         identity = index["tokenizer"]["identity"]
@@ -66,7 +66,7 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
         raise ForgeError(f"{index_path}: incomplete or damaged index ({type(exc).__name__}: {exc}).") from None
     if num_tokens < 0 or num_documents < 0 or not isinstance(identity, str):
         raise ForgeError(f"{index_path}: damaged index (negative counts or no tokenizer identity).")
-    for p in (tokens_path, offsets_path):
+    for p in (tokens_path, offsets_path, hashes_path):
         if not p.is_file():
             raise ForgeError(f"{p}: missing from the shard directory {path}.")
     expected = num_tokens * itemsize

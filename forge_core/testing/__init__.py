@@ -8,8 +8,10 @@
   :func:`assert_exactly_zero`:
   comparisons whose tolerance is derived from the dtype and the size of what is
   compared (:mod:`forge_core.testing.tolerance`), for a plugin's own equivalence tests.
-- :func:`check_packer`: token accounting, ``doc_ids``/``positions`` invariants, and
-  that the declared ``emits`` (and ``emits_when``) match what ``pack`` returns.
+- :func:`check_packer`: the layout the kernel accepts, token accounting,
+  ``doc_ids``/``positions`` invariants, and that the declared ``emits`` (and
+  ``emits_when``) match the rows; :func:`pack_documents` materializes a packer's rows
+  of in-memory documents exactly as a run reads them (for a packer's own tests).
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
   does not.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from forge_core.data.packed_rows import pack_documents
 from forge_core.testing.packers import PackerReport, check_packer, conformance_documents
 from forge_core.testing.rules import check_rule
 
@@ -44,6 +47,7 @@ __all__ = [
     "check_packer",
     "check_rule",
     "conformance_documents",
+    "pack_documents",
     *_ATTENTION_NAMES,
     *_TOLERANCE_NAMES,
 ]

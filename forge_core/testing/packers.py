@@ -11,10 +11,16 @@ is recognisable.
 
 What every packer must satisfy:
 
-- ``pack(documents)`` returns a dict of int64 arrays of shape ``(rows, seq_len)`` with
-  ``input_ids``, ``labels`` and exactly the metadata keys its spec declares (``emits``,
-  switched off by ``emits_when``), and leaves its input unmodified; packing twice gives
-  the same result;
+- ``layout(lengths)`` (the lazy contract, :mod:`forge_core.data.packing_contract`)
+  returns a :class:`~forge_core.data.packing_contract.RowLayout` that the kernel accepts
+  (pieces inside the stream, no token placed twice, rows no longer than ``seq_len``,
+  ``"documents"`` pieces inside one document), leaves the lengths unmodified, and gives
+  the same layout when called twice. Its rows are then materialized exactly as a run
+  reads them, and must carry ``input_ids``, ``labels`` and exactly the metadata keys its
+  spec declares (``emits``, switched off by ``emits_when``). A packer that implements
+  only the deprecated ``pack(documents)`` is checked on what ``pack`` returns (int64
+  ``(rows, seq_len)`` arrays, its input unmodified, deterministic), with a
+  ``FutureWarning`` naming the lazy contract;
 - inputs are document tokens or ``pad_id``; no token appears twice; tokens of one
   document that sit side by side in a row are in document order; padding has label -100;
 - a label is the next token of the input's document; where that token follows in the
@@ -31,12 +37,16 @@ What every packer must satisfy:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import numpy as np
 
+from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
+from forge_core.data.packing_contract import EAGER_DEPRECATION
+from forge_core.errors import ForgeError
 from forge_core.specs import DOC_IDS, POSITIONS
 from forge_core.testing.resolve import Resolved, resolve
 
@@ -123,7 +133,7 @@ def check_packer(
         kept, labelled = _check_tokens(out, documents, seq_len, where, lossless, min_kept)
         again = _pack(resolved, opts, documents, seq_len, where)
         if set(again) != set(out) or any(not np.array_equal(again[k], out[k]) for k in out):
-            raise AssertionError(f"{where}: packing the same documents twice gave different results (pack() must be deterministic)")
+            raise AssertionError(f"{where}: packing the same documents twice gave different results (the packer must be deterministic)")
         emitted = frozenset(out) - set(REQUIRED)
         reports.append(PackerReport(out["input_ids"].shape[0], emitted, kept, labelled, out))
     return reports[0]
@@ -131,6 +141,9 @@ def check_packer(
 
 def _pack(resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len: int, where: str) -> dict[str, np.ndarray]:
     packer = resolved.impl(options, seq_len=seq_len, eos_id=EOS_ID, pad_id=PAD_ID)
+    if hasattr(packer, "layout"):
+        return _lazy_rows(packer, documents, seq_len, where)
+    warnings.warn(f"{where} {EAGER_DEPRECATION}", FutureWarning, stacklevel=4)
     given = [doc.copy() for doc in documents]
     result = packer.pack(given)
     if any(not np.array_equal(a, b) for a, b in zip(given, documents)):
@@ -154,20 +167,35 @@ def _pack(resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len
     return out
 
 
+def _lazy_rows(packer: Any, documents: list[np.ndarray], seq_len: int, where: str) -> dict[str, np.ndarray]:
+    """The rows a run would read from ``packer``'s layout of ``documents``."""
+    stream = DocumentStream.from_documents(documents)
+    lengths = stream.lengths.copy()
+    try:
+        layout = check_layout(packer.layout(lengths), stream, seq_len, where)
+    except ForgeError as exc:
+        raise AssertionError(str(exc)) from None
+    if not np.array_equal(lengths, stream.lengths):
+        raise AssertionError(f"{where}: layout() modified the lengths it was given")
+    if layout.rows == 0:
+        raise AssertionError(f"{where}: layout() placed no row for {len(documents)} documents")
+    return PackedRows(layout, stream, eos_id=EOS_ID, pad_id=PAD_ID).read(np.arange(layout.rows))
+
+
 def _check_declared(out: dict[str, np.ndarray], declared: frozenset[str], where: str, spec: Any, options: Any) -> None:
     emitted = frozenset(out) - set(REQUIRED)
     missing, undeclared = sorted(declared - emitted), sorted(emitted - declared)
     shown = "{" + ", ".join(sorted(declared)) + "}" if declared else "nothing"
     if missing:
         raise AssertionError(
-            f"{where}: declares that it emits {shown} under these options, but pack() returned no "
+            f"{where}: declares that it emits {shown} under these options, but its rows have no "
             f"{', '.join(missing)}. The rule engine trusts the declaration (it lets this packer "
             "run only where that metadata reaches attention), so emit it or remove it from "
             "the spec's emits (or name the switching option in emits_when)."
         )
     if undeclared:
         raise AssertionError(
-            f"{where}: pack() returned {', '.join(undeclared)}, which the spec does not declare "
+            f"{where}: its rows carry {', '.join(undeclared)}, which the spec does not declare "
             f"(it declares {shown} under these options). Undeclared metadata is invisible to the "
             "rule engine, which then cannot refuse strategies that drop it: add it to the spec's emits."
         )

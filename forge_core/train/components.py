@@ -136,7 +136,12 @@ def saved_tokenizer(config: ForgeConfig, registries: Any, directory: Path) -> An
 
 
 def source(config: ForgeConfig, registries: Any) -> Any:
-    return _build(registries, "source", config.data.source, lambda cls: cls(config.data.source_options))
+    """The one source of ``data.source`` (a mixture's entries: :func:`source_named`)."""
+    return source_named(registries, config.data.source, config.data.source_options)
+
+
+def source_named(registries: Any, name: str, options: Any) -> Any:
+    return _build(registries, "source", name, lambda cls: cls(options))
 
 
 def packer(config: ForgeConfig, registries: Any, tok: Any) -> Any:

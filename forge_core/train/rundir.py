@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from forge_core.config.loader import load_config, read_config_file, to_plain
+from forge_core.config.loader import load_config, plugin_settings, read_config_file, to_plain
+from forge_core.config.schema import PluginsSection
 from forge_core.errors import ForgeError
 from forge_core.train.checkpoint import atomic_write
 
@@ -50,9 +51,8 @@ def load_run_config(run_dir: Path) -> tuple[Any, Any]:
     path = run_dir / CONFIG
     if not path.is_file():
         raise ForgeError(f"{run_dir} has no {CONFIG}: is it the out_dir of a Forge run?")
-    raw = read_config_file(path)
-    block = tuple((raw.get("plugins") or {}).get("block") or ())
-    registries = load_registries(block=block)
+    plugins = plugin_settings(read_config_file(path)) or PluginsSection()
+    registries = load_registries(block=tuple(plugins.block), prefer=plugins.prefer)
     return load_config(path, registries=registries), registries
 
 

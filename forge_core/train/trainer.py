@@ -76,13 +76,6 @@ def warn(placement: Placement, message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def packing_summary(stats: dict[str, Any] | None) -> str:
-    """``"; packer: fill 99.9%, kept 100.0%"`` from a packer's optional ``stats``."""
-    if not stats:
-        return ""
-    parts = [f"{key} {value:.1%}" if key in ("fill", "kept") else f"{key} {value:,}"
-             for key, value in stats.items() if isinstance(value, (int, float))]
-    return f"; packer: {', '.join(parts)}" if parts else ""
 
 
 def seed_everything(seed: int) -> None:
@@ -132,15 +125,12 @@ class Trainer:
         train = cfg.train
         seed_everything(cfg.run.seed)
         self.tokenizer = components.tokenizer(cfg, reg)
-        from forge_core.data.pipeline import build_rows
+        from forge_core.data.build import build_training_data
 
-        t0 = time.perf_counter()
-        packer = components.packer(cfg, reg, self.tokenizer)
-        rows = build_rows(components.source(cfg, reg), self.tokenizer, packer, progress=pl.is_main)
-        n_rows = int(rows[MODEL_INPUT].shape[0])
-        log(pl, f"data: {n_rows:,} rows of {cfg.data.seq_len} tokens "
-                f"({cfg.data.source} -> {cfg.data.tokenizer} -> {cfg.data.packer}) in "
-                f"{time.perf_counter() - t0:.1f}s{packing_summary(getattr(packer, 'stats', None))}")
+        # Tokens come from the cache (one process per node tokenizes, the others wait);
+        # rows are read lazily from them by the loader below.
+        self.data = build_training_data(cfg, reg, self.tokenizer, is_main=pl.is_main)
+        log(pl, self.data.summary)
 
         self.probe = flops.AttentionProbe(components.attention(cfg, reg))
         model = components.model(cfg, reg, int(self.tokenizer.vocab_size), self.probe)
@@ -165,13 +155,13 @@ class Trainer:
         # weighted by this, summed over all processes, counts each batch once.
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
-        self.step_inputs = train.batch_size * int(rows[MODEL_INPUT].shape[1])
+        self.step_inputs = train.batch_size * self.data.seq_len
         self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
         self.schedule = components.schedule(cfg, reg)
 
         from forge_core.data.loader import StatefulLoader
 
-        self.loader = StatefulLoader(rows, self.micro_batch, dp_rank=self.pmodel.dp_rank, dp_size=dp,
+        self.loader = StatefulLoader(self.data.rows, self.micro_batch, dp_rank=self.pmodel.dp_rank, dp_size=dp,
                                      seed=cfg.run.seed, shuffle=cfg.data.shuffle,
                                      num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)

@@ -15,50 +15,36 @@ Semantics (pinned by ``tests/test_packers.py``):
 - ``doc_ids`` number a row's pieces 0, 1, ...; padding gets the next id, so no real
   token attends to it. ``positions`` restart at 0 in every piece (a chunk of a long
   document starts at 0 too) and in the padding.
-- ``stats``: ``fill`` = document tokens / (rows x seq_len); ``kept`` = 1.0 (nothing is
-  dropped); ``rows``, ``tokens``, ``split_documents``.
+- In the log: ``fill`` = document tokens / (rows x seq_len); ``kept`` = 1.0 (nothing
+  is dropped); ``rows``, ``tokens``, ``split_documents``.
 
 The placement is a single pass over the pieces in Python, but each step is a few
 big-int operations on a ``seq_len + 1``-bit mask: rows are kept in buckets by remaining
 room, and the mask of non-empty buckets finds the fullest row that fits (its lowest
-set bit at or above the piece length). Everything else is whole-array numpy.
+set bit at or above the piece length). Everything else is whole-array numpy, and it
+reads only the documents' lengths: the kernel materializes rows as they are read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from forge_plugins.packers.layout import RowPacker, join, lay_out
+from forge_core.data.packing_contract import RowLayout
+from forge_plugins.packers.layout import RowPacker
 
 
 class BfdPacker(RowPacker):
 
-    def pack(self, documents: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def layout(self, lengths: np.ndarray) -> RowLayout:
         S = self.seq_len
-        stream, offsets = join(documents)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
         piece_start, piece_len = split_documents(offsets, S)
         piece_row, piece_col, rows = place(piece_len, S)
-        out = lay_out(
-            stream,
-            offsets,
-            piece_start,
-            piece_len,
-            piece_row,
-            piece_col,
-            rows=rows,
-            seq_len=S,
-            pad_id=self.pad_id,
-            metadata=True,
+        return RowLayout.from_placement(
+            S, piece_start, piece_len, piece_row, piece_col, rows=rows, boundaries="documents",
+            metadata=True, stats={"split_documents": int((np.asarray(lengths) > S).sum())},
         )
-        total = int(stream.shape[0])
-        self.stats = {
-            "rows": rows,
-            "tokens": total,
-            "kept": 1.0 if total else 0.0,
-            "fill": total / (rows * S) if rows else 0.0,
-            "split_documents": int((np.diff(offsets) > S).sum()),
-        }
-        return out
 
 
 def split_documents(offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ Exact semantics (pinned by ``tests/test_packers.py``):
   input exactly once and the label of a row's last position is the first input of the
   next row.
 - The last partial window (fewer than ``S + 1`` tokens left) is dropped; at most ``S``
-  tokens are lost. ``stats["kept"]`` reports the share of tokens that are inputs.
+  tokens are lost. The log's ``kept`` reports the share of tokens that are inputs.
 - With ``isolate`` (the default):
 
   - ``doc_ids[i]`` is the number of EOS tokens among ``input_ids[:i]`` (strictly before
@@ -23,7 +23,9 @@ Exact semantics (pinned by ``tests/test_packers.py``):
 - With ``isolate: false`` labels are the plain shifted tokens and neither ``doc_ids``
   nor ``positions`` is emitted.
 
-Everything is whole-array numpy; there is no per-token Python loop on this path.
+The layout is ``RowLayout.windows`` with boundaries ``"eos"`` (isolating) or
+``"none"``: the kernel computes labels, ``doc_ids`` (one ``np.cumsum`` over the shifted
+EOS mask of each row it reads) and ``positions`` when a batch is read.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_plugins.packers.layout import IGNORE, RowPacker, join, restart_counts
+from forge_core.data.packing_contract import RowLayout
+from forge_plugins.packers.layout import RowPacker
 
 
 class ConcatPacker(RowPacker):
@@ -40,42 +43,8 @@ class ConcatPacker(RowPacker):
         super().__init__(options, seq_len=seq_len, eos_id=eos_id, pad_id=pad_id)
         self.isolate = bool(getattr(options, "isolate", True))
 
-    def pack(self, documents: list[np.ndarray]) -> dict[str, np.ndarray]:
-        return self.pack_stream(join(documents)[0])
-
-    def pack_stream(self, stream: np.ndarray) -> dict[str, np.ndarray]:
-        """Pack an already joined 1-D token stream (what :meth:`pack` does after joining)."""
-        S = self.seq_len
-        if stream.dtype.kind not in "iu" or stream.dtype == np.uint64:
-            stream = stream.astype(np.int64)  # uint64 would mix with -100 into float64
-        total = int(stream.shape[0])
-        rows = max(total - 1, 0) // S
-        # Inputs and labels are two overlapping views of the stream, shifted by one; no
-        # window is ever materialized.
-        inputs = stream[: rows * S].reshape(rows, S)
-        targets = stream[1 : rows * S + 1].reshape(rows, S)
-        self.stats = {
-            "rows": rows,
-            "tokens": total,
-            "kept": (rows * S / total) if total else 0.0,
-            "fill": 1.0 if rows else 0.0,
-        }
-        input_ids = inputs.astype(np.int64)
-        if not self.isolate:
-            return {"input_ids": input_ids, "labels": targets.astype(np.int64)}
-
-        # Compare in the stream's own dtype (often int32 or uint16): less memory to read.
-        eos = inputs == self.eos_id
-        labels = targets.astype(np.int64)
-        np.copyto(labels, IGNORE, where=eos)  # twice as fast as np.where here
-        out = {"input_ids": input_ids, "labels": labels}
-        # The EOS mask shifted right by one: its cumsum counts EOS strictly before i.
-        shifted = np.empty_like(eos)
-        shifted[:, 0] = False
-        shifted[:, 1:] = eos[:, :-1]
-        out["doc_ids"] = np.cumsum(shifted, axis=1, dtype=np.int64)
-        # The same mask with column 0 set marks every document start in the row.
-        shifted[:, 0] = True
-        out["positions"] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
-        return out
-
+    def layout(self, lengths: np.ndarray) -> RowLayout:
+        total = int(np.sum(lengths))
+        rows = max(total - 1, 0) // self.seq_len
+        return RowLayout.windows(self.seq_len, rows, boundaries="eos" if self.isolate else "none",
+                                 metadata=self.isolate)

@@ -1,136 +1,17 @@
-"""Placing pieces of documents into padded rows: the part ``none`` and ``bfd`` share.
+"""What the built-in packers share: their constructor (the hook contract's signature).
 
-A *piece* is a contiguous run of one document's tokens (a whole document, or a chunk of
-one longer than a row). Given where each piece goes (row and column), :func:`lay_out`
-builds every output array with whole-array numpy (one gather per array, no per-token
-Python). Labels follow one rule for every
-packer: the label of a token is the next token of the same document; the last token of
-a document (its EOS) and padding get -100.
+Each built-in computes only a :class:`~forge_core.data.packing_contract.RowLayout`
+from the documents' lengths; the kernel materializes rows from it when a batch is read
+(:mod:`forge_core.data.packed_rows`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-IGNORE = -100
-
-
-def join(documents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The documents as one flat stream plus ``offsets`` (``len(documents) + 1``)."""
-    lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
-    offsets = np.zeros(len(documents) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if len(documents) == 0:
-        return np.zeros(0, np.int64), offsets
-    return np.concatenate(documents), offsets
-
-
-def shifted_labels(stream: np.ndarray, offsets: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``labels[t] = stream[t + 1]``, or -100 where ``t`` is a document's last token
-    (written into the first ``len(stream)`` entries of ``out`` when given)."""
-    total = stream.shape[0]
-    labels = np.empty(total, np.int64) if out is None else out
-    labels[: total - 1] = stream[1:]
-    ends = offsets[1:][offsets[1:] > offsets[:-1]]  # skip empty documents
-    labels[ends - 1] = IGNORE
-    return labels
-
-
-def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
-    """``out[t] = t - (the last start <= t)``: a count from 0 that restarts at every
-    entry of ``starts`` (sorted flat indices, the first one 0).
-
-    An increment of 1 everywhere and, at each start, the jump back to 0; one cumsum.
-    (Cheaper than arange minus a repeat, or a running ``np.maximum.accumulate`` of the
-    starts: one fresh array instead of three.)
-    """
-    out = np.ones(size, np.int64)
-    if size:
-        # At start j after a segment that began at p, the previous count was j-1-p.
-        out[starts[1:]] = 1 - np.diff(starts)
-        out[0] = 0
-    return np.cumsum(out, out=out)
-
-
-def lay_out(
-    stream: np.ndarray,
-    offsets: np.ndarray,
-    piece_start: np.ndarray,
-    piece_len: np.ndarray,
-    piece_row: np.ndarray,
-    piece_col: np.ndarray,
-    *,
-    rows: int,
-    seq_len: int,
-    pad_id: int,
-    metadata: bool,
-) -> dict[str, np.ndarray]:
-    """Rows made of pieces (stream ranges ``[start, start + len)``) at ``(row, col)``.
-
-    Pieces of a row must sit left to right without gaps from column 0; the rest of the
-    row is padding: ``pad_id`` with label -100. With ``metadata``, ``doc_ids`` numbers
-    the pieces of a row from 0 in column order and gives the row's padding one more id
-    (so no real token attends to padding), and ``positions`` count from 0 in every
-    piece and in the padding.
-
-    The output is built in its own order, as *segments*: each row's pieces, then its
-    padding. One flat ``within`` (index inside the segment) gives the positions and,
-    offset by each segment's source, the gather index into the stream; padding
-    gathers a sentinel appended after the stream.
-    """
-    S = seq_len
-    n_pieces = len(piece_len)
-    total = int(stream.shape[0])
-    # Pieces in output order: by row, then column.
-    order = np.argsort(piece_row * S + piece_col, kind="stable")
-    per_row = np.bincount(piece_row, minlength=rows)
-    fill = np.bincount(piece_row, weights=piece_len, minlength=rows).astype(np.int64)
-    before = np.zeros(rows + 1, np.int64)  # pieces in earlier rows
-    np.cumsum(per_row, out=before[1:])
-    row_sorted = piece_row[order]
-    # Segment k of the output: row r's pieces land after r padding segments.
-    piece_seg = np.arange(n_pieces, dtype=np.int64) + row_sorted
-    pad_seg = before[1:] + np.arange(rows, dtype=np.int64)
-    n_seg = n_pieces + rows
-    seg_len = np.empty(n_seg, np.int64)
-    seg_src = np.empty(n_seg, np.int64)
-    seg_len[piece_seg] = piece_len[order]
-    seg_src[piece_seg] = piece_start[order]
-    seg_len[pad_seg] = S - fill
-    seg_src[pad_seg] = total  # the sentinel
-    seg_start = np.zeros(n_seg, np.int64)
-    np.cumsum(seg_len[:-1], out=seg_start[1:])
-    if not np.array_equal(seg_start[piece_seg], row_sorted * S + piece_col[order]):
-        raise ValueError("pieces must fill each row from column 0 without gaps or overlaps")
-
-    # within[t]: index of output slot t inside its segment (the positions).
-    within = restart_counts(seg_start[seg_len > 0], rows * S)
-    src = np.repeat(seg_src, seg_len)
-    src += within
-    np.minimum(src, total, out=src)  # padding: every index at or past the sentinel
-    tokens = np.empty(total + 1, np.int64)
-    tokens[:total] = stream
-    tokens[total] = pad_id
-    labels = np.empty(total + 1, np.int64)
-    shifted_labels(stream, offsets, out=labels)
-    labels[total] = IGNORE
-    out = {
-        "input_ids": tokens[src].reshape(rows, S),
-        "labels": labels[src].reshape(rows, S),
-    }
-    if metadata:
-        seg_slot = np.empty(n_seg, np.int64)
-        seg_slot[piece_seg] = np.arange(n_pieces, dtype=np.int64) - before[row_sorted]
-        seg_slot[pad_seg] = per_row
-        out["doc_ids"] = np.repeat(seg_slot, seg_len).reshape(rows, S)
-        out["positions"] = within.reshape(rows, S)
-    return out
-
 
 class RowPacker:
-    """What every built-in packer is constructed with (the hook contract's signature)."""
+    """What every built-in packer is constructed with."""
 
     def __init__(self, options: Any, *, seq_len: int, eos_id: int, pad_id: int) -> None:
         if seq_len < 1:
@@ -139,5 +20,3 @@ class RowPacker:
         self.seq_len = seq_len
         self.eos_id = eos_id
         self.pad_id = pad_id
-        self.stats: dict[str, float] = {}
-

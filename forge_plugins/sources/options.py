@@ -71,3 +71,43 @@ class StdlibOptions:
             "at most this many bytes; 0: no limit."
         },
     )
+
+
+@attrs.frozen
+class HFDatasetsOptions:
+    path: str = attrs.field(
+        default="",
+        metadata={
+            "doc": "A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` "
+            "(read with `datasets.load_from_disk`). Give this or `data_files`."
+        },
+    )
+    data_files: list[str] = attrs.field(
+        factory=list,
+        metadata={
+            "doc": "Local files or glob patterns (`**` recurses) of one format: Parquet, JSON "
+            "Lines, Arrow, CSV or text, read with `datasets.load_dataset(format, data_files=...)`. "
+            "Patterns in the order given, the files each matches sorted."
+        },
+    )
+    format: Literal["", "parquet", "json", "arrow", "csv", "text"] = attrs.field(
+        default="",
+        metadata={"doc": "The `datasets` builder for `data_files`; '' infers it from the extension."},
+    )
+    split: str = attrs.field(
+        default="train",
+        validator=non_blank,
+        metadata={"doc": "The split to read (of a saved `DatasetDict`, or of `data_files`)."},
+    )
+    text_field: str = attrs.field(
+        default="text",
+        validator=non_blank,
+        metadata={"doc": "The column that holds the document text."},
+    )
+    streaming: bool = attrs.field(
+        default=False,
+        metadata={
+            "doc": "Iterate without materializing the data set first (`streaming=True`, or "
+            "`to_iterable_dataset()` for a saved folder). The documents and their order are the same."
+        },
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from forge_core.hookspecs import hookimpl
 from forge_core.specs import SourceSpec
 
-from forge_plugins.sources.options import ShardsOptions, StdlibOptions, TextOptions
+from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 
 @hookimpl
@@ -24,6 +24,12 @@ def forge_sources() -> list[SourceSpec]:
             impl="forge_plugins.sources.shards:ShardSource",
             options=ShardsOptions,
             pretokenized=True,
+        ),
+        SourceSpec(
+            name="hf_datasets",
+            summary="A text column of a local Hugging Face `datasets` data set (saved folder, Parquet, JSON, Arrow)",
+            impl="forge_plugins.sources.hf_datasets:HFDatasetsSource",
+            options=HFDatasetsOptions,
         ),
         SourceSpec(
             name="stdlib",

@@ -10,67 +10,86 @@ from __future__ import annotations
 from typing import Any
 
 from forge_core.errors import ForgeError
-from forge_plugins.sources.options import ShardsOptions, StdlibOptions, TextOptions
+from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 TEXT_FILES = "text.files-exist"
 SHARDS_DIR = "shards.directory"
 STDLIB_FILES = "stdlib.files-selected"
+HF_DATASETS = "hf_datasets.readable"
 
 #: Built-in tokenizers and the prefix of the identity each writes into a shard index.
 _BUILTIN_TOKENIZERS = ("byte", "hf")
 
 
-def _options(ctx: Any, cls: type) -> Any:
-    options = ctx.config.data.source_options
-    return options if isinstance(options, cls) else None
+def _entries(ctx: Any, cls: type) -> list[tuple[str, Any]]:
+    """``(prefix, options)`` of every source entry whose options are ``cls``; the prefix
+    names the entry of a mixture (``"data.sources[1]: "``), nothing for one source."""
+    return [("" if where == "data.source" else f"{where}: ", entry.options)
+            for where, entry in ctx.config.data.source_entries() if isinstance(entry.options, cls)]
 
 
-def _problem(build: Any) -> str | None:
-    try:
-        build()
-    except ForgeError as exc:
-        return str(exc)
-    return None
+def _problems(ctx: Any, cls: type, build: Any) -> list[str]:
+    problems = []
+    for prefix, options in _entries(ctx, cls):
+        try:
+            build(options)
+        except ForgeError as exc:
+            problems.append(prefix + str(exc))
+    return problems
 
 
-def check_text_files(ctx: Any) -> str | None:
-    options = _options(ctx, TextOptions)
-    if options is None:
-        return None
+def check_text_files(ctx: Any) -> list[str]:
     from forge_plugins.sources.text import resolve
 
-    return _problem(lambda: resolve(options.paths))
+    return _problems(ctx, TextOptions, lambda options: resolve(options.paths))
 
 
-def check_stdlib_files(ctx: Any) -> str | None:
-    options = _options(ctx, StdlibOptions)
-    if options is None:
-        return None
+def check_stdlib_files(ctx: Any) -> list[str]:
     from forge_plugins.sources.stdlib import StdlibSource
 
-    return _problem(lambda: StdlibSource(options))
+    return _problems(ctx, StdlibOptions, StdlibSource)
+
+
+def check_hf_datasets(ctx: Any) -> list[str]:
+    import importlib.util
+
+    from forge_plugins.sources import hf_datasets as hf
+
+    def files(options: Any) -> None:
+        if bool(options.path) == bool(options.data_files):
+            raise ForgeError(f"{hf.OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`.")
+        if options.path:
+            hf.saved_files(options.path)
+        else:
+            hf.data_files(options.data_files, options.format)
+
+    problems = _problems(ctx, HFDatasetsOptions, files)
+    if _entries(ctx, HFDatasetsOptions) and importlib.util.find_spec("datasets") is None:
+        problems.append(f"the hf_datasets source needs the `datasets` package, which is not installed: {hf.EXTRA}")
+    return problems
 
 
 def check_shards_directory(ctx: Any) -> list[str]:
-    options = _options(ctx, ShardsOptions)
-    if options is None:
-        return []
-    if not options.path:
-        return ["data.source_options.path is empty: give the directory written by `forge-run prepare`."]
-    from forge_core.data.shard_index import read_index
+    problems = []
+    for prefix, options in _entries(ctx, ShardsOptions):
+        if not options.path:
+            problems.append(prefix + "data.source_options.path is empty: give the directory written by `forge-run prepare`.")
+            continue
+        from forge_core.data.shard_index import read_index
 
-    try:
-        index = read_index(options.path)
-    except ForgeError as exc:
-        return [str(exc)]
-    made_with = index["tokenizer"]["identity"].partition(":")[0]
-    configured = ctx.config.data.tokenizer
-    if made_with in _BUILTIN_TOKENIZERS and configured in _BUILTIN_TOKENIZERS and made_with != configured:
-        return [
-            f"{options.path} was tokenized with the {made_with!r} tokenizer, but data.tokenizer is "
-            f"{configured!r}: token ids of one mean nothing to the other"
-        ]
-    return []
+        try:
+            index = read_index(options.path)
+        except ForgeError as exc:
+            problems.append(prefix + str(exc))
+            continue
+        made_with = index["tokenizer"]["identity"].partition(":")[0]
+        configured = ctx.config.data.tokenizer
+        if made_with in _BUILTIN_TOKENIZERS and configured in _BUILTIN_TOKENIZERS and made_with != configured:
+            problems.append(
+                f"{prefix}{options.path} was tokenized with the {made_with!r} tokenizer, but data.tokenizer is "
+                f"{configured!r}: token ids of one mean nothing to the other"
+            )
+    return problems
 
 
 def rules() -> list[Any]:
@@ -93,6 +112,15 @@ def rules() -> list[Any]:
             summary="The stdlib source's limits select at least one file.",
             check=check_stdlib_files,
             fix="Raise data.source_options.max_bytes (0: no limit) or max_files.",
+        ),
+        Rule(
+            id=HF_DATASETS,
+            severity="error",
+            paths=("data.source", "data.source_options.path", "data.source_options.data_files"),
+            summary="The hf_datasets source's folder or files exist, and `datasets` is installed.",
+            check=check_hf_datasets,
+            fix="Point data.source_options.path at a save_to_disk folder, or data_files at local files; "
+            "install the extra with pip install 'forge-trainer[datasets]'.",
         ),
         Rule(
             id=SHARDS_DIR,

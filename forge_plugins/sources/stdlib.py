@@ -23,6 +23,7 @@ import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
+from forge_core.data.fingerprint import files_fingerprint
 from forge_core.errors import ForgeError
 
 EXCLUDED_DIRS = frozenset(
@@ -74,6 +75,10 @@ class StdlibSource:
             f"stdlib: Python {platform.python_version()} standard library at {self.root}, "
             f"{len(self.files)} .py files, {self.bytes / 1e6:.1f} MB"
         )
+
+    def fingerprint(self) -> str:
+        """Every byte of every selected file, in corpus order (the token cache's key)."""
+        return files_fingerprint("stdlib/1", [os.path.join(self.root, f) for f in self.files], {})
 
     def documents(self) -> Iterator[str]:
         for rel in self.files:

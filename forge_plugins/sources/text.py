@@ -9,8 +9,9 @@
 - A leading UTF-8 byte-order mark is dropped; documents that are empty or only
   whitespace are skipped (whitespace inside a document is kept as is).
 - Errors name the file (and the line): a pattern matching no file, an empty file or one
-  without a document, invalid UTF-8 under ``encoding_errors: strict``, a JSON Lines
-  line that is not a JSON object or lacks the text field.
+  without a document, invalid UTF-8 or a NUL byte (a binary file) under
+  ``encoding_errors: strict``, a JSON Lines line that is not a JSON object or lacks the
+  text field.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from forge_core.data.fingerprint import files_fingerprint
 from forge_core.errors import ForgeError
 
 OPTION = "data.source_options"
@@ -38,6 +40,13 @@ class TextSource:
             f"text: {len(self.files)} files ({len(self.files) - n_jsonl} text, {n_jsonl} "
             f"JSON Lines) from {', '.join(self.options.paths)}"
         )
+
+    def fingerprint(self) -> str:
+        """Every byte of every file, in reading order, and the settings that cut them into
+        documents (what the token cache is keyed by; where the files are is not part of it)."""
+        o = self.options
+        return files_fingerprint("text/1", self.files, {"separator": o.separator, "text_field": o.text_field,
+                                                        "encoding_errors": o.encoding_errors})
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
@@ -95,7 +104,15 @@ def resolve(patterns: list[str]) -> list[str]:
 
 
 def decode(data: bytes, errors: str, path: str, line: int | None = None) -> str:
-    """UTF-8 ``data`` as text; under ``strict`` an error naming the file and line."""
+    """UTF-8 ``data`` as text; under ``strict`` an error naming the file and line (for
+    invalid UTF-8, and for a NUL byte: no text holds one, binary files do)."""
+    nul = data.find(b"\0") if errors == "strict" else -1
+    if nul >= 0:
+        where = line if line is not None else data.count(b"\n", 0, nul) + 1
+        raise ForgeError(
+            f"{path}, line {where}: a NUL byte (at byte {nul}): this looks like a binary file, not text. "
+            f"Remove it from {OPTION}.paths, or set {OPTION}.encoding_errors: replace to read it anyway."
+        )
     try:
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as exc:

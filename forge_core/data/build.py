@@ -1,0 +1,231 @@
+"""The rows a run trains on, from the config: sources -> tokens -> split -> layout.
+
+For every source of the config (``data.sources``, or ``data.source`` as the one
+source; :meth:`~forge_core.config.schema.DataSection.source_entries`):
+
+1. **tokens**: a source that already is a shard directory (``shards``: it exposes
+   ``shards``) is memory-mapped as it is; any other is read through the token cache
+   (:mod:`forge_core.data.cache`): tokenized once, by one process, then opened in
+   milliseconds by every later run.
+2. **split**: documents whose content hash falls in ``data.heldout`` are set aside
+   (:mod:`forge_core.data.heldout`); :func:`heldout_documents` gives them to an
+   evaluation.
+3. **layout**: the packer places the training documents from their lengths alone
+   (:mod:`forge_core.data.packing_contract`); rows are read from the memory map when a
+   batch is (:class:`~forge_core.data.packed_rows.PackedRows`). A packer that only has
+   the deprecated ``pack(documents)`` still runs, with a warning, on rows in memory.
+
+Several sources become one :class:`~forge_core.data.mixture.MixedRows`. The one-line
+summary says what was read, what the cache did, what the packer achieved, what was held
+out and, for a mixture, the share of the run's rows each source gives.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from forge_core.errors import ForgeError
+from forge_core.specs import DOC_IDS, POSITIONS
+
+DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
+
+
+def _stderr(message: str) -> None:
+    print(f"forge: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+@attrs.frozen
+class SourceData:
+    """One source of the run: its tokens, its split and its rows."""
+
+    label: str
+    where: str  # its config path: data.source or data.sources[i]
+    weight: float
+    shards: Any  # forge_core.data.shards.Shards
+    train: np.ndarray  # document numbers in the shards that are trained on
+    heldout: np.ndarray  # and those held out
+    rows: Any  # PackedRows or ArrayRows
+    tokens_note: str
+
+
+@attrs.frozen
+class TrainingData:
+    rows: Any  # what the loader reads: one source's rows, or MixedRows
+    sources: list[SourceData]
+    seq_len: int
+    summary: str
+
+
+def _labels(entries: list[tuple[str, Any]]) -> list[str]:
+    names = [entry.name for _, entry in entries]
+    return [entry.label or (name if names.count(name) == 1 else f"{name}#{i}")
+            for i, ((_, entry), name) in enumerate(zip(entries, names))]
+
+
+def build_source(registries: Any, where: str, entry: Any) -> Any:
+    """The source an entry names, constructed; a mixture's errors say which entry."""
+    from forge_core.train import components
+
+    try:
+        return components.source_named(registries, entry.name, entry.options)
+    except ForgeError as exc:
+        if where == "data.source":
+            raise
+        raise ForgeError(f"{where} ({entry.name}): {exc}") from None
+
+
+def source_shards(source: Any, tokenizer: Any, cache: Any, label: str, *, is_main: bool = True,
+                  report: Callable[[str], None] = _stderr) -> tuple[Any, str]:
+    """The memory-mapped tokens of ``source``: its own shards, or the cache's."""
+    from forge_core.data.cache import cached_shards, default_root
+    from forge_core.data.pipeline import check_tokenizer
+    from forge_core.data.shards import Shards
+
+    own = getattr(source, "shards", None)
+    if isinstance(own, Shards):
+        check_tokenizer(source, tokenizer)
+        return own, f"memory-mapped from {own.path}"
+    return cached_shards(source, tokenizer, root=cache.dir or default_root(), wait_s=cache.wait_s, label=label,
+                         progress=True, report=report if is_main else _quiet, announce=report)
+
+
+def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(training documents, held-out documents)`` by number, each in corpus order."""
+    from forge_core.data.heldout import heldout_mask
+
+    held = heldout_mask(shards.hashes, heldout.fraction, heldout.seed)
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
+def pack(packer: Any, spec: Any, options: Any, stream: Any, seq_len: int, eos_id: int, pad_id: int,
+         report: Callable[[str], None] = _stderr) -> Any:
+    """Rows of ``stream`` under ``packer``: lazy through its layout, or (deprecated)
+    eager through ``pack``. The layout must keep the spec's promise about metadata."""
+    from forge_core.data.packed_rows import PackedRows, check_layout, eager_rows
+    from forge_core.data.packing_contract import EAGER_DEPRECATION
+
+    who = f"packer {spec.name!r} ({type(packer).__module__}.{type(packer).__qualname__})"
+    if not hasattr(packer, "layout"):
+        if not hasattr(packer, "pack"):
+            raise ForgeError(f"{who} has neither layout(lengths) nor pack(documents): it implements no "
+                             "packer contract (see docs/plugin-guide/packer.md).")
+        message = f"{who} {EAGER_DEPRECATION}"
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        report(f"warning: {message}")
+        rows = eager_rows(packer, stream, seq_len, who)
+        _check_emitted(who, spec.emitted(options), frozenset(rows.keys) - {"input_ids", "labels"}, "its rows carry")
+        return rows
+    layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
+    emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
+    _check_emitted(who, spec.emitted(options), emitted, f"its layout has metadata={layout.metadata}, which gives")
+    return PackedRows(layout, stream, eos_id=eos_id, pad_id=pad_id)
+
+
+def _check_emitted(who: str, declared: frozenset[str], emitted: frozenset[str], what: str) -> None:
+    if declared != emitted:
+        raise ForgeError(
+            f"{who}: its spec declares that it emits {', '.join(sorted(declared)) or 'nothing'} under these "
+            f"options, but {what} {', '.join(sorted(emitted)) or 'no metadata'}. The rule engine trusts the "
+            "declaration: make the two agree (a lazy layout emits doc_ids and positions together; other "
+            "per-token keys need the deprecated pack())."
+        )
+
+
+def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError:
+    return ForgeError(
+        f"{label}: {stream.total} tokens in {len(stream)} documents, not enough for one row of seq_len "
+        f"{seq_len} ({packer}). Add data or lower data.seq_len."
+    )
+
+
+def build_training_data(config: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
+                        report: Callable[[str], None] = _stderr) -> TrainingData:
+    """Everything the loader reads, for ``config``; see the module docstring."""
+    from forge_core.data.mixture import MixedRows
+    from forge_core.train import components
+
+    t0 = time.perf_counter()
+    data = config.data
+    entries = data.source_entries()
+    labels = _labels(entries)
+    eos, pad, vocab = int(tokenizer.eos_id), int(tokenizer.pad_id), int(tokenizer.vocab_size)
+    packer_spec = registries["packer"].get(data.packer)
+    parts = []
+    for (where, entry), label in zip(entries, labels):
+        source = build_source(registries, where, entry)
+        shards, note = source_shards(source, tokenizer, data.cache, label, is_main=is_main, report=report)
+        train, held = split_documents(shards, data.heldout)
+        if not len(train):
+            raise ForgeError(f"{label}: all {shards.num_documents} documents are held out "
+                             f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction.")
+        stream = shards.stream(eos, vocab, train)
+        packer = components.packer(config, registries, tokenizer)
+        rows = pack(packer, packer_spec, data.packer_options, stream, data.seq_len, eos, pad,
+                    report if is_main else _quiet)
+        if rows.num_rows == 0:
+            raise _too_small(source.describe(), stream, data.seq_len, type(packer).__name__)
+        parts.append(SourceData(label, where, float(entry.weight), shards, train, held, rows, note))
+    if len(parts) == 1:
+        rows = parts[0].rows
+    else:
+        rows = MixedRows([p.rows for p in parts], [p.weight for p in parts], labels)
+    summary = _summary(config, parts, rows, time.perf_counter() - t0)
+    return TrainingData(rows, parts, data.seq_len, summary)
+
+
+def _stats(stats: dict[str, Any]) -> str:
+    parts = [f"{key} {value:.1%}" if key in ("fill", "kept") else f"{key} {value:,}"
+             for key, value in stats.items() if isinstance(value, (int, float))]
+    return ", ".join(parts)
+
+
+def _held(part: SourceData) -> str:
+    n = len(part.heldout)
+    if not n:
+        return ""
+    tokens = int(np.sum(np.diff(part.shards.offsets)[part.heldout]))
+    return f"; held out {n:,} of {part.shards.num_documents:,} documents ({tokens:,} tokens)"
+
+
+def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) -> str:
+    data = config.data
+    head = (f"data: {rows.num_rows:,} rows of {data.seq_len} tokens ("
+            f"{'+'.join(p.label for p in parts)} -> {data.tokenizer} -> {data.packer}) in {seconds:.1f}s")
+    if len(parts) == 1:
+        p = parts[0]
+        return f"{head}; tokens {p.tokens_note}; packer: {_stats(p.rows.stats)}{_held(p)}"
+    slots = config.train.steps * config.train.batch_size
+    realized = rows.realized(slots)
+    total_weight = sum(p.weight for p in parts)
+    mixture = ", ".join(f"{p.label} {share:.1%} (weight {p.weight / total_weight:.1%})"
+                        for p, share in zip(parts, realized))
+    lines = [f"{head}; mixture over the run's {slots:,} rows: {mixture}"]
+    lines += [f"  {p.label} ({p.where}): {p.rows.num_rows:,} rows; tokens {p.tokens_note}; packer: "
+              f"{_stats(p.rows.stats)}{_held(p)}" for p in parts]
+    return "\n".join(lines)
+
+
+def heldout_documents(config: Any, registries: Any, tokenizer: Any) -> list[tuple[str, Any]]:
+    """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
+    read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
+    Opens the cache exactly as training does (tokenizing only if no run has yet)."""
+    data = config.data
+    entries = data.source_entries()
+    out = []
+    for (where, entry), label in zip(entries, _labels(entries)):
+        source = build_source(registries, where, entry)
+        shards, _ = source_shards(source, tokenizer, data.cache, label)
+        _, held = split_documents(shards, data.heldout)
+        out.append((label, shards.stream(int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))
+    return out

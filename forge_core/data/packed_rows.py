@@ -1,0 +1,308 @@
+"""Packed rows read lazily: a :class:`~forge_core.data.packing_contract.RowLayout` over a
+:class:`DocumentStream`, materialized one batch at a time.
+
+:class:`DocumentStream` is the corpus as the packer sees it: documents back to back,
+each followed by EOS, without that stream ever existing. It holds, per document, where
+its tokens start in a token array (usually a memory map of a shard's ``tokens.bin``)
+and how many there are; EOS is appended on the fly. :class:`PackedRows` reads rows:
+for a batch of row indices it gathers the pieces' tokens from the stream and computes
+labels, ``doc_ids`` and ``positions`` with whole-array numpy over that batch only
+(``np.cumsum`` over its boundary mask, no per-token Python). What it keeps in memory is
+the layout (a few integers per piece) and the stream's per-document arrays.
+
+:func:`check_layout` is the kernel's check of what a packer returned, and
+:func:`pack_documents` packs in-memory documents completely (tests, examples and the
+deprecated eager packers).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from forge_core.data.packing_contract import EAGER_DEPRECATION, RowLayout
+from forge_core.errors import ForgeError
+from forge_core.specs import DOC_IDS, POSITIONS
+
+#: The label of a position that takes no loss (the trainer's ignore index).
+IGNORE = -100
+
+
+def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
+    """``out[t] = t - (the last start <= t)``: a count from 0 that restarts at every
+    entry of ``starts`` (sorted flat indices, the first one 0). One cumsum: an increment
+    of 1 everywhere and, at each start, the jump back to 0."""
+    out = np.ones(size, np.int64)
+    if size:
+        out[starts[1:]] = 1 - np.diff(starts)
+        out[0] = 0
+    return np.cumsum(out, out=out)
+
+
+class DocumentStream:
+    """Documents ``tokens[start[d] : start[d] + count[d]]``, each followed by ``eos_id``
+    (or, with ``eos_id=None``, already ending with it), addressed as one stream.
+
+    ``lengths`` (EOS included) and ``offsets`` (``len + 1`` entries) describe the
+    stream; ``vocab_size``, when given, bounds every id read (an id outside it is an
+    error naming ``where`` and the document: the file was damaged after it was
+    written)."""
+
+    def __init__(self, tokens: Any, start: np.ndarray, count: np.ndarray, eos_id: int | None, *,
+                 vocab_size: int | None = None, where: str = "the token stream",
+                 document_index: np.ndarray | None = None) -> None:
+        self.tokens = tokens
+        self.start = np.ascontiguousarray(start, dtype=np.int64)
+        self.count = np.ascontiguousarray(count, dtype=np.int64)
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
+        self.where = where
+        self.document_index = document_index  # the shard's own numbers, for messages
+        self.lengths = self.count + (0 if eos_id is None else 1)
+        self.offsets = np.zeros(len(self.lengths) + 1, np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+
+    @classmethod
+    def from_documents(cls, documents: list[Any]) -> DocumentStream:
+        """In-memory documents that already end with EOS (what packers used to receive)."""
+        arrays = [np.asarray(d).reshape(-1) for d in documents]
+        count = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
+        start = np.cumsum(count) - count
+        flat = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+        return cls(flat, start, count, None)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    # A memory map travels to loader worker processes as its file, not its contents.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if isinstance(self.tokens, np.memmap) and self.tokens.filename:
+            state["tokens"] = ("memmap", self.tokens.filename, self.tokens.dtype.str, self.tokens.shape)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tokens = state["tokens"]
+        if isinstance(tokens, tuple) and tokens[0] == "memmap":
+            state["tokens"] = np.memmap(tokens[1], dtype=np.dtype(tokens[2]), mode="r", shape=tokens[3])
+        self.__dict__.update(state)
+
+    @property
+    def total(self) -> int:
+        return int(self.offsets[-1])
+
+    def gather(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens at stream ``positions`` (int64) and whether each is its document's last."""
+        doc = np.searchsorted(self.offsets, positions, side="right") - 1
+        within = positions - self.offsets[doc]
+        last = within == self.lengths[doc] - 1
+        if self.eos_id is None:
+            return np.asarray(self.tokens[self.start[doc] + within], dtype=np.int64), last
+        out = np.full(len(positions), self.eos_id, np.int64)
+        real = np.flatnonzero(~last)
+        if real.size:
+            ids = np.asarray(self.tokens[self.start[doc[real]] + within[real]], dtype=np.int64)
+            if self.vocab_size is not None and ids.size and (ids.max() >= self.vocab_size or ids.min() < 0):
+                bad = int(np.flatnonzero((ids >= self.vocab_size) | (ids < 0))[0])
+                d = int(doc[real[bad]])
+                number = int(self.document_index[d]) if self.document_index is not None else d
+                raise ForgeError(
+                    f"{self.where}: document {number} holds token id {int(ids[bad])}, outside the "
+                    f"tokenizer's vocabulary of {self.vocab_size} ids. The data is damaged or was made "
+                    "for another tokenizer: prepare it again."
+                )
+            out[real] = ids
+        return out, last
+
+    def documents(self) -> list[np.ndarray]:
+        """Every document with its EOS, in memory (for the deprecated eager packers)."""
+        return [self.gather(np.arange(self.offsets[d], self.offsets[d + 1]))[0] for d in range(len(self))]
+
+
+def layout_stats(layout: RowLayout, total: int) -> dict[str, float]:
+    """``rows``, ``tokens`` (the stream's), ``kept`` (share of them that are inputs) and
+    ``fill`` (share of row slots holding tokens), then the packer's own ``stats``."""
+    placed = int(layout.lengths.sum())
+    capacity = layout.rows * layout.seq_len
+    stats: dict[str, float] = {"rows": layout.rows, "tokens": total,
+                               "kept": placed / total if total else 0.0,
+                               "fill": placed / capacity if capacity else 0.0}
+    stats.update({k: v for k, v in layout.stats.items() if k not in stats})
+    return stats
+
+
+def check_layout(layout: Any, stream: DocumentStream, seq_len: int, who: str) -> RowLayout:
+    """What a packer's ``layout`` returned, checked against the contract: a
+    :class:`ForgeError` naming ``who`` and the first problem otherwise."""
+    def fail(problem: str) -> ForgeError:
+        return ForgeError(f"{who}: layout() broke the packer contract: {problem}.")
+
+    if not isinstance(layout, RowLayout):
+        raise fail(f"it returned {type(layout).__name__}, not a RowLayout")
+    if layout.seq_len != seq_len:
+        raise fail(f"seq_len {layout.seq_len}, the run's data.seq_len is {seq_len}")
+    n, ptr = layout.num_pieces, layout.row_ptr
+    if len(layout.lengths) != n:
+        raise fail(f"{n} starts but {len(layout.lengths)} lengths")
+    if len(ptr) < 1 or ptr[0] != 0 or ptr[-1] != n or np.any(np.diff(ptr) < 0):
+        raise fail("row_ptr must start at 0, never decrease and end at the number of pieces")
+    if layout.metadata and layout.boundaries == "none":
+        raise fail("metadata needs boundaries 'documents' or 'eos' (labels that cross documents "
+                   "cannot come with document ids)")
+    if n == 0:
+        return layout
+    starts, lengths = layout.starts, layout.lengths
+    if lengths.min() < 1:
+        raise fail(f"piece {int(np.argmin(lengths))} is empty")
+    if starts.min() < 0 or int((starts + lengths).max()) > stream.total:
+        raise fail(f"a piece lies outside the stream of {stream.total} tokens")
+    fill = np.add.reduceat(lengths, ptr[:-1][np.diff(ptr) > 0])
+    if fill.max() > seq_len:
+        raise fail(f"a row holds {int(fill.max())} tokens, more than seq_len {seq_len}")
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], (starts + lengths)[order]
+    if np.any(s[1:] < e[:-1]):
+        j = int(np.flatnonzero(s[1:] < e[:-1])[0])
+        raise fail(f"pieces overlap at stream position {int(s[j + 1])}: every token may be placed once")
+    if layout.boundaries == "documents":
+        doc = np.searchsorted(stream.offsets, starts, side="right") - 1
+        crosses = starts + lengths > stream.offsets[doc + 1]
+        if crosses.any():
+            j = int(np.flatnonzero(crosses)[0])
+            raise fail(f"piece {j} runs past the end of document {int(doc[j])}, but boundaries is "
+                       "'documents' (use 'eos' for windows across documents)")
+    return layout
+
+
+class PackedRows:
+    """The rows of a layout over a stream; :meth:`read` materializes some of them."""
+
+    def __init__(self, layout: RowLayout, stream: DocumentStream, *, eos_id: int, pad_id: int) -> None:
+        self.layout = layout
+        self.stream = stream
+        self.eos_id = int(eos_id)
+        self.pad_id = int(pad_id)
+        self.seq_len = layout.seq_len
+        self.num_rows = layout.rows
+        self.keys = ("input_ids", "labels") + ((DOC_IDS, POSITIONS) if layout.metadata else ())
+        self.stats = layout_stats(layout, stream.total)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def read(self, rows: Any) -> dict[str, np.ndarray]:
+        """int64 arrays of shape ``(len(rows), seq_len)`` for the given row indices."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        L, S = self.layout, self.seq_len
+        B = len(rows)
+        lo = L.row_ptr[rows]
+        counts = L.row_ptr[rows + 1] - lo
+        first = np.zeros(B + 1, np.int64)
+        np.cumsum(counts, out=first[1:])
+        piece = np.repeat(lo - first[:-1], counts) + np.arange(first[-1], dtype=np.int64)
+        plen = L.lengths[piece]
+        # Column of each piece in its row: its offset among the row's pieces.
+        pcum = np.zeros(len(piece) + 1, np.int64)
+        np.cumsum(plen, out=pcum[1:])
+        pcol = pcum[:-1] - np.repeat(pcum[first[:-1]], counts)
+        prow = np.repeat(np.arange(B, dtype=np.int64), counts)
+        # Every placed token: its stream position and its slot in the (B * S) output.
+        within = restart_counts(pcum[:-1], int(pcum[-1])) if len(piece) else np.zeros(0, np.int64)
+        src = np.repeat(L.starts[piece], plen) + within
+        dest = np.repeat(prow * S + pcol, plen) + within
+
+        tokens, last = self.stream.gather(src)
+        input_ids = np.full(B * S, self.pad_id, np.int64)
+        labels = np.full(B * S, IGNORE, np.int64)
+        input_ids[dest] = tokens
+        # A token's next one is the next of its piece, but for a piece's last token,
+        # gathered separately (one position per piece).
+        following = np.empty_like(tokens)
+        following[:-1] = tokens[1:]
+        if len(piece):
+            ends = np.minimum(L.starts[piece] + plen, max(self.stream.total - 1, 0))
+            following[pcum[1:] - 1] = self.stream.gather(ends)[0]
+        # The stream's last token has no next token.
+        labelled = ~last if L.boundaries == "documents" else src + 1 < self.stream.total
+        labels[dest[labelled]] = following[labelled]
+        eos_slots = dest[tokens == self.eos_id] if L.boundaries == "eos" else dest[:0]
+        labels[eos_slots] = IGNORE
+        out = {"input_ids": input_ids.reshape(B, S), "labels": labels.reshape(B, S)}
+        if L.metadata:
+            # A document starts at every piece, at the padding and (for 'eos') after an EOS.
+            fill = np.bincount(prow, weights=plen, minlength=B).astype(np.int64)
+            starts = np.zeros(B * S, bool)
+            starts[prow * S + pcol] = True
+            padded = np.flatnonzero(fill < S)
+            starts[padded * S + fill[padded]] = True
+            after = eos_slots + 1
+            starts[after[after % S != 0]] = True
+            starts[np.arange(B) * S] = True
+            out[DOC_IDS] = np.cumsum(starts.reshape(B, S), axis=1, dtype=np.int64) - 1
+            out[POSITIONS] = restart_counts(np.flatnonzero(starts), B * S).reshape(B, S)
+        return out
+
+
+class ArrayRows:
+    """Rows already in memory (a dict of ``(rows, seq_len)`` arrays): what the
+    deprecated eager packers return, and what tests hand the loader directly."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], stats: dict[str, float] | None = None) -> None:
+        if not arrays or "input_ids" not in arrays:
+            raise ForgeError("the loader needs packed rows with at least 'input_ids'.")
+        self.arrays = arrays
+        self.num_rows = int(arrays["input_ids"].shape[0])
+        self.seq_len = int(arrays["input_ids"].shape[1]) if arrays["input_ids"].ndim == 2 else 0
+        self.keys = tuple(arrays)
+        self.stats = dict(stats or {})
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def read(self, rows: Any) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v[rows], dtype=np.int64) for k, v in self.arrays.items()}
+
+
+def eager_rows(packer: Any, stream: DocumentStream, seq_len: int, who: str) -> ArrayRows:
+    """Run a deprecated ``pack(documents)`` packer over every document of ``stream``."""
+    documents = stream.documents()
+    rows = packer.pack(documents)
+    for key in ("input_ids", "labels"):
+        if key not in rows:
+            raise ForgeError(f"{who}: pack() returned no {key!r}.")
+    shape = np.asarray(rows["input_ids"]).shape
+    for key, value in rows.items():
+        if np.ndim(value) != 2 or np.shape(value) != shape or shape[1] != seq_len:
+            raise ForgeError(f"{who}: {key!r} has shape {np.shape(value)}, input_ids {shape}; every "
+                             f"array must be (rows, seq_len={seq_len}).")
+    arrays = {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in rows.items()}
+    extra = getattr(packer, "stats", None) or {}
+    stats = {"rows": shape[0], "tokens": stream.total, **{k: v for k, v in extra.items() if k != "rows"}}
+    return ArrayRows(arrays, stats)
+
+
+def pack_documents(packer: Any, documents: list[Any], *, seq_len: int | None = None,
+                   eos_id: int | None = None, pad_id: int | None = None) -> dict[str, np.ndarray]:
+    """Pack in-memory documents (EOS appended) completely: every row, every key. For a
+    lazy packer, its layout materialized exactly as a training run reads it; for an
+    eager one, ``pack`` (with the deprecation warning). ``seq_len``, ``eos_id`` and
+    ``pad_id`` default to the packer's attributes of those names."""
+    def given(value: int | None, name: str) -> int:
+        if value is None:
+            value = getattr(packer, name, None)
+        if value is None:
+            raise ValueError(f"pack_documents: pass {name}= (packer {type(packer).__name__} has no attribute {name!r})")
+        return int(value)
+
+    stream = DocumentStream.from_documents(documents)
+    who = f"packer {type(packer).__name__}"
+    if hasattr(packer, "layout"):
+        seq_len = given(seq_len, "seq_len")
+        layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
+        rows = PackedRows(layout, stream, eos_id=given(eos_id, "eos_id"), pad_id=given(pad_id, "pad_id"))
+        return rows.read(np.arange(layout.rows))
+    seq_len = given(seq_len, "seq_len")
+    warnings.warn(f"{who} {EAGER_DEPRECATION}", FutureWarning, stacklevel=2)
+    return eager_rows(packer, stream, seq_len, who).arrays

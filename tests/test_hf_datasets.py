@@ -1,0 +1,102 @@
+"""The ``hf_datasets`` source on data sets saved locally with ``datasets``: a
+``save_to_disk`` folder (Arrow, a DatasetDict split), Parquet, JSON Lines and Arrow
+files, each read in memory and streaming, give the same documents in the same order;
+bad input is an error naming the folder or files; the fingerprint follows the bytes;
+a run trains on it through the cache. Skipped only where ``datasets`` is not
+installed (CI installs it with the dev extra)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+datasets = pytest.importorskip("datasets", reason="the hf_datasets source needs `datasets`: pip install 'forge-trainer[datasets]'")
+
+from forge_core.errors import ForgeError  # noqa: E402
+from forge_plugins.sources.hf_datasets import HFDatasetsSource  # noqa: E402
+from forge_plugins.sources.options import HFDatasetsOptions  # noqa: E402
+
+TEXTS = [f"row {i}: " + "é" * (i % 5) + "text " * (i % 9) for i in range(60)] + ["   "]  # the last is blank
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    ds = datasets.Dataset.from_dict({"text": TEXTS, "id": list(range(len(TEXTS)))})
+    ds.save_to_disk(str(root / "saved"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(5))}).save_to_disk(str(root / "dict"))
+    ds.select(range(30)).to_parquet(str(root / "part-0.parquet"))
+    ds.select(range(30, len(TEXTS))).to_parquet(str(root / "part-1.parquet"))
+    ds.to_json(str(root / "rows.jsonl"))
+    arrow = next((root / "saved").glob("*.arrow"))
+    return root, arrow
+
+
+def docs(**options):
+    return list(HFDatasetsSource(HFDatasetsOptions(**options)).documents())
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_every_kind_of_local_data_set_gives_the_same_documents(saved, streaming):
+    root, arrow = saved
+    want = TEXTS[:-1]  # blank rows are skipped
+    assert docs(path=str(root / "saved"), streaming=streaming) == want
+    assert docs(path=str(root / "dict"), split="train", streaming=streaming) == want
+    assert docs(path=str(root / "dict"), split="test", streaming=streaming) == want[:5]
+    assert docs(data_files=[str(root / "part-*.parquet")], streaming=streaming) == want
+    assert docs(data_files=[str(root / "rows.jsonl")], streaming=streaming) == want
+    assert docs(data_files=[str(arrow)], streaming=streaming) == want
+
+
+def test_bad_input_names_what_is_wrong(saved, tmp_path):
+    root, _ = saved
+    cases = [
+        ({"path": str(tmp_path / "nope")}, "is not a directory \\(it does not exist\\)"),
+        ({"path": str(tmp_path)}, "is not a folder written by `save_to_disk`"),
+        ({}, "give exactly one of `path`"),
+        ({"data_files": [str(tmp_path / "*.parquet")]}, "matches no file"),
+    ]
+    for options, message in cases:
+        with pytest.raises(ForgeError, match=message):
+            docs(**options)
+    with pytest.raises(ForgeError, match=r"saved: no column 'body' \(columns: text, id\)"):
+        docs(path=str(root / "saved"), text_field="body")
+    with pytest.raises(ForgeError, match=r"no split 'validation' \(splits: train, test\)"):
+        docs(path=str(root / "dict"), split="validation")
+    with pytest.raises(ForgeError, match=r"row 0: 'id' is int, not a string"):
+        docs(path=str(root / "saved"), text_field="id")
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(ForgeError, match="broken.parquet.*datasets cannot read it"):
+        docs(data_files=[str(broken)])
+    (tmp_path / "blank.jsonl").write_text(json.dumps({"text": " "}) + "\n")
+    with pytest.raises(ForgeError, match="contains no document"):
+        docs(data_files=[str(tmp_path / "blank.jsonl")])
+
+
+def test_the_fingerprint_follows_the_bytes_and_the_column(saved, tmp_path):
+    root, _ = saved
+    a = HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")])).fingerprint()
+    assert a == HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], streaming=True)).fingerprint()
+    assert a != HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], text_field="id")).fingerprint()
+    copy = tmp_path / "rows.jsonl"
+    copy.write_bytes((root / "rows.jsonl").read_bytes().replace(b"row 1:", b"row X:"))
+    assert a != HFDatasetsSource(HFDatasetsOptions(data_files=[str(copy)])).fingerprint()
+
+
+def test_a_run_reads_it_through_the_cache(saved, tmp_path):
+    from forge_core.data.build import build_training_data
+    from forge_core.judge import load_resolved
+    from forge_plugins.tokenizers.byte import ByteTokenizer
+
+    root, _ = saved
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"data": {"source": "hf_datasets", "source_options": {"path": str(root / "saved")},
+                                           "packer": "bfd", "seq_len": 64, "cache": {"dir": str(tmp_path / "cache")}}}))
+    cfg, registries = load_resolved(str(config))
+    data = build_training_data(cfg, registries, ByteTokenizer(), report=lambda m: None)
+    rows = data.rows.read(np.arange(data.rows.num_rows))
+    tokens = int((rows["input_ids"] != 257).sum())
+    assert tokens == sum(len(t.encode()) + 1 for t in TEXTS[:-1])
