@@ -93,7 +93,7 @@ def config(corpus: Path, cache: Path, run_dir: Path, steps: int) -> dict:
 CHILD = """
 import json, resource, sys, time
 t0 = float(sys.argv[2])
-from forge_core.hookspecs import hookimpl
+from forge_core.api import hookimpl
 from forge_core.train.launch import train
 
 out = {}
@@ -133,11 +133,12 @@ def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
     """Rows/s the loader reads from the cache (data built in this process)."""
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
-    from forge_core.judge import load_resolved
+    from forge_core.judge import load_resolved, make_plan
     from forge_core.train import components
 
     cfg, registries = load_resolved(str(cfg_path))
-    data = build_training_data(cfg, registries, components.tokenizer(cfg, registries), report=lambda m: None)
+    plan = make_plan(cfg, registries, 1)
+    data = build_training_data(plan, registries, components.tokenizer(plan, registries), report=lambda m: None)
     loader = StatefulLoader(data.rows, 16, seed=0, shuffle=True)
     next(loader)
     n, t0 = 0, time.perf_counter()

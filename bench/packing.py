@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.data.packed_rows import DocumentStream, PackedRows, pack_documents
 from forge_plugins.packers.bfd import BfdPacker, place, split_documents
 from forge_plugins.packers.concat import ConcatPacker
@@ -71,7 +72,7 @@ def loop_reference(stream: list[int], seq_len: int, eos: int) -> tuple[list, lis
             d_row.append(count)
             p_row.append(pos)
             if w[i] == eos:
-                l_row.append(-100)
+                l_row.append(IGNORE_INDEX)
                 count += 1
                 pos = 0
             else:
@@ -87,7 +88,7 @@ def loop_reference(stream: list[int], seq_len: int, eos: int) -> tuple[list, lis
 def loop_to_arrays(stream: np.ndarray, seq_len: int, eos: int) -> dict[str, np.ndarray]:
     """The loop reference with ``concat``'s input and output: int64 arrays."""
     out = loop_reference(stream.tolist(), seq_len, eos)
-    keys = ("input_ids", "labels", "doc_ids", "positions")
+    keys = (INPUT_IDS, LABELS, DOC_IDS, POSITIONS)
     return {k: np.array(v, dtype=np.int64) for k, v in zip(keys, out)}
 
 

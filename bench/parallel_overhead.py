@@ -36,13 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forge_core.api import INPUT_IDS, LABELS
+
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"dp_replicate": 2},
     "fsdp": {"dp_shard": 2},
     "tp": {"tp": 2},
-    "tp+sp": {"tp": 2, "sequence_parallel": True},
-    "pp gpipe": {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4},
-    "pp 1f1b": {"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 4},
+    "tp+sp": {"tp": 2, "options": {"tp": {"sequence_parallel": True}}},
+    "pp gpipe": {"pp": 2, "options": {"pp": {"schedule": "gpipe", "microbatches": 4}}},
+    "pp 1f1b": {"pp": 2, "options": {"pp": {"schedule": "1f1b", "microbatches": 4}}},
 }
 COMM_PREFIXES = ("gloo:", "nccl:")
 BLOCKING = ("c10d::", "_c10d_functional::wait_tensor", "aten::wait")
@@ -53,6 +55,7 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any,
 
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
+    from forge_core.judge import make_plan
     from forge_core.registry import load_registries
     from forge_core.train import components
 
@@ -68,12 +71,13 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any,
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
+    plan = make_plan(config, registries, int(os.environ.get("WORLD_SIZE", "1")) if parallel else 1)
     torch.manual_seed(0)
-    model = components.model(config, registries, args.vocab, components.attention(config, registries))
+    model = components.model(plan, registries, args.vocab, components.attention(plan, registries))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.rows, args.seq + 1), generator=gen)
-    batch = {"input_ids": ids[:, :-1].contiguous(), "labels": ids[:, 1:].contiguous()}
-    return config, registries, [model, batch]
+    batch = {INPUT_IDS: ids[:, :-1].contiguous(), LABELS: ids[:, 1:].contiguous()}
+    return plan, registries, [model, batch]
 
 
 def step_fn(pmodel: Any, batch: dict) -> Any:
@@ -84,10 +88,11 @@ def step_fn(pmodel: Any, batch: dict) -> Any:
 
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
     local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
-    tokens = float(batch["labels"].numel())
+    tokens = float(batch[LABELS].numel())
 
     def step() -> None:
         pmodel.forward_backward(local, loss_fn, tokens)
+        pmodel.finish_gradients()
         clip_grad_norm(pmodel, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -139,8 +144,8 @@ def worker(args: argparse.Namespace) -> None:
                 base[threads] = measure(step_fn(single_process(model), batch), args)["step"]
             torch.set_num_threads(1)
         dist.barrier()
-        config, registries, (model, batch) = setup(args, parallel)
-        pmodel = parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+        plan, _, (model, batch) = setup(args, parallel)
+        pmodel = parallelize(model, plan, torch.device("cpu"))
         results[name] = {**measure(step_fn(pmodel, batch), args, dist.barrier),
                          "base1": base.get(1), "base2": base.get(2)}
     if dist.get_rank() == 0:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS
+
 
 def forge_config(args: argparse.Namespace, out_dir: str) -> dict:
     return {
@@ -53,7 +55,7 @@ def build_forge(args: argparse.Namespace, tmp: str):
     path.write_text(yaml.safe_dump(forge_config(args, str(Path(tmp) / "run"))))
     result = judge(str(path), [], 1)
     assert not result.errors, result.errors
-    trainer = Trainer(result.config, result.registries, setup("cpu"))
+    trainer = Trainer(result.plan, result.registries, setup("cpu"))
     trainer.build()
     return trainer
 
@@ -90,10 +92,10 @@ def hf_step(model, optimizer, batch, precision: str, grad_clip: float) -> tuple[
     import torch.nn.functional as F
 
     t0 = time.perf_counter()
-    x, y = batch["input_ids"], batch["labels"]
+    x, y = batch[INPUT_IDS], batch[LABELS]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()

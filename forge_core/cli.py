@@ -4,7 +4,7 @@
 they answer in a fraction of a second. Each command reads its options and overrides in
 any order. What ends a command and its exit status (docs/cli.md lists them):
 
-- a :class:`~forge_core.errors.ForgeError` (bad input: config, files, plugins, a
+- a :class:`~forge_core.api.ForgeError` (bad input: config, files, plugins, a
   component that failed) is printed without a traceback; status 2 unless the error
   says otherwise (124: a collective timed out);
 - SIGTERM/SIGINT before training starts: a one-line notice, 128 + the signal;
@@ -23,13 +23,7 @@ import os
 import sys
 from typing import Any
 
-from forge_core.errors import (
-    EXIT_INVALID,
-    Interrupted,
-    outcome,
-    show_tracebacks,
-    traceback_text,
-)
+from forge_core.errors import EXIT_INVALID, Interrupted, outcome, show_tracebacks, traceback_text
 
 COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
 
@@ -155,7 +149,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "valid": not result.errors,
-            "world_size": result.context.world_size,
+            "world_size": result.plan.world_size,
             "violations": [v.to_json() for v in result.violations],
         }, indent=2))
     else:
@@ -163,10 +157,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(render(result.violations))
         checked = len(result.registries.rules)
         verdict = "invalid" if result.errors else "valid"
-        ws = result.context.world_size
+        ws = result.plan.world_size
         if ws is None:
             ws = "unknown (pass --world-size to check it)"
-            if result.context.degrees.get("dp_shard") == -1:
+            if result.plan.degrees.get("dp_shard") == -1:
                 ws = ("unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
                       "leave of it (pass --world-size N to check it now)")
         blocked = result.registries.plugins.blocked

@@ -14,13 +14,11 @@ import math
 import os
 from pathlib import Path
 
-from forge_core.hookspecs import hookimpl
+from forge_core.api import DOC_IDS, Plan, Rule, hookimpl
 from forge_core.parallel_dims import MESH_DIMS
-from forge_core.rules import Rule, RuleContext
-from forge_core.specs import DOC_IDS
 
 
-def check_world_size(ctx: RuleContext) -> list[str]:
+def check_world_size(ctx: Plan) -> list[str]:
     # Each degree is at least 1 (dp_shard may be -1): the schema's validators say so.
     degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
     if ctx.world_size is None:
@@ -39,7 +37,7 @@ def check_world_size(ctx: RuleContext) -> list[str]:
     return []
 
 
-def check_seq_len(ctx: RuleContext) -> str | None:
+def check_seq_len(ctx: Plan) -> str | None:
     option = ctx.specs["model"].max_seq_len_option
     if option is None:
         return None
@@ -50,12 +48,13 @@ def check_seq_len(ctx: RuleContext) -> str | None:
     return None
 
 
-def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
+def check_metadata_forwarded(ctx: Plan) -> list[str]:
     """The founding rule, expressed through capabilities: every per-token key the packer
     emits must reach every layer under every active strategy."""
     problems = []
     packer = ctx.specs["packer"]
-    for strategy in ctx.strategies:
+    for active in ctx.strategies:
+        strategy = active.spec
         lost = sorted(key for key in ctx.emitted if not strategy.forwards_key(key))
         if not lost:
             continue
@@ -75,7 +74,26 @@ def check_metadata_forwarded(ctx: RuleContext) -> list[str]:
     return problems
 
 
-def check_honours_doc_ids(ctx: RuleContext) -> str | None:
+def check_model_supports_strategies(ctx: Plan) -> list[str]:
+    """Every active strategy finds in the model the contract pieces it needs."""
+    model = ctx.specs["model"]
+    problems = []
+    for active in ctx.strategies:
+        strategy = active.spec
+        missing = sorted(strategy.requires - model.supports)
+        if not missing:
+            continue
+        off = f"parallel.{strategy.mesh_dim}: 1" if strategy.mesh_dim else f"remove {strategy.name!r} from parallel.wrappers"
+        problems.append(
+            f"strategy {strategy.name!r} needs the model to supply {', '.join(missing)} through its parallel "
+            f"contract, but model {model.name!r} does not declare {'them' if len(missing) > 1 else 'it'} "
+            f"(its spec supports: {', '.join(sorted(model.supports)) or 'nothing'}): the strategy cannot know "
+            f"how to split or shard it. Switch the strategy off ({off}) or choose a model that supports it"
+        )
+    return problems
+
+
+def check_honours_doc_ids(ctx: Plan) -> str | None:
     """The packer isolates documents but the backend would let them attend across."""
     backend = ctx.specs.get("attention")
     if backend is None or DOC_IDS not in ctx.emitted or DOC_IDS in backend.honours:
@@ -106,11 +124,11 @@ def out_dir_problem(out_dir: str) -> str | None:
     return None
 
 
-def check_out_dir(ctx: RuleContext) -> str | None:
+def check_out_dir(ctx: Plan) -> str | None:
     return out_dir_problem(ctx.config.run.out_dir)
 
 
-def check_model_accepts(ctx: RuleContext) -> str | None:
+def check_model_accepts(ctx: Plan) -> str | None:
     model = ctx.specs["model"]
     refused = sorted(ctx.emitted - model.accepts)
     if refused:
@@ -122,7 +140,7 @@ def check_model_accepts(ctx: RuleContext) -> str | None:
     return None
 
 
-def check_batch_divisible(ctx: RuleContext) -> str | None:
+def check_batch_divisible(ctx: Plan) -> str | None:
     train = ctx.config.train
     dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
     if dp < 1:
@@ -159,6 +177,16 @@ RULES = [
         summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
         check=check_metadata_forwarded,
         fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+    ),
+    Rule(
+        id="parallel.model-supports-strategy",
+        severity="error",
+        paths=("model.name", *(f"parallel.{dim}" for dim in MESH_DIMS), "parallel.wrappers"),
+        summary="Every active parallelism strategy finds what it requires in the model's declared parallel contract.",
+        check=check_model_supports_strategies,
+        fix="Set the strategy's degree back to 1 (or drop the wrapper), or choose a model whose spec "
+        "supports it. Model authors: declare the piece in ModelSpec.supports and supply it from the "
+        "model's parallel_contract() (forge_core.api.ParallelContract).",
     ),
     Rule(
         id="attention.honours-doc-ids",

@@ -202,29 +202,38 @@ def example_markdown(root: Path = EXAMPLE_DIR, page: str = EXAMPLE_PAGE) -> str:
 
 #: Objects a plugin author builds, receives or returns; their fields are listed in hooks.md.
 HOOK_OBJECTS = (
-    "forge_core.specs:ComponentSpec",
-    "forge_core.specs:AttentionBackendSpec",
-    "forge_core.specs:ParallelismSpec",
-    "forge_core.specs:PackerSpec",
-    "forge_core.specs:ModelSpec",
-    "forge_core.specs:SourceSpec",
-    "forge_core.specs:TokenizerSpec",
-    "forge_core.specs:OptimizerSpec",
-    "forge_core.specs:ScheduleSpec",
-    "forge_core.specs:LoggerSpec",
-    "forge_core.specs:NoOptions",
-    "forge_core.rules:Rule",
-    "forge_core.rules:RuleContext",
-    "forge_core.run_context:RunContext",
-    "forge_core.train.parallel_context:ParallelContext",
+    "forge_core.api:ComponentSpec",
+    "forge_core.api:AttentionBackendSpec",
+    "forge_core.api:ParallelismSpec",
+    "forge_core.api:PackerSpec",
+    "forge_core.api:ModelSpec",
+    "forge_core.api:SourceSpec",
+    "forge_core.api:TokenizerSpec",
+    "forge_core.api:OptimizerSpec",
+    "forge_core.api:ScheduleSpec",
+    "forge_core.api:LoggerSpec",
+    "forge_core.api:NoOptions",
+    "forge_core.api:RowLayout",
+    "forge_core.api:Rule",
+    "forge_core.api:Plan",
+    "forge_core.api:ActiveStrategy",
+    "forge_core.api:ChosenSource",
+    "forge_core.api:RunContext",
+    "forge_core.api:ParallelContext",
+    "forge_core.api:ModelFacts",
+    "forge_core.api:ParallelContract",
+    "forge_core.api:PipelineSplit",
+    "forge_core.api:TensorParallelPlan",
+    "forge_core.api:TensorParallelScope",
 )
 
 
 def hookspec_functions() -> list[Any]:
     """Every hookspec, registration hooks first, each group in source order."""
     from forge_core import hookspecs
+    from forge_core.api.hooks import PROJECT
 
-    marker = f"{hookspecs.PROJECT}_spec"
+    marker = f"{PROJECT}_spec"
     found = [
         obj for name, obj in vars(hookspecs).items()
         if name.startswith("forge_") and callable(obj) and hasattr(obj, marker)
@@ -244,7 +253,7 @@ def _python_default(field: attrs.Attribute) -> str:
 
 
 def _object_section(path: str) -> list[str]:
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
 
     cls = import_path(path)
     module, _, name = path.partition(":")
@@ -284,6 +293,7 @@ def _object_section(path: str) -> list[str]:
 
 def hooks_markdown() -> str:
     from forge_core import hookspecs
+    from forge_core.api.hooks import PROJECT
 
     funcs = hookspec_functions()
     lifecycle_prefixes = ("forge_train_", "forge_step_", "forge_checkpoint_")
@@ -295,7 +305,7 @@ def hooks_markdown() -> str:
         _NOTICE,
         "",
         "Forge talks to plugins through [pluggy](https://pluggy.readthedocs.io) hooks of the",
-        f"project `{hookspecs.PROJECT}`. This page lists every hook with its exact signature and",
+        f"project `{PROJECT}`. This page lists every hook with its exact signature and",
         "docstring, as `forge_core/hookspecs.py` declares them; a test fails when the two differ.",
         "",
         rst_to_markdown(inspect.getdoc(hookspecs) or ""),
@@ -306,7 +316,7 @@ def hooks_markdown() -> str:
         "`hookimpl` whose name is not a hook below is an error with a did-you-mean.",
         "",
         "```python",
-        "from forge_core.hookspecs import hookimpl",
+        "from forge_core.api import hookimpl",
         "```",
         "",
         "Registration hooks:",
@@ -512,8 +522,8 @@ def config_markdown(registries: Any) -> str:
     blocks = {b.options_path: b for b in OPTION_BLOCKS}
     keyed_blocks = {b.options_path: b for b in KEYED_BLOCKS}
     sections = resolved_fields(ForgeConfig)
+    from forge_core.api.errors import VALUE_WIDTH
     from forge_core.config.loader import MAX_DEPTH, MAX_NODES
-    from forge_core.errors import VALUE_WIDTH
 
     # Plain replacement: the YAML example in the intro has braces of its own.
     intro = (_CONFIG_INTRO.replace("{max_nodes:,}", f"{MAX_NODES:,}").replace("{max_depth}", str(MAX_DEPTH))
@@ -553,6 +563,19 @@ def config_markdown(registries: Any) -> str:
                     "",
                     *_component_tables(registries, kind, path, "", keyed=True),
                 ]
+    from forge_core.config.loader import MOVED_KEYS
+
+    lines += [
+        "## Keys that moved",
+        "",
+        "An old key, in a file or an override, is an error at its path that names the new one",
+        "(run directories written before the move still load for `sample` and `export-hf`).",
+        "",
+        "| old key | new key |",
+        "| --- | --- |",
+        *[f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()],
+        "",
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,23 +1,28 @@
-"""User-facing errors and exit statuses.
+"""Exit statuses, the kernel's own errors, and how a command reports what ended it.
 
-A :class:`ForgeError`'s message is the whole story: the CLI prints it without a traceback
-and exits with its ``exit_code`` (2, bad input, unless a subclass says otherwise).
-Anything else that escapes is described in one line (:func:`describe_unexpected`); the
-traceback is shown only with ``FORGE_TRACEBACK=1``.
+A :class:`~forge_core.api.ForgeError`'s message is the whole story: the CLI prints it
+without a traceback and exits with its ``exit_code`` (2, bad input, unless a subclass
+says otherwise). Anything else that escapes is described in one line
+(:func:`describe_unexpected`); the traceback is shown only with ``FORGE_TRACEBACK=1``.
+
+``ForgeError``, ``did_you_mean``, ``unknown_name`` and ``show_value`` moved to
+:mod:`forge_core.api`; the old names here warn for one release.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import signal
 import traceback
-from collections.abc import Iterable
 
-#: Exit statuses of ``forge-run`` (documented in docs/cli.md).
+from forge_core.api import errors as _api
+from forge_core.api.errors import EXIT_INVALID
+from forge_core.deprecation import moved
+
+#: Exit statuses of ``forge-run`` (documented in docs/cli.md); EXIT_INVALID (2, bad
+#: input: config, files, a plugin or a component) is ForgeError's, in forge_core.api.
 EXIT_OK = 0
 EXIT_FAILED = 1  # an unexpected failure (a bug): one line, the traceback with FORGE_TRACEBACK=1
-EXIT_INVALID = 2  # bad input: config, files, a plugin or a component
 EXIT_TIMEOUT = 124  # a collective timed out: a process stopped answering
 TRACEBACK_ENV = "FORGE_TRACEBACK"
 
@@ -38,25 +43,19 @@ def show_tracebacks() -> bool:
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
-class ForgeError(Exception):
-    """An error caused by the user's config, files or plugins, with a fix in its message."""
-
-    exit_code = EXIT_INVALID
-
-
-class ComponentError(ForgeError):
+class ComponentError(_api.ForgeError):
     """Plugin code raised while a component was built or used. The message names the
     component, the plugin that registered it and the original error (kept as
     ``__cause__``)."""
 
 
-class CollectiveTimeout(ForgeError):
+class CollectiveTimeout(_api.ForgeError):
     """A collective got no answer from another process within ``run.collective_timeout``."""
 
     exit_code = EXIT_TIMEOUT
 
 
-class ProcessLost(ForgeError):
+class ProcessLost(_api.ForgeError):
     """Another process of the job ended while this one waited for it in a collective."""
 
     exit_code = EXIT_FAILED
@@ -78,7 +77,7 @@ class Interrupted(BaseException):
         return exit_for_signal(self.signum)
 
 
-def format_error(exc: ForgeError) -> str:
+def format_error(exc: _api.ForgeError) -> str:
     """The message as printed: every line of a config report already starts ``error:``."""
     message = str(exc)
     return message if message.startswith("error") else f"error: {message}"
@@ -110,7 +109,7 @@ def outcome(exc: BaseException) -> tuple[str | None, int]:
     a command: the one mapping the CLI, the worker and the agent share."""
     if isinstance(exc, BrokenPipeError):  # the reader of stdout went away
         return None, exit_for_signal(signal.SIGPIPE)
-    if isinstance(exc, ForgeError):
+    if isinstance(exc, _api.ForgeError):
         return format_error(exc), exc.exit_code
     if isinstance(exc, Interrupted):
         return f"forge: {exc}", exc.exit_code
@@ -123,34 +122,6 @@ def outcome(exc: BaseException) -> tuple[str | None, int]:
     raise exc  # SystemExit and the like end the process as they mean to
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(name), sorted(choices), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def unknown_name(what: str, name: str, choices: Iterable[str], path: str | None = None) -> str:
-    """The standard message for an unknown name: did-you-mean plus the list of what exists."""
-    choices = sorted(choices)
-    where = f"{path}: " if path else ""
-    available = ", ".join(choices) if choices else "(none registered)"
-    return f"{where}unknown {what} {show_value(name)}.{did_you_mean(name, choices)} Available: {available}."
-
-
-#: The longest rendering of a user's value inside a message.
-VALUE_WIDTH = 80
-
-
-def show_value(value: object, width: int = VALUE_WIDTH) -> str:
-    """``repr(value)`` cut to ``width`` characters, computed in bounded time and memory
-    whatever the value's size (a config can hold long strings and big nested lists)."""
-    import reprlib
-
-    shortener = reprlib.Repr()
-    shortener.maxlevel, shortener.maxlist, shortener.maxdict = 3, 6, 6
-    shortener.maxstring = shortener.maxother = shortener.maxlong = width
-    try:
-        text = shortener.repr(value)
-    except ValueError:  # an int beyond Python's digit limit for str()
-        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<unprintable>"
-    return text if len(text) <= width else text[: width - 3] + "..."
+__getattr__ = moved(__name__, {
+    name: "forge_core.api" for name in ("ForgeError", "did_you_mean", "unknown_name", "show_value")
+} | {"VALUE_WIDTH": "forge_core.api.errors"})

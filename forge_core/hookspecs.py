@@ -2,48 +2,48 @@
 
 Each hook's docstring is its reference documentation; ``docs/hooks.md`` reproduces every
 signature and a test fails when the two drift apart. Registration hooks return lists of
-spec objects (:mod:`forge_core.specs`) and must not import heavy libraries: they run for
+spec objects (:mod:`forge_core.api`) and must not import heavy libraries: they run for
 ``forge-run check``. Lifecycle hooks are called by the trainer on every process; use
 ``run.is_main`` to act on one process only.
 
-Write an implementation with :data:`hookimpl` and give its parameters no defaults.
-A hookimpl may accept any subset of the hook's arguments.
+Write an implementation with ``forge_core.api.hookimpl`` and give its parameters no
+defaults. A hookimpl may accept any subset of the hook's arguments.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pluggy
+from forge_core.api.hooks import hookspec as _hookspec
+from forge_core.deprecation import moved
 
 if TYPE_CHECKING:
-    from forge_core.rules import Rule
-    from forge_core.run_context import RunContext
-    from forge_core.specs import (
+    from forge_core.api import (
         AttentionBackendSpec,
         LoggerSpec,
         ModelSpec,
         OptimizerSpec,
         PackerSpec,
         ParallelismSpec,
+        Rule,
+        RunContext,
         ScheduleSpec,
         SourceSpec,
         TokenizerSpec,
     )
 
-PROJECT = "forge"
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+#: The markers moved to :mod:`forge_core.api`; the old names here warn for one release.
+__getattr__ = moved(__name__, {name: "forge_core.api" for name in ("hookimpl", "hookspec", "PROJECT")})
 
 
 # --- registration hooks -------------------------------------------------------------
 
 
-@hookspec
+@_hookspec
 def forge_attention_backends() -> list[AttentionBackendSpec]:
     """Register attention backends, selected by ``attention.backend``.
 
-    Return a list of :class:`~forge_core.specs.AttentionBackendSpec`. The implementation
+    Return a list of :class:`~forge_core.api.AttentionBackendSpec`. The implementation
     (``impl``) is a class constructed as ``cls(options)`` with two methods:
     ``prepare(doc_ids, seq_len, device)``, called once per model forward to build whatever
     mask the backend needs (shared by every layer), and ``attend(q, k, v, prepared)``
@@ -61,24 +61,28 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_parallelisms() -> list[ParallelismSpec]:
     """Register parallelism strategies and model wrappers.
 
-    Return a list of :class:`~forge_core.specs.ParallelismSpec`. A strategy is active
+    Return a list of :class:`~forge_core.api.ParallelismSpec`. A strategy is active
     when the ``parallel.<mesh_dim>`` degree is above 1 (or, for a wrapper with
     ``mesh_dim=None``, when it is named in ``parallel.wrappers``). Active strategies are
     applied in ascending ``order``. The implementation is a class constructed as
     ``cls(options)`` with ``apply(model, ctx) -> model`` where ``ctx`` is a
-    :class:`forge_core.train.parallel_context.ParallelContext`. A strategy that splits
+    :class:`forge_core.api.ParallelContext`. A strategy that splits
     the model (pipeline parallelism) returns a
-    :class:`forge_core.train.parallelize.ModelSplit` instead: later strategies are then
+    :class:`forge_core.api.ModelSplit` instead: later strategies are then
     applied to each part, and its ``finalize`` sets the ``train_step(batch, loss_fn,
     normalizer) -> (loss_sum, tokens)`` that does forward and backward. Data-parallel
     strategies must *sum* gradients over ranks: the trainer already divides each loss
     sum by the global count of labelled tokens. Declare in ``forwards`` which per-token
     metadata still reaches every layer once the strategy is applied: the rule engine
-    rejects a packer whose metadata would be lost.
+    rejects a packer whose metadata would be lost, and in ``requires`` the pieces of
+    the model's parallel contract the strategy uses (a model that lacks one is refused).
+    A strategy that must reduce gradients once per optimizer step, after the last
+    backward and before clipping, registers a callback with
+    ``ctx.add_gradient_finisher``.
 
     Example::
 
@@ -89,14 +93,14 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_packers() -> list[PackerSpec]:
     """Register data packers, selected by ``data.packer``.
 
-    Return a list of :class:`~forge_core.specs.PackerSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.PackerSpec`. The implementation is a
     class constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)`` whose
     ``layout(lengths)`` takes the length of every document (1-D int64, EOS included)
-    and returns a :class:`~forge_core.data.packing_contract.RowLayout`: which runs of
+    and returns a :class:`~forge_core.api.RowLayout`: which runs of
     the document stream go into which row, and how labels and metadata follow
     (``boundaries``, ``metadata``). It reads no token; Forge materializes ``input_ids``,
     ``labels`` (-100 where no loss is taken) and, with ``metadata``, ``doc_ids`` and
@@ -114,14 +118,29 @@ def forge_packers() -> list[PackerSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_models() -> list[ModelSpec]:
     """Register model families, selected by ``model.name``.
 
-    Return a list of :class:`~forge_core.specs.ModelSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.ModelSpec`. The implementation is a
     factory called as ``build(options, vocab_size=..., attention=...)`` returning a
     ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
     ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend.
+
+    Parallelism strategies know the model only through its parallel contract: the
+    spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``
+    (a torch-free function of the options returning ``ModelFacts``), and the module's
+    ``parallel_contract()`` returning a ``ParallelContract`` (all from
+    :mod:`forge_core.api`): the attribute holding its blocks (an ``nn.ModuleDict``), its
+    tensor-parallel plan, every parameter of which is sharded by a style or declared
+    ``replicated`` or ``partial``, and its pipeline split. A pipeline stage is a shallow
+    copy of the model with the split's ``first`` modules (on every stage but the first)
+    and ``last`` modules (on every stage but the last) set to ``None``: without its
+    ``first`` modules the forward takes hidden states ``(batch, seq, dim)`` in place of
+    ``input_ids``; without its ``last`` modules it returns hidden states; per-token
+    metadata (``doc_ids``, ``positions``) always arrive as keyword arguments, on every
+    stage, and the stage builds whatever mask it needs from them (the backend's
+    ``prepare``).
 
     Optional, used when present:
 
@@ -146,20 +165,21 @@ def forge_models() -> list[ModelSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_sources() -> list[SourceSpec]:
-    """Register data sources, selected by ``data.source``.
+    """Register data sources, selected by ``data.source`` (or by each entry of a
+    ``data.sources`` mixture).
 
-    Return a list of :class:`~forge_core.specs.SourceSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.SourceSpec`. The implementation is a
     class constructed as ``cls(options)`` with ``documents()`` yielding ``str`` (or 1-D
     token arrays when ``pretokenized=True``) in a deterministic order, and
     ``describe()`` returning a one-line description for logs. EOS is appended to every
     document by the pipeline, pre-tokenized ones included. A pre-tokenized source may
     expose ``tokenizer_identity``: the run stops when it differs from the configured
     tokenizer's ``identity``. Optional: ``fingerprint()``, a string that changes
-    whenever the documents could (a hash of the files' bytes, say), computed without
-    tokenizing: the token cache is keyed by it (without it, every document is hashed
-    in one pass at every start).
+    whenever the documents could, computed without tokenizing (a hash of the files'
+    bytes: :func:`~forge_core.api.files_fingerprint`): the token cache is keyed by it
+    (without it, every document is hashed in one pass at every start).
 
     Example::
 
@@ -170,11 +190,11 @@ def forge_sources() -> list[SourceSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_tokenizers() -> list[TokenizerSpec]:
     """Register tokenizers, selected by ``data.tokenizer``.
 
-    Return a list of :class:`~forge_core.specs.TokenizerSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.TokenizerSpec`. The implementation is a
     class constructed as ``cls(options)`` with ``vocab_size``, ``eos_id``, ``pad_id``,
     ``identity`` (a string that changes whenever token ids would), ``encode(text) ->
     list[int]``, ``decode(ids) -> str`` and ``save(directory)`` (may do nothing).
@@ -194,11 +214,11 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_optimizers() -> list[OptimizerSpec]:
     """Register optimizers, selected by ``train.optimizer``.
 
-    Return a list of :class:`~forge_core.specs.OptimizerSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.OptimizerSpec`. The implementation is a
     factory called as ``build(param_groups, lr=..., options=...)`` returning a
     ``torch.optim.Optimizer``.
 
@@ -211,11 +231,11 @@ def forge_optimizers() -> list[OptimizerSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_schedules() -> list[ScheduleSpec]:
     """Register learning-rate schedules, selected by ``train.schedule``.
 
-    Return a list of :class:`~forge_core.specs.ScheduleSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.ScheduleSpec`. The implementation is a
     pure function ``factor(step, total_steps, warmup_steps, options) -> float``, the
     multiplier applied to ``train.lr`` at ``step`` (0-based). Being a function of the
     step alone, a schedule needs no state to resume.
@@ -229,11 +249,11 @@ def forge_schedules() -> list[ScheduleSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_loggers() -> list[LoggerSpec]:
     """Register loggers, enabled by listing their names in ``logging.loggers``.
 
-    Return a list of :class:`~forge_core.specs.LoggerSpec`. The implementation is a
+    Return a list of :class:`~forge_core.api.LoggerSpec`. The implementation is a
     class constructed as ``cls(options)``; the trainer registers the instance with the
     plugin manager for the length of the run, so it receives the lifecycle hooks below
     by implementing them as methods decorated with :data:`hookimpl`.
@@ -246,12 +266,12 @@ def forge_loggers() -> list[LoggerSpec]:
     """
 
 
-@hookspec
+@_hookspec
 def forge_rules() -> list[Rule]:
     """Register compatibility rules, evaluated by ``forge-run check`` before a run.
 
-    Return a list of :class:`~forge_core.rules.Rule`. A rule's ``check(ctx)`` receives
-    a :class:`~forge_core.rules.RuleContext` (the resolved config, the chosen specs, the
+    Return a list of :class:`~forge_core.api.Rule`. A rule's ``check(ctx)`` receives
+    a :class:`~forge_core.api.Plan` (the resolved config, the chosen specs, the
     world size) and returns ``None`` when satisfied, or a message (or list of messages)
     explaining what is wrong. Declare a rule next to the component whose limit it
     describes.
@@ -269,16 +289,16 @@ def forge_rules() -> list[Rule]:
 # --- lifecycle hooks ----------------------------------------------------------------
 
 
-@hookspec
+@_hookspec
 def forge_train_start(run: RunContext) -> None:
     """Called once on every process after everything is built, before the first step.
 
-    ``run`` is a :class:`~forge_core.run_context.RunContext`: the resolved config, the
+    ``run`` is a :class:`~forge_core.api.RunContext`: the resolved config, the
     run directory, the first step (above 0 after a resume), rank and world size.
     """
 
 
-@hookspec
+@_hookspec
 def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     """Called on every process after every optimizer step.
 
@@ -289,13 +309,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     """
 
 
-@hookspec
+@_hookspec
 def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
     """Called on every process after a checkpoint is complete and the ``latest``
     pointer has moved to ``path``."""
 
 
-@hookspec
+@_hookspec
 def forge_train_end(run: RunContext, step: int, status: str) -> None:
     """Called once on every process when the run ends. ``status`` is ``"completed"``,
     ``"interrupted"`` (SIGTERM/SIGINT, after the final checkpoint) or ``"failed"``."""

@@ -1,6 +1,8 @@
 """Judge a config completely before anything is built: load, resolve components,
 evaluate every rule, find every chosen implementation. Shared by ``forge-run check`` and
-``forge-run train``, so a config ``check`` accepts is the config a run builds."""
+``forge-run train``, so a config ``check`` accepts is the config a run builds: the
+:class:`~forge_core.api.Plan` made here is what the rules judge and what the trainer and
+``parallelize`` build from."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from typing import Any
 
 import attrs
 
-from forge_core.config.loader import read_raw, structure_config
+from forge_core.api import ActiveStrategy, ChosenSource, ForgeError, Plan, Violation, get_path
+from forge_core.config.loader import component_options, read_raw, structure_config
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig, PluginsSection
 from forge_core.parallel_dims import active_strategies, resolve_degrees, world_size_from_env
 from forge_core.registry import Registries, load_registries
-from forge_core.rules import RuleContext, Violation, evaluate, get_path
+from forge_core.rules import evaluate
 
 #: The id under which a chosen component whose implementation module is missing is
 #: reported (the kernel checks it for every component; it is not a declared rule).
@@ -27,7 +30,7 @@ COMPONENT_SHADOWED = "component.shadowed"
 class Judgement:
     config: ForgeConfig
     registries: Registries
-    context: RuleContext
+    plan: Plan
     violations: list[Violation]
 
     @property
@@ -44,21 +47,53 @@ class Judgement:
         return sum(entry.kernel for entry in self.registries.rules)
 
 
-def rule_context(config: ForgeConfig, registries: Registries, world_size: int | None) -> RuleContext:
+def make_plan(config: ForgeConfig, registries: Registries, world_size: int | None) -> Plan:
+    """The :class:`~forge_core.api.Plan` of a resolved config: the chosen specs, the
+    degrees resolved against ``world_size``, the active strategies in application order
+    with their options, the packer's metadata and the model's facts. Computed once,
+    here; the rules judge it and the run builds from it."""
     specs = {
         block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
+    sources = tuple(
+        ChosenSource(where, registries["source"].get(entry.name), entry.options, float(entry.weight), entry.label)
+        for where, entry in config.data.source_entries()
+    )
+    specs["source"] = sources[0].spec
     degrees = resolve_degrees(config.parallel, world_size)
-    strategies = active_strategies(registries["parallelism"], degrees, config.parallel.wrappers)
+    registry = registries["parallelism"]
+    options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
+    strategies = tuple(
+        ActiveStrategy(spec, options[spec.name], registry.plugin_of(spec.name))
+        for spec in active_strategies(registry, degrees, config.parallel.wrappers)
+    )
     emitted = specs["packer"].emitted(config.data.packer_options)
-    return RuleContext(config, specs, tuple(strategies), degrees, world_size, emitted)
+    facts = model_facts(specs["model"], config.model.options, registries)
+    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources)
 
 
-def chosen_components(ctx: RuleContext, registries: Registries) -> list[tuple[str, str, Any]]:
-    """``(config path, kind, spec)`` of every component the run will build."""
-    chosen = [(block.name_path, block.kind, ctx.specs[block.kind]) for block in OPTION_BLOCKS]
+def model_facts(spec: Any, options: Any, registries: Registries) -> Any:
+    """``spec.facts(options)``, or ``None`` for a model that declares none; plugin code,
+    so a failure names the plugin."""
+    if spec.facts is None:
+        return None
+    try:
+        return spec.facts(options)
+    except Exception as exc:
+        plugin = registries["model"].plugin_of(spec.name)
+        raise ForgeError(
+            f"model {spec.name!r} (plugin {plugin!r}): its facts function raised "
+            f"{type(exc).__name__}: {exc}. Report this to the plugin's authors, or choose another model."
+        ) from exc
+
+
+def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str, Any]]:
+    """``(config path, kind, spec)`` of every component the run will build: every source
+    of a mixture (``data.sources[i].name``) included."""
+    chosen = [(b.name_path, b.kind, ctx.specs[b.kind]) for b in OPTION_BLOCKS if b.kind != "source"]
+    chosen += [(s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources]
     chosen += [
-        (f"parallel.{s.mesh_dim}" if s.mesh_dim else "parallel.wrappers", "parallelism", s)
+        (f"parallel.{s.spec.mesh_dim}" if s.spec.mesh_dim else "parallel.wrappers", "parallelism", s.spec)
         for s in ctx.strategies
     ]
     chosen += [("logging.loggers", "logger", registries["logger"].get(n)) for n in ctx.config.logging.loggers]
@@ -75,7 +110,7 @@ def _module_missing(module: str) -> str | None:
     return None if found is not None else f"no module named {module!r}"
 
 
-def implementation_violations(ctx: RuleContext, registries: Registries) -> list[Violation]:
+def implementation_violations(ctx: Plan, registries: Registries) -> list[Violation]:
     """An error for every chosen component whose ``impl`` module is not installed: found
     now by ``check`` instead of as a traceback when the run builds it."""
     violations = []
@@ -100,7 +135,7 @@ def implementation_violations(ctx: RuleContext, registries: Registries) -> list[
     return violations
 
 
-def shadow_violations(ctx: RuleContext, registries: Registries) -> list[Violation]:
+def shadow_violations(ctx: Plan, registries: Registries) -> list[Violation]:
     """A warning for every chosen component whose name another plugin registers too: the
     config chose it in ``plugins.prefer``, and the report says so, every time."""
     violations = []
@@ -155,7 +190,7 @@ def judge_config(config: ForgeConfig, registries: Registries, world_size: int | 
     implementation module."""
     if world_size is None:
         world_size = world_size_from_env()
-    ctx = rule_context(config, registries, world_size)
-    violations = (evaluate(registries.rules, ctx) + implementation_violations(ctx, registries)
-                  + shadow_violations(ctx, registries))
-    return Judgement(config, registries, ctx, violations)
+    plan = make_plan(config, registries, world_size)
+    violations = (evaluate(registries.rules, plan) + implementation_violations(plan, registries)
+                  + shadow_violations(plan, registries))
+    return Judgement(config, registries, plan, violations)

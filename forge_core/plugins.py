@@ -30,7 +30,8 @@ import attrs
 import pluggy
 
 from forge_core import hookspecs
-from forge_core.errors import ForgeError, did_you_mean
+from forge_core.api import ForgeError, did_you_mean
+from forge_core.api.hooks import PROJECT
 
 ENTRY_POINT_GROUP = "forge"
 BUILTIN_DISTRIBUTION = "forge-trainer"
@@ -99,7 +100,7 @@ def _distribution(ep: metadata.EntryPoint) -> tuple[str, str]:
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     return pm
 
@@ -111,7 +112,7 @@ def check_hook_names(plugin: Any, plugin_name: str, dist: str = "") -> None:
     where = f" (distribution {dist})" if dist else ""
     for attr in dir(plugin):
         value = getattr(plugin, attr, None)
-        if value is None or not hasattr(value, f"{hookspecs.PROJECT}_impl"):
+        if value is None or not hasattr(value, f"{PROJECT}_impl"):
             continue
         if attr not in HOOK_NAMES:
             raise ForgeError(

@@ -55,7 +55,7 @@ def annotation_as_written(cls: type, name: str) -> str:
 
 def documented_meaning(field: attrs.Attribute) -> str:
     """A field's ``doc``, followed by what its validators allow."""
-    from forge_core.config.validators import describe
+    from forge_core.api import describe
 
     doc = field.metadata.get("doc", "")
     allowed = describe(field)

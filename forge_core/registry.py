@@ -18,10 +18,9 @@ from typing import Any
 
 import attrs
 
-from forge_core import specs as S
-from forge_core.errors import ForgeError, did_you_mean, unknown_name
+from forge_core.api import specs as S
+from forge_core.api import ForgeError, Rule, did_you_mean, unknown_name
 from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, load_plugins
-from forge_core.rules import Rule
 
 
 @attrs.frozen

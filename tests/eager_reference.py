@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_plugins.packers.bfd import place, split_documents
-
-IGNORE = -100
 
 
 def join(documents: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -31,7 +30,7 @@ def shifted_labels(stream: np.ndarray, offsets: np.ndarray, out: np.ndarray | No
     labels = np.empty(total, np.int64) if out is None else out
     labels[: total - 1] = stream[1:]
     ends = offsets[1:][offsets[1:] > offsets[:-1]]  # skip empty documents
-    labels[ends - 1] = IGNORE
+    labels[ends - 1] = IGNORE_INDEX
     return labels
 
 
@@ -112,17 +111,17 @@ def lay_out(
     tokens[total] = pad_id
     labels = np.empty(total + 1, np.int64)
     shifted_labels(stream, offsets, out=labels)
-    labels[total] = IGNORE
+    labels[total] = IGNORE_INDEX
     out = {
-        "input_ids": tokens[src].reshape(rows, S),
-        "labels": labels[src].reshape(rows, S),
+        INPUT_IDS: tokens[src].reshape(rows, S),
+        LABELS: labels[src].reshape(rows, S),
     }
     if metadata:
         seg_slot = np.empty(n_seg, np.int64)
         seg_slot[piece_seg] = np.arange(n_pieces, dtype=np.int64) - before[row_sorted]
         seg_slot[pad_seg] = per_row
-        out["doc_ids"] = np.repeat(seg_slot, seg_len).reshape(rows, S)
-        out["positions"] = within.reshape(rows, S)
+        out[DOC_IDS] = np.repeat(seg_slot, seg_len).reshape(rows, S)
+        out[POSITIONS] = within.reshape(rows, S)
     return out
 
 
@@ -157,21 +156,21 @@ class EagerConcat(_Base):
         }
         input_ids = inputs.astype(np.int64)
         if not self.isolate:
-            return {"input_ids": input_ids, "labels": targets.astype(np.int64)}
+            return {INPUT_IDS: input_ids, LABELS: targets.astype(np.int64)}
 
         # Compare in the stream's own dtype (often int32 or uint16): less memory to read.
         eos = inputs == self.eos_id
         labels = targets.astype(np.int64)
-        np.copyto(labels, IGNORE, where=eos)  # twice as fast as np.where here
-        out = {"input_ids": input_ids, "labels": labels}
+        np.copyto(labels, IGNORE_INDEX, where=eos)  # twice as fast as np.where here
+        out = {INPUT_IDS: input_ids, LABELS: labels}
         # The EOS mask shifted right by one: its cumsum counts EOS strictly before i.
         shifted = np.empty_like(eos)
         shifted[:, 0] = False
         shifted[:, 1:] = eos[:, :-1]
-        out["doc_ids"] = np.cumsum(shifted, axis=1, dtype=np.int64)
+        out[DOC_IDS] = np.cumsum(shifted, axis=1, dtype=np.int64)
         # The same mask with column 0 set marks every document start in the row.
         shifted[:, 0] = True
-        out["positions"] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
+        out[POSITIONS] = restart_counts(np.flatnonzero(shifted), shifted.size).reshape(rows, S)
         return out
 
 

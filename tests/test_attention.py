@@ -17,8 +17,13 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import make_distribution, run_cli
-from forge_core.specs import AttentionBackendSpec, NoOptions
-from forge_core.testing import assert_within_rounding, check_attention_backend, doc_ids_from_lengths, reference_attention
+from forge_core.api import AttentionBackendSpec, NoOptions
+from forge_core.testing import (
+    assert_within_rounding,
+    check_attention_backend,
+    doc_ids_from_lengths,
+    reference_attention,
+)
 from forge_plugins.attention import eager, equivalence, plugin, sdpa
 from forge_plugins.attention import flex as flex_module
 from forge_plugins.attention import rules as attention_rules
@@ -429,8 +434,7 @@ PACKED = {
 
 #: A third-party backend that does not mask across documents.
 WINDOW_PLUGIN = """
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import AttentionBackendSpec
+from forge_core.api import AttentionBackendSpec, hookimpl
 
 @hookimpl
 def forge_attention_backends():

@@ -141,8 +141,7 @@ print(json.dumps({"results": results, "torch": "torch" in sys.modules}))
 """
 
 GHOST = """
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import PackerSpec
+from forge_core.api import PackerSpec, hookimpl
 
 @hookimpl
 def forge_packers():

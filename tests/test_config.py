@@ -6,12 +6,11 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from forge_core.api import AttentionBackendSpec, hookimpl
 from forge_core.config import loader
 from forge_core.config.loader import ConfigError, apply_overrides, load_config, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.hookspecs import hookimpl
 from forge_core.judge import judge
-from forge_core.specs import AttentionBackendSpec
 
 
 def issues_of(path, overrides=()):
@@ -321,3 +320,50 @@ def test_a_directory_given_as_the_config_is_called_a_directory(tmp_path):
     (tmp_path / "quickstart.yaml").write_text("{}\n")
     with pytest.raises(ConfigError, match=r"is a directory, not a YAML file; it holds quickstart\.yaml"):
         load_config(tmp_path)
+
+
+# --- keys that moved ----------------------------------------------------------------
+
+
+def test_a_moved_key_in_a_file_is_an_error_naming_its_new_path_with_every_other_error(cfg):
+    issues, text = issues_of(cfg({"parallel": {"pp_schedule": "gpipe", "sequence_parallel": True, "tp": 0},
+                                  "train": {"steps": "x"}}))
+    assert issues["$.parallel.pp_schedule"] == (
+        "moved to parallel.options.pp.schedule: set parallel.options.pp.schedule = 'gpipe' instead "
+        "(override: parallel.options.pp.schedule='gpipe')")
+    assert issues["$.parallel.sequence_parallel"].startswith("moved to parallel.options.tp.sequence_parallel")
+    assert "$.parallel.tp" in issues and "$.train.steps" in issues  # reported together
+    assert "unknown key" not in text  # a moved key is not also an unknown one
+
+
+def test_a_moved_key_in_an_override_is_an_error_naming_its_new_path(cfg):
+    issues, _ = issues_of(cfg({}), ["parallel.pp_microbatches=4", "parallel.pp_virtual_stages=2"])
+    assert issues["$.parallel.pp_microbatches"].startswith("moved to parallel.options.pp.microbatches: ")
+    assert issues["$.parallel.pp_virtual_stages"].startswith("moved to parallel.options.pp.virtual_stages: ")
+
+
+def test_moved_keys_work_at_their_new_paths_in_files_and_overrides(cfg):
+    path = cfg({"parallel": {"options": {"pp": {"schedule": "gpipe"}}}})
+    plan = judge(path, ["parallel.options.pp.microbatches=4", "parallel.options.tp.sequence_parallel=true"]).plan
+    assert (plan.options_of("pp").schedule, plan.options_of("pp").microbatches) == ("gpipe", 4)
+    assert plan.options_of("tp").sequence_parallel is True
+    # Defaults for a strategy the config does not mention, active or not.
+    assert judge(cfg({})).plan.options_of("pp").virtual_stages == 1
+
+
+def test_forge_run_check_reports_a_moved_key(cfg, capsys):
+    from forge_core import cli
+
+    assert cli.main(["check", cfg({"parallel": {"pp_schedule": "gpipe"}})]) == 2
+    assert "error: $.parallel.pp_schedule: moved to parallel.options.pp.schedule" in capsys.readouterr().err
+
+
+def test_a_run_directory_written_before_the_move_still_loads():
+    """Forge's own config.yaml of an earlier run: its moved keys are put at their new
+    paths (a user's config gets the error instead)."""
+    saved = {"parallel": {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 0, "sequence_parallel": False,
+                          "options": {"pp": {"virtual_stages": 1}}}}
+    migrated = loader.migrate_moved_keys(saved)
+    assert migrated["parallel"] == {"pp": 2, "options": {
+        "pp": {"virtual_stages": 1, "schedule": "gpipe", "microbatches": 0}, "tp": {"sequence_parallel": False}}}
+    assert saved["parallel"]["pp_schedule"] == "gpipe"  # the input is left alone

@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from forge_core.hookspecs import hookimpl
-from forge_core.rules import Rule
-from forge_core.specs import DOC_IDS, POSITIONS, AttentionBackendSpec, PackerSpec
+from forge_core.api import DOC_IDS, IGNORE_INDEX, POSITIONS, AttentionBackendSpec, PackerSpec, Rule, hookimpl
 from forge_core.testing import check_packer, check_rule
 
 torch = pytest.importorskip("torch")
@@ -364,8 +362,8 @@ def test_builtin_packers_pass_the_kit(name, options, emitted, lossless):
 def _mutating(base: str, mutate, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
     """A PackerSpec whose packer returns the built-in ``base``'s rows, mutated (through
     the deprecated eager ``pack``, which hands the kit whole rows to break)."""
+    from forge_core.api import import_path
     from forge_core.data.packed_rows import pack_documents
-    from forge_core.specs import import_path
 
     base_cls = import_path(base)
 
@@ -391,7 +389,7 @@ def _park(cls, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=N
 
 def _lazy_mutant(base: str, change):
     """A lazy packer whose layout is the built-in ``base``'s, changed by ``change(layout, lengths)``."""
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
 
     base_cls = import_path(base)
 
@@ -456,7 +454,7 @@ def _int32(out):
 
 
 def _no_labels(out):
-    out["labels"][:] = -100
+    out["labels"][:] = IGNORE_INDEX
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,7 @@ import json
 import pytest
 
 from forge_core import cli
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, POSITIONS, PackerSpec
+from forge_core.api import DOC_IDS, POSITIONS, PackerSpec, hookimpl
 from train_helpers import Recorder, tiny_config, write_config
 
 
@@ -66,7 +65,7 @@ def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tm
 
 
 def test_a_layout_that_breaks_the_spec_is_refused_before_training(tmp_path):
-    from forge_core.errors import ForgeError
+    from forge_core.api import ForgeError
     from forge_core.train.launch import train
 
     cfg = tiny_config(tmp_path, "broken", data={"packer": "broken"}, train={"steps": 2})

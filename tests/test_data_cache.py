@@ -18,13 +18,13 @@ import textwrap
 import numpy as np
 import pytest
 
+from forge_core.api import ForgeError
 from forge_core.data import cache as cache_module
 from forge_core.data import prepare as prepare_module
 from forge_core.data.build import build_training_data
 from forge_core.data.cache import cache_key, cached_shards
 from forge_core.data.fingerprint import source_fingerprint
-from forge_core.errors import ForgeError
-from forge_core.judge import load_resolved
+from forge_core.judge import load_resolved, make_plan
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
@@ -210,8 +210,9 @@ def test_a_training_build_reads_through_the_cache_and_says_so(corpus, tmp_path, 
     config.write_text(json.dumps({"data": {"source": "text", "source_options": {"paths": [str(corpus / "*.txt")]},
                                            "tokenizer": "byte", "seq_len": 32, "cache": {"dir": str(tmp_path / "c")}}}))
     cfg, registries = load_resolved(str(config))
-    first = build_training_data(cfg, registries, BYTE, report=lambda m: None)
-    second = build_training_data(cfg, registries, BYTE, report=lambda m: None)
+    plan = make_plan(cfg, registries, 1)
+    first = build_training_data(plan, registries, BYTE, report=lambda m: None)
+    second = build_training_data(plan, registries, BYTE, report=lambda m: None)
     assert len(counted) == 1
     assert "tokens tokenized into" in first.summary and "tokens cached at" in second.summary
     assert first.rows.num_rows == second.rows.num_rows > 0

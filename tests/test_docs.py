@@ -81,8 +81,7 @@ fake = "fake_plugin"
 
 <!-- runnable file=fake_plugin.py -->
 ```python
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import PackerSpec
+from forge_core.api import PackerSpec, hookimpl
 
 @hookimpl
 def forge_packers():

@@ -17,8 +17,7 @@ from train_helpers import tiny_config, write_config
 FAULTS = """
 import os
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import LoggerSpec, ModelSpec, SourceSpec
+from forge_core.api import LoggerSpec, ModelSpec, SourceSpec, hookimpl
 
 ACCEPTS = {"doc_ids", "positions"}
 

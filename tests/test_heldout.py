@@ -12,7 +12,7 @@ import pytest
 from forge_core.data.build import build_training_data, heldout_documents
 from forge_core.data.heldout import heldout_mask
 from forge_core.data.pipeline import document_hashes
-from forge_core.judge import load_resolved
+from forge_core.judge import load_resolved, make_plan
 from forge_plugins.tokenizers.byte import ByteTokenizer
 
 BYTE = ByteTokenizer()
@@ -54,12 +54,13 @@ def config(tmp_path):
     path.write_text(json.dumps({"data": {
         "source": "text", "source_options": {"paths": [str(docs)]}, "tokenizer": "byte", "packer": "bfd",
         "seq_len": 64, "heldout": {"fraction": 0.25, "seed": 7}, "cache": {"dir": str(tmp_path / "cache")}}}))
-    return load_resolved(str(path))
+    cfg, registries = load_resolved(str(path))
+    return make_plan(cfg, registries, 1), registries
 
 
 def test_training_never_sees_a_held_out_document_and_evaluation_gets_exactly_those(config):
-    cfg, registries = config
-    data = build_training_data(cfg, registries, BYTE, report=lambda m: None)
+    plan, registries = config
+    data = build_training_data(plan, registries, BYTE, report=lambda m: None)
     part = data.sources[0]
     held = set(part.heldout.tolist())
     assert held and not held & set(part.train.tolist())
@@ -71,7 +72,7 @@ def test_training_never_sees_a_held_out_document_and_evaluation_gets_exactly_tho
     expected = heldout_mask(part.shards.hashes, 0.25, 7)
     assert np.array_equal(np.flatnonzero(expected), part.heldout)
     assert "held out" in data.summary and f"{len(held):,} of 400 documents" in data.summary
-    ((label, stream),) = heldout_documents(cfg, registries, BYTE)
+    ((label, stream),) = heldout_documents(plan, registries, BYTE)
     assert label == "text" and len(stream) == len(held)
     first = stream.gather(np.arange(stream.offsets[0], stream.offsets[1]))[0]
     assert bytes(first[:-1].astype(np.uint8)).decode() == texts(400)[int(part.heldout[0])]

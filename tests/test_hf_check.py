@@ -148,3 +148,22 @@ def test_the_unchanged_folder_passes_with_no_option_typed(checkpoints, tmp_path,
     assert code == 0, out
     # Mistral's window (4096, transformers' default) is longer than the 64 positions.
     assert "valid: 0 error(s)" in out
+
+
+def test_parallel_rules_judge_the_checkpoint_shapes(checkpoints, tmp_path, capsys):
+    """The tp/pp rules read the model's facts, which come from config.json when no shape
+    is typed: this checkpoint has 1 key/value head and 1 layer, so tp=2 and pp=2 are
+    refused (the defaults, 4 kv heads and 4 layers, would pass both)."""
+    hf = folder(checkpoints, tmp_path)
+    path = tmp_path / "config.yaml"
+    for override, phrase in (
+        ("parallel.tp=2", "model 'llama' has 1 key/value heads, not divisible by parallel.tp = 2"),
+        ("parallel.pp=2", "model 'llama' has 1 layers, fewer than the 2 pipeline stages"),
+    ):
+        check(tmp_path, capsys, hf)  # writes config.yaml
+        code = cli.main(["check", str(path), "--world-size", "2", override])
+        out = capsys.readouterr().out
+        assert code == 2 and phrase in out, out
+    code = cli.main(["check", str(path), "--world-size", "2", "parallel.tp=2", "model.options.init_from_hf=''"])
+    out = capsys.readouterr().out
+    assert code == 0, out  # the same config without the checkpoint: default shapes divide

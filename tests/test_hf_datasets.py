@@ -14,7 +14,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets", reason="the hf_datasets source needs `datasets`: pip install 'forge-trainer[datasets]'")
 
-from forge_core.errors import ForgeError  # noqa: E402
+from forge_core.api import ForgeError  # noqa: E402
 from forge_plugins.sources.hf_datasets import HFDatasetsSource  # noqa: E402
 from forge_plugins.sources.options import HFDatasetsOptions  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_the_fingerprint_follows_the_bytes_and_the_column(saved, tmp_path):
 
 def test_a_run_reads_it_through_the_cache(saved, tmp_path):
     from forge_core.data.build import build_training_data
-    from forge_core.judge import load_resolved
+    from forge_core.judge import load_resolved, make_plan
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
     root, _ = saved
@@ -96,7 +96,7 @@ def test_a_run_reads_it_through_the_cache(saved, tmp_path):
     config.write_text(json.dumps({"data": {"source": "hf_datasets", "source_options": {"path": str(root / "saved")},
                                            "packer": "bfd", "seq_len": 64, "cache": {"dir": str(tmp_path / "cache")}}}))
     cfg, registries = load_resolved(str(config))
-    data = build_training_data(cfg, registries, ByteTokenizer(), report=lambda m: None)
+    data = build_training_data(make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
     rows = data.rows.read(np.arange(data.rows.num_rows))
     tokens = int((rows["input_ids"] != 257).sum())
     assert tokens == sum(len(t.encode()) + 1 for t in TEXTS[:-1])

@@ -24,8 +24,7 @@ CLI = [sys.executable, "-m", "forge_core.cli"]
 SLOW_SOURCE = """
 import os, time
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import SourceSpec
+from forge_core.api import SourceSpec, hookimpl
 
 
 class SlowSource:

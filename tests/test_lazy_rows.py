@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from eager_reference import EagerBfd, EagerConcat, EagerNone
+from forge_core.api import ForgeError, RowLayout
 from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout, pack_documents
-from forge_core.data.packing_contract import RowLayout
-from forge_core.errors import ForgeError
 from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.none import NonePacker

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from forge_core.api import ForgeError
 from forge_core.data.loader import StatefulLoader
-from forge_core.errors import ForgeError
 
 SEQ = 3
 

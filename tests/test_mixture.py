@@ -2,7 +2,8 @@
 every prefix; the loader's batches follow it (counted from the rows themselves),
 deterministically for a seed, disjointly across data-parallel ranks, and resume exactly
 mid-run with and without workers; the config form and its errors; the summary line
-reports the realized mixture; a mixture trains and resumes through the trainer."""
+reports the realized mixture; check finds every entry's implementation; a mixture trains
+and resumes through the trainer."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import json
 import numpy as np
 import pytest
 
+from forge_core.api import ForgeError, SourceSpec, hookimpl
 from forge_core.data.loader import StatefulLoader
 from forge_core.data.mixture import PERIOD, MixedRows, MixturePlan
 from forge_core.data.packed_rows import ArrayRows
-from forge_core.errors import ForgeError
 
 SEQ = 2
 
@@ -133,15 +134,44 @@ def test_the_summary_line_reports_the_realized_mixture(tmp_path, two_corpora):
     from forge_core.data.build import build_training_data
     from train_helpers import write_config
 
-    from forge_core.judge import load_resolved
+    from forge_core.judge import load_resolved, make_plan
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
     cfg, registries = load_resolved(write_config(tmp_path / "m.yaml", mixture_config(tmp_path, "m", *two_corpora)))
-    data = build_training_data(cfg, registries, ByteTokenizer(), report=lambda m: None)
+    data = build_training_data(make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
     first = data.summary.splitlines()[0]
     assert "(prose+text#1 -> byte -> concat)" in first
     assert "mixture over the run's 24 rows: prose 75.0% (weight 75.0%), text#1 25.0% (weight 25.0%)" in first
     assert "  prose (data.sources[0]): " in data.summary and "  text#1 (data.sources[1]): " in data.summary
+
+
+class _GhostSource:
+    """A source whose implementation module was never shipped."""
+
+    @hookimpl
+    def forge_sources(self):
+        return [SourceSpec(name="ghost", summary="s", impl="forge_ghost_source_gone:Source")]
+
+
+def test_check_finds_every_mixture_entry_implementation(tmp_path, two_corpora):
+    from train_helpers import write_config
+
+    from forge_core.judge import IMPLEMENTATION_FOUND, judge
+
+    cfg = mixture_config(tmp_path, "m", *two_corpora)
+    cfg["data"]["sources"][1]["name"] = "ghost"
+    del cfg["data"]["sources"][1]["options"]
+    judged = judge(write_config(tmp_path / "m.yaml", cfg), world_size=1, extra_plugins=(("ghost", _GhostSource()),))
+    assert [(s.where, s.name, s.weight, s.label) for s in judged.plan.sources] == [
+        ("data.sources[0]", "text", 3.0, "prose"), ("data.sources[1]", "ghost", 1.0, "")]
+    assert judged.plan.specs["source"].name == "text"  # the first entry, not data.source's default
+    (found,) = [v for v in judged.errors if v.rule_id == IMPLEMENTATION_FOUND]
+    assert "data source 'ghost' (plugin 'ghost'" in found.message
+    assert "module 'forge_ghost_source_gone' cannot be found" in found.message
+    assert found.fields == (("data.sources[1].name", "ghost"),)
+    # With the entries' implementations all there, nothing is reported.
+    cfg["data"]["sources"][1] = {"name": "text", "options": {"paths": [two_corpora[1]]}}
+    assert not judge(write_config(tmp_path / "ok.yaml", cfg), world_size=1).errors
 
 
 def test_a_mixture_trains_and_resumes_exactly(tmp_path, two_corpora):

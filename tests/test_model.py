@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from forge_core.specs import NoOptions
+from forge_core.api import NoOptions
 from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, longest_sum
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions

@@ -11,8 +11,8 @@ import attrs
 import numpy as np
 import pytest
 
+from forge_core.api import DOC_IDS, IGNORE_INDEX, POSITIONS
 from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
-from forge_core.specs import DOC_IDS, POSITIONS
 from forge_plugins.packers import plugin
 from forge_plugins.packers.bfd import BfdPacker, place
 from forge_plugins.packers.concat import ConcatPacker
@@ -20,7 +20,7 @@ from forge_plugins.packers.none import NonePacker
 from forge_plugins.packers.options import ConcatOptions
 
 EOS = 9
-X = -100
+X = IGNORE_INDEX
 
 
 def packed(packer, documents):

@@ -18,6 +18,11 @@ from forge_plugins.parallel.split import stage_layer_ranges, stages_of_rank
 MODEL = {"name": "llama", "options": {"dim": 64, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4}}
 
 
+def interleaved(microbatches: int) -> dict:
+    """parallel.* for interleaved 1F1B with two stages per rank."""
+    return {"options": {"pp": {"schedule": "interleaved_1f1b", "virtual_stages": 2, "microbatches": microbatches}}}
+
+
 def violations(cfg, parallel=None, world_size=None, **sections):
     # Explicit degrees (dp_shard 1 unless given): these rules judge a layout, not a launch.
     data = {"model": MODEL, "data": {"packer": "none", "seq_len": 64}, "parallel": {"dp_shard": 1, **(parallel or {})}}
@@ -95,7 +100,7 @@ def test_interleaved_stages_loop_over_ranks():
 def test_tp_must_divide_heads_and_kv_heads(cfg):
     found, _ = violations(cfg, {"tp": 8, "dp_shard": 1})
     (message,) = messages(found, R.TP_HEADS)
-    assert "n_kv_heads = 4 is not divisible by parallel.tp = 8" in message
+    assert "model 'llama' has 4 key/value heads, not divisible by parallel.tp = 8" in message
     found, _ = violations(cfg, {"tp": 3})
     assert len(messages(found, R.TP_HEADS)) == 2
     found, _ = violations(cfg, {"tp": 4})
@@ -103,22 +108,22 @@ def test_tp_must_divide_heads_and_kv_heads(cfg):
 
 
 def test_pp_stages_not_above_layers(cfg):
-    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
-                                "pp_microbatches": 4}, train={"batch_size": 8})
-    assert "n_layers = 4 is below the 8 pipeline stages" in messages(found, R.PP_LAYERS)[0]
-    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
-                                "pp_microbatches": 4}, train={"batch_size": 8})
+    found, _ = violations(cfg, {"pp": 4, **interleaved(microbatches=4)},
+                          train={"batch_size": 8})
+    assert "model 'llama' has 4 layers, fewer than the 8 pipeline stages" in messages(found, R.PP_LAYERS)[0]
+    found, _ = violations(cfg, {"pp": 2, **interleaved(microbatches=4)},
+                          train={"batch_size": 8})
     assert R.PP_LAYERS not in found and R.PP_SCHEDULE not in found and R.PP_MICROBATCHES not in found
 
 
 def test_batch_splits_into_pipeline_microbatches(cfg):
-    found, _ = violations(cfg, {"pp": 2, "pp_microbatches": 3}, train={"batch_size": 8})
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"microbatches": 3}}}, train={"batch_size": 8})
     assert "= 8 rows, which do not split into 3 equal microbatches" in messages(found, R.PP_MICROBATCHES)[0]
     # With data parallelism and accumulation the pipeline sees 16 / (2 * 2) = 4 rows.
-    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "pp_microbatches": 8},
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "options": {"pp": {"microbatches": 8}}},
                           train={"batch_size": 16, "grad_accum": 2})
     assert "= 4 rows" in messages(found, R.PP_MICROBATCHES)[0]
-    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "pp_microbatches": 4},
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "options": {"pp": {"microbatches": 4}}},
                           train={"batch_size": 16, "grad_accum": 2})
     assert R.PP_MICROBATCHES not in found
     # 0 means one microbatch per stage.
@@ -127,16 +132,18 @@ def test_batch_splits_into_pipeline_microbatches(cfg):
 
 
 def test_schedules_microbatch_constraints(cfg):
-    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "1f1b", "pp_microbatches": 2}, train={"batch_size": 8})
+    found, _ = violations(cfg, {"pp": 4, "options": {"pp": {"schedule": "1f1b", "microbatches": 2}}},
+                          train={"batch_size": 8})
     assert "at least one microbatch per stage" in messages(found, R.PP_MICROBATCHES)[0]
-    found, _ = violations(cfg, {"pp": 4, "pp_schedule": "gpipe", "pp_microbatches": 2}, train={"batch_size": 8})
+    found, _ = violations(cfg, {"pp": 4, "options": {"pp": {"schedule": "gpipe", "microbatches": 2}}},
+                          train={"batch_size": 8})
     assert R.PP_MICROBATCHES not in found
-    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2,
-                                "pp_microbatches": 5}, train={"batch_size": 10})
+    found, _ = violations(cfg, {"pp": 2, **interleaved(microbatches=5)},
+                          train={"batch_size": 10})
     assert "do not split into 2 equal rounds" in messages(found, R.PP_MICROBATCHES)[0]
     # A negative count is refused by the schema itself, at its field.
-    with pytest.raises(ConfigError, match=r"\$\.parallel\.pp_microbatches: must be at least 0, got -1"):
-        violations(cfg, {"pp": 2, "pp_microbatches": -1})
+    with pytest.raises(ConfigError, match=r"\$\.parallel\.options\.pp\.microbatches: must be at least 0, got -1"):
+        violations(cfg, {"pp": 2, "options": {"pp": {"microbatches": -1}}})
 
 
 def test_tied_embeddings_refused_under_pp(cfg):
@@ -148,24 +155,24 @@ def test_tied_embeddings_refused_under_pp(cfg):
 
 
 def test_interleaving_and_virtual_stages_go_together(cfg):
-    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "interleaved_1f1b"})
-    assert "needs parallel.pp_virtual_stages above 1" in messages(found, R.PP_SCHEDULE)[0]
-    found, _ = violations(cfg, {"pp": 2, "pp_schedule": "1f1b", "pp_virtual_stages": 2})
-    assert "needs parallel.pp_schedule = 'interleaved_1f1b'" in messages(found, R.PP_SCHEDULE)[0]
-    with pytest.raises(ConfigError, match=r"\$\.parallel\.pp_virtual_stages: must be at least 1, got 0"):
-        violations(cfg, {"pp_virtual_stages": 0})
-    found, _ = violations(cfg, {"pp": 1, "pp_schedule": "interleaved_1f1b"})
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"schedule": "interleaved_1f1b"}}})
+    assert "needs parallel.options.pp.virtual_stages above 1" in messages(found, R.PP_SCHEDULE)[0]
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"schedule": "1f1b", "virtual_stages": 2}}})
+    assert "needs parallel.options.pp.schedule = 'interleaved_1f1b'" in messages(found, R.PP_SCHEDULE)[0]
+    with pytest.raises(ConfigError, match=r"\$\.parallel\.options\.pp\.virtual_stages: must be at least 1, got 0"):
+        violations(cfg, {"options": {"pp": {"virtual_stages": 0}}})
+    found, _ = violations(cfg, {"pp": 1, "options": {"pp": {"schedule": "interleaved_1f1b"}}})
     assert R.PP_SCHEDULE not in found  # no pipeline: the schedule is unused
 
 
 def test_sequence_parallel_rules(cfg):
-    found, result = violations(cfg, {"sequence_parallel": True})
+    found, result = violations(cfg, {"options": {"tp": {"sequence_parallel": True}}})
     assert [v.severity for v in found[R.TP_SEQUENCE_PARALLEL_NO_TP]] == ["warning"] and not result.errors
-    found, _ = violations(cfg, {"tp": 2, "sequence_parallel": True}, data={"seq_len": 63})
+    found, _ = violations(cfg, {"tp": 2, "options": {"tp": {"sequence_parallel": True}}}, data={"seq_len": 63})
     assert "seq_len = 63 is not divisible by parallel.tp = 2" in messages(found, R.TP_SEQUENCE_PARALLEL)[0]
-    found, _ = violations(cfg, {"tp": 2, "sequence_parallel": True})
+    found, _ = violations(cfg, {"tp": 2, "options": {"tp": {"sequence_parallel": True}}})
     assert not ({R.TP_SEQUENCE_PARALLEL, R.TP_SEQUENCE_PARALLEL_NO_TP, R.PP_SEQUENCE_PARALLEL} & set(found))
-    found, _ = violations(cfg, {"tp": 2, "pp": 2, "sequence_parallel": True})
+    found, _ = violations(cfg, {"tp": 2, "pp": 2, "options": {"tp": {"sequence_parallel": True}}})
     assert R.PP_SEQUENCE_PARALLEL in found
 
 

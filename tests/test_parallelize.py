@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.hookspecs import hookimpl
+from forge_core.judge import make_plan
 from forge_core.registry import load_registries
-from forge_core.specs import ParallelismSpec
 from forge_core.train import parallelize as P
 
 CALLS: list[str] = []
@@ -27,6 +27,7 @@ class Wrap:
 
     def apply(self, model, ctx):
         CALLS.append(f"wrap:{type(model).__name__}")
+        ctx.add_gradient_finisher(lambda: CALLS.append(f"finish:{type(model).__name__}"))
         return torch.nn.Sequential(model) if isinstance(model, torch.nn.Linear) else model
 
 
@@ -43,7 +44,7 @@ class Split:
             CALLS.append(f"finalize:{[type(r).__name__ for r in runners]}")
             pmodel.is_last_stage = False
 
-        return P.ModelSplit(list(model.children()), finalize)
+        return ModelSplit(list(model.children()), finalize)
 
 
 class Plugin:
@@ -56,13 +57,14 @@ class Plugin:
         ]
 
 
-def config_with(registries, parallel, train=None):
+def plan_with(registries, parallel, train=None):
+    """The judged plan of a small config, in one process."""
     raw = {"model": {"name": "llama", "options": TINY}, "parallel": parallel, "train": train or {}}
     config, issues = structure(raw, ForgeConfig)
     assert not issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return config
+    return make_plan(config, registries, 1)
 
 
 @pytest.fixture
@@ -73,13 +75,13 @@ def registries():
 
 def test_one_process_without_strategies_is_the_model_itself(registries):
     model = torch.nn.Linear(2, 2)
-    pmodel = P.parallelize(model, config_with(registries, {}), registries["parallelism"], torch.device("cpu"))
+    pmodel = P.parallelize(model, plan_with(registries, {}), torch.device("cpu"))
     assert pmodel.parts == [model] and pmodel.forward is model
     assert (pmodel.dp_rank, pmodel.dp_size, pmodel.mesh, pmodel.train_step) == (0, 1, None, None)
 
 
 def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
-    from forge_core.errors import ForgeError
+    from forge_core.api import ForgeError
     from forge_core.train.mesh import build_mesh, dp_coords
 
     degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
@@ -92,17 +94,26 @@ def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
 def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch):
     monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
     model = torch.nn.Linear(2, 2)
-    config = config_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
-    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    plan = plan_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
     assert CALLS == ["wrap:Linear", "compile", "wrap:Sequential"]
     # The wrapper is what gets called; the part stays the unwrapped module.
     assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
 
 
+def test_gradient_finishers_registered_by_strategies_run_when_the_step_finishes(registries):
+    model = torch.nn.Linear(2, 2)
+    plan = plan_with(registries, {"wrappers": ["after", "before"]})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
+    CALLS.clear()
+    pmodel.finish_gradients()
+    assert CALLS == ["finish:Linear", "finish:Sequential"]  # in the order the strategies ran
+
+
 def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-    config = config_with(registries, {"wrappers": ["early", "before"]})
-    pmodel = P.parallelize(model, config, registries["parallelism"], torch.device("cpu"))
+    plan = plan_with(registries, {"wrappers": ["early", "before"]})
+    pmodel = P.parallelize(model, plan, torch.device("cpu"))
     assert CALLS == ["split", "wrap:Linear", "wrap:ReLU", "finalize:['Sequential', 'ReLU']"]
     assert pmodel.parts == list(model.children()) and pmodel.forward is None
     assert pmodel.is_last_stage is False
@@ -110,32 +121,41 @@ def test_a_split_model_gets_later_strategies_per_part_then_finalize(registries):
 
 def test_compile_is_in_place_and_block_by_block(monkeypatch):
     # nn.Module.compile compiles in place (no OptimizedModule wrapper, whose "_orig_mod."
-    # keys would break checkpoints); every block is compiled on its own.
+    # keys would break checkpoints); every block the model's contract names is compiled
+    # on its own, and a model without a contract as a whole.
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(self))
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
+
+    class Blocks(torch.nn.Module):
+        def parallel_contract(self):
+            return ParallelContract(blocks="stack")
+
+    model = Blocks()
+    model.stack = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
     P.compile_part(model)
-    assert compiled == list(model.layers.values())
-    plain = torch.nn.Linear(2, 2)
+    assert compiled == list(model.stack.values())
+    plain = torch.nn.Module()
+    plain.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2)})  # a name means nothing without a contract
     P.compile_part(plain)
     assert compiled[-1] is plain
 
 
 def test_pipeline_stages_chained_equal_the_whole_model(registries):
-    from forge_plugins.parallel.pipeline import stage_module
+    from forge_plugins.parallel.pipeline import split_of, stage_module
     from forge_plugins.parallel.split import stage_layer_ranges
     from forge_core.train import components
 
-    config = config_with(registries, {})
+    plan = plan_with(registries, {})
     torch.manual_seed(0)
-    model = components.model(config, registries, 50, components.attention(config, registries))
+    model = components.model(plan, registries, 50, components.attention(plan, registries))
     ids = torch.randint(0, 50, (2, 16))
     with torch.no_grad():
         expected = model(ids)
-        keys = list(model.layers.keys())
+        contract, blocks = split_of(model, "llama")
+        keys = list(blocks.keys())
         ranges = stage_layer_ranges(len(keys), 3)
-        stages = [stage_module(model, [keys[i] for i in r], first=s == 0, last=s == 2) for s, r in enumerate(ranges)]
+        stages = [stage_module(model, contract, [keys[i] for i in r], first=s == 0, last=s == 2)
+                  for s, r in enumerate(ranges)]
         h = ids
         for stage in stages:
             h = stage(h)

@@ -8,16 +8,13 @@ import json
 import pytest
 
 from conftest import REPO, make_distribution, run_cli
+from forge_core.api import AttentionBackendSpec, ForgeError, PackerSpec, hookimpl
 from forge_core.cli import main
-from forge_core.errors import ForgeError
-from forge_core.hookspecs import hookimpl
 from forge_core.plugins import load_plugins
 from forge_core.registry import build_registries, load_registries
-from forge_core.specs import AttentionBackendSpec, PackerSpec
 
 GOOD_PLUGIN = """
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import PackerSpec
+from forge_core.api import PackerSpec, hookimpl
 
 @hookimpl
 def forge_packers():
@@ -132,7 +129,7 @@ def test_a_hook_implementation_with_an_argument_the_hook_lacks_is_a_clean_error(
 def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribution(tmp_path):
     faults = {
         "exits": ("import sys\nsys.exit(3)\n", "called sys.exit(3) while being imported"),
-        "wrongarg": ("from forge_core.hookspecs import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
+        "wrongarg": ("from forge_core.api import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
                      "its forge_models() takes 'registry', which the hook does not pass"),
     }
     for name, (source, expected) in faults.items():
@@ -192,8 +189,7 @@ def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(cfg, 
 # --- name clashes: a third-party component named like a built-in ---------------------
 
 WSD_PLUGIN = """
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import ScheduleSpec
+from forge_core.api import ScheduleSpec, hookimpl
 
 @hookimpl
 def forge_schedules():
@@ -250,7 +246,7 @@ def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_si
         assert f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; it shadows the one of {other!r}" in out
         from forge_core.judge import judge
 
-        assert judge(quickstart, overrides).context.specs["schedule"].summary.startswith(summary)
+        assert judge(quickstart, overrides).plan.specs["schedule"].summary.startswith(summary)
 
 
 def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, cfg, capsys):
@@ -275,8 +271,8 @@ def test_a_preference_pins_a_name_no_other_plugin_registers():
 
 
 def test_a_clashing_strategy_switched_on_by_a_degree_is_refused_not_dropped():
+    from forge_core.api import ParallelismSpec
     from forge_core.parallel_dims import active_strategies
-    from forge_core.specs import ParallelismSpec
 
     class MyDdp:
         @hookimpl
@@ -305,8 +301,9 @@ def test_a_resumed_run_keeps_the_choice_its_config_made(wsd_site, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(
         "train: {schedule: wsd}\nplugins: {prefer: {schedule: {wsd: mywsd}}}\n")
-    config, registries = load_run_config(tmp_path / "run")
-    assert registries["schedule"].plugin_of(config.train.schedule) == "mywsd"
+    plan, registries = load_run_config(tmp_path / "run")
+    assert registries["schedule"].plugin_of(plan.config.train.schedule) == "mywsd"
+    assert plan.specs["schedule"] is registries["schedule"].get("wsd")  # what sample/export build
 
 
 def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(cfg):

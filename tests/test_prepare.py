@@ -12,12 +12,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from forge_core.api import ForgeError
 from forge_core.data.build import pack, source_shards
 from forge_core.data.packed_rows import pack_documents
 from forge_core.data.pipeline import document_hashes, tokenize
 from forge_core.data.prepare import prepare
 from forge_core.data.shards import Shards
-from forge_core.errors import ForgeError
 from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.options import ConcatOptions
@@ -200,7 +200,7 @@ def test_damaged_shards_are_refused(text_source, tmp_path):
 
 def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
     from forge_core.data.build import build_training_data
-    from forge_core.judge import load_resolved
+    from forge_core.judge import load_resolved, make_plan
 
     (tmp_path / "tiny.txt").write_text("hello\n\nworld!")
     config = tmp_path / "c.yaml"
@@ -208,7 +208,7 @@ def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
                       f"seq_len: 64, cache: {{dir: '{tmp_path / 'cache'}'}}}}\n")
     cfg, registries = load_resolved(str(config))
     with pytest.raises(ForgeError, match="13 tokens in 2 documents, not enough for one row of seq_len 64"):
-        build_training_data(cfg, registries, BYTE, report=lambda m: None)
+        build_training_data(make_plan(cfg, registries, 1), registries, BYTE, report=lambda m: None)
 
 
 # --- forge-run prepare ----------------------------------------------------------------

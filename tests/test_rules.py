@@ -9,12 +9,11 @@ import os
 import pytest
 
 from conftest import make_distribution, run_cli
+from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
 from forge_core.config.schema import ForgeConfig
-from forge_core.hookspecs import hookimpl
 from forge_core.judge import judge
 from forge_core.registry import RuleEntry
-from forge_core.rules import Rule, RuleContext, evaluate, render
-from forge_core.specs import PackerSpec, ParallelismSpec
+from forge_core.rules import evaluate, render
 
 
 def errors(path, overrides=(), world_size=None, extra=()):
@@ -69,7 +68,7 @@ def test_strategy_that_forwards_metadata_passes(cfg):
     # Block the built-in pipeline so only the forwarding one is active on the pp dimension.
     path = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}, "plugins": {"block": ["parallel"]}})
     found, result = errors(path, world_size=2, extra=[("fwd", _ForwardingPipeline())])
-    assert [s.name for s in result.context.strategies] == ["pp_meta"]
+    assert [s.name for s in result.plan.strategies] == ["pp_meta"]
     assert "parallel.metadata-reaches-layers" not in found
 
 
@@ -77,7 +76,7 @@ def test_world_size_rule(cfg):
     found, _ = errors(cfg({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
     assert "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
     found, result = errors(cfg({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
-    assert "parallel.world-size" not in found and result.context.degrees["dp_shard"] == 4
+    assert "parallel.world-size" not in found and result.plan.degrees["dp_shard"] == 4
     found, _ = errors(cfg({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
     assert "not divisible" in found["parallel.world-size"].message
 
@@ -97,7 +96,7 @@ def test_engine_reports_every_violation_and_survives_a_crashing_rule():
         RuleEntry(Rule("a.three", "error", (), "s", boom, "f"), "p3"),
         RuleEntry(Rule("a.four", "error", (), "s", lambda ctx: None, "f"), "p4"),
     ]
-    violations = evaluate(rules, RuleContext(ForgeConfig(), {}))
+    violations = evaluate(rules, Plan(ForgeConfig(), {}))
     assert [(v.rule_id, v.severity, v.plugin) for v in violations] == [
         ("a.one", "error", "p1"), ("a.one", "error", "p1"), ("a.two", "warning", "p2"), ("a.three", "error", "p3"),
     ]
@@ -121,8 +120,7 @@ def test_world_size_comes_from_torchrun_environment(cfg):
 
 def test_third_party_rule_is_listed_and_fires(tmp_path, cfg):
     site = make_distribution(tmp_path / "site", "forge-strict", "2.0", {"strictplug": """
-from forge_core.hookspecs import hookimpl
-from forge_core.rules import Rule
+from forge_core.api import Rule, hookimpl
 
 def _check(ctx):
     if ctx.config.train.steps > 1000:
@@ -143,7 +141,7 @@ def forge_rules():
 class _PlainModel:
     @hookimpl
     def forge_models(self):
-        from forge_core.specs import ModelSpec
+        from forge_core.api import ModelSpec
 
         return [ModelSpec(name="plain", summary="takes no metadata", impl="x.y:Z", max_seq_len_option=None)]
 

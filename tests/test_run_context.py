@@ -3,8 +3,8 @@
 import attrs
 import pytest
 
+from forge_core.api import RunContext
 from forge_core.config.schema import ForgeConfig, LoggingSection
-from forge_core.run_context import RunContext
 
 
 def test_should_log_every_n_steps_and_the_last():

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import run_cli
 from forge_core import cli
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.train import rundir
 from forge_core.train.run_lock import LOCK, RunLock, _process_start
 from test_train_cli import start, wait_for_line

@@ -11,7 +11,7 @@ import sysconfig
 import attrs
 import pytest
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.sources import plugin
 from forge_plugins.sources.options import ShardsOptions, StdlibOptions, TextOptions
 from forge_plugins.sources.shards import ShardSource

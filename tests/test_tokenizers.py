@@ -11,8 +11,8 @@ import attrs
 import numpy as np
 import pytest
 
+from forge_core.api import ForgeError
 from forge_core.data.bpe import EOS_TOKEN, PAD_TOKEN, train_bpe
-from forge_core.errors import ForgeError
 from forge_plugins.tokenizers import plugin
 from forge_plugins.tokenizers.byte import ByteTokenizer
 from forge_plugins.tokenizers.hf import HFTokenizer

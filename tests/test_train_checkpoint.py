@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.train import train_state
 from forge_core.train.checkpoint import (
     MANIFEST,

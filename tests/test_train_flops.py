@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from forge_core.api import IGNORE_INDEX
 from forge_core.train import flops, peak
 from forge_core.train.loss import loss_fn
 
@@ -104,9 +105,9 @@ def test_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 def test_loss_sum_ignores_minus_100_and_counts_labelled_tokens():
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 5)
-    labels = torch.tensor([[1, -100, 2], [-100, -100, 4]])
+    labels = torch.tensor([[1, IGNORE_INDEX, 2], [IGNORE_INDEX, IGNORE_INDEX, 4]])
     loss_sum, count = loss_fn(logits, labels)
     assert int(count) == 3
-    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), labels.reshape(-1), ignore_index=IGNORE_INDEX)
     torch.testing.assert_close(loss_sum / 3, mean)
     assert loss_fn(logits.bfloat16(), labels)[0].dtype == torch.float32

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.train.checkpoint import find_latest, load_model, model_state
 from forge_core.train.launch import InvalidConfig, train
 from forge_core.train.trainer import NonFiniteStop
@@ -37,8 +38,8 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from forge_core.train import components
     from forge_core.train.rundir import load_run_config
 
-    config, registries = load_run_config(run_dir)
-    model = components.model(config, registries, 258, components.attention(config, registries))
+    plan, registries = load_run_config(run_dir)
+    model = components.model(plan, registries, 258, components.attention(plan, registries))
     load_model(find_latest(run_dir / "checkpoints"), [model])
     return {k: v.clone() for k, v in model_state([model]).items()}
 
@@ -130,10 +131,10 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     from forge_core.train import components
     from forge_core.train.rundir import load_run_config
 
-    config, registries = load_run_config(tmp_path / "accum1")
-    tok = components.tokenizer(config, registries)
-    labels = build_training_data(config, registries, tok).rows.read(np.arange(40))["labels"]
-    assert len({int((row != -100).sum()) for row in labels}) > 1
+    plan, registries = load_run_config(tmp_path / "accum1")
+    tok = components.tokenizer(plan, registries)
+    labels = build_training_data(plan, registries, tok).rows.read(np.arange(40))[LABELS]
+    assert len({int((row != IGNORE_INDEX).sum()) for row in labels}) > 1
 
 
 def test_nonfinite_skip_continues(tmp_path):

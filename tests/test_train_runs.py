@@ -15,7 +15,7 @@ from train_helpers import Recorder, read_metrics, tiny_config, write_config, wri
 
 OBSERVER = """
 import json, os
-from forge_core.hookspecs import hookimpl
+from forge_core.api import hookimpl
 
 @hookimpl
 def forge_step_end(run, step, metrics):

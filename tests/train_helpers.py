@@ -13,8 +13,7 @@ from typing import Any
 import attrs
 import yaml
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, POSITIONS, ModelSpec
+from forge_core.api import DOC_IDS, POSITIONS, ModelSpec, hookimpl
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small cats sing about "
          "green fields and blue rivers under the quiet morning sky").split()

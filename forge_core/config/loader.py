@@ -16,9 +16,9 @@ import attrs
 import cattrs
 import yaml
 
+from forge_core.api import INT_MAX, INT_MIN, ForgeError, did_you_mean, show_value, unknown_name
+from forge_core.api.errors import VALUE_WIDTH
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
-from forge_core.config.validators import INT_MAX, INT_MIN
-from forge_core.errors import VALUE_WIDTH, ForgeError, did_you_mean, show_value
 
 
 class ConfigError(ForgeError):
@@ -279,10 +279,61 @@ def _overridden(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, An
     return result, issues
 
 
+#: Config keys that moved, old path -> new path. An old key (in a file or an override) is
+#: an error at its path naming the new one, reported with every other problem.
+MOVED_KEYS: dict[str, str] = {
+    # Strategy settings moved into the strategy's own option block.
+    "parallel.pp_schedule": "parallel.options.pp.schedule",
+    "parallel.pp_microbatches": "parallel.options.pp.microbatches",
+    "parallel.pp_virtual_stages": "parallel.options.pp.virtual_stages",
+    "parallel.sequence_parallel": "parallel.options.tp.sequence_parallel",
+}
+
+
+def _moved_key_issues(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """Take every moved key out of ``raw`` (so it is not also reported as unknown) and
+    say where it went."""
+    issues = []
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        block = raw.get(section)
+        if isinstance(block, dict) and key in block:
+            value = block.pop(key)
+            issues.append((f"$.{old}", f"moved to {new}: set {new} = {show_value(value)} instead "
+                                       f"(override: {new}={show_value(value)})"))
+    return issues
+
+
+def migrate_moved_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with every moved key put at its new path (where that is not set already):
+    for configs Forge itself wrote (a run directory's ``config.yaml``), never for a
+    user's, whose old keys are errors that name the new path."""
+    raw = _plain_copy(raw)
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        block = raw.get(section)
+        if not isinstance(block, dict) or key not in block:
+            continue
+        value = block.pop(key)
+        *parents, leaf = new.split(".")
+        target = raw
+        for part in parents:
+            if target.get(part) is None:
+                target[part] = {}
+            if not isinstance(target[part], dict):
+                break  # the new place is not a mapping: structuring reports it
+            target = target[part]
+        else:
+            target.setdefault(leaf, value)
+    return raw
+
+
 def read_raw(path: str | Path, overrides: list[str] = ()) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The config file with the valid overrides applied, as plain data (not yet
-    structured), and the problems of the other overrides (reported with the rest)."""
-    return _overridden(read_config_file(path), list(overrides))
+    structured), and the problems of the other overrides and of moved keys (reported
+    with the rest)."""
+    raw, issues = _overridden(read_config_file(path), list(overrides))
+    return raw, issues + _moved_key_issues(raw)
 
 
 # --- strict structuring -------------------------------------------------------------
@@ -502,7 +553,7 @@ def _raw_lookup(raw: dict[str, Any]):
 def _resolved(spec: Any, options: Any, where: str) -> tuple[Any, list[tuple[str, str]]]:
     """``options`` completed by the spec's ``resolve_options`` function (options the
     config left unset, filled from elsewhere: a checkpoint's config)."""
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
 
     try:
         return import_path(spec.resolve_options)(options), []
@@ -604,7 +655,7 @@ def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:
 def resolve_components(config: ForgeConfig, registries: Any) -> tuple[ForgeConfig, list[tuple[str, str]]]:
     """Check every component name and structure its option block against its spec's
     options class. Returns the config with option blocks replaced by instances."""
-    from forge_core.rules import get_path
+    from forge_core.api import get_path
 
     values, issues = _structure_blocks(lambda path: get_path(config, path), registries)
     return (config, issues) if issues else (_with_blocks(config, values), [])

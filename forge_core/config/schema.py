@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.config.validators import above, at_least, between, non_blank, satisfies
+from forge_core.api import above, at_least, between, non_blank, satisfies
 
 
 def field(default: Any, doc: str, **kwargs: Any) -> Any:
@@ -138,16 +138,6 @@ class ParallelSection:
     )
     tp: int = field(1, "Tensor-parallel degree.", validator=at_least(1))
     pp: int = field(1, "Pipeline-parallel stages.", validator=at_least(1))
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = field(
-        "1f1b", "Pipeline schedule."
-    )
-    pp_microbatches: int = field(
-        0, "Microbatches per step under pp (0: one per stage).", validator=at_least(0)
-    )
-    pp_virtual_stages: int = field(
-        1, "Stages per rank (above 1 only with interleaved_1f1b).", validator=at_least(1)
-    )
-    sequence_parallel: bool = field(False, "Shard norms and residuals along the sequence under tp.")
     wrappers: list[str] = field([], "Extra strategies without a mesh degree, by name.")
     options: dict[str, Any] = field({}, "Per-strategy options, keyed by strategy name.")
 

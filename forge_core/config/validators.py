@@ -1,116 +1,12 @@
-"""Reusable validators for config fields and component options.
+"""Deprecated location of the option validators: import them from :mod:`forge_core.api`
+(defined in :mod:`forge_core.api.validators`).
 
-Each is an attrs validator (``attrs.field(validator=at_least(1))``) whose message says
-what the value must be and what it was (``must be at least 1, got 0``), and whose
-``description`` the generated configuration reference shows beside the field. The
-loader reports a failing validator at its field's path
-(``$.train.optimizer_options.beta1``), every failing field of a config at once.
+Kept for one release; every name warns and names its new home."""
 
-Two checks need no validator because the loader applies them to every field: an ``int``
-must fit in 64 bits, and a ``float`` must be finite (``.nan``, ``.inf`` and ``1e999`` are
-refused). The number validators below refuse non-finite values too, for options built
-in Python.
+from forge_core.deprecation import moved
 
-A plugin author uses them in an options class::
-
-    import attrs
-    from forge_core.config.validators import at_least, between
-
-    @attrs.frozen
-    class WindowOptions:
-        window: int = attrs.field(default=128, validator=at_least(1))
-        dropout: float = attrs.field(default=0.0, validator=between(0, 1, high_open=True))
-
-Checks of the file system (does a path exist, is it a shard directory) are not
-validators: options are also built where the file system may differ (``forge-run
-sample`` reads the options a run was trained with). They are compatibility rules, which
-``forge-run check`` and training evaluate.
-"""
-
-from __future__ import annotations
-
-import math
-import posixpath
-from collections.abc import Callable
-from typing import Any
-
-import attrs
-
-from forge_core.errors import show_value
-
-#: The range of a config integer (a C ``int64``): larger values overflow torch and numpy.
-INT_MIN, INT_MAX = -(2**63), 2**63 - 1
-
-
-@attrs.frozen
-class Validator:
-    """A named predicate over one field's value. ``description`` completes the sentence
-    "the value must be ..." (``"at least 1"``, ``"in [0, 1)"``)."""
-
-    description: str
-    test: Callable[[Any], bool]
-
-    def __call__(self, instance: Any, attribute: Any, value: Any) -> None:
-        if not self.test(value):
-            raise ValueError(f"must be {self.description}, got {show_value(value)}")
-
-
-def satisfies(description: str, test: Callable[[Any], bool]) -> Validator:
-    """A validator from any predicate; ``description`` completes "must be ..."."""
-    return Validator(description, test)
-
-
-def _number(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-def _bound(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(value)
-
-
-def at_least(low: float) -> Validator:
-    """``value >= low``."""
-    return Validator(f"at least {_bound(low)}", lambda v: _number(v) and v >= low)
-
-
-def above(low: float) -> Validator:
-    """``value > low``."""
-    return Validator(f"above {_bound(low)}", lambda v: _number(v) and v > low)
-
-
-def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Validator:
-    """``low <= value <= high``; ``low_open``/``high_open`` exclude an end."""
-    text = f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high_open else ']'}"
-
-    def test(v: Any) -> bool:
-        if not _number(v):
-            return False
-        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-
-    return Validator(text, test)
-
-
-#: A string with something besides whitespace.
-non_blank = Validator("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
-
-
-def _inside(value: Any) -> bool:
-    if not isinstance(value, str) or not value.strip() or value.endswith(("/", "\\")):
-        return False
-    if posixpath.isabs(value) or value.startswith("\\") or (len(value) > 1 and value[1] == ":"):
-        return False
-    return ".." not in value.replace("\\", "/").split("/")
-
-
-#: A relative path that stays inside the directory it is relative to (no ``..``).
-relative_path = Validator("a relative path inside the run directory (no '..', not absolute)", _inside)
-
-
-def describe(field: attrs.Attribute) -> str:
-    """What a field's validator allows, for the reference docs (empty when it has none
-    of the validators above)."""
-    validator = field.validator
-    parts = getattr(validator, "_validators", None) or ((validator,) if validator else ())
-    return "; ".join(v.description for v in parts if isinstance(v, Validator))
+__getattr__ = moved(__name__, {
+    name: "forge_core.api"
+    for name in ("Validator", "satisfies", "at_least", "above", "between", "non_blank", "relative_path",
+                 "describe", "INT_MIN", "INT_MAX")
+})

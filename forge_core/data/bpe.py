@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from forge_core.api import ForgeError
 from forge_core.data.shards import move_into_place, partial_dir
-from forge_core.errors import ForgeError
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"

@@ -1,7 +1,7 @@
-"""The rows a run trains on, from the config: sources -> tokens -> split -> layout.
+"""The rows a run trains on, from the judged plan: sources -> tokens -> split -> layout.
 
-For every source of the config (``data.sources``, or ``data.source`` as the one
-source; :meth:`~forge_core.config.schema.DataSection.source_entries`):
+For every source of the plan (``plan.sources``: each entry of ``data.sources``, or
+``data.source`` as the one source):
 
 1. **tokens**: a source that already is a shard directory (``shards``: it exposes
    ``shards``) is memory-mapped as it is; any other is read through the token cache
@@ -11,7 +11,7 @@ source; :meth:`~forge_core.config.schema.DataSection.source_entries`):
    (:mod:`forge_core.data.heldout`); :func:`heldout_documents` gives them to an
    evaluation.
 3. **layout**: the packer places the training documents from their lengths alone
-   (:mod:`forge_core.data.packing_contract`); rows are read from the memory map when a
+   (:mod:`forge_core.api.packing`); rows are read from the memory map when a
    batch is (:class:`~forge_core.data.packed_rows.PackedRows`). A packer that only has
    the deprecated ``pack(documents)`` still runs, with a warning, on rows in memory.
 
@@ -31,8 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from forge_core.errors import ForgeError
-from forge_core.specs import DOC_IDS, POSITIONS
+from forge_core.api import DOC_IDS, INPUT_IDS, LABELS, POSITIONS, ForgeError
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
@@ -67,22 +66,23 @@ class TrainingData:
     summary: str
 
 
-def _labels(entries: list[tuple[str, Any]]) -> list[str]:
-    names = [entry.name for _, entry in entries]
-    return [entry.label or (name if names.count(name) == 1 else f"{name}#{i}")
-            for i, ((_, entry), name) in enumerate(zip(entries, names))]
+def _labels(sources: tuple[Any, ...]) -> list[str]:
+    names = [s.name for s in sources]
+    return [s.label or (name if names.count(name) == 1 else f"{name}#{i}")
+            for i, (s, name) in enumerate(zip(sources, names))]
 
 
-def build_source(registries: Any, where: str, entry: Any) -> Any:
-    """The source an entry names, constructed; a mixture's errors say which entry."""
+def build_source(plan: Any, registries: Any, index: int) -> Any:
+    """The plan's ``index``-th source, constructed; a mixture's errors say which entry."""
     from forge_core.train import components
 
+    chosen = plan.sources[index]
     try:
-        return components.source_named(registries, entry.name, entry.options)
+        return components.source(plan, registries, index)
     except ForgeError as exc:
-        if where == "data.source":
+        if chosen.where == "data.source":
             raise
-        raise ForgeError(f"{where} ({entry.name}): {exc}") from None
+        raise ForgeError(f"{chosen.where} ({chosen.name}): {exc}") from None
 
 
 def source_shards(source: Any, tokenizer: Any, cache: Any, label: str, *, is_main: bool = True,
@@ -113,7 +113,7 @@ def pack(packer: Any, spec: Any, options: Any, stream: Any, seq_len: int, eos_id
     """Rows of ``stream`` under ``packer``: lazy through its layout, or (deprecated)
     eager through ``pack``. The layout must keep the spec's promise about metadata."""
     from forge_core.data.packed_rows import PackedRows, check_layout, eager_rows
-    from forge_core.data.packing_contract import EAGER_DEPRECATION
+    from forge_core.api.packing import EAGER_DEPRECATION
 
     who = f"packer {spec.name!r} ({type(packer).__module__}.{type(packer).__qualname__})"
     if not hasattr(packer, "layout"):
@@ -124,7 +124,7 @@ def pack(packer: Any, spec: Any, options: Any, stream: Any, seq_len: int, eos_id
         warnings.warn(message, FutureWarning, stacklevel=2)
         report(f"warning: {message}")
         rows = eager_rows(packer, stream, seq_len, who)
-        _check_emitted(who, spec.emitted(options), frozenset(rows.keys) - {"input_ids", "labels"}, "its rows carry")
+        _check_emitted(who, spec.emitted(options), frozenset(rows.keys) - {INPUT_IDS, LABELS}, "its rows carry")
         return rows
     layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
     emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
@@ -149,33 +149,33 @@ def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError
     )
 
 
-def build_training_data(config: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
+def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
                         report: Callable[[str], None] = _stderr) -> TrainingData:
-    """Everything the loader reads, for ``config``; see the module docstring."""
+    """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core.data.mixture import MixedRows
     from forge_core.train import components
 
     t0 = time.perf_counter()
+    config = plan.config
     data = config.data
-    entries = data.source_entries()
-    labels = _labels(entries)
+    labels = _labels(plan.sources)
     eos, pad, vocab = int(tokenizer.eos_id), int(tokenizer.pad_id), int(tokenizer.vocab_size)
-    packer_spec = registries["packer"].get(data.packer)
+    packer_spec = plan.specs["packer"]
     parts = []
-    for (where, entry), label in zip(entries, labels):
-        source = build_source(registries, where, entry)
+    for index, (chosen, label) in enumerate(zip(plan.sources, labels)):
+        source = build_source(plan, registries, index)
         shards, note = source_shards(source, tokenizer, data.cache, label, is_main=is_main, report=report)
         train, held = split_documents(shards, data.heldout)
         if not len(train):
             raise ForgeError(f"{label}: all {shards.num_documents} documents are held out "
                              f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction.")
         stream = shards.stream(eos, vocab, train)
-        packer = components.packer(config, registries, tokenizer)
+        packer = components.packer(plan, registries, tokenizer)
         rows = pack(packer, packer_spec, data.packer_options, stream, data.seq_len, eos, pad,
                     report if is_main else _quiet)
         if rows.num_rows == 0:
             raise _too_small(source.describe(), stream, data.seq_len, type(packer).__name__)
-        parts.append(SourceData(label, where, float(entry.weight), shards, train, held, rows, note))
+        parts.append(SourceData(label, chosen.where, chosen.weight, shards, train, held, rows, note))
     if len(parts) == 1:
         rows = parts[0].rows
     else:
@@ -216,15 +216,14 @@ def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) ->
     return "\n".join(lines)
 
 
-def heldout_documents(config: Any, registries: Any, tokenizer: Any) -> list[tuple[str, Any]]:
+def heldout_documents(plan: Any, registries: Any, tokenizer: Any) -> list[tuple[str, Any]]:
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet)."""
-    data = config.data
-    entries = data.source_entries()
+    data = plan.config.data
     out = []
-    for (where, entry), label in zip(entries, _labels(entries)):
-        source = build_source(registries, where, entry)
+    for index, label in enumerate(_labels(plan.sources)):
+        source = build_source(plan, registries, index)
         shards, _ = source_shards(source, tokenizer, data.cache, label)
         _, held = split_documents(shards, data.heldout)
         out.append((label, shards.stream(int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))

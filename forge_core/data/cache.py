@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.data.shard_index import INDEX, VERSION
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 FORMAT = "forge-token-cache"
 #: Seconds between two "waiting for ..." notes.

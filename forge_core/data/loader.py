@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from forge_core.api import ForgeError
 from forge_core.data.mixture import source_order
-from forge_core.errors import ForgeError
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:

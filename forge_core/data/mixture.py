@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 PERIOD = 1 << 16
 

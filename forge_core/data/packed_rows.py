@@ -1,4 +1,4 @@
-"""Packed rows read lazily: a :class:`~forge_core.data.packing_contract.RowLayout` over a
+"""Packed rows read lazily: a :class:`~forge_core.api.RowLayout` over a
 :class:`DocumentStream`, materialized one batch at a time.
 
 :class:`DocumentStream` is the corpus as the packer sees it: documents back to back,
@@ -22,12 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.data.packing_contract import EAGER_DEPRECATION, RowLayout
-from forge_core.errors import ForgeError
-from forge_core.specs import DOC_IDS, POSITIONS
-
-#: The label of a position that takes no loss (the trainer's ignore index).
-IGNORE = -100
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, RowLayout
+from forge_core.api.packing import EAGER_DEPRECATION
 
 
 def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
@@ -186,7 +182,7 @@ class PackedRows:
         self.pad_id = int(pad_id)
         self.seq_len = layout.seq_len
         self.num_rows = layout.rows
-        self.keys = ("input_ids", "labels") + ((DOC_IDS, POSITIONS) if layout.metadata else ())
+        self.keys = (INPUT_IDS, LABELS) + ((DOC_IDS, POSITIONS) if layout.metadata else ())
         self.stats = layout_stats(layout, stream.total)
 
     def __len__(self) -> int:
@@ -215,7 +211,7 @@ class PackedRows:
 
         tokens, last = self.stream.gather(src)
         input_ids = np.full(B * S, self.pad_id, np.int64)
-        labels = np.full(B * S, IGNORE, np.int64)
+        labels = np.full(B * S, IGNORE_INDEX, np.int64)
         input_ids[dest] = tokens
         # A token's next one is the next of its piece, but for a piece's last token,
         # gathered separately (one position per piece).
@@ -228,8 +224,8 @@ class PackedRows:
         labelled = ~last if L.boundaries == "documents" else src + 1 < self.stream.total
         labels[dest[labelled]] = following[labelled]
         eos_slots = dest[tokens == self.eos_id] if L.boundaries == "eos" else dest[:0]
-        labels[eos_slots] = IGNORE
-        out = {"input_ids": input_ids.reshape(B, S), "labels": labels.reshape(B, S)}
+        labels[eos_slots] = IGNORE_INDEX
+        out = {INPUT_IDS: input_ids.reshape(B, S), LABELS: labels.reshape(B, S)}
         if L.metadata:
             # A document starts at every piece, at the padding and (for 'eos') after an EOS.
             fill = np.bincount(prow, weights=plen, minlength=B).astype(np.int64)
@@ -250,11 +246,11 @@ class ArrayRows:
     deprecated eager packers return, and what tests hand the loader directly."""
 
     def __init__(self, arrays: dict[str, np.ndarray], stats: dict[str, float] | None = None) -> None:
-        if not arrays or "input_ids" not in arrays:
-            raise ForgeError("the loader needs packed rows with at least 'input_ids'.")
+        if not arrays or INPUT_IDS not in arrays:
+            raise ForgeError(f"the loader needs packed rows with at least {INPUT_IDS!r}.")
         self.arrays = arrays
-        self.num_rows = int(arrays["input_ids"].shape[0])
-        self.seq_len = int(arrays["input_ids"].shape[1]) if arrays["input_ids"].ndim == 2 else 0
+        self.num_rows = int(arrays[INPUT_IDS].shape[0])
+        self.seq_len = int(arrays[INPUT_IDS].shape[1]) if arrays[INPUT_IDS].ndim == 2 else 0
         self.keys = tuple(arrays)
         self.stats = dict(stats or {})
 
@@ -269,10 +265,10 @@ def eager_rows(packer: Any, stream: DocumentStream, seq_len: int, who: str) -> A
     """Run a deprecated ``pack(documents)`` packer over every document of ``stream``."""
     documents = stream.documents()
     rows = packer.pack(documents)
-    for key in ("input_ids", "labels"):
+    for key in (INPUT_IDS, LABELS):
         if key not in rows:
             raise ForgeError(f"{who}: pack() returned no {key!r}.")
-    shape = np.asarray(rows["input_ids"]).shape
+    shape = np.asarray(rows[INPUT_IDS]).shape
     for key, value in rows.items():
         if np.ndim(value) != 2 or np.shape(value) != shape or shape[1] != seq_len:
             raise ForgeError(f"{who}: {key!r} has shape {np.shape(value)}, input_ids {shape}; every "

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 #: Documents encoded per ``encode_batch`` call.
 BATCH_DOCS = 256

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forge_core.api import ForgeError
 from forge_core.data.pipeline import tokenize
 from forge_core.data.shards import TOKENIZER_DIR, ShardWriter, partial_dir
-from forge_core.errors import ForgeError
 
 
 def _stderr(message: str) -> None:

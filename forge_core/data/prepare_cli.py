@@ -20,14 +20,14 @@ from typing import Any
 
 import attrs
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 
 def main(args: Any) -> int:
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare
     from forge_core.data.shards import TOKENIZER_DIR
-    from forge_core.judge import load_resolved
+    from forge_core.judge import load_resolved, make_plan
     from forge_core.train import components
 
     config, registries = load_resolved(args.config, args.overrides)
@@ -37,6 +37,7 @@ def main(args: Any) -> int:
             "tokenizes one (data.source). Prepare each with its own config, or let the run tokenize them "
             "into its cache."
         )
+    plan = make_plan(config, registries, world_size=None)
     out = Path(args.out)
     overwrite = bool(getattr(args, "overwrite", False))
     if out.exists() and not overwrite:
@@ -49,15 +50,15 @@ def main(args: Any) -> int:
             f"--train-bpe needs a tokenizer that loads from a directory (options with a "
             f"'path'), but data.tokenizer is {config.data.tokenizer!r}. Set data.tokenizer=hf."
         )
-    source = components.source(config, registries)
+    source = components.source(plan, registries)
     print(f"source: {source.describe()}", file=sys.stderr)
     if not vocab:
-        tokenizer = components.tokenizer(config, registries)
+        tokenizer = components.tokenizer(plan, registries)
         prepare(source, tokenizer, out, overwrite=overwrite)
         _next_steps(config.data.tokenizer, None, out)
         return 0
 
-    cls = registries["tokenizer"].get(config.data.tokenizer).load()
+    cls = plan.specs["tokenizer"].load()
     out.parent.mkdir(parents=True, exist_ok=True)
     trained = Path(tempfile.mkdtemp(prefix=f"{out.name}.bpe-", dir=out.parent))
     try:
@@ -65,7 +66,7 @@ def main(args: Any) -> int:
         train_bpe(source, vocab, trained / "tokenizer", overwrite=True)
         tokenizer = cls(attrs.evolve(options, path=str(trained / "tokenizer")))
         # A second pass over the source: sources are deterministic, so it is the same text.
-        source = components.source(config, registries)
+        source = components.source(plan, registries)
         prepare(source, tokenizer, out, overwrite=overwrite)
     finally:
         shutil.rmtree(trained, ignore_errors=True)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 FORMAT = "forge-shards"
 VERSION = 2

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from forge_core.api import ForgeError
 from forge_core.data.packed_rows import DocumentStream
 from forge_core.data.shard_index import FORMAT, INDEX, PARTIAL_SUFFIX, VERSION, partial_dir, read_index
-from forge_core.errors import ForgeError
 
 TOKENS = "tokens.bin"
 OFFSETS = "offsets.npy"

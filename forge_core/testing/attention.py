@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from forge_core.specs import DOC_IDS
+from forge_core.api import DOC_IDS
 from forge_core.testing.resolve import resolve
 from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_within_rounding, dtype_name, rms_row_norm
 
@@ -226,7 +226,7 @@ def check_attention_backend(
     """Check an attention backend against the contract; raise AssertionError on the
     first violation, naming the backend, device, dtype, head shape and what differs.
 
-    ``backend`` is a registered name, an :class:`~forge_core.specs.AttentionBackendSpec`,
+    ``backend`` is a registered name, an :class:`~forge_core.api.AttentionBackendSpec`,
     the implementation class or an instance. ``options`` is a mapping or an options
     instance (default: the spec's defaults). ``honours`` overrides the declared
     capabilities (default: the spec's ``honours``; ``{"doc_ids"}`` for a bare class):

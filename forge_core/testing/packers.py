@@ -11,8 +11,8 @@ is recognisable.
 
 What every packer must satisfy:
 
-- ``layout(lengths)`` (the lazy contract, :mod:`forge_core.data.packing_contract`)
-  returns a :class:`~forge_core.data.packing_contract.RowLayout` that the kernel accepts
+- ``layout(lengths)`` (the lazy contract, :class:`~forge_core.api.LazyPacker`)
+  returns a :class:`~forge_core.api.RowLayout` that the kernel accepts
   (pieces inside the stream, no token placed twice, rows no longer than ``seq_len``,
   ``"documents"`` pieces inside one document), leaves the lengths unmodified, and gives
   the same layout when called twice. Its rows are then materialized exactly as a run
@@ -44,18 +44,16 @@ from typing import Any
 import attrs
 import numpy as np
 
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError
+from forge_core.api.packing import EAGER_DEPRECATION
 from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
-from forge_core.data.packing_contract import EAGER_DEPRECATION
-from forge_core.errors import ForgeError
-from forge_core.specs import DOC_IDS, POSITIONS
 from forge_core.testing.resolve import Resolved, resolve
 
 EOS_ID = 1
 PAD_ID = 0
 FIRST_TOKEN = 2
-IGNORE = -100
 SEQ_LEN = 16
-REQUIRED = ("input_ids", "labels")
+REQUIRED = (INPUT_IDS, LABELS)
 
 _PAD, _UNKNOWN_EOS = -1, -2
 
@@ -101,7 +99,7 @@ def check_packer(
     """Check a packer against the contract; raise AssertionError naming the first
     violation (row, column, tokens involved).
 
-    ``packer`` is a registered name, a :class:`~forge_core.specs.PackerSpec` or the
+    ``packer`` is a registered name, a :class:`~forge_core.api.PackerSpec` or the
     implementation class (then ``emits`` says what it declares; default nothing).
     ``options``: a mapping or options instance (default: the spec's defaults). When
     the spec has ``emits_when``, the packer is also checked with that option flipped,
@@ -135,7 +133,7 @@ def check_packer(
         if set(again) != set(out) or any(not np.array_equal(again[k], out[k]) for k in out):
             raise AssertionError(f"{where}: packing the same documents twice gave different results (the packer must be deterministic)")
         emitted = frozenset(out) - set(REQUIRED)
-        reports.append(PackerReport(out["input_ids"].shape[0], emitted, kept, labelled, out))
+        reports.append(PackerReport(out[INPUT_IDS].shape[0], emitted, kept, labelled, out))
     return reports[0]
 
 
@@ -154,7 +152,7 @@ def _pack(resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len
         if key not in result:
             raise AssertionError(f"{where}: pack() returned no {key!r} (keys: {sorted(result)})")
     out = {key: np.asarray(value) for key, value in result.items()}
-    rows = out["input_ids"].shape[0] if out["input_ids"].ndim == 2 else None
+    rows = out[INPUT_IDS].shape[0] if out[INPUT_IDS].ndim == 2 else None
     for key, value in out.items():
         if value.dtype != np.int64:
             raise AssertionError(f"{where}: {key!r} has dtype {value.dtype}; every array must be int64")
@@ -204,7 +202,7 @@ def _check_declared(out: dict[str, np.ndarray], declared: frozenset[str], where:
 def _check_tokens(
     out: dict[str, np.ndarray], documents: list[np.ndarray], seq_len: int, where: str, lossless: bool, min_kept: float
 ) -> tuple[float, float]:
-    ids, labels = out["input_ids"], out["labels"]
+    ids, labels = out[INPUT_IDS], out[LABELS]
     doc_ids, positions = out.get(DOC_IDS), out.get(POSITIONS)
     isolating = doc_ids is not None
     lengths = [len(d) for d in documents]
@@ -226,7 +224,7 @@ def _check_tokens(
             x = int(ids[r, i])
             at = f"{where}: row {r}, column {i}"
             if x == PAD_ID:
-                if labels[r, i] != IGNORE:
+                if labels[r, i] != IGNORE_INDEX:
                     raise AssertionError(f"{at}: padding has label {labels[r, i]}; padding must have label -100")
                 continue
             if x == EOS_ID:
@@ -294,7 +292,7 @@ def _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating,
         return
     at_eos = d == _UNKNOWN_EOS or j == lengths[d] - 1
     if at_eos:
-        if y == IGNORE:
+        if y == IGNORE_INDEX:
             return
         if isolating:
             raise AssertionError(
@@ -307,7 +305,7 @@ def _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating,
         return
     want = token(d, j + 1)
     follows = i + 1 < S and doc[i + 1] == d and off[i + 1] == j + 1
-    if y == IGNORE:
+    if y == IGNORE_INDEX:
         if follows:
             raise AssertionError(
                 f"{at}: label is -100 although the next token of the same document ({want}) follows "

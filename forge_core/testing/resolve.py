@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.specs import ComponentSpec, NoOptions
+from forge_core.api import ComponentSpec, NoOptions
 
 
 @attrs.frozen

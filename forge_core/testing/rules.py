@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from forge_core.rules import Rule, RuleContext, get_path
+from forge_core.api import Plan, Rule
 
 #: A config given to :func:`check_rule`: a mapping (written to a temporary YAML file), a
 #: path, or ``(mapping or path, ["section.key=value", ...])``.
@@ -36,7 +36,7 @@ def check_rule(
     """Check that ``rule`` reports every ``violating`` config and none of the
     ``passing`` ones; raise AssertionError naming the rule and the config otherwise.
 
-    ``rule`` is a :class:`~forge_core.rules.Rule` or the id of a registered rule. A
+    ``rule`` is a :class:`~forge_core.api.Rule` or the id of a registered rule. A
     config is a mapping (a partial config: defaults fill the rest), a YAML path, or a
     ``(mapping or path, overrides)`` pair; a list checks several. Every config must load
     (a config error is reported, not counted as the rule firing), and a rule that raises
@@ -54,7 +54,7 @@ def check_rule(
         for n, case in enumerate(violating_cases + passing_cases):
             expect_fire = n < len(violating_cases)
             judgement, label = _judge(case, Path(tmp) / f"config{n}.yaml", extra_plugins, world_size)
-            ctx = judgement.context
+            ctx = judgement.plan
             target = _find_rule(rule, judgement.registries)
             where = f"rule {target.id!r} on the {'violating' if expect_fire else 'passing'} config {label}"
             if n == 0:
@@ -99,16 +99,16 @@ def _find_rule(rule: Rule | str, registries: Any) -> Rule:
         raise ValueError(f"rule must be a Rule or a rule id, got {rule!r}")
     entries = {entry.rule.id: entry.rule for entry in registries.rules}
     if rule not in entries:
-        from forge_core.errors import did_you_mean
+        from forge_core.api import did_you_mean
 
         raise ValueError(f"no registered rule has id {rule!r}.{did_you_mean(rule, entries)}")
     return entries[rule]
 
 
-def _check_declaration(rule: Rule, ctx: RuleContext) -> None:
+def _check_declaration(rule: Rule, ctx: Plan) -> None:
     for path in rule.paths:
         try:
-            get_path(ctx.config, path)
+            ctx.get(path)
         except KeyError:
             raise AssertionError(
                 f"rule {rule.id!r} names the field {path!r}, which the config does not have "
@@ -119,7 +119,7 @@ def _check_declaration(rule: Rule, ctx: RuleContext) -> None:
             raise AssertionError(f"rule {rule.id!r} has an empty {name}; say what the rule is about and how to fix a violation")
 
 
-def _messages(rule: Rule, ctx: RuleContext, where: str) -> list[str]:
+def _messages(rule: Rule, ctx: Plan, where: str) -> list[str]:
     try:
         result = rule.check(ctx)
     except Exception as exc:

@@ -61,7 +61,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.train import train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
 from forge_core.train.distributed import broadcast_object, is_distributed

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 METADATA = ".metadata"
 

@@ -1,8 +1,11 @@
 """Build components from a resolved config through the registries only.
 
-Shared by the trainer, ``sample`` and ``export-hf``: each function takes the resolved
-config and the registries and returns the constructed implementation, exactly as the
-hook docstrings in :mod:`forge_core.hookspecs` define their construction.
+Shared by the trainer, ``sample``, ``export-hf`` and ``prepare``: each function takes the
+judged :class:`~forge_core.api.Plan` (the chosen spec of each kind, ``plan.specs``, and
+the resolved config their options come from) and the registries (which plugin
+registered what, for messages; the loggers), and returns the constructed
+implementation, exactly as the hook docstrings in :mod:`forge_core.hookspecs` define
+their construction.
 
 This is the boundary between the kernel and plugin code: an exception raised while a
 component's implementation is imported or constructed becomes a
@@ -21,15 +24,11 @@ from typing import Any
 
 import attrs
 
-from forge_core.config.schema import ForgeConfig
-from forge_core.errors import TRACEBACK_ENV, ComponentError, ForgeError
+from forge_core.api import ForgeError
+from forge_core.errors import TRACEBACK_ENV, ComponentError
 
 #: Longest original message quoted in a ComponentError.
 _MAX_MESSAGE = 1000
-
-
-def _spec(registries: Any, kind: str, name: str) -> Any:
-    return registries[kind].get(name)
 
 
 def describe(registries: Any, kind: str, name: str) -> str:
@@ -45,10 +44,11 @@ def original_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _build(registries: Any, kind: str, name: str, make: Callable[[Any], Any]) -> Any:
-    """``make(implementation)``, with plugin failures turned into ComponentError."""
-    spec = _spec(registries, kind, name)
-    what = describe(registries, kind, name)
+def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], spec: Any = None) -> Any:
+    """``make(implementation)`` of the plan's chosen ``kind`` (or of ``spec``), with plugin
+    failures turned into ComponentError."""
+    spec = plan.specs[kind] if spec is None else spec
+    what = describe(registries, kind, spec.name)
     try:
         impl = spec.load()
     except Exception as exc:
@@ -112,15 +112,16 @@ def culprit(exc: BaseException, registries: Any) -> str | None:
     return None if owner is None else f"plugin {owner!r}"
 
 
-def tokenizer(config: ForgeConfig, registries: Any) -> Any:
-    return _build(registries, "tokenizer", config.data.tokenizer, lambda cls: cls(config.data.tokenizer_options))
+def tokenizer(plan: Any, registries: Any) -> Any:
+    config = plan.config
+    return _build(plan, registries, "tokenizer", lambda cls: cls(config.data.tokenizer_options))
 
 
-def saved_tokenizer(config: ForgeConfig, registries: Any, directory: Path) -> Any:
+def saved_tokenizer(plan: Any, registries: Any, directory: Path) -> Any:
     """The tokenizer of a finished run: a tokenizer class with a ``load(directory)``
     classmethod is loaded from what it saved; otherwise it is built from the config,
     and, when that fails and its options have a ``path``, from the saved directory."""
-    options = config.data.tokenizer_options
+    options = plan.config.data.tokenizer_options
 
     def make(cls: Any) -> Any:
         if directory.is_dir() and callable(getattr(cls, "load", None)):
@@ -132,62 +133,65 @@ def saved_tokenizer(config: ForgeConfig, registries: Any, directory: Path) -> An
                 return cls(attrs.evolve(options, path=str(directory)))
             raise
 
-    return _build(registries, "tokenizer", config.data.tokenizer, make)
+    return _build(plan, registries, "tokenizer", make)
 
 
-def source(config: ForgeConfig, registries: Any) -> Any:
-    """The one source of ``data.source`` (a mixture's entries: :func:`source_named`)."""
-    return source_named(registries, config.data.source, config.data.source_options)
+def source(plan: Any, registries: Any, index: int = 0) -> Any:
+    """The ``index``-th source the run reads (``plan.sources``, in config order: the one
+    of ``data.source``, or each entry of a ``data.sources`` mixture)."""
+    chosen = plan.sources[index]
+    return _build(plan, registries, "source", lambda cls: cls(chosen.options), spec=chosen.spec)
 
 
-def source_named(registries: Any, name: str, options: Any) -> Any:
-    return _build(registries, "source", name, lambda cls: cls(options))
-
-
-def packer(config: ForgeConfig, registries: Any, tok: Any) -> Any:
+def packer(plan: Any, registries: Any, tok: Any) -> Any:
+    data = plan.config.data
     eos_id, pad_id = int(tok.eos_id), int(tok.pad_id)
-    return _build(registries, "packer", config.data.packer,
-                  lambda cls: cls(config.data.packer_options, seq_len=config.data.seq_len,
-                                  eos_id=eos_id, pad_id=pad_id))
+    return _build(plan, registries, "packer",
+                  lambda cls: cls(data.packer_options, seq_len=data.seq_len, eos_id=eos_id, pad_id=pad_id))
 
 
-def attention(config: ForgeConfig, registries: Any) -> Any:
-    return _build(registries, "attention", config.attention.backend, lambda cls: cls(config.attention.options))
+def attention(plan: Any, registries: Any) -> Any:
+    return _build(plan, registries, "attention", lambda cls: cls(plan.config.attention.options))
 
 
-def without_pretrained(config: ForgeConfig, registries: Any) -> ForgeConfig:
-    """``config`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
+def without_pretrained(plan: Any) -> Any:
+    """``plan`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
     for commands whose weights come from a Forge checkpoint instead."""
-    name = registries["model"].get(config.model.name).pretrained_option
+    name = plan.specs["model"].pretrained_option
+    config = plan.config
     options = config.model.options
     if not name or not getattr(options, name, None):
-        return config
-    return attrs.evolve(config, model=attrs.evolve(config.model, options=attrs.evolve(options, **{name: ""})))
+        return plan
+    options = attrs.evolve(options, **{name: ""})
+    return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
 
 
-def model(config: ForgeConfig, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
-    return _build(registries, "model", config.model.name,
-                  lambda build: build(config.model.options, vocab_size=vocab_size, attention=attention_backend))
+def model(plan: Any, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
+    options = plan.config.model.options
+    return _build(plan, registries, "model",
+                  lambda build: build(options, vocab_size=vocab_size, attention=attention_backend))
 
 
-def optimizer(config: ForgeConfig, registries: Any, params: Any) -> Any:
-    return _build(registries, "optimizer", config.train.optimizer,
-                  lambda build: build(params, lr=config.train.lr, options=config.train.optimizer_options))
+def optimizer(plan: Any, registries: Any, params: Any) -> Any:
+    train = plan.config.train
+    return _build(plan, registries, "optimizer",
+                  lambda build: build(params, lr=train.lr, options=train.optimizer_options))
 
 
-def schedule(config: ForgeConfig, registries: Any) -> Any:
+def schedule(plan: Any, registries: Any) -> Any:
     """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step``."""
-    fn = _build(registries, "schedule", config.train.schedule, lambda fn: fn)
-    train = config.train
+    fn = _build(plan, registries, "schedule", lambda fn: fn)
+    train = plan.config.train
     return lambda step: float(fn(step, train.steps, train.warmup_steps, train.schedule_options))
 
 
-def loggers(config: ForgeConfig, registries: Any) -> list[tuple[str, Any]]:
+def loggers(plan: Any, registries: Any) -> list[tuple[str, Any]]:
     """``(name, instance)`` for every logger in ``logging.loggers``."""
     from forge_core.config.loader import component_options
 
     out = []
-    for name in config.logging.loggers:
-        options = component_options(config, "logging", name, registries["logger"])
-        out.append((name, _build(registries, "logger", name, lambda cls: cls(options))))
+    for name in plan.config.logging.loggers:
+        spec = registries["logger"].get(name)
+        options = component_options(plan.config, "logging", name, registries["logger"])
+        out.append((name, _build(plan, registries, "logger", lambda cls: cls(options), spec=spec)))
     return out

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from forge_core.errors import CollectiveTimeout, ForgeError, ProcessLost
+from forge_core.api import ForgeError
+from forge_core.errors import CollectiveTimeout, ProcessLost
 from forge_core.parallel_dims import launched_by_torchrun
 
 #: Seconds a collective waits when ``run.collective_timeout`` is 0, by backend.

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -67,7 +67,7 @@ def main(args: Any) -> int:
     import torch
 
     from forge_core.data.shards import move_into_place, partial_dir
-    from forge_core.specs import import_path
+    from forge_core.api import import_path
     from forge_core.train import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
     from forge_core.train.run_lock import ensure_out_dir
@@ -84,14 +84,15 @@ def main(args: Any) -> int:
     max_shard_size = getattr(args, "max_shard_size", None)
     max_shard_size = parse_size(max_shard_size) if max_shard_size else None
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
-    config, registries = load_run_config(run_dir)
-    spec = registries["model"].get(config.model.name)
+    plan, registries = load_run_config(run_dir)
+    config, spec = plan.config, plan.specs["model"]
     if not spec.hf_export:
         raise ForgeError(
             f"model {spec.name!r} declares no Hugging Face export (ModelSpec.hf_export is empty); "
             f"its plugin would have to provide one."
         )
-    config = components.without_pretrained(config, registries)
+    plan = components.without_pretrained(plan)
+    config = plan.config
     exporter = import_path(spec.hf_export)
     params = inspect.signature(exporter).parameters
     if max_shard_size and "max_shard_size" not in params:
@@ -99,12 +100,12 @@ def main(args: Any) -> int:
     info = read_run_info(run_dir)
     tokenizer = None
     try:
-        tokenizer = components.saved_tokenizer(config, registries, run_dir / TOKENIZER)
+        tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     except Exception as exc:  # the weights can be exported without it
         print(f"warning: cannot rebuild the run's tokenizer ({exc}); exporting the model only",
               file=sys.stderr)
     vocab_size = int(info.get("vocab_size") or (tokenizer.vocab_size if tokenizer else 0)) or None
-    model = components.model(config, registries, vocab_size, components.attention(config, registries))
+    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     kwargs: dict[str, Any] = {"vocab_size": vocab_size, **(_tokenizer_ids(tokenizer, params) if tokenizer else {})}
     if max_shard_size:

@@ -31,11 +31,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from forge_core.api import ForgeError
 from forge_core.errors import (
     EXIT_OK,
     TRACEBACK_ENV,
     ComponentError,
-    ForgeError,
     exit_for_signal,
     signal_name,
     where_raised,
@@ -97,7 +97,7 @@ def train(config_path: str, overrides: Sequence[str] = (), *,
 
         placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
         try:
-            return Trainer(result.config, result.registries, placement, stop=stop).run()
+            return Trainer(result.plan, result.registries, placement, stop=stop).run()
         except (ForgeError, BrokenPipeError):
             raise
         except Exception as exc:

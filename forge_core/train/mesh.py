@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_core.parallel_dims import MESH_DIMS
 
 DP_DIMS = ("dp_replicate", "dp_shard")

@@ -1,28 +1,7 @@
-"""What a parallelism strategy is given when it is applied to the model."""
+"""Deprecated location of :class:`ParallelContext`: import it from :mod:`forge_core.api`.
 
-from __future__ import annotations
+Kept for one release; the name warns and names its new home."""
 
-from typing import Any
+from forge_core.deprecation import moved
 
-import attrs
-
-
-@attrs.frozen
-class ParallelContext:
-    """Passed to ``strategy.apply(model, ctx)``.
-
-    - ``config``: the resolved ForgeConfig.
-    - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dimensions named
-      ``pp``, ``dp_replicate``, ``dp_shard``, ``tp`` (size-1 dimensions included), or
-      ``None`` in a single process.
-    - ``device``: the ``torch.device`` this process trains on.
-    - ``options``: the strategy's structured options (``parallel.options.<name>``).
-    - ``loss_fn``: ``loss_fn(logits, labels) -> (loss_sum, token_count)``; a strategy that
-      takes over forward and backward (pipeline parallelism) computes the loss with it.
-    """
-
-    config: Any
-    mesh: Any
-    device: Any
-    options: Any
-    loss_fn: Any = None
+__getattr__ = moved(__name__, {"ParallelContext": "forge_core.api"})

@@ -6,10 +6,10 @@ reads, an optional ``train_step`` for strategies that take over forward and back
 (pipeline parallelism), and a gradient-clipping function that computes the true global
 norm across every shard and stage.
 
-:func:`parallelize` knows no concrete strategy: it asks the ``parallelism`` registry
-which specs the degrees switch on (:func:`forge_core.parallel_dims.active_strategies`)
-and applies each one's implementation in its declared ``order``, with ``train.compile``
-slotted in at 300 (after the pipeline split and tensor parallelism, before data-parallel
+:func:`parallelize` knows no concrete strategy: it applies the strategies of the judged
+:class:`~forge_core.api.Plan` (``plan.strategies``: active, in their declared ``order``,
+each with its options) on a mesh of ``plan.degrees``, with ``train.compile`` slotted in
+at 300 (after the pipeline split and tensor parallelism, before data-parallel
 wrapping, as FSDP and DDP expect compiled blocks).
 
 Gradient convention: data-parallel strategies SUM gradients over the data-parallel
@@ -26,6 +26,14 @@ from typing import Any
 
 import attrs
 import torch
+
+from forge_core.api import parallel as contract
+from forge_core.api.batch import LABELS
+from forge_core.api.errors import ForgeError
+from forge_core.deprecation import moved
+
+#: Moved to :mod:`forge_core.api`; the old name here warns for one release.
+__getattr__ = moved(__name__, {"ModelSplit": "forge_core.api", "transformer_blocks": "forge_core.api:blocks_of"})
 
 COMPILE_ORDER = 300
 
@@ -44,23 +52,36 @@ class ParallelModel:
       microbatch and ``loss_sum / normalizer`` back-propagated; the sums over the
       microbatches of ``loss_sum`` and ``tokens`` are returned to every process of the
       pipeline (every one calls it with the same batch).
+    - ``eval_step``: ``eval_step(batch, loss_fn) -> (loss_sum, tokens)``, the
+      forward-only counterpart of ``train_step`` (set with it), or ``None``.
     - ``dp_rank``/``dp_size``: this process's data-parallel coordinates; every process
       with the same ``dp_rank`` reads the same batch. ``dp_group`` sums over them
       (``None`` when ``dp_size`` is 1).
     - ``mesh``: the DeviceMesh, or ``None`` in one process; ``pp_group`` is its pipeline
       group (``None`` without pipeline parallelism).
     - ``is_last_stage``: whether this process computes the loss (pipeline: last stage).
+    - ``gradient_finishers``: what strategies registered through
+      :meth:`~forge_core.api.ParallelContext.add_gradient_finisher`; the trainer calls
+      :meth:`finish_gradients` once per optimizer step, after the last backward and
+      before clipping.
     """
 
     parts: list[torch.nn.Module]
     forward: torch.nn.Module | None
     train_step: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    eval_step: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     dp_rank: int = 0
     dp_size: int = 1
     mesh: Any = None
     is_last_stage: bool = True
     dp_group: Any = None
     pp_group: Any = None
+    gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+
+    def finish_gradients(self) -> None:
+        """Complete this step's gradients (after the last backward, before clipping)."""
+        for finish in self.gradient_finishers:
+            finish()
 
     def parameters(self):
         for part in self.parts:
@@ -79,50 +100,35 @@ class ParallelModel:
         """
         if self.train_step is not None:
             return self.train_step(batch, loss_fn, global_tokens)
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        inputs = {k: v for k, v in batch.items() if k != LABELS}
         logits = self.forward(**inputs)
-        loss_sum, tokens = loss_fn(logits, batch["labels"])
+        loss_sum, tokens = loss_fn(logits, batch[LABELS])
         (loss_sum / global_tokens).backward()
         return loss_sum.detach(), torch.as_tensor(tokens)
 
-
-@attrs.define
-class ModelSplit:
-    """What a strategy's ``apply`` returns when it splits the model (pipeline
-    parallelism) instead of returning a module.
-
-    Later strategies are applied to each of ``parts`` separately; once every strategy
-    has been applied, ``finalize(pmodel, runners)`` is called with the
-    :class:`ParallelModel` and, for each part, the module the later strategies
-    returned for it (a wrapper, or the part itself), and sets ``train_step`` and
-    ``is_last_stage`` (and anything else it drives).
-    """
-
-    parts: list[torch.nn.Module]
-    finalize: Callable[[ParallelModel, list[torch.nn.Module]], None]
+    @torch.no_grad()
+    def evaluate(self, batch: dict[str, torch.Tensor], loss_fn: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward only: ``(loss_sum, tokens)`` of this process's rows (under pipeline
+        parallelism: of the pipeline's rows, on every stage), no gradient kept. The
+        caller switches the parts to eval mode and back."""
+        if self.train_step is not None:
+            if self.eval_step is None:
+                raise ForgeError("this parallel layout has no forward-only step for evaluation")
+            return self.eval_step(batch, loss_fn)
+        inputs = {k: v for k, v in batch.items() if k != LABELS}
+        loss_sum, tokens = loss_fn(self.forward(**inputs), batch[LABELS])
+        return loss_sum.detach(), torch.as_tensor(tokens)
 
 
 def single_process(model: torch.nn.Module) -> ParallelModel:
     return ParallelModel(parts=[model], forward=model)
 
 
-def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a model part: its ``layers`` (``nn.ModuleDict`` or
-    ``nn.ModuleList``), the unit that FSDP shards and compile compiles one by one.
-    Empty for a module without ``layers``."""
-    layers = getattr(module, "layers", None)
-    if isinstance(layers, torch.nn.ModuleDict):
-        return list(layers.values())
-    if isinstance(layers, torch.nn.ModuleList):
-        return list(layers)
-    return []
-
-
 def compile_part(module: torch.nn.Module) -> None:
     """``torch.compile`` in place, block by block (the same small graph is reused for
-    every block; state-dict keys keep their names, unlike an ``OptimizedModule``)."""
-    blocks = transformer_blocks(module)
-    for block in blocks or [module]:
+    every block; state-dict keys keep their names, unlike an ``OptimizedModule``); the
+    whole part for a model whose contract names no blocks."""
+    for block in contract.blocks_of(module) or [module]:
         block.compile()
 
 
@@ -137,7 +143,7 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
     Parameters shared under several names (tied embeddings) stay shared: a plain
     ``to_empty`` would give each name its own tensor. Nothing to do for a module with
     no meta tensor."""
-    from forge_core.errors import ForgeError
+    from forge_core.api import ForgeError
 
     if not is_meta(module):
         return
@@ -163,33 +169,27 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
 
 def parallelize(
     model: torch.nn.Module,
-    config: Any,
-    registry: Any,
+    plan: Any,
     device: torch.device,
     loss_fn: Callable | None = None,
 ) -> ParallelModel:
-    """Build the mesh for the process group's world size and apply every active
-    strategy to ``model``. A model built on the meta device (its weights come from a
-    checkpoint) is materialised before the first strategy that does not declare
+    """Build the mesh of ``plan.degrees`` and apply ``plan.strategies`` to ``model``.
+    A model built on the meta device (its weights come from a checkpoint) is
+    materialised before the first strategy that does not declare
     ``handles_meta_device``, or after the last (:func:`materialize`).
 
-    ``registry`` is the run's ``parallelism`` registry; ``config`` the resolved
-    ForgeConfig. Every process calls this with an identically initialised model (same
-    seed), so sharding a local copy gives every rank the weights a single process would
-    have. Returns the :class:`ParallelModel`.
+    ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with, against the
+    world size it runs at: nothing is recomputed from the config. Every process calls
+    this with an identically initialised model (same seed), so sharding a local copy
+    gives every rank the weights a single process would have. Returns the
+    :class:`ParallelModel`.
     """
-    from forge_core.config.loader import component_options
-    from forge_core.errors import ForgeError
-    from forge_core.parallel_dims import active_strategies, resolve_degrees
+    from forge_core.api import ForgeError, ParallelContext
     from forge_core.train.mesh import build_mesh, dp_coords, group_of
-    from forge_core.train.mesh import world_size
-    from forge_core.train.parallel_context import ParallelContext
 
-    degrees = resolve_degrees(config.parallel, world_size())
-    mesh = build_mesh(degrees, device)
-    strategies = active_strategies(registry, degrees, list(config.parallel.wrappers))
-    steps: list[tuple[int, str, Any]] = [(spec.order, spec.name, spec) for spec in strategies]
-    if config.train.compile:
+    mesh = build_mesh(plan.degrees, device)
+    steps: list[tuple[int, str, Any]] = [(s.spec.order, s.name, s) for s in plan.strategies]
+    if plan.config.train.compile:
         steps.append((COMPILE_ORDER, "compile", None))
     steps.sort(key=lambda step: (step[0], step[1]))
 
@@ -200,20 +200,20 @@ def parallelize(
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
-    split: ModelSplit | None = None
-    for _, name, spec in steps:
-        if spec is not None and not spec.handles_meta_device:
+    split: contract.ModelSplit | None = None
+    for _, name, strategy in steps:
+        if strategy is not None and not strategy.spec.handles_meta_device:
             for part in parts:
                 materialize(part, device)
-        if spec is None:
+        if strategy is None:
             for runner in runners:
                 compile_part(runner)
             continue
-        options = component_options(config, "parallel", name, registry)
-        ctx = ParallelContext(config=config, mesh=mesh, device=device, options=options, loss_fn=loss_fn)
-        impl = spec.load()(options)
+        ctx = ParallelContext(config=plan.config, mesh=mesh, device=device, options=strategy.options,
+                              loss_fn=loss_fn, gradient_finishers=pmodel.gradient_finishers)
+        impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
-        if any(isinstance(result, ModelSplit) for result in results):
+        if any(isinstance(result, contract.ModelSplit) for result in results):
             if split is not None or len(results) != 1:
                 raise ForgeError(
                     f"strategy {name!r} splits the model, but it is already split: only one "

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 LOCK = "run.lock"
 OUT_DIR = "$.run.out_dir"

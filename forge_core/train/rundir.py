@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from forge_core.config.loader import load_config, plugin_settings, read_config_file, to_plain
+from forge_core.api import ForgeError
+from forge_core.config.loader import plugin_settings, read_config_file, to_plain
 from forge_core.config.schema import PluginsSection
-from forge_core.errors import ForgeError
 from forge_core.train.checkpoint import atomic_write
 
 CONFIG = "config.yaml"
@@ -45,15 +45,22 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
 
 
 def load_run_config(run_dir: Path) -> tuple[Any, Any]:
-    """``(resolved config, registries)`` of the run that wrote ``run_dir``."""
+    """``(plan, registries)`` of the run that wrote ``run_dir``: the
+    :class:`~forge_core.api.Plan` of its saved config, from which ``sample`` and
+    ``export-hf`` build its components. A config saved before a key moved is read with
+    the key at its new place (Forge wrote it, so the move is Forge's to make)."""
+    from forge_core.config.loader import migrate_moved_keys, structure_config
+    from forge_core.judge import make_plan
     from forge_core.registry import load_registries
 
     path = run_dir / CONFIG
     if not path.is_file():
         raise ForgeError(f"{run_dir} has no {CONFIG}: is it the out_dir of a Forge run?")
-    plugins = plugin_settings(read_config_file(path)) or PluginsSection()
+    raw = migrate_moved_keys(read_config_file(path))
+    plugins = plugin_settings(raw) or PluginsSection()
     registries = load_registries(block=tuple(plugins.block), prefer=plugins.prefer)
-    return load_config(path, registries=registries), registries
+    config = structure_config(raw, lambda _: registries)
+    return make_plan(config, registries, world_size=None), registries
 
 
 def changed_settings(run_dir: Path, config: Any, ignore: tuple[str, ...] = ("train.steps",)) -> list[str]:

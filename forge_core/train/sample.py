@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 
 def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
@@ -44,11 +44,12 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
     checkpoint, run_dir = resolve_checkpoint(path)
-    config, registries = load_run_config(run_dir)
-    config = components.without_pretrained(config, registries)
-    tokenizer = components.saved_tokenizer(config, registries, run_dir / TOKENIZER)
+    plan, registries = load_run_config(run_dir)
+    plan = components.without_pretrained(plan)
+    config = plan.config
+    tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     vocab_size = int(read_run_info(run_dir).get("vocab_size", tokenizer.vocab_size))
-    model = components.model(config, registries, vocab_size, components.attention(config, registries))
+    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
     return model.to(device).eval(), tokenizer, config, checkpoint

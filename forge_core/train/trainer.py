@@ -13,7 +13,9 @@ One optimizer step:
    precision: every batch key but ``labels`` passed to the model as a keyword argument,
    loss *sum* divided by that global count, backward (gradient sync only on the last
    micro-batch);
-3. clip to the global gradient norm, check the loss and norm are finite (policy:
+3. finish the gradients (what strategies reduce once per step, after the last
+   backward: tensor parallelism's partial parameters), clip to the global gradient
+   norm, check the loss and norm are finite (policy:
    skip or stop), step the optimizer, advance the schedule;
 4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
    SIGTERM/SIGINT (flag set by the handler, acted on here) and at the end.
@@ -41,11 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from forge_core.errors import ForgeError
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, RunContext
 from forge_core.plugins import register
-from forge_core.run_context import RunContext
-from forge_core.train import components, flops, rundir
-from forge_core.train import train_state as ts
+from forge_core.train import components, flops, rundir, train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
     is_disk_full,
@@ -53,13 +53,10 @@ from forge_core.train.checkpoint import (
     remove_stale_temporaries,
 )
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
-from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.loss import loss_fn
 from forge_core.train.parallelize import clip_grad_norm, is_meta, parallelize
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
-
-MODEL_INPUT = "input_ids"
-LABELS = "labels"
 
 
 class NonFiniteStop(ForgeError):
@@ -74,8 +71,6 @@ def log(placement: Placement, message: str) -> None:
 def warn(placement: Placement, message: str) -> None:
     if placement.is_main:
         print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 
 
 def seed_everything(seed: int) -> None:
@@ -104,11 +99,16 @@ def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
 class Trainer:
     """Builds everything for one run and trains it. ``run()`` returns the final status
     (``"completed"`` or ``"interrupted"``); a failure raises after ``forge_train_end``
-    was called with ``"failed"``."""
+    was called with ``"failed"``.
 
-    def __init__(self, config: Any, registries: Any, placement: Placement,
+    ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with (at its real
+    world size): the components, the strategies and the degrees are built from it, never
+    recomputed from the config. ``registries`` give the loggers and the lifecycle hooks."""
+
+    def __init__(self, plan: Any, registries: Any, placement: Placement,
                  stop: StopSignal | None = None) -> None:
-        self.config = config
+        self.plan = plan
+        self.config = config = plan.config
         self.registries = registries
         self.placement = placement
         self.pm = registries.plugins.pm
@@ -121,19 +121,19 @@ class Trainer:
     # -- build -----------------------------------------------------------------------
 
     def build(self) -> None:
-        cfg, reg, pl = self.config, self.registries, self.placement
+        cfg, plan, reg, pl = self.config, self.plan, self.registries, self.placement
         train = cfg.train
         seed_everything(cfg.run.seed)
-        self.tokenizer = components.tokenizer(cfg, reg)
+        self.tokenizer = components.tokenizer(plan, reg)
         from forge_core.data.build import build_training_data
 
         # Tokens come from the cache (one process per node tokenizes, the others wait);
         # rows are read lazily from them by the loader below.
-        self.data = build_training_data(cfg, reg, self.tokenizer, is_main=pl.is_main)
+        self.data = build_training_data(plan, reg, self.tokenizer, is_main=pl.is_main)
         log(pl, self.data.summary)
 
-        self.probe = flops.AttentionProbe(components.attention(cfg, reg))
-        model = components.model(cfg, reg, int(self.tokenizer.vocab_size), self.probe)
+        self.probe = flops.AttentionProbe(components.attention(plan, reg))
+        model = components.model(plan, reg, int(self.tokenizer.vocab_size), self.probe)
         # A pretrained model may keep a larger (padded) vocabulary than the tokenizer's:
         # what the run records is what rebuilds this model (sample, export-hf).
         self.vocab_size = int(getattr(model, "vocab_size", None) or self.tokenizer.vocab_size)
@@ -145,7 +145,7 @@ class Trainer:
 
         # Strategies (and train.compile, slotted in among them) are applied in their
         # declared order; data-parallel wrappers SUM gradients over ranks.
-        self.pmodel = parallelize(model, cfg, reg["parallelism"], pl.device, loss_fn=loss_fn)
+        self.pmodel = parallelize(model, plan, pl.device, loss_fn=loss_fn)
         dp = self.pmodel.dp_size
         self.micro_batch = train.batch_size // (dp * train.grad_accum)
         if self.micro_batch < 1 or self.micro_batch * dp * train.grad_accum != train.batch_size:
@@ -156,8 +156,8 @@ class Trainer:
         self.slice_weight = dp / pl.world_size
         # Every step trains on batch_size full rows, whatever the packer put in them.
         self.step_inputs = train.batch_size * self.data.seq_len
-        self.optimizers = [components.optimizer(cfg, reg, part.parameters()) for part in self.pmodel.parts]
-        self.schedule = components.schedule(cfg, reg)
+        self.optimizers = [components.optimizer(plan, reg, part.parameters()) for part in self.pmodel.parts]
+        self.schedule = components.schedule(plan, reg)
 
         from forge_core.data.loader import StatefulLoader
 
@@ -282,7 +282,7 @@ class Trainer:
     def _count(self, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
         """Global (labelled tokens, attended pairs, stop requested)."""
         labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
-        pairs = sum(flops.attended_pairs(b.get("doc_ids"), *b[MODEL_INPUT].shape[:2]) for b in micro)
+        pairs = sum(flops.attended_pairs(b.get(DOC_IDS), *b[INPUT_IDS].shape[:2]) for b in micro)
         w = self.slice_weight
         stop = 1.0 if self.stop.received is not None else 0.0
         labelled, pairs, stop = all_reduce_sum([labelled * w, pairs * w, stop], self.placement.device)
@@ -310,6 +310,7 @@ class Trainer:
             with _grad_sync(pmodel.forward, last), autocast:
                 loss_sum, _ = pmodel.forward_backward(batch, loss_fn, normalizer)
             loss_total += loss_sum.detach().float()
+        pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)
         grad_norm = float(clip_grad_norm(pmodel, train.grad_clip))
         # Every process holds its data-parallel slice's loss (pipeline ranks get it back
         # from the last stage): weight so each slice counts once.
@@ -388,7 +389,7 @@ class Trainer:
         registered = []
         # pluggy calls the most recently registered first: register in reverse so the
         # loggers see each hook in the order logging.loggers lists them.
-        for name, instance in reversed(components.loggers(cfg, self.registries)):
+        for name, instance in reversed(components.loggers(self.plan, self.registries)):
             register(self.pm, instance, f"logger.{name}")
             registered.append(instance)
         status = "failed"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.config.validators import at_least
+from forge_core.api import at_least
 
 _positive = at_least(1)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, AttentionBackendSpec, NoOptions
+from forge_core.api import DOC_IDS, AttentionBackendSpec, NoOptions, hookimpl
 from forge_plugins.attention.options import FlexOptions, SdpaOptions
 
 

@@ -1,5 +1,5 @@
 """Compatibility rules of the attention backends: plain check functions over a
-:class:`~forge_core.rules.RuleContext` (config and chosen specs only, no torch).
+:class:`~forge_core.api.Plan` (config and chosen specs only, no torch).
 
 The rule that a packer emitting ``doc_ids`` needs a backend that honours them is the
 kernel's (``attention.honours-doc-ids`` in :mod:`forge_core.core_rules`): it reasons over
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.specs import DOC_IDS
+from forge_core.api import DOC_IDS
 from forge_plugins.attention.options import SdpaOptions
 
 SDPA_DENSE_MASK = "sdpa.dense-mask-long-seq"
@@ -38,7 +38,7 @@ def check_sdpa_dense_mask(ctx: Any) -> str | None:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from forge_core.hookspecs import hookimpl
+from forge_core.api import hookimpl
 
 
 def _fmt_loss(value: float) -> str:

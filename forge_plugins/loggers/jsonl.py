@@ -14,8 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
-from forge_core.hookspecs import hookimpl
+from forge_core.api import ForgeError, hookimpl
 
 
 def _clean(value: Any) -> Any:

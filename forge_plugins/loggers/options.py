@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.config.validators import at_least, relative_path
+from forge_core.api import at_least, relative_path
 
 
 def _opt(default, doc, validator=None):

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import LoggerSpec
+from forge_core.api import LoggerSpec, hookimpl
 
 from forge_plugins.loggers.options import ConsoleOptions, JsonlOptions, PlotOptions, TensorBoardOptions
 

@@ -38,7 +38,7 @@ def check_output_paths(ctx: Any) -> list[str]:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

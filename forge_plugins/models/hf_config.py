@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where
 from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes
 from forge_plugins.models.options import (

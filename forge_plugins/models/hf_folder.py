@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

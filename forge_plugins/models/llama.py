@@ -5,8 +5,8 @@ embeddings, RMSNorm, SwiGLU MLP, both residual) -> RMSNorm -> output projection.
 Attention itself is delegated to the configured backend (``attention.backend``), which
 builds its mask once per forward (:meth:`prepare`) and is reused by every layer.
 
-Names are stable so that parallelism plans and checkpoints can address them:
-``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` ..
+Names are stable so that checkpoints (and the model's own parallel plans) can address
+them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` ..
 ``"n_layers-1"``: deleting layers for a pipeline stage keeps the other keys), each with
 ``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``,
 ``feed_forward.{w1,w2,w3}`` (gate, down, up), then ``norm`` and ``output``. The family
@@ -16,6 +16,12 @@ with ``mlp_bias``: on the MLP) or ``attention.q_norm``/``k_norm`` (qwen3: an RMS
 each head's channels of the queries and keys, before rotary). A pipeline stage may set
 ``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
 ``(B, S, dim)`` instead of token ids, or returns hidden states instead of logits.
+
+The parallelism strategies know the model through :meth:`Llama.parallel_contract`
+only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
+only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
+(which covers every family's extra parameters: biases are sharded with their layer, the
+per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`.
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
@@ -42,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
@@ -160,6 +167,14 @@ class Llama(nn.Module):
         if options.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
+    def parallel_contract(self) -> ParallelContract:
+        """How the strategies split and shard this model (see the module docstring)."""
+        return ParallelContract(
+            blocks="layers",
+            pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
+            tensor_parallel=tensor_parallel_plan,
+        )
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -247,6 +262,14 @@ class Llama(nn.Module):
                 self.output.weight = self.tok_embeddings.weight
             else:
                 nn.init.normal_(self.output.weight, mean=0.0, std=std)
+
+
+def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
+    """The plan of :mod:`forge_plugins.models.llama_parallel`, imported only when tensor
+    parallelism is applied."""
+    from forge_plugins.models import llama_parallel
+
+    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel)
 
 
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:

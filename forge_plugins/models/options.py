@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.config.validators import Validator, above, at_least, satisfies
+from forge_core.api import ModelFacts, Validator, above, at_least, satisfies
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -244,3 +244,12 @@ def features(options: LlamaOptions) -> Features:
         mlp_bias=bool(options.mlp_bias),
         qk_norm=family == "qwen3",
     )
+
+
+def llama_facts(options: LlamaOptions) -> ModelFacts:
+    """What the parallelism rules need to know (``ModelSpec.facts``): the shapes the
+    options resolve to, so a model started from a checkpoint is judged by the
+    checkpoint's ``config.json`` (the loader has filled the unset options from it)."""
+    options = with_defaults(options)
+    return ModelFacts(blocks=options.n_layers, heads=options.n_heads, kv_heads=options.n_kv_heads,
+                      tied_embeddings=bool(options.tie_embeddings))

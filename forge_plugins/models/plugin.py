@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, POSITIONS, ModelSpec
-from forge_plugins.models.options import LlamaOptions
+from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_plugins.models.options import LlamaOptions, llama_facts
 
 
 @hookimpl
@@ -21,6 +20,8 @@ def forge_models() -> list[ModelSpec]:
             max_seq_len_option="max_seq_len",
             resolve_options="forge_plugins.models.hf_config:resolve_options",
             pretrained_option="init_from_hf",
+            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+            facts=llama_facts,
         )
     ]
 

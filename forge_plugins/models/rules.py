@@ -1,5 +1,5 @@
 """Compatibility rules of the ``llama`` model: plain check functions over a
-:class:`~forge_core.rules.RuleContext` (config only, no torch).
+:class:`~forge_core.api.Plan` (config only, no torch).
 
 The options they see are resolved (:mod:`forge_plugins.models.options`: unset options
 come from the ``init_from_hf`` checkpoint or the defaults). ``llama.init-from-hf``
@@ -135,7 +135,7 @@ def check_init_from_hf(ctx: Any) -> list[str]:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from forge_core.config.validators import above, at_least, between
+from forge_core.api import above, at_least, between
 
 
 def opt(default, doc, validator=None):

@@ -1,7 +1,6 @@
 """Registers the built-in optimizers, learning-rate schedules and their rule."""
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import OptimizerSpec, ScheduleSpec
+from forge_core.api import OptimizerSpec, ScheduleSpec, hookimpl
 from forge_plugins.optim import options as O
 
 

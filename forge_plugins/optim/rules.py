@@ -18,7 +18,7 @@ def check_sgd_nesterov(ctx: Any) -> str | None:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

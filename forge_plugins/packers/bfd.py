@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forge_core.data.packing_contract import RowLayout
+from forge_core.api import RowLayout
 from forge_plugins.packers.layout import RowPacker
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.data.packing_contract import RowLayout
+from forge_core.api import RowLayout
 from forge_plugins.packers.layout import RowPacker
 
 

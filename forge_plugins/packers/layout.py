@@ -1,6 +1,6 @@
 """What the built-in packers share: their constructor (the hook contract's signature).
 
-Each built-in computes only a :class:`~forge_core.data.packing_contract.RowLayout`
+Each built-in computes only a :class:`~forge_core.api.RowLayout`
 from the documents' lengths; the kernel materializes rows from it when a batch is read
 (:mod:`forge_core.data.packed_rows`).
 """

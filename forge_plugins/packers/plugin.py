@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, POSITIONS, PackerSpec
+from forge_core.api import DOC_IDS, POSITIONS, PackerSpec, hookimpl
 
 from forge_plugins.packers.options import ConcatOptions
 

@@ -1,4 +1,5 @@
-"""``fsdp``: FSDP2 ``fully_shard`` per transformer block and at the root.
+"""``fsdp``: FSDP2 ``fully_shard`` per block (the blocks the model's parallel contract
+names; none for a model without one) and at the root.
 
 Parameters, gradients and optimizer state are sharded over ``dp_shard``; with
 ``dp_replicate > 1`` as well the mesh is 2-D and FSDP2 runs HSDP (shard within a
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from forge_core.train.parallelize import transformer_blocks
+from forge_core.api import blocks_of
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -26,10 +27,10 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, precision: str, reshard_after_forward: bool) -> torch.nn.Module:
-    """``fully_shard`` every transformer block, then the root (which takes what is left:
-    embeddings, final norm, head), in place; gradients summed over ``mesh``."""
+    """``fully_shard`` every block, then the root (which takes what is left: embeddings,
+    final norm, head), in place; gradients summed over ``mesh``."""
     policy = mixed_precision(precision)
-    for block in transformer_blocks(model):
+    for block in blocks_of(model):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     for module in model.modules():

@@ -1,15 +1,43 @@
 """Options of the built-in parallelism strategies (``parallel.options.<name>``).
 
 Light on purpose: ``forge-run check`` structures these without importing torch. The
-degrees, the pipeline schedule and sequence parallelism live in ``parallel.*`` itself
-because several strategies and rules read them.
+degrees live in ``parallel.*`` itself (they shape the device mesh every strategy
+shares); everything else a strategy reads is in its own block.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
-from forge_core.config.validators import above
+from forge_core.api import above, at_least
+
+
+@attrs.frozen
+class PipelineOptions:
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = attrs.field(
+        default="1f1b",
+        metadata={"doc": "Pipeline schedule: gpipe (every forward, then every backward), 1f1b (one "
+                         "forward, one backward in steady state), interleaved_1f1b (several stages per rank)."},
+    )
+    microbatches: int = attrs.field(
+        default=0, validator=at_least(0),
+        metadata={"doc": "Microbatches per pipeline step (0: one per stage, parallel.pp)."},
+    )
+    virtual_stages: int = attrs.field(
+        default=1, validator=at_least(1),
+        metadata={"doc": "Stages per pipeline rank (above 1 only with interleaved_1f1b)."},
+    )
+
+
+@attrs.frozen
+class TensorParallelOptions:
+    sequence_parallel: bool = attrs.field(
+        default=False,
+        metadata={"doc": "Shard norms and residuals along the sequence (SequenceParallel): less "
+                         "activation memory, a reduce-scatter and an all-gather in place of each all-reduce."},
+    )
 
 
 @attrs.frozen

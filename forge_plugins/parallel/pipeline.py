@@ -1,27 +1,30 @@
 """``pp``: pipeline parallelism with ``torch.distributed.pipelining``.
 
-The model is split into ``pp * pp_virtual_stages`` stages by layer
+The model is split into ``pp * virtual_stages`` stages by block
 (:mod:`forge_plugins.parallel.split` documents the rule for the remainder); the first
-stage keeps the token embedding, the last the final norm and output head. Every process
+stage also keeps what the model's split names ``first`` (a token embedding), the last
+what it names ``last`` (final norm, output head). Every process
 of the pipeline holds its own stages (one, or several under interleaved 1F1B), later
 strategies (tensor parallel, compile, FSDP/DDP) are applied to each stage module, and
 then the schedule is built: ``gpipe`` (every forward, then every backward), ``1f1b``
 (one forward one backward in steady state: activation memory bounded by the number of
 stages) or ``interleaved_1f1b`` (several smaller stages per rank: a smaller bubble).
 
-The step's rows are cut into ``parallel.pp_microbatches`` microbatches (0: one per
-rank). The last stage calls the trainer's ``loss_fn`` on each microbatch and
+Its options are ``parallel.options.pp`` (``schedule``, ``microbatches``,
+``virtual_stages``). The step's rows are cut into ``microbatches`` microbatches (0: one
+per rank). The last stage calls the trainer's ``loss_fn`` on each microbatch and
 back-propagates ``loss_sum / normalizer`` (the step's global token count,
 :mod:`forge_core.train.parallelize`), with the schedule's own division by the number of
-microbatches off, so the gradients equal a single process's on the whole batch. The summed loss and token count are then broadcast from the last
-stage to the whole pipeline, so every process logs the same loss.
+microbatches off, so the gradients equal a single process's on the whole batch. The
+summed loss and token count are then broadcast from the last stage to the whole pipeline, so every process logs the same loss.
 
-The model contract it relies on (:mod:`forge_plugins.models.llama`): blocks in an
-``nn.ModuleDict`` named ``layers``, and ``tok_embeddings``, ``norm``, ``output`` that a
-stage sets to ``None``; forward takes hidden states when ``tok_embeddings`` is ``None``
-and returns hidden states when ``output`` is ``None``. Per-token metadata never reaches a
-later stage: the founding rule keeps document-isolating packers away, and a batch that
-carries metadata anyway is refused here.
+What it knows of the model is its parallel contract (``parallel_contract()``): the
+blocks (an ``nn.ModuleDict``, so that a stage keeps its blocks' state-dict keys) and the
+:class:`~forge_core.api.PipelineSplit` naming the root modules only the first stage
+keeps and those only the last one keeps; a stage is a shallow copy of the model with
+the others set to ``None``. Per-token metadata never reaches a later stage: the
+founding rule keeps document-isolating packers away, and a batch that carries metadata
+anyway is refused here.
 """
 
 from __future__ import annotations
@@ -35,12 +38,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from forge_core.train.parallelize import ModelSplit, ParallelModel
+from forge_core.api import INPUT_IDS, LABELS, ForgeError, ModelSplit, contract_of
 from forge_plugins.parallel.split import microbatches, stage_layer_ranges, stages_of_rank
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
-FIRST_STAGE_ONLY = ("tok_embeddings",)
-LAST_STAGE_ONLY = ("norm", "output")
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
@@ -54,22 +55,34 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
     return new
 
 
-def stage_module(model: nn.Module, keep: list[str], first: bool, last: bool) -> nn.Module:
-    """The part of ``model`` one stage runs: the blocks named in ``keep``, plus the
-    embedding on the first stage and the final norm and head on the last."""
-    layers = getattr(model, "layers", None)
-    missing = [n for n in FIRST_STAGE_ONLY + LAST_STAGE_ONLY if not hasattr(model, n)]
-    if not isinstance(layers, nn.ModuleDict) or missing:
-        raise ValueError(
-            f"pipeline parallelism cannot split {type(model).__name__}: it needs blocks in an "
-            f"nn.ModuleDict named 'layers' and attributes {FIRST_STAGE_ONLY + LAST_STAGE_ONLY}"
-            f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}"
-        )
+def split_of(model: nn.Module, model_name: str) -> tuple[Any, nn.ModuleDict]:
+    """The model's contract and its blocks, or a ForgeError saying what is missing."""
+    contract = contract_of(model)
+    blocks = None if contract is None else getattr(model, contract.blocks, None)
+    if contract is None:
+        missing = "it has no parallel_contract()"
+    elif contract.pipeline is None:
+        missing = "its parallel contract has no pipeline split"
+    elif not isinstance(blocks, nn.ModuleDict):
+        missing = f"its blocks ({contract.blocks!r}) are not an nn.ModuleDict"
+    else:
+        return contract, blocks
+    raise ForgeError(
+        f"pipeline parallelism cannot split model {model_name!r} ({type(model).__name__}): {missing}. "
+        "Set parallel.pp: 1, or use a model whose spec declares PIPELINE in supports (its contract "
+        "names the blocks, an nn.ModuleDict, and a PipelineSplit)."
+    )
+
+
+def stage_module(model: nn.Module, contract: Any, keep: list[str], first: bool, last: bool) -> nn.Module:
+    """The part of ``model`` one stage runs: the blocks named in ``keep``, plus the first
+    stage's and the last stage's own root modules where this stage is one of those."""
+    blocks = getattr(model, contract.blocks)
     stage = _shallow_copy(model)
-    stage.layers = nn.ModuleDict({key: layers[key] for key in keep})
-    for name in () if first else FIRST_STAGE_ONLY:
+    setattr(stage, contract.blocks, nn.ModuleDict({key: blocks[key] for key in keep}))
+    for name in () if first else contract.pipeline.first:
         setattr(stage, name, None)
-    for name in () if last else LAST_STAGE_ONLY:
+    for name in () if last else contract.pipeline.last:
         setattr(stage, name, None)
     return stage
 
@@ -105,7 +118,7 @@ class PipelineStep:
         self.group, self.last_rank, self.device = group, last_rank, device
 
     def __call__(self, batch: dict[str, torch.Tensor], loss_fn: Any, normalizer: Any = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = sorted(set(batch) - {"input_ids", "labels"})
+        extra = sorted(set(batch) - {INPUT_IDS, LABELS})
         if extra:
             raise ValueError(
                 f"the batch carries {', '.join(extra)}, which pipeline parallelism cannot forward "
@@ -113,8 +126,8 @@ class PipelineStep:
                 "not isolate documents, or parallel.pp: 1"
             )
         self.loss.begin(loss_fn, normalizer)
-        args = (batch["input_ids"],) if self.has_first else ()
-        kwargs: dict[str, Any] = {"target": batch["labels"]} if self.has_last else {}
+        args = (batch[INPUT_IDS],) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": batch[LABELS]} if self.has_last else {}
         self.schedule.step(*args, return_outputs=False, **kwargs)
         result = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.has_last:
@@ -132,22 +145,22 @@ class PipelineParallel:
         self.options = options
 
     def apply(self, model: nn.Module, ctx: Any) -> ModelSplit:
-        parallel = ctx.config.parallel
+        options = self.options
         pp_mesh = ctx.mesh["pp"]
         pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
-        n_stages = pp * parallel.pp_virtual_stages
-        keys = list(getattr(model, "layers", {}).keys())
+        n_stages = pp * options.virtual_stages
+        contract, blocks = split_of(model, ctx.config.model.name)
+        keys = list(blocks.keys())
         ranges = stage_layer_ranges(len(keys), n_stages)
-        stage_ids = stages_of_rank(pp_rank, pp, parallel.pp_virtual_stages)
+        stage_ids = stages_of_rank(pp_rank, pp, options.virtual_stages)
         parts = [
-            stage_module(model, [keys[i] for i in ranges[s]], first=s == 0, last=s == n_stages - 1)
+            stage_module(model, contract, [keys[i] for i in ranges[s]], first=s == 0, last=s == n_stages - 1)
             for s in stage_ids
         ]
         return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
 
     def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,
-                  pmodel: ParallelModel, runners: list[nn.Module]) -> None:
-        parallel = ctx.config.parallel
+                  pmodel: Any, runners: list[nn.Module]) -> None:
         pp_mesh = ctx.mesh["pp"]
         group = pp_mesh.get_group()
         stages = [
@@ -155,10 +168,10 @@ class PipelineParallel:
             for stage, runner in zip(stage_ids, runners)
         ]
         loss = _MicrobatchLoss()
-        schedule_cls = SCHEDULES[parallel.pp_schedule]
+        schedule_cls = SCHEDULES[self.options.schedule]
         # scale_grads=False: the trainer's loss is already normalised by the global token count.
         target = stages if schedule_cls is ScheduleInterleaved1F1B else stages[0]
-        n_microbatches = microbatches(parallel)
+        n_microbatches = microbatches(self.options, pp_mesh.size())
         schedule = schedule_cls(target, n_microbatches, loss_fn=loss, scale_grads=False)
         has_last = n_stages - 1 in stage_ids
         pmodel.train_step = PipelineStep(

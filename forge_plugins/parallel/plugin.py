@@ -8,10 +8,9 @@ what per-token metadata still reaches every layer under it.
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import ParallelismSpec
+from forge_core.api import PIPELINE, TENSOR_PARALLEL, ParallelismSpec, hookimpl
 
-from forge_plugins.parallel.options import DDPOptions, FSDPOptions
+from forge_plugins.parallel.options import DDPOptions, FSDPOptions, PipelineOptions, TensorParallelOptions
 
 PIPELINE_DROPS_METADATA = (
     "A pipeline stage after the first receives only the previous stage's hidden states: "
@@ -28,18 +27,22 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             summary="Pipeline parallelism: GPipe, 1F1B or interleaved 1F1B over parallel.pp stages",
             impl="forge_plugins.parallel.pipeline:PipelineParallel",
             handles_meta_device=True,
+            options=PipelineOptions,
             mesh_dim="pp",
             order=100,
             forwards=frozenset(),
             drops_metadata_because=PIPELINE_DROPS_METADATA,
+            requires={PIPELINE},
         ),
         ParallelismSpec(
             name="tp",
-            summary="Tensor parallelism (DTensor): column/row-wise attention and MLP, sharded embeddings and head",
+            summary="Tensor parallelism (DTensor): applies the model's plan (column/row-wise layers, sharded embeddings and head)",
             impl="forge_plugins.parallel.tensor:TensorParallel",
             handles_meta_device=True,
+            options=TensorParallelOptions,
             mesh_dim="tp",
             order=200,
+            requires={TENSOR_PARALLEL},
         ),
         ParallelismSpec(
             name="fsdp",

@@ -1,18 +1,19 @@
 """Compatibility rules of the built-in parallelism strategies: plain check functions over
-a :class:`~forge_core.rules.RuleContext` (config and degrees only, no torch).
+a :class:`~forge_core.api.Plan` (config and degrees only, no torch).
 
-The world-size product and the founding rule (pipeline parallelism refuses packers that
-isolate documents) are the kernel's, expressed through the capabilities these strategies
-declare in ``plugin.py``; the rules here are the limits of the implementations.
-Model-shaped limits read ``model.options`` by attribute name (``n_heads``,
-``n_kv_heads``, ``n_layers``, ``tie_embeddings``) so they apply to any model family
-that uses those names and stay silent for one that does not.
+The world-size product, the founding rule (pipeline parallelism refuses packers that
+isolate documents) and the model's support of each strategy are the kernel's, expressed
+through the capabilities these strategies declare in ``plugin.py``; the rules here are
+the limits of the implementations. Model-shaped limits read the model's declared facts
+(``plan.facts``: layers, heads, kv heads, tied embeddings, from ``ModelSpec.facts``),
+whatever its options call them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from forge_core.api import PIPELINE, TENSOR_PARALLEL
 from forge_plugins.parallel.split import microbatches
 
 TP_HEADS = "tp.heads-divisible"
@@ -26,8 +27,18 @@ PP_SCHEDULE = "pp.schedule-virtual-stages"
 PP_SEQUENCE_PARALLEL = "pp.not-with-sequence-parallel"
 
 
-def _model_option(ctx: Any, name: str) -> Any:
-    return getattr(ctx.config.model.options, name, None)
+def _facts(ctx: Any, needed_by: str, requires: str) -> tuple[Any, str | None]:
+    """``(facts, problem)``: the model's facts, or why the rule cannot judge it. A model
+    that does not support the strategy at all is the kernel rule's to report."""
+    if ctx.facts is not None:
+        return ctx.facts, None
+    model = ctx.specs["model"]
+    if requires not in model.supports:
+        return None, None
+    return None, (
+        f"model {model.name!r} declares no facts (ModelSpec.facts), so {needed_by} cannot be "
+        "checked before launch; its authors should declare them"
+    )
 
 
 def _rows_per_pipeline_step(ctx: Any) -> int | None:
@@ -44,29 +55,32 @@ def check_tp_heads(ctx: Any) -> list[str]:
     tp = ctx.degrees["tp"]
     if tp <= 1:
         return []
-    problems = []
-    for name in ("n_heads", "n_kv_heads"):
-        value = _model_option(ctx, name)
-        if isinstance(value, int) and value % tp:
-            problems.append(
-                f"model.options.{name} = {value} is not divisible by parallel.tp = {tp}: tensor "
-                "parallelism gives every rank whole attention heads (q/k/v are split by columns)"
-            )
-    return problems
+    facts, problem = _facts(ctx, f"whether its attention heads divide by parallel.tp = {tp}", TENSOR_PARALLEL)
+    if facts is None:
+        return [problem] if problem else []
+    model = ctx.specs["model"].name
+    return [
+        f"model {model!r} has {value} {what}, not divisible by parallel.tp = {tp}: tensor "
+        "parallelism gives every rank whole attention heads (q/k/v are split by columns)"
+        for what, value in (("query heads", facts.heads), ("key/value heads", facts.kv_heads))
+        if value % tp
+    ]
+
+
+def _sequence_parallel(ctx: Any) -> bool:
+    return ctx.options_of("tp").sequence_parallel
 
 
 def check_sequence_parallel_without_tp(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    if parallel.sequence_parallel and ctx.degrees["tp"] <= 1:
-        return "parallel.sequence_parallel is on but parallel.tp = 1: it has no effect"
+    if _sequence_parallel(ctx) and ctx.degrees["tp"] <= 1:
+        return "parallel.options.tp.sequence_parallel is on but parallel.tp = 1: it has no effect"
     return None
 
 
 def check_sequence_parallel_divisible(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
     tp = ctx.degrees["tp"]
     seq_len = ctx.config.data.seq_len
-    if parallel.sequence_parallel and tp > 1 and seq_len % tp:
+    if _sequence_parallel(ctx) and tp > 1 and seq_len % tp:
         return (
             f"data.seq_len = {seq_len} is not divisible by parallel.tp = {tp}: sequence "
             "parallelism gives every tensor-parallel rank an equal slice of each row"
@@ -88,26 +102,28 @@ def check_ddp_with_tp(ctx: Any) -> str | None:
 
 def check_pp_layers(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
-    n_layers = _model_option(ctx, "n_layers")
-    virtual = ctx.config.parallel.pp_virtual_stages
-    if pp <= 1 or not isinstance(n_layers, int):
+    virtual = ctx.options_of("pp").virtual_stages
+    if pp <= 1:
         return None
     stages = pp * virtual
-    if n_layers < stages:
+    facts, problem = _facts(ctx, f"whether its layers fill {stages} pipeline stages", PIPELINE)
+    if facts is None:
+        return problem
+    if facts.blocks < stages:
         return (
-            f"model.options.n_layers = {n_layers} is below the {stages} pipeline stages "
-            f"(parallel.pp = {pp} x parallel.pp_virtual_stages = {virtual}): every stage "
-            "needs at least one layer"
+            f"model {ctx.specs['model'].name!r} has {facts.blocks} layers, fewer than the "
+            f"{stages} pipeline stages (parallel.pp = {pp} x parallel.options.pp.virtual_stages = "
+            f"{virtual}): every stage needs at least one layer"
         )
     return None
 
 
 def check_pp_microbatches(ctx: Any) -> list[str]:
-    parallel = ctx.config.parallel
+    options = ctx.options_of("pp")
     pp = ctx.degrees["pp"]
     if pp <= 1:
         return []
-    count = microbatches(parallel)
+    count = microbatches(options, pp)
     problems = []
     rows = _rows_per_pipeline_step(ctx)
     if rows is not None and rows % count:
@@ -117,12 +133,12 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
             f"{ctx.config.train.grad_accum}) = {rows} rows, which do not split into "
             f"{count} equal microbatches"
         )
-    if parallel.pp_schedule == "1f1b" and count < pp:
+    if options.schedule == "1f1b" and count < pp:
         problems.append(
             f"the 1f1b schedule needs at least one microbatch per stage: {count} "
             f"microbatches for {pp} stages"
         )
-    if parallel.pp_schedule == "interleaved_1f1b":
+    if options.schedule == "interleaved_1f1b":
         rounds = max(1, count // pp)
         if count % rounds:
             problems.append(
@@ -134,10 +150,11 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
 
 def check_pp_tied_embeddings(ctx: Any) -> str | None:
     pp = ctx.degrees["pp"]
-    if pp > 1 and _model_option(ctx, "tie_embeddings") is True:
+    if pp > 1 and ctx.facts is not None and ctx.facts.tied_embeddings:
         return (
-            f"model.options.tie_embeddings is true with parallel.pp = {pp}: the token "
-            "embedding lives on the first stage and the output head on the last, so one "
+            f"model {ctx.specs['model'].name!r} ties its input and output embeddings, with "
+            f"parallel.pp = {pp}: the token embedding lives on the first stage and the output "
+            "head on the last, so one "
             "shared matrix would have to live on two processes and its gradients would never "
             "be summed"
         )
@@ -145,28 +162,27 @@ def check_pp_tied_embeddings(ctx: Any) -> str | None:
 
 
 def check_pp_schedule(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    virtual = parallel.pp_virtual_stages
+    options = ctx.options_of("pp")
+    virtual = options.virtual_stages
     if ctx.degrees["pp"] <= 1:
         return None
-    if parallel.pp_schedule == "interleaved_1f1b" and virtual == 1:
+    if options.schedule == "interleaved_1f1b" and virtual == 1:
         return (
-            "parallel.pp_schedule = 'interleaved_1f1b' needs parallel.pp_virtual_stages above 1: "
-            "interleaving alternates between several stages held by each rank"
+            "parallel.options.pp.schedule = 'interleaved_1f1b' needs parallel.options.pp.virtual_stages "
+            "above 1: interleaving alternates between several stages held by each rank"
         )
-    if parallel.pp_schedule != "interleaved_1f1b" and virtual > 1:
+    if options.schedule != "interleaved_1f1b" and virtual > 1:
         return (
-            f"parallel.pp_virtual_stages = {virtual} needs parallel.pp_schedule = "
-            f"'interleaved_1f1b': {parallel.pp_schedule!r} runs one stage per rank"
+            f"parallel.options.pp.virtual_stages = {virtual} needs parallel.options.pp.schedule = "
+            f"'interleaved_1f1b': {options.schedule!r} runs one stage per rank"
         )
     return None
 
 
 def check_pp_sequence_parallel(ctx: Any) -> str | None:
-    parallel = ctx.config.parallel
-    if ctx.degrees["pp"] > 1 and ctx.degrees["tp"] > 1 and parallel.sequence_parallel:
+    if ctx.degrees["pp"] > 1 and ctx.degrees["tp"] > 1 and _sequence_parallel(ctx):
         return (
-            "parallel.sequence_parallel with parallel.pp above 1: a later pipeline stage "
+            "parallel.options.tp.sequence_parallel with parallel.pp above 1: a later pipeline stage "
             "receives its tensor-parallel rank's slice of the sequence and would take that "
             "slice's length for the whole row's (rotary positions, causal mask)"
         )
@@ -174,32 +190,33 @@ def check_pp_sequence_parallel(ctx: Any) -> str | None:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(
             id=TP_HEADS,
             severity="error",
-            paths=("parallel.tp", "model.options.n_heads", "model.options.n_kv_heads"),
-            summary="Under tensor parallelism n_heads and n_kv_heads are divisible by tp.",
+            paths=("parallel.tp", "model.name"),
+            summary="Under tensor parallelism the model's query and key/value heads are divisible by tp.",
             check=check_tp_heads,
-            fix="Choose parallel.tp among the common divisors of n_heads and n_kv_heads.",
+            fix="Choose parallel.tp among the common divisors of the model's query and key/value head "
+            "counts, or change those counts in model.options.",
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL,
             severity="error",
-            paths=("parallel.sequence_parallel", "parallel.tp", "data.seq_len"),
+            paths=("parallel.options.tp.sequence_parallel", "parallel.tp", "data.seq_len"),
             summary="Sequence parallelism splits every row into tp equal slices.",
             check=check_sequence_parallel_divisible,
-            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.sequence_parallel: false.",
+            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.options.tp.sequence_parallel: false.",
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL_NO_TP,
             severity="warning",
-            paths=("parallel.sequence_parallel", "parallel.tp"),
+            paths=("parallel.options.tp.sequence_parallel", "parallel.tp"),
             summary="Sequence parallelism does nothing without tensor parallelism.",
             check=check_sequence_parallel_without_tp,
-            fix="Set parallel.tp above 1, or parallel.sequence_parallel: false.",
+            fix="Set parallel.tp above 1, or parallel.options.tp.sequence_parallel: false.",
         ),
         Rule(
             id=DDP_WITH_TP,
@@ -213,47 +230,47 @@ def rules() -> list[Any]:
         Rule(
             id=PP_LAYERS,
             severity="error",
-            paths=("parallel.pp", "parallel.pp_virtual_stages", "model.options.n_layers"),
-            summary="pp x pp_virtual_stages is not above the number of layers.",
+            paths=("parallel.pp", "parallel.options.pp.virtual_stages", "model.name"),
+            summary="pp x virtual_stages is not above the model's number of layers.",
             check=check_pp_layers,
-            fix="Lower parallel.pp or parallel.pp_virtual_stages, or add layers.",
+            fix="Lower parallel.pp or parallel.options.pp.virtual_stages, or give the model more layers.",
         ),
         Rule(
             id=PP_MICROBATCHES,
             severity="error",
             paths=(
-                "parallel.pp", "parallel.pp_microbatches", "parallel.pp_schedule",
+                "parallel.pp", "parallel.options.pp.microbatches", "parallel.options.pp.schedule",
                 "train.batch_size", "train.grad_accum",
             ),
             summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
             check=check_pp_microbatches,
             fix="Make train.batch_size / (dp_replicate * dp_shard * grad_accum) a multiple of "
-            "parallel.pp_microbatches (0 means parallel.pp), with at least pp microbatches for "
+            "parallel.options.pp.microbatches (0 means parallel.pp), with at least pp microbatches for "
             "1f1b and a multiple of pp for interleaved_1f1b.",
         ),
         Rule(
             id=PP_TIED,
             severity="error",
-            paths=("parallel.pp", "model.options.tie_embeddings"),
+            paths=("parallel.pp", "model.name"),
             summary="Tied input/output embeddings cannot be split across pipeline stages.",
             check=check_pp_tied_embeddings,
-            fix="Set model.options.tie_embeddings: false, or parallel.pp: 1.",
+            fix="Untie the model's input and output embeddings (an option of the model), or set parallel.pp: 1.",
         ),
         Rule(
             id=PP_SCHEDULE,
             severity="error",
-            paths=("parallel.pp", "parallel.pp_schedule", "parallel.pp_virtual_stages"),
-            summary="interleaved_1f1b and pp_virtual_stages > 1 go together.",
+            paths=("parallel.pp", "parallel.options.pp.schedule", "parallel.options.pp.virtual_stages"),
+            summary="interleaved_1f1b and virtual_stages > 1 go together.",
             check=check_pp_schedule,
-            fix="Use parallel.pp_schedule: interleaved_1f1b with pp_virtual_stages >= 2, or "
-            "another schedule with pp_virtual_stages: 1.",
+            fix="Use parallel.options.pp.schedule: interleaved_1f1b with virtual_stages >= 2, or "
+            "another schedule with virtual_stages: 1.",
         ),
         Rule(
             id=PP_SEQUENCE_PARALLEL,
             severity="error",
-            paths=("parallel.pp", "parallel.tp", "parallel.sequence_parallel"),
+            paths=("parallel.pp", "parallel.tp", "parallel.options.tp.sequence_parallel"),
             summary="Sequence parallelism is not combined with pipeline parallelism.",
             check=check_pp_sequence_parallel,
-            fix="Set parallel.sequence_parallel: false (tensor parallelism alone works with pp).",
+            fix="Set parallel.options.tp.sequence_parallel: false (tensor parallelism alone works with pp).",
         ),
     ]

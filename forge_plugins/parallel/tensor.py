@@ -1,19 +1,20 @@
-"""``tp``: tensor parallelism with DTensor ``parallelize_module`` over the ``tp`` mesh.
+"""``tp``: tensor parallelism with DTensor ``parallelize_module`` over the ``tp`` mesh,
+applying the plan the model supplies (``ParallelContract.tensor_parallel``).
 
-The plan (Megatron-style), by module name of the model contract
-(:mod:`forge_plugins.models.llama`):
+For the part it is given (the whole model, or a pipeline stage), the strategy:
 
-- ``attention.wq/wk/wv`` and ``feed_forward.w1/w3`` column-wise: each rank computes
-  ``n_heads / tp`` heads and ``1 / tp`` of the MLP's hidden units, with no
-  communication; ``attention.wo`` and ``feed_forward.w2`` row-wise: one all-reduce
-  (or reduce-scatter) per sub-layer brings the partial sums together.
-- ``tok_embeddings`` row-wise (the vocabulary is split; the input ids are replicated).
-- ``output`` column-wise with a replicated output: every rank gets the full logits and
-  computes the same loss (loss parallelism is off).
-- With ``parallel.sequence_parallel`` the norms run on ``1 / tp`` of the sequence
-  (``SequenceParallel``): the residual stream is a sequence-sharded DTensor between
-  sub-layers, gathered before attention and the MLP, reduce-scattered after. It keeps
-  the DTensor (global shape) so the model reads the true sequence length.
+1. notes which parameters are tied (one ``Parameter`` under several names);
+2. applies the plan's root styles (skipping modules this part does not hold or holds as
+   ``None``: a pipeline stage) and the block styles to every block;
+3. re-ties tied parameters whose new placements agree (a tied embedding and output
+   head are both sharded along the vocabulary), and refuses those whose do not: two
+   separate copies would each get part of the gradient;
+4. checks coverage: every parameter is now a DTensor, or matched by the plan's
+   ``replicated`` or ``partial`` paths; anything else would be a plain per-rank copy
+   whose gradient nobody reduces, so the build stops naming it;
+5. registers a gradient finisher that SUMS the gradients of ``partial`` parameters over
+   the tensor-parallel group (one all-reduce of one buffer per dtype), after the last
+   backward of each step and before clipping.
 
 The model builds identical weights on every rank (same seed); distributing a module
 keeps each rank's slice of its local copy.
@@ -21,68 +22,113 @@ keeps each rank's slice of its local copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
-from forge_core.train.parallelize import transformer_blocks
+from forge_core.api import ForgeError, blocks_of, contract_of
 
 
-def root_plan(model: torch.nn.Module, sequence_parallel: bool) -> dict[str, Any]:
-    """The plan for the pieces outside the blocks that this part holds."""
-    plan: dict[str, Any] = {}
-    if getattr(model, "tok_embeddings", None) is not None:
-        plan["tok_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(),
-            output_layouts=Shard(1) if sequence_parallel else Replicate(),
-            use_local_output=not sequence_parallel,
-        )
-    if getattr(model, "norm", None) is not None and sequence_parallel:
-        plan["norm"] = SequenceParallel(use_local_output=False)
-    if getattr(model, "output", None) is not None:
-        plan["output"] = ColwiseParallel(
-            input_layouts=Shard(1) if sequence_parallel else Replicate(),
-            output_layouts=Replicate(),
-            use_local_output=True,
-        )
-    return plan
+def _present(module: torch.nn.Module, path: str) -> bool:
+    for name in path.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+    return True
 
 
-def block_plan(sequence_parallel: bool) -> dict[str, Any]:
-    """The plan for one transformer block."""
-    residual = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, Any] = {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
-    }
-    if sequence_parallel:
-        plan.update({
-            "attention_norm": SequenceParallel(use_local_output=False),
-            "ffn_norm": SequenceParallel(use_local_output=False),
-            # attention(x, cos, sin, prepared): gather x; the rest are not DTensors.
-            "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None, None, None),
-                desired_input_layouts=(Replicate(), None, None, None),
-                use_local_output=True,
-            ),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-            ),
-        })
-    return plan
+def _matches(name: str, paths: Iterable[str]) -> bool:
+    return any(name == path or name.startswith(path + ".") for path in paths)
+
+
+def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    prefix, _, leaf = name.rpartition(".")
+    return (model.get_submodule(prefix) if prefix else model), leaf
+
+
+def _placement(param: torch.Tensor) -> str:
+    if isinstance(param, DTensor):
+        return f"{tuple(param.placements)} on mesh {param.device_mesh.mesh_dim_names} of global shape {tuple(param.shape)}"
+    return f"a plain tensor of shape {tuple(param.shape)}"
+
+
+def tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of names under which one parameter is registered (tied weights)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def retie(model: torch.nn.Module, groups: list[list[str]], model_name: str) -> None:
+    """Make every name of each group refer to one parameter again, when the placements
+    the plan gave them agree; otherwise a ForgeError naming them."""
+    for group in groups:
+        params = [model.get_parameter(name) for name in group]
+        if all(p is params[0] for p in params):
+            continue
+        placements = [_placement(p) for p in params]
+        if len(set(placements)) > 1:
+            shown = "; ".join(f"{name}: {where}" for name, where in zip(group, placements))
+            raise ForgeError(
+                f"tensor parallelism cannot keep the tied parameters of model {model_name!r} tied: "
+                f"its plan places them differently ({shown}). Two separate copies would each get "
+                "part of the gradient and drift apart. Fix: give the tied modules styles that shard "
+                "the shared matrix the same way, or untie them (an option of the model)."
+            )
+        for name in group[1:]:
+            owner, leaf = _owner(model, name)
+            setattr(owner, leaf, params[0])
+
+
+def classify(model: torch.nn.Module, blocks: list[torch.nn.Module], plan: Any) -> tuple[list[str], list[str]]:
+    """``(uncovered, partial)``: names of the parameters of ``model`` that are neither
+    sharded nor declared, and of those declared ``partial``."""
+    prefixes = {id(module): name + "." for name, module in model.named_modules()}
+    block_prefixes = [prefixes[id(block)] for block in blocks]
+    uncovered, partial = [], []
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor):
+            continue
+        prefix = next((p for p in block_prefixes if name.startswith(p)), "")
+        scope = plan.block if prefix else plan.root
+        relative = name[len(prefix):]
+        if _matches(relative, scope.partial):
+            partial.append(name)
+        elif not _matches(relative, scope.replicated):
+            uncovered.append(name)
+    return uncovered, partial
+
+
+class PartialGradientSum:
+    """SUM the gradients of ``partial`` parameters over the tensor-parallel group: each
+    rank's gradient covers only its shard's use of the parameter (its heads).
+
+    Holds (module, attribute) pairs, not the parameters: a later strategy (FSDP)
+    replaces parameter objects. A gradient that FSDP has sharded over the data-parallel
+    ranks is summed shard by shard: tensor-parallel peers hold the same shard."""
+
+    def __init__(self, holders: list[tuple[torch.nn.Module, str]], group: Any) -> None:
+        self.holders, self.group = holders, group
+
+    def __call__(self) -> None:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for module, leaf in self.holders:
+            grad = getattr(module, leaf).grad
+            if grad is not None:
+                local = grad.to_local() if isinstance(grad, DTensor) else grad
+                by_dtype.setdefault(local.dtype, []).append(local)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
 
 
 class TensorParallel:
@@ -90,11 +136,36 @@ class TensorParallel:
         self.options = options
 
     def apply(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        model_name = ctx.config.model.name
+        contract = contract_of(model)
+        if contract is None or contract.tensor_parallel is None:
+            raise ForgeError(
+                f"model {model_name!r} supplies no tensor-parallel plan (parallel_contract().tensor_parallel), "
+                "so tensor parallelism cannot shard it. Set parallel.tp: 1, or use a model whose spec "
+                "declares TENSOR_PARALLEL in supports."
+            )
         mesh = ctx.mesh["tp"]
-        sequence_parallel = bool(ctx.config.parallel.sequence_parallel)
-        plan = root_plan(model, sequence_parallel)
-        if plan:
-            parallelize_module(model, mesh, plan)
-        for block in transformer_blocks(model):
-            parallelize_module(block, mesh, block_plan(sequence_parallel))
+        plan = contract.tensor_parallel(sequence_parallel=self.options.sequence_parallel)
+        tied = tied_names(model)
+        root = {path: style for path, style in plan.root.styles.items() if _present(model, path)}
+        if root:
+            parallelize_module(model, mesh, root)
+        blocks = blocks_of(model)
+        for block in blocks:
+            parallelize_module(block, mesh, dict(plan.block.styles))
+        retie(model, tied, model_name)
+        uncovered, partial = classify(model, blocks, plan)
+        if uncovered:
+            shown = ", ".join(uncovered[:12]) + (f" and {len(uncovered) - 12} more" if len(uncovered) > 12 else "")
+            raise ForgeError(
+                f"tensor parallelism cannot place {len(uncovered)} parameter(s) of model {model_name!r}: "
+                f"{shown}. Its tensor-parallel plan neither shards them nor declares them replicated or "
+                "partial, so every rank would train its own copy and their gradients would never be "
+                "reduced. Fix (model authors): add each to the plan's TensorParallelScope, in "
+                "`replicated` when it is computed on replicated activations (the same gradient on "
+                "every rank) or in `partial` when it is applied to each rank's shard (its gradients "
+                "are then summed over the tensor-parallel ranks); or set parallel.tp: 1."
+            )
+        if partial:
+            ctx.add_gradient_finisher(PartialGradientSum([_owner(model, n) for n in partial], mesh.get_group()))
         return model

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from forge_core.config.validators import at_least, non_blank
+from forge_core.api import at_least, non_blank
 
 EncodingErrors = Literal["strict", "replace"]
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import SourceSpec
+from forge_core.api import SourceSpec, hookimpl
 
 from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 TEXT_FILES = "text.files-exist"
@@ -93,7 +93,7 @@ def check_shards_directory(ctx: Any) -> list[str]:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from forge_core.api import ForgeError
 from forge_core.data.shards import Shards
-from forge_core.errors import ForgeError
 
 
 class ShardSource:

@@ -23,8 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from forge_core.data.fingerprint import files_fingerprint
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError, files_fingerprint
 
 OPTION = "data.source_options"
 

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from forge_core.errors import ForgeError
+from forge_core.api import ForgeError
 from forge_plugins.tokenizers.options import HFOptions
 
 #: What a tokenizer folder must hold one of: a fast tokenizer's serialization, or a slow

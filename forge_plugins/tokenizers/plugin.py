@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import TokenizerSpec
+from forge_core.api import TokenizerSpec, hookimpl
 
 from forge_plugins.tokenizers.options import HFOptions
 

@@ -22,7 +22,7 @@ def check_hf_files(ctx: Any) -> str | None:
 
 
 def rules() -> list[Any]:
-    from forge_core.rules import Rule
+    from forge_core.api import Rule
 
     return [
         Rule(

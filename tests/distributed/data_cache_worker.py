@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from forge_core.data import prepare
 from forge_core.data.build import build_training_data
-from forge_core.judge import load_resolved
+from forge_core.judge import load_resolved, make_plan
 from forge_core.train import components
 
 
@@ -36,9 +36,10 @@ def main() -> None:
 
     prepare.write_shards = counted
     cfg, registries = load_resolved(config)
-    tokenizer = components.tokenizer(cfg, registries)
+    plan = make_plan(cfg, registries, dist.get_world_size())
+    tokenizer = components.tokenizer(plan, registries)
     notes: list[str] = []
-    data = build_training_data(cfg, registries, tokenizer, is_main=True, report=notes.append)
+    data = build_training_data(plan, registries, tokenizer, is_main=True, report=notes.append)
     rows = data.rows.read(np.arange(data.rows.num_rows))
     digest = hashlib.sha256(b"".join(rows[k].tobytes() for k in sorted(rows))).hexdigest()
     seen = [None] * dist.get_world_size()

@@ -1,7 +1,8 @@
-"""Run under ``torchrun``: train a tiny llama for a few steps under several parallel
-layouts in ONE launch (each scenario builds its own mesh on the same process group),
-and record per-step losses and gradient norms next to a single-process reference run of
-the same global batches. ``test_*.py`` in this folder launch it and assert.
+"""Run under ``torchrun``: train a tiny llama (or a variant of it, :data:`VARIANTS`) for
+a few steps under several parallel layouts in ONE launch (each scenario builds its own
+mesh on the same process group), and record per-step losses and gradient norms next to
+a single-process reference run of the same model on the same global batches. A
+scenario whose model must be refused at build records the error instead. ``test_*.py`` in this folder launch it and assert.
 
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
 
@@ -25,11 +26,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import variants
+from forge_core import judge
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
 from forge_core.train import components
-from forge_core.train.loss import IGNORE_INDEX, loss_fn
+from forge_core.train.loss import loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
 
 VOCAB = 64
@@ -40,28 +44,59 @@ LR = 0.5
 MAX_NORM = 0.05
 MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64, "max_seq_len": SEQ}
 
-#: name -> (parallel overrides, train overrides)
-SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+#: Models a scenario may train: name -> (model.name, options over MODEL). Each gets its
+#: own single-process reference run.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "tied": ("llama", {"tie_embeddings": True}),
+    "qknorm": ("qknorm", {}),  # per-head q/k norms declared partial (variants.py)
+    "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
+    "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
+    "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
+}
+
+SP = {"options": {"tp": {"sequence_parallel": True}}}
+
+
+def pp_options(**options: Any) -> dict[str, Any]:
+    return {"options": {"pp": options}}
+
+
+#: name -> (parallel overrides, train overrides[, model variant])
+SCENARIOS: dict[str, tuple[Any, ...]] = {
     "ddp": ({"dp_replicate": 2}, {}),
     "fsdp": ({"dp_shard": 2}, {}),
     "fsdp_accum": ({"dp_shard": 2}, {"grad_accum": 2}),
     "tp": ({"tp": 2}, {}),
-    "tp_sp": ({"tp": 2, "sequence_parallel": True}, {}),
-    "pp_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 4}, {}),
-    "pp_1f1b": ({"pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 2}, {"grad_accum": 2}),
-    "pp_interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2, "pp_microbatches": 4}, {}),
+    "tp_sp": ({"tp": 2, **SP}, {}),
+    "pp_gpipe": ({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, {}),
+    "pp_1f1b": ({"pp": 2, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2}),
+    "pp_interleaved": ({"pp": 2, **pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4)}, {}),
+    "tp_tied": ({"tp": 2}, {}, "tied"),
+    "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
+    "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
+    "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
+    "tp_qwen2": ({"tp": 2}, {}, "qwen2"),
+    "tp_qwen3": ({"tp": 2}, {}, "qwen3"),
+    "tp_sp_qwen3": ({"tp": 2, **SP}, {}, "qwen3"),
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
-    "pp_tp": ({"pp": 2, "tp": 2, "pp_schedule": "1f1b"}, {}),
-    "pp_fsdp": ({"pp": 2, "dp_shard": 2, "pp_schedule": "1f1b"}, {}),
-    "pp_ddp": ({"pp": 2, "dp_replicate": 2, "pp_schedule": "gpipe"}, {}),
+    "pp_tp": ({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, {}),
+    "pp_fsdp": ({"pp": 2, "dp_shard": 2, **pp_options(schedule="1f1b")}, {}),
+    "pp_ddp": ({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, {}),
+    "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
+    "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
 }
 
 
-def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any]) -> ForgeConfig:
+def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], variant: str = "llama",
+              world_size: int = 1) -> Plan:
+    """The judged plan of a scenario's config, as ``forge-run train`` hands it to the
+    trainer (the rules are not evaluated: these layouts are valid by construction)."""
+    model, options = VARIANTS[variant]
     raw = {
-        "model": {"name": "llama", "options": MODEL},
+        "model": {"name": model, "options": {**MODEL, **options}},
         "attention": {"backend": "sdpa"},
         "data": {"packer": "none", "seq_len": SEQ},
         "parallel": parallel,
@@ -71,7 +106,7 @@ def make_config(registries: Any, parallel: dict[str, Any], train: dict[str, Any]
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return config
+    return judge.make_plan(config, registries, world_size)
 
 
 def batches() -> list[dict[str, torch.Tensor]]:
@@ -83,24 +118,24 @@ def batches() -> list[dict[str, torch.Tensor]]:
         ids = torch.randint(0, VOCAB, (ROWS, SEQ + 1), generator=gen)
         labels = ids[:, 1:].clone()
         labels[torch.rand(labels.shape, generator=gen) < 0.2] = IGNORE_INDEX
-        out.append({"input_ids": ids[:, :-1].contiguous(), "labels": labels})
+        out.append({INPUT_IDS: ids[:, :-1].contiguous(), LABELS: labels})
     return out
 
 
-def build_model(config: ForgeConfig, registries: Any) -> torch.nn.Module:
+def build_model(plan: Plan, registries: Any) -> torch.nn.Module:
     torch.manual_seed(0)
-    return components.model(config, registries, VOCAB, components.attention(config, registries))
+    return components.model(plan, registries, VOCAB, components.attention(plan, registries))
 
 
-def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
+def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
     """The trainer's step, in miniature. Returns per-step losses and gradient norms."""
-    accum = config.train.grad_accum
+    accum = plan.config.train.grad_accum
     rows = ROWS // pmodel.dp_size // accum
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=LR)
     losses, norms, times = [], [], []
     for batch in data:
         start = time.perf_counter()
-        global_tokens = float((batch["labels"] != IGNORE_INDEX).sum())
+        global_tokens = float((batch[LABELS] != IGNORE_INDEX).sum())
         loss_sum = torch.zeros((), dtype=torch.float64)
         local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
         for micro in range(accum):
@@ -109,6 +144,7 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
             loss_sum += loss.double()
         if pmodel.dp_group is not None:
             dist.all_reduce(loss_sum, group=pmodel.dp_group)
+        pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -118,30 +154,45 @@ def train(pmodel: Any, config: ForgeConfig, data: list[dict[str, torch.Tensor]])
     return {"loss": losses, "norm": norms, "time": times}
 
 
+def qk_norms(pmodel: Any) -> list[float]:
+    """Every q/k norm weight this process holds (whole: they are not sharded)."""
+    return [float(v) for part in pmodel.parts for name, p in sorted(part.named_parameters())
+            if name.endswith(("q_norm.weight", "k_norm.weight"))
+            for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)]
+
+
 def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
     with torch.no_grad():
-        return pmodel.forward(data[0]["input_ids"][:2]).tolist()
+        return pmodel.forward(data[0][INPUT_IDS][:2]).tolist()
 
 
 def main() -> None:
     out_path, names = sys.argv[1], sys.argv[2:]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
-    registries = load_registries()
+    registries = load_registries(extra=(("variants", variants),))
     data = batches()
-    ref_config = make_config(registries, {}, {})
-    reference = train(single_process(build_model(ref_config, registries)), ref_config, data)
-    results: dict[str, Any] = {"reference": reference, "world": world}
+    results: dict[str, Any] = {"world": world}
     for name in names:
-        parallel, train_over = SCENARIOS[name]
-        config = make_config(registries, parallel, train_over)
-        pmodel = parallelize(build_model(config, registries), config, registries["parallelism"], torch.device("cpu"), loss_fn)
-        got = train(pmodel, config, data)
+        parallel, train_over, variant = (*SCENARIOS[name], "llama")[:3]
+        reference = "reference" if variant == "llama" else f"reference:{variant}"
+        if reference not in results and variant != "qknorm_undeclared":
+            ref_plan = make_plan(registries, {}, {}, variant)
+            ref_model = single_process(build_model(ref_plan, registries))
+            start = qk_norms(ref_model)
+            results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
+        plan = make_plan(registries, parallel, train_over, variant, world)
+        try:
+            pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
+        except ForgeError as exc:  # a scenario whose model must be refused at build
+            results[name] = {"error": str(exc)}
+            continue
+        got = train(pmodel, plan, data)
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"]})
-        results[name] = {**got, "ranks": every}
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel)})
+        results[name] = {**got, "reference": reference, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
-            results[name]["probe_ids"] = data[0]["input_ids"][:2].tolist()
+            results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()
             results[name]["probe"] = probe_logits(pmodel, data)
             save_checkpoint(pmodel, os.environ["FORGE_TEST_CKPT"])
     if rank == 0:

@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("forge_run")
     out = {}
     for name, nproc, parallel in (("one", 1, {}), ("fsdp", 2, {"dp_shard": 2}),
-                                  ("pp", 2, {"pp": 2, "pp_microbatches": 2})):
+                                  ("pp", 2, {"pp": 2, "options": {"pp": {"microbatches": 2}}})):
         proc = forge_run("train", "--nproc", str(nproc), config(tmp, name, **parallel))
         assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         out[name] = read_metrics(tmp / name)

@@ -3,7 +3,12 @@ norms of a few steps equal a single-process run of the same global batches.
 
 Two torchrun launches cover everything (one with 2 CPU processes, one with 4), each
 running many layouts in turn (:mod:`scenarios`); the single-process reference runs in
-the same processes. The model is a tiny llama (dim 32, 4 layers, vocab 64, rows of 16).
+the same processes. The model is a tiny llama (dim 32, 4 layers, vocab 64, rows of 16),
+with tied embeddings for the ``*_tied`` layouts, for ``*_qknorm`` a third-party
+variant with per-head q/k norms its tensor-parallel plan declares ``partial``
+(:mod:`variants`), and for ``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family
+(q/k/v biases) and qwen3 family (its own per-head q/k norms, ``partial`` in the
+built-in plan); each layout is compared with a single-process run of its own model.
 
 Tolerance: everything is fp32 and the layouts compute the same sums in a different
 order (a row-wise split adds partial products per rank and then across ranks; FSDP
@@ -26,14 +31,16 @@ from harness import run_scenarios
 pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
-TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "pp_1f1b", "pp_interleaved"]
-FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp"]
+TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "pp_1f1b", "pp_interleaved",
+       "tp_tied", "tp_qknorm", "tp_sp_qknorm", "tp_qwen2", "tp_qwen3", "tp_sp_qwen3"]
+FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm"]
+REFUSED = ["tp_uncovered"]
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     out = tmp_path_factory.mktemp("two")
-    results = run_scenarios(2, TWO, out, env={"FORGE_TEST_CKPT": str(out / "run")})
+    results = run_scenarios(2, TWO + REFUSED, out, env={"FORGE_TEST_CKPT": str(out / "run")})
     results["checkpoint_run"] = str(out / "run")
     return results
 
@@ -44,7 +51,8 @@ def four(tmp_path_factory):
 
 
 def assert_matches_reference(results, name):
-    ref, got = results["reference"], results[name]
+    got = results[name]
+    ref = results[got["reference"]]  # the single-process run of the same model
     assert got["loss"] == pytest.approx(ref["loss"], rel=RTOL), name
     assert got["norm"] == pytest.approx(ref["norm"], rel=RTOL), name
     # Every process reports the same loss and norm (pipeline ranks get the loss from the
@@ -66,6 +74,35 @@ def test_four_process_layout_equals_one_process(four, name):
     assert_matches_reference(four, name)
 
 
+@pytest.mark.parametrize("name", ["tp_qknorm", "tp_sp_qknorm", "fsdp_tp_qknorm", "tp_qwen3", "tp_sp_qwen3"])
+def test_partial_parameters_train_like_one_process_on_every_rank(two, four, name):
+    """The per-head q/k norms are applied to each rank's own heads; the strategy sums
+    their gradients over the tensor-parallel group, so every rank holds the same bits
+    and they moved as one process's did.
+
+    Tolerance: the weights (about 1) move by about 6e-5 in three steps; each step rounds
+    them to fp32, so a few ulps of the largest weight (8 x 1.2e-7 x 1.5) bound the
+    difference. Without the sum each rank keeps its own heads' share of the gradient and
+    the weights miss 40-70% of their move (2.5e-5 and more): measured with the sum
+    switched off."""
+    results = two if name in two else four
+    ranks, ref = results[name]["ranks"], results[results[name]["reference"]]
+    assert ranks[0]["qk_norms"] and all(r["qk_norms"] == ranks[0]["qk_norms"] for r in ranks)
+    atol = 8 * torch.finfo(torch.float32).eps * max(abs(w) for w in ref["qk_norms"])
+    moved = max(abs(a - b) for a, b in zip(ref["qk_norms"], ref["qk_start"]))
+    assert moved > 20 * atol  # the comparison below can tell a missing sum from rounding
+    assert ranks[0]["qk_norms"] == pytest.approx(ref["qk_norms"], abs=atol, rel=0)
+
+
+def test_a_parameter_outside_the_tensor_parallel_plan_is_refused_at_build(two):
+    """q/k norms neither sharded nor declared: every rank would train its own copy.
+    The build stops with the parameter names and the model."""
+    error = two["tp_uncovered"]["error"]
+    assert "model 'qknorm_undeclared'" in error
+    assert "layers.0.attention.q_norm.weight" in error and "layers.3.attention.k_norm.weight" in error
+    assert "replicated" in error and "partial" in error  # the fix names both ways to declare them
+
+
 def test_reference_run_really_trains(two):
     # Guards the comparisons above against a degenerate reference (no step taken).
     losses = two["reference"]["loss"]
@@ -77,15 +114,15 @@ def test_checkpoint_saved_under_fsdp_loads_in_one_process(two):
     logits equal those the sharded model computed."""
     from pathlib import Path
 
-    from scenarios import build_model, make_config
+    from scenarios import build_model, make_plan
 
     from forge_core.registry import load_registries
     from forge_core.train.checkpoint import find_latest, load_model
 
     registries = load_registries()
-    config = make_config(registries, {}, {})
+    plan = make_plan(registries, {}, {})
     torch.manual_seed(99)  # any init: the checkpoint must overwrite it
-    model = build_model(config, registries)
+    model = build_model(plan, registries)
     torch.nn.init.normal_(model.output.weight)
     probe = torch.tensor(two["fsdp"]["probe"])
     ids = torch.tensor(two["fsdp"]["probe_ids"])

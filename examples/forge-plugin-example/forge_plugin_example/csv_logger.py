@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from forge_core.hookspecs import hookimpl
+from forge_core.api import hookimpl
 
 
 class CsvLogger:

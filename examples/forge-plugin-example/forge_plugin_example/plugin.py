@@ -6,8 +6,7 @@ loading the plugin imports neither torch nor numpy.
 
 from __future__ import annotations
 
-from forge_core.hookspecs import hookimpl
-from forge_core.specs import DOC_IDS, POSITIONS, AttentionBackendSpec, LoggerSpec, PackerSpec
+from forge_core.api import DOC_IDS, POSITIONS, AttentionBackendSpec, LoggerSpec, PackerSpec, hookimpl
 
 from forge_plugin_example.options import CsvOptions, WindowOptions
 

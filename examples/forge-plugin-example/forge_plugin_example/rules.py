@@ -1,16 +1,16 @@
 """The example's compatibility rule: a window as long as the row changes nothing.
 
-A rule is data plus a check over the :class:`~forge_core.rules.RuleContext` (the
+A rule is data plus a check over the :class:`~forge_core.api.Plan` (the
 resolved config and the chosen specs); it runs for ``forge-run check`` before anything
 is built, so it imports nothing heavy.
 """
 
 from __future__ import annotations
 
-from forge_core.rules import Rule, RuleContext
+from forge_core.api import Plan, Rule
 
 
-def check_window_covers_row(ctx: RuleContext) -> str | None:
+def check_window_covers_row(ctx: Plan) -> str | None:
     if ctx.specs["attention"].name != "window":
         return None  # a rule sees every config: stay silent unless our backend is chosen
     window = ctx.config.attention.options.window

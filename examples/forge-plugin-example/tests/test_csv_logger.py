@@ -2,8 +2,8 @@
 
 import csv
 
+from forge_core.api import RunContext
 from forge_core.config.schema import ForgeConfig
-from forge_core.run_context import RunContext
 
 from forge_plugin_example.csv_logger import CsvLogger
 from forge_plugin_example.options import CsvOptions

@@ -57,8 +57,9 @@ class RowLayout:
     number of tokens; row ``r`` holds pieces ``row_ptr[r]`` to ``row_ptr[r + 1] - 1``
     in column order; what a row's pieces leave free is padding (``pad_id``, label
     -100). ``boundaries`` and ``metadata`` say how labels, ``doc_ids`` and
-    ``positions`` follow (see the module docstring); ``stats`` are extra numbers for
-    the log (the kernel computes ``rows``, ``tokens``, ``kept`` and ``fill`` itself).
+    ``positions`` follow (:mod:`forge_core.api.packing`; the packer chapter of the
+    plugin guide); ``stats`` are extra numbers for the log (the kernel computes
+    ``rows``, ``tokens``, ``kept`` and ``fill`` itself).
 
     Build one with :meth:`from_placement` (a row and column per piece, any order) or
     :meth:`windows` (fixed windows of the stream, as ``concat`` does).
@@ -142,7 +143,7 @@ class RowLayout:
 @runtime_checkable
 class LazyPacker(Protocol):
     """The packer contract. The implementation named by a
-    :class:`~forge_core.specs.PackerSpec` is constructed as
+    :class:`~forge_core.api.PackerSpec` is constructed as
     ``cls(options, seq_len=..., eos_id=..., pad_id=...)`` and implements ``layout``.
 
     ``layout(lengths)`` receives the length of every document in stream order (a 1-D

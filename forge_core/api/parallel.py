@@ -1,0 +1,164 @@
+"""Parallelism as plugins see it: what a strategy is given and may return, and the
+contract through which a model tells the strategies how it is split and sharded.
+
+A model declares on its spec which contract pieces it supplies (``supports``, from the
+capability constants below) and the facts the rules need (``facts``); its
+implementation answers ``parallel_contract()`` with a :class:`ParallelContract`. The
+built-in strategies read only that: no strategy knows a model's module names.
+
+Torch-free: torch objects (modules, parallel styles) appear only as values a model
+supplies, so rules and specs import this for ``forge-run check``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class ParallelContext:
+    """Passed to ``strategy.apply(model, ctx)``.
+
+    - ``config``: the resolved ForgeConfig.
+    - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dimensions named
+      ``pp``, ``dp_replicate``, ``dp_shard``, ``tp`` (size-1 dimensions included), or
+      ``None`` in a single process.
+    - ``device``: the ``torch.device`` this process trains on.
+    - ``options``: the strategy's structured options (``parallel.options.<name>``).
+    - ``loss_fn``: ``loss_fn(logits, labels) -> (loss_sum, token_count)``; a strategy that
+      takes over forward and backward (pipeline parallelism) computes the loss with it.
+    - ``gradient_finishers``: see :meth:`add_gradient_finisher`.
+    """
+
+    config: Any
+    mesh: Any
+    device: Any
+    options: Any
+    loss_fn: Any = None
+    gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+
+    def add_gradient_finisher(self, finish: Callable[[], None]) -> None:
+        """Have ``finish()`` called once per optimizer step, on every process, after the
+        last backward and before the gradient norm is taken and clipped: the place to
+        reduce gradients the strategy's own communication does not (tensor parallelism
+        sums the gradients of ``partial`` parameters over its group there)."""
+        self.gradient_finishers.append(finish)
+
+
+@attrs.define
+class ModelSplit:
+    """What a strategy's ``apply`` returns when it splits the model (pipeline
+    parallelism) instead of returning a module.
+
+    Later strategies are applied to each of ``parts`` separately; once every strategy
+    has been applied, ``finalize(pmodel, runners)`` is called with the
+    :class:`~forge_core.train.parallelize.ParallelModel` and, for each part, the module
+    the later strategies returned for it (a wrapper, or the part itself), and sets
+    ``train_step`` and ``is_last_stage`` (and anything else it drives).
+    """
+
+    parts: list[Any]
+    finalize: Callable[[Any, list[Any]], None]
+
+
+# --- the model's parallel contract ------------------------------------------------------
+
+#: Contract pieces a model declares in ``ModelSpec.supports`` and a strategy names in
+#: ``ParallelismSpec.requires``.
+BLOCKS = "blocks"  # the model names its repeated blocks
+TENSOR_PARALLEL = "tensor_parallel"  # ... supplies a tensor-parallel plan
+PIPELINE = "pipeline"  # ... supplies a pipeline split
+
+
+@attrs.frozen
+class ModelFacts:
+    """What rules need to know about a configured model, whatever its options call it:
+    returned by ``ModelSpec.facts(options)`` (torch-free) and read by the strategies'
+    rules (heads divisible by the tensor-parallel degree, layers per pipeline stage,
+    tied embeddings)."""
+
+    blocks: int  # repeated blocks (layers)
+    heads: int  # query heads
+    kv_heads: int  # key/value heads
+    tied_embeddings: bool = False  # the output head shares the token embedding's matrix
+
+
+@attrs.frozen
+class PipelineSplit:
+    """How a pipeline stage is cut from the model. ``first``: root attributes only the
+    first stage keeps (the token embedding); ``last``: root attributes only the last
+    stage keeps (final norm, output head). A stage sets the others to ``None``: without
+    its ``first`` modules the forward takes hidden states ``(B, S, dim)`` in place of
+    ``input_ids``; without its ``last`` modules it returns hidden states. Per-token
+    metadata (``doc_ids``, ``positions``) always arrive as keyword arguments."""
+
+    first: tuple[str, ...] = attrs.field(converter=tuple)
+    last: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class TensorParallelScope:
+    """The tensor-parallel plan of one scope (the model part's root, or one block);
+    every path is relative to the scope and names a module or a parameter.
+
+    - ``styles``: module path -> a torch ``ParallelStyle`` (``ColwiseParallel()``, ...),
+      applied with ``parallelize_module``.
+    - ``replicated``: kept whole and computed on replicated activations, so every
+      tensor-parallel rank gets the same gradient (norms without sequence parallelism).
+    - ``partial``: kept whole but applied to this rank's shard (per-head q/k norms):
+      the strategy SUMS their gradients over the tensor-parallel group.
+
+    After the plan is applied, every parameter must be sharded (a DTensor) or matched by
+    ``replicated`` or ``partial``; otherwise the build stops naming it."""
+
+    styles: Mapping[str, Any] = attrs.field(factory=dict)
+    replicated: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    partial: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen
+class TensorParallelPlan:
+    """``root``: paths relative to the model part (entries for modules a pipeline stage
+    does not hold are skipped); ``block``: paths relative to each block."""
+
+    root: TensorParallelScope = attrs.field(factory=TensorParallelScope)
+    block: TensorParallelScope = attrs.field(factory=TensorParallelScope)
+
+
+@attrs.frozen
+class ParallelContract:
+    """What a model's ``parallel_contract()`` returns: all the strategies know of it.
+
+    - ``blocks``: the attribute holding the repeated blocks (an ``nn.ModuleDict``, so
+      that a pipeline stage keeps its blocks' state-dict keys): FSDP shards them one by
+      one, ``train.compile`` compiles them one by one, pipeline parallelism splits them.
+    - ``pipeline``: the :class:`PipelineSplit`, or ``None`` (no pipeline parallelism).
+    - ``tensor_parallel``: called as ``tensor_parallel(sequence_parallel=bool)``, returns
+      the :class:`TensorParallelPlan`; it builds torch styles, so it imports torch itself
+      (lazily, in the model's package). ``None``: no tensor parallelism.
+    """
+
+    blocks: str
+    pipeline: PipelineSplit | None = None
+    tensor_parallel: Callable[..., TensorParallelPlan] | None = None
+
+
+def contract_of(module: Any) -> ParallelContract | None:
+    """The module's :class:`ParallelContract`, or ``None`` when it declares none. A
+    pipeline stage (a shallow copy of the model) answers like the model."""
+    declare = getattr(module, "parallel_contract", None)
+    return declare() if callable(declare) else None
+
+
+def blocks_of(module: Any) -> list[Any]:
+    """The repeated blocks of a model part, in order (what FSDP shards and compile
+    compiles one by one); ``[]`` for a module that declares no contract or no blocks."""
+    contract = contract_of(module)
+    blocks = None if contract is None else getattr(module, contract.blocks, None)
+    if blocks is None:
+        return []
+    values = getattr(blocks, "values", None)
+    return list(values() if callable(values) else blocks)

@@ -1,0 +1,212 @@
+"""Frozen spec objects that plugins return from the registration hooks.
+
+A spec is metadata: it names a component, summarises it in one line, points at the
+implementation by a lazy import path (``"package.module:attr"``) and declares the
+capabilities the rule engine reasons about. Nothing here imports torch, so ``forge-run
+check``, ``plugins`` and ``rules`` stay fast; the implementation is imported only when a
+run actually builds the component (``spec.load()``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+
+
+@attrs.frozen
+class NoOptions:
+    """Options class for a component that takes no options."""
+
+
+def _check_impl(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    module, sep, attr = value.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(
+            f"{type(instance).__name__} {instance.name!r}: impl must be 'package.module:attr', got {value!r}"
+        )
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value or not value.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"component name must be letters, digits, '-' or '_', got {value!r}")
+
+
+def import_path(path: str) -> Any:
+    """Import ``"package.module:attr"`` (``attr`` may be dotted) and return the object."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """Fields every component spec has.
+
+    ``options`` is an attrs class; the config's option block for this component is
+    structured against it (unknown keys rejected, strict scalars), so a component's
+    settings are validated before anything is built.
+    """
+
+    kind: ClassVar[str] = "component"
+
+    name: str = attrs.field(validator=_check_name)
+    summary: str
+    impl: str = attrs.field(validator=_check_impl)
+    options: type = NoOptions
+
+    def load(self) -> Any:
+        """Import and return the implementation object named by ``impl``."""
+        return import_path(self.impl)
+
+
+@attrs.frozen(kw_only=True)
+class AttentionBackendSpec(ComponentSpec):
+    """An attention kernel. ``honours`` lists the per-token metadata it respects
+    (``{"doc_ids"}`` for a backend that masks attention across documents)."""
+
+    kind: ClassVar[str] = "attention"
+    honours: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+
+@attrs.frozen(kw_only=True)
+class ParallelismSpec(ComponentSpec):
+    """A parallelism strategy or model wrapper.
+
+    - ``mesh_dim``: the ``parallel.*`` degree that switches it on (``"pp"``, ``"tp"``,
+      ``"dp_shard"``, ``"dp_replicate"``); ``None`` for a wrapper enabled by name in
+      ``parallel.wrappers``.
+    - ``order``: strategies are applied in ascending order (pipeline split 100, tensor
+      parallel 200, compile 300, data-parallel wrapping 400).
+    - ``forwards``: the per-token metadata keys that reach every layer under this
+      strategy; ``None`` means all of them (the strategy does not change what a layer
+      sees). A pipeline stage that receives only hidden states forwards ``frozenset()``.
+    - ``yields_to``: names of strategies that, when active, take over this one's job
+      (``ddp`` yields to ``fsdp``, which does HSDP when both DP degrees are above 1).
+    - ``drops_metadata_because``: why metadata outside ``forwards`` is lost; quoted by
+      the rule that refuses such a combination.
+    - ``requires``: the pieces of the model's parallel contract the strategy needs
+      (``{TENSOR_PARALLEL}``, ``{PIPELINE}``, from :mod:`forge_core.api`); a model whose
+      spec does not declare them in ``supports`` is refused by ``forge-run check``.
+    - ``handles_meta_device``: the strategy applies to a model whose tensors are still on
+      the meta device (a model that loads a checkpoint is built there, see
+      :class:`ModelSpec`) and leaves it there. Before the first strategy that does not,
+      the kernel materialises the model (``to_empty`` then ``init_weights``), so with
+      only such strategies before it each process allocates just what it holds.
+    """
+
+    kind: ClassVar[str] = "parallelism"
+    mesh_dim: str | None = None
+    order: int = 500
+    forwards: frozenset[str] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else frozenset(v)
+    )
+    yields_to: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    drops_metadata_because: str = ""
+    requires: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    handles_meta_device: bool = False
+
+    def forwards_key(self, key: str) -> bool:
+        return self.forwards is None or key in self.forwards
+
+
+@attrs.frozen(kw_only=True)
+class PackerSpec(ComponentSpec):
+    """Turns tokenized documents into fixed-length rows. ``emits`` lists the per-token
+    metadata it returns beside ``input_ids`` and ``labels`` (``{"doc_ids", "positions"}``
+    for a packer that isolates documents). ``emits_when`` optionally names a boolean
+    option that switches emission off (``"isolate"`` for ``concat``)."""
+
+    kind: ClassVar[str] = "packer"
+    emits: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    emits_when: str | None = None
+
+    def emitted(self, options: Any) -> frozenset[str]:
+        """The metadata this packer emits under ``options`` (its structured options)."""
+        if self.emits_when is not None and not getattr(options, self.emits_when, True):
+            return frozenset()
+        return self.emits
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec(ComponentSpec):
+    """A model family.
+
+    - ``max_seq_len_option``: the option holding the longest sequence the model
+      supports (used by the sequence-length rule).
+    - ``accepts``: the per-token metadata its forward takes as keyword arguments.
+    - ``hf_export``: optionally ``"package.module:function"`` used by ``forge-run
+      export-hf`` (called as ``export(model_state_dict, options, out_dir,
+      vocab_size=...)``, plus ``eos_token_id``/``pad_token_id``/``bos_token_id``/
+      ``max_shard_size`` keywords when the function accepts them; the state dict is
+      already in the dtype asked for).
+    - ``supports``: the pieces of the parallel contract its implementation supplies
+      through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``
+      from :mod:`forge_core.api`); a strategy that ``requires`` one it lacks is refused.
+    - ``facts``: a torch-free function of the structured options returning
+      :class:`~forge_core.api.ModelFacts` (layers, heads, kv heads, tied embeddings),
+      which the parallelism rules read whatever the options are called; ``None`` when
+      the model declares none (a strategy whose rules need them is then refused).
+    - ``resolve_options``: optionally a torch-free ``"package.module:function"``,
+      ``resolve(options) -> options``, that the config loader applies to the structured
+      model options before any rule, ``facts`` or build sees them: it fills options the
+      config left unset (for example from a checkpoint's ``config.json``). It must not
+      raise for a missing or broken file: the model's rules report that.
+    - ``pretrained_option``: optionally the option that points at pretrained weights.
+      A model whose weights come from there may be built on the meta device; the trainer
+      materialises it after sharding (:class:`ParallelismSpec` ``handles_meta_device``):
+      ``module.to_empty(device=...)`` then ``module.init_weights()``, which must fill
+      every parameter and buffer of the module as this process holds it. Commands that
+      restore a Forge checkpoint instead (``export-hf``, ``sample``) clear the option
+      (set it to ``""``), so they need neither the pretrained files nor the time to
+      read them.
+    """
+
+    kind: ClassVar[str] = "model"
+    max_seq_len_option: str | None = "max_seq_len"
+    accepts: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    hf_export: str | None = None
+    supports: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    facts: Callable[[Any], Any] | None = None
+    resolve_options: str | None = None
+    pretrained_option: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SourceSpec(ComponentSpec):
+    """A data source: yields documents as text, or as token arrays when ``pretokenized``."""
+
+    kind: ClassVar[str] = "source"
+    pretokenized: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TokenizerSpec(ComponentSpec):
+    """A tokenizer factory."""
+
+    kind: ClassVar[str] = "tokenizer"
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerSpec(ComponentSpec):
+    """An optimizer factory."""
+
+    kind: ClassVar[str] = "optimizer"
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleSpec(ComponentSpec):
+    """A learning-rate schedule: a pure function of the step."""
+
+    kind: ClassVar[str] = "schedule"
+
+
+@attrs.frozen(kw_only=True)
+class LoggerSpec(ComponentSpec):
+    """A logger: its implementation is a class whose instances implement lifecycle hooks."""
+
+    kind: ClassVar[str] = "logger"

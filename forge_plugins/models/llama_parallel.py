@@ -1,0 +1,79 @@
+"""The ``llama`` model's tensor-parallel plan (Megatron-style), supplied to the ``tp``
+strategy through :meth:`forge_plugins.models.llama.Llama.parallel_contract`.
+
+- ``attention.wq/wk/wv`` and ``feed_forward.w1/w3`` column-wise: each rank computes
+  ``n_heads / tp`` heads and ``1 / tp`` of the MLP's hidden units, with no
+  communication; ``attention.wo`` and ``feed_forward.w2`` row-wise: one all-reduce (or
+  reduce-scatter) per sub-layer brings the partial sums together.
+- ``tok_embeddings`` row-wise (the vocabulary is split; the input ids are replicated).
+- ``output`` column-wise with a replicated output: every rank gets the full logits and
+  computes the same loss (loss parallelism is off). A tied output shares the
+  embedding's matrix, sharded the same way (dim 0, the vocabulary), so the strategy
+  keeps the two tied.
+- Without sequence parallelism the norms are ``replicated``: they run on the whole,
+  replicated residual stream, so every rank computes the same gradient for them.
+- The qwen3 family's per-head q/k norms (``attention.q_norm``/``k_norm``) are
+  ``partial`` with or without sequence parallelism: each rank applies them to its own
+  heads, so its gradient is its heads' share and the strategy sums them over the
+  group. Biases (qwen2's q/k/v, llama's optional ones) are sharded with their layer:
+  column-wise layers split theirs, row-wise layers keep theirs replicated.
+- With sequence parallelism the norms run on ``1 / tp`` of the sequence
+  (``SequenceParallel``): the residual stream is a sequence-sharded DTensor between
+  sub-layers, gathered before attention and the MLP, reduce-scattered after. It keeps
+  the DTensor (global shape) so the model reads the true sequence length.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from forge_core.api import TensorParallelPlan, TensorParallelScope
+
+BLOCK_NORMS = ("attention_norm", "ffn_norm")
+#: Per-head norms of the queries and keys (qwen3); absent in the other families.
+QK_NORMS = ("attention.q_norm", "attention.k_norm")
+
+
+def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
+    residual = Shard(1) if sequence_parallel else Replicate()
+    root = {
+        "tok_embeddings": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=residual, use_local_output=not sequence_parallel
+        ),
+        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True),
+    }
+    block = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
+    }
+    if not sequence_parallel:
+        return TensorParallelPlan(
+            root=TensorParallelScope(styles=root, replicated=("norm",)),
+            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS, partial=QK_NORMS),
+        )
+    root["norm"] = SequenceParallel(use_local_output=False)
+    block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
+    block.update({
+        # attention(x, cos, sin, prepared): gather x; the rest are not DTensors.
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None),
+            use_local_output=True,
+        ),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
+    })
+    return TensorParallelPlan(root=TensorParallelScope(styles=root),
+                              block=TensorParallelScope(styles=block, partial=QK_NORMS))
