@@ -80,6 +80,7 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from forge_core import judge
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
     from forge_core.registry import load_registries
@@ -93,12 +94,13 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
     config, issues = structure(raw, ForgeConfig)
     config, more = resolve_components(config, registries)
     assert not issues and not more, issues + more
+    plan = judge.make_plan(config, registries, dist.get_world_size())
     vocab = json.loads((Path(hf_dir) / "config.json").read_text())["vocab_size"]
     dist.barrier()
     baseline = status_kib("VmRSS")
     if mode == "forge":
-        model = components.model(config, registries, vocab, components.attention(config, registries))
-        parts = parallelize(model, config, registries["parallelism"], torch.device("cpu")).parts
+        model = components.model(plan, registries, vocab, components.attention(plan, registries))
+        parts = parallelize(model, plan, torch.device("cpu")).parts
     else:
         import attrs
         from safetensors.torch import load_file
@@ -110,7 +112,7 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
         from forge_plugins.parallel.fsdp import shard_model
 
         options = attrs.evolve(config.model.options, init_from_hf="")
-        model = build(options, vocab, components.attention(config, registries))
+        model = build(options, vocab, components.attention(plan, registries))
         state = {}
         for path in sorted(set(weight_map(hf_dir).values())):
             state.update({from_hf_key(k): v for k, v in load_file(str(path)).items()})

@@ -23,6 +23,7 @@ import torch
 
 from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.train.parallelize import is_meta, materialize
+from forge_plugins.attention import equivalence
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.reference import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
@@ -86,8 +87,8 @@ def float64_norms(model) -> None:
             module.forward = forward.__get__(module)
 
 
-def forge_from(path, vocab: int = VOCAB, **options):
-    model = build(LlamaOptions(init_from_hf=str(path), **options), vocab, SdpaAttention(SdpaOptions()))
+def forge_from(path, vocab: int = VOCAB, backend=None, **options):
+    model = build(LlamaOptions(init_from_hf=str(path), **options), vocab, backend or SdpaAttention(SdpaOptions()))
     materialize(model, "cpu")
     return model.eval()
 
@@ -170,6 +171,47 @@ def test_hf_initialised_model_matches_each_document_when_packed(tmp_path):
         packed = model(row, doc_ids=doc_ids, positions=positions)
         second = hf(row[:, 6:]).logits
     same_logits(packed[:, 6:], second, model, what="packed second document against transformers on it alone")
+
+
+@pytest.fixture
+def unfused_flex(monkeypatch):
+    """FlexAttention on PyTorch's unfused flex_attention: the same BlockMask semantics
+    as the compiled kernel, in float64 and without a compilation."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from forge_plugins.attention import flex as flex_module
+    from forge_plugins.attention.options import FlexOptions
+
+    monkeypatch.setattr(flex_module, "_compiled_flex", flex_attention)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        yield flex_module.FlexAttention(FlexOptions(block_size=16))
+
+
+@pytest.mark.numerical
+@pytest.mark.parametrize("backend", ["eager", "flex"])
+@pytest.mark.parametrize("name", ["qwen2-tied", "qwen3", "llama-bias-llama3"])
+def test_every_attention_backend_runs_an_imported_family(tmp_path, backend, name, unfused_flex):
+    """Float64 identity with transformers through the eager and FlexAttention backends
+    (sdpa: above), and packed documents isolated through the whole imported model (the
+    attention kit's model check, with this model in place of its tiny llama)."""
+    from forge_core.api import NoOptions
+    from forge_plugins.attention.eager import EagerAttention
+
+    family, extra = CHECKPOINTS[name]
+    random_hf(tmp_path, family, **extra)
+    attention = {"eager": EagerAttention(NoOptions()), "flex": unfused_flex}[backend]
+    model = forge_from(tmp_path, backend=attention).double()
+    hf64 = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.float64, attn_implementation="sdpa", trust_remote_code=False).eval()
+    float64_norms(hf64)  # and sdpa: transformers' eager attention takes its softmax in float32
+    with torch.no_grad():
+        same_logits(model(tokens()), hf64(tokens()).logits, model, torch.float64, f"{name} through {backend}")
+    worst = equivalence.check_document_isolation(attention, build_model=lambda _: model, rows=((5, 1, 11, 7), (24,)),
+                                                 standalone="prefix", dtypes=(torch.float64,))
+    assert max(worst.values()) < 1
 
 
 def test_the_model_is_built_on_the_meta_device_and_loaded_when_materialised(tmp_path):

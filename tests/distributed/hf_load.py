@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from forge_core import judge
+from forge_core.api import Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
@@ -35,12 +37,12 @@ from forge_plugins.models.hf_keys import to_hf_key
 LAYOUTS = {
     "fsdp": {"dp_shard": 2},
     "tp": {"tp": 2},
-    "pp": {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 2},
+    "pp": {"pp": 2, "options": {"pp": {"schedule": "gpipe", "microbatches": 2}}},
 }
 PROBE = torch.arange(16).reshape(2, 8) % 50
 
 
-def make_config(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> ForgeConfig:
+def make_plan(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> Plan:
     raw = {
         "model": {"name": "llama", "options": {"init_from_hf": hf_dir}},
         "attention": {"backend": "sdpa"},
@@ -52,7 +54,7 @@ def make_config(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> Forge
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return config
+    return judge.make_plan(config, registries, dist.get_world_size())
 
 
 def checkpoint_tensors(hf_dir: str) -> dict[str, torch.Tensor]:
@@ -69,10 +71,10 @@ def main() -> None:
     expected = checkpoint_tensors(hf_dir)
     results: dict[str, Any] = {}
     for name in names:
-        config = make_config(registries, hf_dir, LAYOUTS[name])
-        model = components.model(config, registries, 50, components.attention(config, registries))
+        plan = make_plan(registries, hf_dir, LAYOUTS[name])
+        model = components.model(plan, registries, 50, components.attention(plan, registries))
         meta = is_meta(model)
-        pmodel = parallelize(model, config, registries["parallelism"], torch.device("cpu"), loss_fn)
+        pmodel = parallelize(model, plan, torch.device("cpu"), loss_fn)
         held, diffs = 0, {}
         for part in pmodel.parts:
             for key, param in part.named_parameters():

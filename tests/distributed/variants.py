@@ -43,7 +43,7 @@ class QKNormLlama(Llama):
     def __init__(self, options: LlamaOptions, vocab_size: int, attention) -> None:
         super().__init__(options, vocab_size, attention)
         for block in self.layers.values():
-            block.attention = QKNormAttention(options, attention)
+            block.attention = QKNormAttention(self.options, attention)  # the resolved options
         with torch.no_grad():  # norms away from ones, so that a wrong gradient shows at once
             for name, param in self.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
