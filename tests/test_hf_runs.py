@@ -9,6 +9,7 @@ export expect: bf16, shards, the tokenizer for ``AutoTokenizer`` and
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -75,6 +76,9 @@ def test_a_checkpoint_trains_and_exports_back_to_its_family(tmp_path, family):
 
 def test_export_options_users_expect(tmp_path, capsys):
     run_dir = trained_run(tmp_path, "qwen2")
+    # The run directory alone is enough: the checkpoint holds every weight, and the
+    # shapes the run resolved from config.json are in its saved config.
+    shutil.rmtree(tmp_path / "hf-in")
     model, tokenizer, _, _ = load_for_inference(run_dir)
     out = tmp_path / "out"
     assert export(run_dir, out, "--dtype", "bf16") == 0
