@@ -64,7 +64,7 @@ def build_hf(args: argparse.Namespace, trainer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from forge_plugins.models.hf_interop import to_hf_key
+    from forge_plugins.models.hf_keys import to_hf_key
     from forge_plugins.models.options import ffn_hidden_size
 
     options = trainer.config.model.options

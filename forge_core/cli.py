@@ -86,14 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face model folder")
     p.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
-    p.add_argument("out_dir", help="folder to write (config.json, model.safetensors, tokenizer)")
+    p.add_argument("out_dir", help="folder to write (config.json, generation_config.json, weights, tokenizer)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the written weights")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest weight file (e.g. 5GB, 500MB); a larger model is written as shards "
+                        "with model.safetensors.index.json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT_DIR (only once the new export is complete)")
 
-    p = sub.add_parser("sample", help="print a continuation from a run's latest checkpoint")
+    p = sub.add_parser("sample", help="print continuations from a run's latest checkpoint")
     p.add_argument("run_dir")
-    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--prompt", action="append", metavar="TEXT",
+                   help="text to continue; repeat for several prompts (default: one empty prompt)")
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=40, help="0: off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end a continuation where this text appears (not printed); repeatable")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="print text as it is sampled")
     p.add_argument("--seed", type=int, default=0)
     return parser
 

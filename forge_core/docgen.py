@@ -466,6 +466,26 @@ def config_keys() -> list[str]:
     return out
 
 
+def _section_type(tp: Any) -> type | None:
+    """The attrs class a field holds (itself, or inside ``X | None``), else ``None``."""
+    for candidate in (tp, *typing.get_args(tp)):
+        if isinstance(candidate, type) and attrs.has(candidate):
+            return candidate
+    return None
+
+
+def option_rows(cls: type, prefix: str) -> list[tuple[str, attrs.Attribute]]:
+    """``(path, field)`` for every option of ``cls``, nested option sections included
+    (``model.options.rope_scaling.factor``)."""
+    rows = []
+    for f in resolved_fields(cls):
+        rows.append((prefix + f.name, f))
+        section = _section_type(f.type)
+        if section is not None:
+            rows += option_rows(section, f"{prefix}{f.name}.")
+    return rows
+
+
 def component_option_keys(registries: Any) -> list[str]:
     """The option keys of every built-in component, as config paths."""
     from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS
@@ -473,10 +493,11 @@ def component_option_keys(registries: Any) -> list[str]:
     out = []
     for block in OPTION_BLOCKS:
         for name in registries[block.kind].names():
-            out += [f"{block.options_path}.{f.name}" for f in resolved_fields(registries[block.kind].get(name).options)]
+            out += [path for path, _ in option_rows(registries[block.kind].get(name).options, f"{block.options_path}.")]
     for block in KEYED_BLOCKS:
         for name in registries[block.kind].names():
-            out += [f"{block.options_path}.{name}.{f.name}" for f in resolved_fields(registries[block.kind].get(name).options)]
+            out += [path for path, _ in option_rows(registries[block.kind].get(name).options,
+                                                    f"{block.options_path}.{name}.")]
     return out
 
 
@@ -492,7 +513,7 @@ def _component_tables(registries: Any, kind: str, options_path: str, chooser: st
             lines += ["No options.", ""]
             continue
         prefix = f"{options_path}.{name}." if keyed else f"{options_path}."
-        lines += [*_field_table([(prefix + f.name, f) for f in fields]), ""]
+        lines += [*_field_table(option_rows(spec.options, prefix)), ""]
     return lines
 
 

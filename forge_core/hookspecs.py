@@ -145,6 +145,20 @@ def forge_models() -> list[ModelSpec]:
     stage, and the stage builds whatever mask it needs from them (the backend's
     ``prepare``).
 
+    Optional, used when present:
+
+    - ``vocab_size``: the rows of the output (recorded by the run, so ``sample`` and
+      ``export-hf`` rebuild the model with a pretrained checkpoint's padded vocabulary);
+    - ``init_weights()``: fills every parameter and buffer; a model built on the meta
+      device (weights from a checkpoint, ``ModelSpec.pretrained_option``) is materialised
+      with ``to_empty(device=...)`` then ``init_weights()`` once the strategies that
+      handle the meta device have sharded it, and must then fill only what this process
+      holds (DTensor shards, a pipeline stage);
+    - ``new_cache(batch_size, max_len)`` and ``forward(input_ids, cache=cache)``: a
+      key/value cache; ``forward`` with it runs only the new tokens, continuing the cached
+      ones. ``forge-run sample`` decodes with it, and re-reads the whole context every
+      token without it.
+
     Example::
 
         @hookimpl
@@ -187,8 +201,12 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     class constructed as ``cls(options)`` with ``vocab_size``, ``eos_id``, ``pad_id``,
     ``identity`` (a string that changes whenever token ids would), ``encode(text) ->
     list[int]``, ``decode(ids) -> str`` and ``save(directory)`` (may do nothing).
-    Optional: ``encode_batch(texts)`` (used when present, for speed) and a classmethod
-    ``load(directory)`` that reopens what ``save`` wrote (``forge-run sample`` uses it).
+    Optional: ``encode_batch(texts)`` (used when present, for speed), a classmethod
+    ``load(directory)`` that reopens what ``save`` wrote (``forge-run sample`` uses it),
+    and ``save_hf(directory)``, which writes the tokenizer as Hugging Face files
+    (``tokenizer.json``, ``tokenizer_config.json``) that ``AutoTokenizer`` loads with
+    the same ids (``forge-run export-hf`` ships them with the model); without it, the
+    run's saved files are copied when they hold a ``tokenizer.json``.
 
     Example::
 

@@ -95,7 +95,7 @@ def corpus(root: Path) -> dict[str, tuple[dict, str]]:
         "init-missing": (model(str(root / "no-such-hf")), "the folder does not exist"),
         "init-no-config": (model(hf_folder(root, "no-config", None, llama_shapes())), "no config.json there"),
         "init-mismatch": (model(hf_folder(root, "mismatch", hf_config(hidden_size=16, num_hidden_layers=2), None)),
-                          "model.options.dim=8 but hidden_size=16 (set dim=16)"),
+                          "model.options.dim=8 but config.json hidden_size=16: remove dim from model.options"),
         "init-no-weights": (model(hf_folder(root, "no-weights", hf_config(), None)), "no model.safetensors"),
         "init-bad-shape": (model(hf_folder(root, "bad-shape", hf_config(), llama_shapes(q_rows=6))),
                            "model.layers.0.self_attn.q_proj.weight has shape [6, 8], the options need [8, 8]"),
@@ -117,7 +117,7 @@ with tempfile.TemporaryDirectory() as _scratch:
 
 def test_the_corpus_builds_a_model_folder_that_fits(tmp_path):
     # Negative control for the init_from_hf cases: the same folder with the right shape passes.
-    from forge_plugins.models.hf_interop import hf_folder_problems
+    from forge_plugins.models.hf_config import hf_folder_problems
     from forge_plugins.models.options import LlamaOptions
 
     good = hf_folder(tmp_path, "good", hf_config(), llama_shapes())

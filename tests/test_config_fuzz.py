@@ -6,6 +6,7 @@ error at that field's path, never a traceback."""
 from __future__ import annotations
 
 import math
+import typing
 
 import attrs
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from forge_core.api import INT_MAX, INT_MIN
 from forge_core.config.loader import ConfigError, parse_yaml, structure_config
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
-from forge_core.docgen import builtin_registries
+from forge_core.docgen import builtin_registries, option_rows
 from forge_core.judge import judge_config
 from forge_core.reference import resolved_fields
 
@@ -30,9 +31,18 @@ def _set(raw: dict, path: str, value) -> None:
     raw[last] = value
 
 
+def _numeric(tp) -> type | None:
+    """``int`` or ``float`` for a field of that type, optional (``int | None``) or not."""
+    for candidate in (tp, *typing.get_args(tp)):
+        if candidate in (int, float):
+            return candidate
+    return None
+
+
 def numeric_fields() -> dict[str, tuple[type, dict]]:
     """``{config path: (int or float, settings that choose the component)}`` for every
-    numeric field of the schema and of every built-in component's options class."""
+    numeric field of the schema and of every built-in component's options class (nested
+    option sections included)."""
     found: dict[str, tuple[type, dict]] = {}
 
     def visit(cls: type, prefix: str) -> None:
@@ -45,14 +55,14 @@ def numeric_fields() -> dict[str, tuple[type, dict]]:
     visit(ForgeConfig, "")
     for block in OPTION_BLOCKS:
         for name in REGISTRIES[block.kind].names():
-            for f in resolved_fields(REGISTRIES[block.kind].get(name).options):
-                if f.type in (int, float):
-                    found[f"{block.options_path}.{f.name}"] = (f.type, {block.name_path: name})
+            for path, f in option_rows(REGISTRIES[block.kind].get(name).options, f"{block.options_path}."):
+                if _numeric(f.type):
+                    found[path] = (_numeric(f.type), {block.name_path: name})
     for block in KEYED_BLOCKS:
         for name in REGISTRIES[block.kind].names():
-            for f in resolved_fields(REGISTRIES[block.kind].get(name).options):
-                if f.type in (int, float):
-                    found[f"{block.options_path}.{name}.{f.name}"] = (f.type, {})
+            for path, f in option_rows(REGISTRIES[block.kind].get(name).options, f"{block.options_path}.{name}."):
+                if _numeric(f.type):
+                    found[path] = (_numeric(f.type), {})
     return found
 
 
@@ -62,7 +72,7 @@ FIELDS = numeric_fields()
 def test_the_introspection_finds_kernel_and_component_fields():
     # A negative control for the generator: fields of each origin are there.
     for path in ("train.lr", "train.steps", "train.nonfinite.max_consecutive", "parallel.dp_shard",
-                 "train.optimizer_options.beta1", "model.options.norm_eps", "attention.options.block_size",
+                 "train.optimizer_options.beta1", "model.options.norm_eps", "model.options.rope_scaling.factor", "attention.options.block_size",
                  "data.source_options.max_bytes", "parallel.options.ddp.bucket_cap_mb",
                  "logging.options.plot.smooth", "train.schedule_options.decay_fraction"):
         assert path in FIELDS, path

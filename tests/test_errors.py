@@ -173,7 +173,7 @@ def test_culprit_without_a_component():
 
 
 def test_init_from_hf_folder_that_needs_its_own_code_is_refused(tmp_path):
-    from forge_plugins.models.hf_interop import read_hf_config
+    from forge_plugins.models.hf_folder import read_hf_config
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}))

@@ -245,12 +245,19 @@ def test_init_from_hf_lists_every_mismatch_with_both_values(cfg, tmp_path):
         "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
         "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 300, "rms_norm_eps": 1e-6,
     }))
-    path = cfg({"model": {"options": {"init_from_hf": str(tmp_path)}}})
+    # Options left unset are read from config.json; only those given explicitly can differ.
+    unset = judge(cfg({"model": {"options": {"init_from_hf": str(tmp_path)}}}))
+    assert unset.config.model.options.dim == 64 and unset.config.model.options.n_layers == 3
+    assert not [v for v in unset.errors if v.rule_id == "llama.init-from-hf" and "model.options" in v.message]
+    path = cfg({"model": {"options": {"init_from_hf": str(tmp_path), "dim": 256, "n_layers": 4, "norm_eps": 1e-5,
+                                      "n_heads": 8}}})
     result = judge(path)
     messages = [v.message for v in result.errors if v.rule_id == "llama.init-from-hf"]
-    assert "model.options.dim=256 but hidden_size=64 (set dim=64)" in messages
-    assert "model.options.n_layers=4 but num_hidden_layers=3 (set n_layers=3)" in messages
-    assert "model.options.norm_eps=1e-05 but rms_norm_eps=1e-06 (set norm_eps=1e-06)" in messages
+    fix = "from model.options to take the checkpoint's value"
+    assert f"model.options.dim=256 but config.json hidden_size=64: remove dim {fix}" in " ".join(messages)
+    assert any(m.startswith("model.options.n_layers=4 but config.json num_hidden_layers=3") for m in messages)
+    assert any(m.startswith("model.options.norm_eps=1e-05 but config.json rms_norm_eps=1e-06") for m in messages)
+    assert not any("n_heads" in m for m in messages)  # given, but equal to the checkpoint's
     (tmp_path / "config.json").write_text("{not json")
     assert "config.json is not valid JSON" in rule_errors(path)["llama.init-from-hf"]
 

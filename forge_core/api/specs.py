@@ -92,6 +92,11 @@ class ParallelismSpec(ComponentSpec):
     - ``requires``: the pieces of the model's parallel contract the strategy needs
       (``{TENSOR_PARALLEL}``, ``{PIPELINE}``, from :mod:`forge_core.api`); a model whose
       spec does not declare them in ``supports`` is refused by ``forge-run check``.
+    - ``handles_meta_device``: the strategy applies to a model whose tensors are still on
+      the meta device (a model that loads a checkpoint is built there, see
+      :class:`ModelSpec`) and leaves it there. Before the first strategy that does not,
+      the kernel materialises the model (``to_empty`` then ``init_weights``), so with
+      only such strategies before it each process allocates just what it holds.
     """
 
     kind: ClassVar[str] = "parallelism"
@@ -103,6 +108,7 @@ class ParallelismSpec(ComponentSpec):
     yields_to: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     drops_metadata_because: str = ""
     requires: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    handles_meta_device: bool = False
 
     def forwards_key(self, key: str) -> bool:
         return self.forwards is None or key in self.forwards
@@ -135,8 +141,9 @@ class ModelSpec(ComponentSpec):
     - ``accepts``: the per-token metadata its forward takes as keyword arguments.
     - ``hf_export``: optionally ``"package.module:function"`` used by ``forge-run
       export-hf`` (called as ``export(model_state_dict, options, out_dir,
-      vocab_size=...)``, plus ``eos_token_id``/``pad_token_id`` keywords when the
-      function accepts them).
+      vocab_size=...)``, plus ``eos_token_id``/``pad_token_id``/``bos_token_id``/
+      ``max_shard_size`` keywords when the function accepts them; the state dict is
+      already in the dtype asked for).
     - ``supports``: the pieces of the parallel contract its implementation supplies
       through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``
       from :mod:`forge_core.api`); a strategy that ``requires`` one it lacks is refused.
@@ -144,6 +151,19 @@ class ModelSpec(ComponentSpec):
       :class:`~forge_core.api.ModelFacts` (layers, heads, kv heads, tied embeddings),
       which the parallelism rules read whatever the options are called; ``None`` when
       the model declares none (a strategy whose rules need them is then refused).
+    - ``resolve_options``: optionally a torch-free ``"package.module:function"``,
+      ``resolve(options) -> options``, that the config loader applies to the structured
+      model options before any rule, ``facts`` or build sees them: it fills options the
+      config left unset (for example from a checkpoint's ``config.json``). It must not
+      raise for a missing or broken file: the model's rules report that.
+    - ``pretrained_option``: optionally the option that points at pretrained weights.
+      A model whose weights come from there may be built on the meta device; the trainer
+      materialises it after sharding (:class:`ParallelismSpec` ``handles_meta_device``):
+      ``module.to_empty(device=...)`` then ``module.init_weights()``, which must fill
+      every parameter and buffer of the module as this process holds it. Commands that
+      restore a Forge checkpoint instead (``export-hf``, ``sample``) clear the option
+      (set it to ``""``), so they need neither the pretrained files nor the time to
+      read them.
     """
 
     kind: ClassVar[str] = "model"
@@ -152,6 +172,8 @@ class ModelSpec(ComponentSpec):
     hf_export: str | None = None
     supports: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     facts: Callable[[Any], Any] | None = None
+    resolve_options: str | None = None
+    pretrained_option: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -550,6 +550,18 @@ def _raw_lookup(raw: dict[str, Any]):
     return lookup
 
 
+def _resolved(spec: Any, options: Any, where: str) -> tuple[Any, list[tuple[str, str]]]:
+    """``options`` completed by the spec's ``resolve_options`` function (options the
+    config left unset, filled from elsewhere: a checkpoint's config)."""
+    from forge_core.api import import_path
+
+    try:
+        return import_path(spec.resolve_options)(options), []
+    except Exception as exc:  # a plugin's bug must not read as a traceback of the loader
+        return options, [(where, f"{spec.kind} {spec.name!r}: resolve_options {spec.resolve_options!r} "
+                                 f"failed ({type(exc).__name__}: {exc})")]
+
+
 def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Check every component name and structure its option block against its spec's
     options class, as far as the name is known. Returns ``{options_path: value}``."""
@@ -566,8 +578,12 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
         options = lookup(block.options_path)
         if options is _UNUSABLE:
             continue
-        value, problems = structure(options, registry.get(name).options, f"$.{block.options_path}")
+        spec = registry.get(name)
+        value, problems = structure(options, spec.options, f"$.{block.options_path}")
         issues.extend(problems)
+        if value is not None and getattr(spec, "resolve_options", None):
+            value, problems = _resolved(spec, value, f"$.{block.options_path}")
+            issues.extend(problems)
         values[block.options_path] = value
     issues += _structure_source_entries(lookup, registries["source"], values)
     for block in KEYED_BLOCKS:

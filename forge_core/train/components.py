@@ -155,6 +155,18 @@ def attention(plan: Any, registries: Any) -> Any:
     return _build(plan, registries, "attention", lambda cls: cls(plan.config.attention.options))
 
 
+def without_pretrained(plan: Any) -> Any:
+    """``plan`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
+    for commands whose weights come from a Forge checkpoint instead."""
+    name = plan.specs["model"].pretrained_option
+    config = plan.config
+    options = config.model.options
+    if not name or not getattr(options, name, None):
+        return plan
+    options = attrs.evolve(options, **{name: ""})
+    return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
+
+
 def model(plan: Any, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
     options = plan.config.model.options
     return _build(plan, registries, "model",

@@ -2,17 +2,25 @@
 model folder.
 
 The model family's spec names its exporter (``ModelSpec.hf_export``); the kernel calls
-it with the full model state dict, the model options and the vocabulary size (and the
-tokenizer's EOS/PAD ids when the exporter takes them), then copies the run's tokenizer
-files when they are in Hugging Face format (``tokenizer.json`` present). The checkpoint
-is checked against its manifest's checksums and read without running code from it
-(:func:`forge_core.train.checkpoint.load_model`); an OUT_DIR that cannot be created or
-a disk that fills up is a clean error (exit 2).
+it with the full model state dict cast to ``--dtype``, the model options and the
+vocabulary size (and the tokenizer's EOS/PAD/BOS ids and ``--max-shard-size`` in bytes when
+the exporter takes them). The tokenizer goes with it whenever the run has one: a tokenizer
+with ``save_hf(directory)`` writes Hugging Face files itself (the byte tokenizer writes
+a ``tokenizers`` JSON), otherwise the run's saved tokenizer files are copied when they
+are in Hugging Face format (``tokenizer.json``).
+
+The checkpoint is checked against its manifest's checksums and read without running
+code from it (:func:`forge_core.train.checkpoint.load_model`); the model's pretrained
+option is cleared (the checkpoint holds every weight). Everything is written to
+``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
+refused unless ``--overwrite``, and then replaced only by a complete export; a failed
+export (a full disk included: a clean error, exit 2) leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,14 +28,61 @@ from typing import Any
 
 from forge_core.api import ForgeError
 
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", str(text), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise ForgeError(f"--max-shard-size: {text!r} is not a size (examples: 5GB, 500MB, 2GiB, 1000000)")
+    number, unit, binary = match.groups()
+    return int(float(number) * (1024 if binary else 1000) ** " KMGT".index(unit.upper() or " "))
+
+
+def _tokenizer_ids(tokenizer: Any, params: Any) -> dict[str, int]:
+    kwargs = {}
+    for key, attr in (("eos_token_id", "eos_id"), ("pad_token_id", "pad_id"), ("bos_token_id", "bos_id")):
+        value = getattr(tokenizer, attr, None)
+        if key in params and value is not None:
+            kwargs[key] = int(value)
+    return kwargs
+
+
+def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
+    """The run's tokenizer in Hugging Face form into ``out``; whether there was one."""
+    save_hf = getattr(tokenizer, "save_hf", None)
+    if callable(save_hf):
+        save_hf(str(out))
+        return True
+    if (saved / "tokenizer.json").is_file():
+        for file in saved.iterdir():
+            if file.is_file():
+                shutil.copy2(file, out / file.name)
+        return True
+    return False
+
 
 def main(args: Any) -> int:
+    import torch
+
+    from forge_core.data.shards import move_into_place, partial_dir
     from forge_core.api import import_path
     from forge_core.train import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
     from forge_core.train.run_lock import ensure_out_dir
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
+    out_dir = Path(args.out_dir)
+    overwrite = bool(getattr(args, "overwrite", False))
+    if out_dir.exists() and not overwrite:
+        raise ForgeError(f"export-hf OUT_DIR: {str(out_dir)!r} already exists. Choose another directory or "
+                         "pass --overwrite (it is replaced only once the new export is complete).")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ForgeError(f"export-hf OUT_DIR: {str(out_dir)!r} is an existing file, not a directory.")
+    dtype = getattr(torch, DTYPES[getattr(args, "dtype", "fp32")])
+    max_shard_size = getattr(args, "max_shard_size", None)
+    max_shard_size = parse_size(max_shard_size) if max_shard_size else None
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
     plan, registries = load_run_config(run_dir)
     config, spec = plan.config, plan.specs["model"]
@@ -36,6 +91,12 @@ def main(args: Any) -> int:
             f"model {spec.name!r} declares no Hugging Face export (ModelSpec.hf_export is empty); "
             f"its plugin would have to provide one."
         )
+    plan = components.without_pretrained(plan)
+    config = plan.config
+    exporter = import_path(spec.hf_export)
+    params = inspect.signature(exporter).parameters
+    if max_shard_size and "max_shard_size" not in params:
+        max_shard_size = None  # this exporter writes one file
     info = read_run_info(run_dir)
     tokenizer = None
     try:
@@ -46,32 +107,28 @@ def main(args: Any) -> int:
     vocab_size = int(info.get("vocab_size") or (tokenizer.vocab_size if tokenizer else 0)) or None
     model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
-    exporter = import_path(spec.hf_export)
-    kwargs: dict[str, Any] = {"vocab_size": vocab_size}
-    params = inspect.signature(exporter).parameters
-    if tokenizer is not None:
-        for key, attr in (("eos_token_id", "eos_id"), ("pad_token_id", "pad_id")):
-            if key in params:
-                kwargs[key] = int(getattr(tokenizer, attr))
-    out_dir = Path(args.out_dir)
-    ensure_out_dir(out_dir, "export-hf OUT_DIR", "Give export-hf a directory you can write.")
-    tok_dir = run_dir / TOKENIZER
-    hf_tokenizer = (tok_dir / "tokenizer.json").is_file()
+    kwargs: dict[str, Any] = {"vocab_size": vocab_size, **(_tokenizer_ids(tokenizer, params) if tokenizer else {})}
+    if max_shard_size:
+        kwargs["max_shard_size"] = max_shard_size
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    ensure_out_dir(out_dir.parent, "export-hf OUT_DIR", "Give export-hf a directory you can write.")
+    tmp = partial_dir(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
-        exporter(model.state_dict(), config.model.options, out_dir, **kwargs)
-        if hf_tokenizer:
-            for file in tok_dir.iterdir():
-                if file.is_file():
-                    shutil.copy2(file, out_dir / file.name)
+        exporter(state, config.model.options, tmp, **kwargs)
+        with_tokenizer = tokenizer is not None and write_tokenizer(tokenizer, run_dir / TOKENIZER, tmp)
+        move_into_place(tmp, out_dir)
     except Exception as exc:
-        if not is_disk_full(exc, out_dir):
+        if not is_disk_full(exc, out_dir.parent):
             raise
         raise ForgeError(f"{no_space_message(out_dir, 'the exported model')} Free some space or export "
                          f"to another disk.") from None
-    if hf_tokenizer:
-        print(f"copied the tokenizer from {tok_dir}", file=sys.stderr)
-    else:
-        print(f"note: the run's tokenizer ({config.data.tokenizer}) has no Hugging Face files; "
+    finally:  # an error or an interruption leaves nothing half-written
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not with_tokenizer:
+        print(f"note: the run's tokenizer ({config.data.tokenizer}) cannot be written in Hugging Face form; "
               f"{out_dir} holds the model only", file=sys.stderr)
-    print(f"exported {checkpoint} to {out_dir}")
+    print(f"exported {checkpoint} to {out_dir} ({DTYPES[getattr(args, 'dtype', 'fp32')]}"
+          f"{', with its tokenizer' if with_tokenizer else ''})")
     return 0

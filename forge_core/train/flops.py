@@ -63,7 +63,11 @@ def step_flops(n_matmul_params: int, attn_width: int, input_tokens: int, pairs: 
 
 class AttentionProbe:
     """Wraps an attention backend and records ``heads * head_dim`` of every ``attend``
-    call while ``recording``; everything else is delegated to the wrapped backend."""
+    call while ``recording``; everything else is delegated to the wrapped backend.
+
+    While recording the backend itself is not run (``attend`` returns zeros shaped like
+    the queries): the measurement needs only shapes, so it also works on a model still
+    on the meta device, whatever the backend supports there."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -71,11 +75,14 @@ class AttentionProbe:
         self.widths: list[int] = []
 
     def prepare(self, *args: Any, **kwargs: Any) -> Any:
+        if self.recording:
+            return None
         return self.inner.prepare(*args, **kwargs)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Any) -> torch.Tensor:
         if self.recording:
             self.widths.append(int(q.shape[1]) * int(q.shape[-1]))
+            return torch.zeros_like(q)
         return self.inner.attend(q, k, v, prepared)
 
     def __getattr__(self, name: str) -> Any:

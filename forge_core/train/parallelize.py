@@ -132,6 +132,41 @@ def compile_part(module: torch.nn.Module) -> None:
         block.compile()
 
 
+def is_meta(module: torch.nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is still on the meta device."""
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
+    """Give a module built on the meta device real storage on ``device`` and fill it:
+    ``to_empty`` then the model's ``init_weights()`` (which loads its checkpoint).
+    Parameters shared under several names (tied embeddings) stay shared: a plain
+    ``to_empty`` would give each name its own tensor. Nothing to do for a module with
+    no meta tensor."""
+    from forge_core.api import ForgeError
+
+    if not is_meta(module):
+        return
+    init = getattr(module, "init_weights", None)
+    if not callable(init):
+        raise ForgeError(
+            f"{type(module).__name__} was built on the meta device but has no init_weights() to fill it "
+            "(the model contract: ModelSpec.pretrained_option)"
+        )
+    shared: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(param), []).append(name)
+    module.to_empty(device=device)
+    for first, *others in (names for names in shared.values() if len(names) > 1):
+        param = module.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            if module.get_parameter(name) is not param:
+                setattr(module.get_submodule(owner), attr, param)
+    with torch.no_grad():
+        init()
+
+
 def parallelize(
     model: torch.nn.Module,
     plan: Any,
@@ -139,6 +174,9 @@ def parallelize(
     loss_fn: Callable | None = None,
 ) -> ParallelModel:
     """Build the mesh of ``plan.degrees`` and apply ``plan.strategies`` to ``model``.
+    A model built on the meta device (its weights come from a checkpoint) is
+    materialised before the first strategy that does not declare
+    ``handles_meta_device``, or after the last (:func:`materialize`).
 
     ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with, against the
     world size it runs at: nothing is recomputed from the config. Every process calls
@@ -164,6 +202,9 @@ def parallelize(
     runners: list[torch.nn.Module] = [model]
     split: contract.ModelSplit | None = None
     for _, name, strategy in steps:
+        if strategy is not None and not strategy.spec.handles_meta_device:
+            for part in parts:
+                materialize(part, device)
         if strategy is None:
             for runner in runners:
                 compile_part(runner)
@@ -182,6 +223,8 @@ def parallelize(
             parts, runners = list(split.parts), list(split.parts)
         else:
             runners = results
+    for part in parts:
+        materialize(part, device)
     pmodel.parts = parts
     if split is not None:
         pmodel.forward = None

@@ -56,7 +56,7 @@ from forge_core.train.checkpoint import (
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
 from forge_core.train.loss import loss_fn
 from forge_core.train.memory import MemoryMeter
-from forge_core.train.parallelize import clip_grad_norm, parallelize
+from forge_core.train.parallelize import clip_grad_norm, is_meta, parallelize
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
 
@@ -136,10 +136,14 @@ class Trainer:
 
         self.probe = flops.AttentionProbe(components.attention(plan, reg))
         model = components.model(plan, reg, int(self.tokenizer.vocab_size), self.probe)
+        # A pretrained model may keep a larger (padded) vocabulary than the tokenizer's:
+        # what the run records is what rebuilds this model (sample, export-hf).
+        self.vocab_size = int(getattr(model, "vocab_size", None) or self.tokenizer.vocab_size)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_matmul = flops.matmul_params(model)
         self.attn_width = flops.measure_attention_width(model, self.probe, next(model.parameters()).device)
-        model.to(pl.device)
+        if not is_meta(model):  # one on the meta device is materialised by parallelize
+            model.to(pl.device)
 
         # Strategies (and train.compile, slotted in among them) are applied in their
         # declared order; data-parallel wrappers SUM gradients over ranks.
@@ -235,7 +239,7 @@ class Trainer:
         tok_dir.mkdir(exist_ok=True)
         self.tokenizer.save(str(tok_dir))
         rundir.save_run_info(self.run_dir, {
-            "vocab_size": int(self.tokenizer.vocab_size),
+            "vocab_size": self.vocab_size,
             "tokenizer_identity": str(self.tokenizer.identity),
             "parameters": self.n_params,
             "matmul_parameters": self.n_matmul,

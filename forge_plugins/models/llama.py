@@ -9,21 +9,34 @@ Names are stable so that checkpoints (and the model's own parallel plans) can ad
 them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` ..
 ``"n_layers-1"``: deleting layers for a pipeline stage keeps the other keys), each with
 ``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``,
-``feed_forward.{w1,w2,w3}`` (gate, down, up), then ``norm`` and ``output``. Linear
-layers have no bias.
+``feed_forward.{w1,w2,w3}`` (gate, down, up), then ``norm`` and ``output``. The family
+(``model.options.family``, :func:`~forge_plugins.models.options.features`) adds biases
+(qwen2: on ``wq/wk/wv``; llama and qwen3 with ``attention_bias``: on all four; llama
+with ``mlp_bias``: on the MLP) or ``attention.q_norm``/``k_norm`` (qwen3: an RMSNorm over
+each head's channels of the queries and keys, before rotary). A pipeline stage may set
+``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
+``(B, S, dim)`` instead of token ids, or returns hidden states instead of logits.
 
 The parallelism strategies know the model through :meth:`Llama.parallel_contract`
 only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
-only) or ``norm`` and ``output`` (last stage only) to ``None``, and forward then takes
-hidden states ``(B, S, dim)`` instead of token ids, or returns hidden states instead of
-logits; the tensor-parallel plan is in :mod:`forge_plugins.models.llama_parallel`.
+only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
+(which covers every family's extra parameters: biases are sharded with their layer, the
+per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`.
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
 residual stream (``wo`` and ``w2``) ~ N(0, init_std / sqrt(2 * n_layers)) so the
-residual's variance does not grow with depth; RMSNorm weights are ones; a tied output
-shares the embedding matrix. With ``init_from_hf`` the weights are then loaded from the
-Hugging Face folder.
+residual's variance does not grow with depth; biases are zeros; RMSNorm weights are
+ones; a tied output shares the embedding matrix.
+
+With ``init_from_hf`` the checkpoint is the init: :func:`build` returns the model on the
+meta device (no memory), the trainer shards it as the strategies say, moves it to its
+device with ``to_empty`` and calls :meth:`Llama.init_weights`, which reads from the
+checkpoint only the slice of each tensor this process holds
+(:func:`forge_plugins.models.hf_interop.load_into`).
+
+Sampling: :meth:`Llama.new_cache` and ``forward(..., cache=)`` decode with a key/value
+cache (:mod:`forge_plugins.models.kv_cache`) through this same forward.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
-from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
+from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
@@ -51,42 +64,56 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Never below fp32, never below the input: a float64 model stays float64 throughout.
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        # (Casts only when the dtype changes: each is a dispatch, which decoding one token
+        # at a time notices.)
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        h = x if x.dtype == compute else x.to(compute)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h if h.dtype == x.dtype else h.to(x.dtype))
 
 
 class Attention(nn.Module):
     def __init__(self, options: LlamaOptions, backend: Any) -> None:
         super().__init__()
-        self.head_dim = options.dim // options.n_heads
-        self.wq = nn.Linear(options.dim, options.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(options.dim, options.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(options.dim, options.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(options.n_heads * self.head_dim, options.dim, bias=False)
+        self.head_dim = head_dim(options)
+        extra = features(options)
+        q, kv = options.n_heads * self.head_dim, options.n_kv_heads * self.head_dim
+        self.wq = nn.Linear(options.dim, q, bias=extra.qkv_bias)
+        self.wk = nn.Linear(options.dim, kv, bias=extra.qkv_bias)
+        self.wv = nn.Linear(options.dim, kv, bias=extra.qkv_bias)
+        self.wo = nn.Linear(q, options.dim, bias=extra.out_bias)
+        # Per head: under tensor parallelism each rank normalises its own heads.
+        self.q_norm = RMSNorm(self.head_dim, options.norm_eps) if extra.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, options.norm_eps) if extra.qk_norm else None
         self.backend = backend
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any, cache: Any = None
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a shard of the heads.
         q = self.wq(x).view(batch, seq_len, -1, self.head_dim)
         k = self.wk(x).view(batch, seq_len, -1, self.head_dim)
         v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.backend.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), prepared)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:
+            out = self.backend.attend(q, k, v, prepared)
+        else:
+            out = cache.attend(q, k, v, self.backend, prepared)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
 class FeedForward(nn.Module):
     """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w1 = nn.Linear(dim, hidden, bias=bias)
+        self.w3 = nn.Linear(dim, hidden, bias=bias)
+        self.w2 = nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -98,33 +125,40 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(options.dim, options.norm_eps)
         self.attention = Attention(options, backend)
         self.ffn_norm = RMSNorm(options.dim, options.norm_eps)
-        self.feed_forward = FeedForward(options.dim, ffn_hidden_size(options))
+        self.feed_forward = FeedForward(options.dim, ffn_hidden_size(options), features(options).mlp_bias)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any, cache: Any = None
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, prepared)
+        # The cache only as a keyword (sampling): training calls keep their four inputs,
+        # which tensor-parallel input styles count.
+        extra = {} if cache is None else {"cache": cache}
+        x = x + self.attention(self.attention_norm(x), cos, sin, prepared, **extra)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-def check_options(options: LlamaOptions) -> None:
-    """The shape constraints (``forge-run check`` reports the same as rules)."""
-    from forge_plugins.models.rules import head_dim_problem, heads_problem
+def check_options(options: LlamaOptions) -> LlamaOptions:
+    """The options resolved (unset ones from the checkpoint or the defaults) and checked
+    against the shape constraints (``forge-run check`` reports the same as rules)."""
+    from forge_plugins.models.hf_config import resolve_options
+    from forge_plugins.models.rules import option_problems
 
-    problems = [m for m in (heads_problem(options), head_dim_problem(options)) if m]
+    options = resolve_options(options)
+    problems = option_problems(options)
     if problems:
         raise ValueError("invalid llama options: " + "; ".join(problems))
+    return options
 
 
 class Llama(nn.Module):
     def __init__(self, options: LlamaOptions, vocab_size: int, attention: Any) -> None:
         super().__init__()
-        check_options(options)
+        options = check_options(options)
         self.options = options
         self.vocab_size = vocab_size
         self.attention_backend = attention
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, options.dim)
-        self.rope = Rotary(options.dim // options.n_heads, options.max_seq_len, options.rope_theta)
+        self.rope = Rotary(head_dim(options), options.max_seq_len, options.rope_theta, options.rope_scaling)
         self.layers = nn.ModuleDict(
             {str(i): Block(options, attention) for i in range(options.n_layers)}
         )
@@ -146,13 +180,15 @@ class Llama(nn.Module):
         input_ids: torch.Tensor,
         doc_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cache: Any = None,
     ) -> torch.Tensor:
         """Logits ``(B, S, vocab)`` for ``input_ids (B, S)``.
 
         ``doc_ids (B, S)`` keeps packed documents from attending to each other;
         ``positions (B, S)`` restarts rotary positions at every document. Without an
         embedding (pipeline stage) ``input_ids`` are hidden states ``(B, S, dim)``; without
-        an output projection the result is hidden states.
+        an output projection the result is hidden states. With ``cache`` (from
+        :meth:`new_cache`) the tokens continue the cached ones and are added to it.
         """
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(input_ids)
@@ -164,23 +200,45 @@ class Llama(nn.Module):
                 f"got a {input_ids.dtype} tensor of shape {tuple(input_ids.shape)}"
             )
         seq_len = h.shape[1]
-        cos, sin = self.rope(seq_len, positions)
+        cos, sin = self.rope(seq_len, positions, 0 if cache is None else cache.reserve(seq_len))
         prepared = self.attention_backend.prepare(doc_ids, seq_len, h.device)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin, prepared)
+        for key, layer in self.layers.items():
+            h = layer(h, cos, sin, prepared, **({} if cache is None else {"cache": cache.layer(int(key))}))
+        if cache is not None:
+            cache.advance(seq_len)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
             h = self.output(h)
         return h
 
+    def new_cache(self, batch_size: int, max_len: int) -> Any:
+        """A key/value cache for ``batch_size`` rows of up to ``max_len`` tokens (at most
+        ``max_seq_len``), in the model's dtype and device."""
+        from forge_plugins.models.kv_cache import KVCache
+
+        if max_len > self.options.max_seq_len:
+            raise ValueError(f"a cache of {max_len} tokens exceeds model.options.max_seq_len={self.options.max_seq_len}")
+        weight = next(iter(self.layers.values())).attention.wk.weight
+        return KVCache(len(self.layers), batch_size, weight.shape[0] // head_dim(self.options),
+                       head_dim(self.options), max_len, weight.dtype, weight.device)
+
     @torch.no_grad()
     def init_weights(self) -> None:
-        """(Re)initialise every parameter and the rotary table as the module docstring says."""
+        """(Re)initialise every parameter and the rotary table as the module docstring
+        says; with ``init_from_hf`` load the checkpoint instead, the part of it this
+        module holds (a pipeline stage, DTensor shards)."""
         options = self.options
+        self.rope.reset_table()
+        if options.init_from_hf:
+            from forge_plugins.models.hf_interop import load_into
+
+            if options.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+                self.output.weight = self.tok_embeddings.weight  # to_empty unties
+            load_into(self, options.init_from_hf)
+            return
         std = options.init_std
         residual_std = std / math.sqrt(2 * options.n_layers)
-        self.rope.reset_table()
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         for layer in self.layers.values():
@@ -189,8 +247,13 @@ class Llama(nn.Module):
                 nn.init.normal_(linear.weight, mean=0.0, std=std)
             for linear in (layer.attention.wo, layer.feed_forward.w2):
                 nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
-            nn.init.ones_(layer.attention_norm.weight)
-            nn.init.ones_(layer.ffn_norm.weight)
+            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv, layer.attention.wo,
+                           layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2):
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
+            for norm in (layer.attention_norm, layer.ffn_norm, layer.attention.q_norm, layer.attention.k_norm):
+                if norm is not None:
+                    nn.init.ones_(norm.weight)
         if self.norm is not None:
             nn.init.ones_(self.norm.weight)
         if self.output is not None:
@@ -199,10 +262,6 @@ class Llama(nn.Module):
                 self.output.weight = self.tok_embeddings.weight
             else:
                 nn.init.normal_(self.output.weight, mean=0.0, std=std)
-        if options.init_from_hf and not any(p.is_meta for p in self.parameters()):
-            from forge_plugins.models.hf_interop import load_into
-
-            load_into(self, options.init_from_hf)
 
 
 def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
@@ -216,13 +275,18 @@ def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:
     """The model factory named by the ``llama`` spec.
 
-    With ``init_from_hf`` the Hugging Face config is checked against ``options`` first
-    (a clear error lists every mismatch) and its vocabulary size is used.
+    With ``init_from_hf`` the folder is checked against the resolved options first (a
+    clear error lists every mismatch), its vocabulary size is used, and the model is
+    returned on the meta device: ``to_empty(device=...)`` then ``init_weights()`` load
+    it (the trainer does so after sharding it).
     """
+    options = check_options(options)
     if options.init_from_hf:
-        from forge_plugins.models.hf_interop import check_hf_compatible
+        from forge_plugins.models.hf_config import check_hf_compatible
 
         vocab_size = check_hf_compatible(options, options.init_from_hf, vocab_size)
+        with torch.device("meta"):
+            return Llama(options, vocab_size, attention)
     model = Llama(options, vocab_size, attention)
     model.init_weights()
     return model

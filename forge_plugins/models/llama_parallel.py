@@ -12,6 +12,11 @@ strategy through :meth:`forge_plugins.models.llama.Llama.parallel_contract`.
   keeps the two tied.
 - Without sequence parallelism the norms are ``replicated``: they run on the whole,
   replicated residual stream, so every rank computes the same gradient for them.
+- The qwen3 family's per-head q/k norms (``attention.q_norm``/``k_norm``) are
+  ``partial`` with or without sequence parallelism: each rank applies them to its own
+  heads, so its gradient is its heads' share and the strategy sums them over the
+  group. Biases (qwen2's q/k/v, llama's optional ones) are sharded with their layer:
+  column-wise layers split theirs, row-wise layers keep theirs replicated.
 - With sequence parallelism the norms run on ``1 / tp`` of the sequence
   (``SequenceParallel``): the residual stream is a sequence-sharded DTensor between
   sub-layers, gathered before attention and the MLP, reduce-scattered after. It keeps
@@ -31,6 +36,8 @@ from torch.distributed.tensor.parallel import (
 from forge_core.api import TensorParallelPlan, TensorParallelScope
 
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
+#: Per-head norms of the queries and keys (qwen3); absent in the other families.
+QK_NORMS = ("attention.q_norm", "attention.k_norm")
 
 
 def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
@@ -53,7 +60,7 @@ def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
     if not sequence_parallel:
         return TensorParallelPlan(
             root=TensorParallelScope(styles=root, replicated=("norm",)),
-            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS),
+            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS, partial=QK_NORMS),
         )
     root["norm"] = SequenceParallel(use_local_output=False)
     block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
@@ -68,4 +75,5 @@ def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
         ),
     })
-    return TensorParallelPlan(root=TensorParallelScope(styles=root), block=TensorParallelScope(styles=block))
+    return TensorParallelPlan(root=TensorParallelScope(styles=root),
+                              block=TensorParallelScope(styles=block, partial=QK_NORMS))

@@ -1,4 +1,5 @@
-"""Registers the ``llama`` model family and its rules (no torch import here)."""
+"""Registers the ``llama`` model (families llama, qwen2, qwen3, mistral) and its rules
+(no torch import here)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ def forge_models() -> list[ModelSpec]:
     return [
         ModelSpec(
             name="llama",
-            summary="Llama-style decoder: RMSNorm, rotary, grouped-query attention, SwiGLU",
+            summary="Llama-style decoder (families llama, qwen2, qwen3, mistral): RMSNorm, rotary, GQA, SwiGLU",
             impl="forge_plugins.models.llama:build",
             options=LlamaOptions,
             accepts={DOC_IDS, POSITIONS},
             hf_export="forge_plugins.models.hf_interop:export",
             max_seq_len_option="max_seq_len",
+            resolve_options="forge_plugins.models.hf_config:resolve_options",
+            pretrained_option="init_from_hf",
             supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
             facts=llama_facts,
         )

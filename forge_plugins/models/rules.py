@@ -1,26 +1,31 @@
 """Compatibility rules of the ``llama`` model: plain check functions over a
 :class:`~forge_core.api.Plan` (config only, no torch).
 
-``llama.init-from-hf`` reads the Hugging Face folder's ``config.json`` and safetensors
-headers with json only, through the same function the build calls
-(:func:`forge_plugins.models.hf_interop.hf_folder_problems`): a folder that ``check``
+The options they see are resolved (:mod:`forge_plugins.models.options`: unset options
+come from the ``init_from_hf`` checkpoint or the defaults). ``llama.init-from-hf``
+reads the Hugging Face folder's ``config.json`` and safetensors headers with json only,
+through the same function the build calls
+(:func:`forge_plugins.models.hf_config.hf_folder_problems`): a folder that ``check``
 accepts is one the build loads."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from forge_plugins.models.options import LlamaOptions
+from forge_plugins.models.options import LlamaOptions, RopeScaling, head_dim, with_defaults
 
 HEADS_DIVISIBLE = "llama.heads-divisible"
 HEAD_DIM_EVEN = "llama.head-dim-even"
+FAMILY_OPTIONS = "llama.family-options"
+SLIDING_WINDOW = "llama.sliding-window"
+ROPE_SCALING = "llama.rope-scaling"
 INIT_FROM_HF = "llama.init-from-hf"
 
 
 def _llama_options(ctx: Any) -> LlamaOptions | None:
     options = ctx.config.model.options
     # Another model family is configured: its options are not ours to judge.
-    return options if isinstance(options, LlamaOptions) else None
+    return with_defaults(options) if isinstance(options, LlamaOptions) else None
 
 
 def heads_problem(options: LlamaOptions) -> str | None:
@@ -34,28 +39,87 @@ def heads_problem(options: LlamaOptions) -> str | None:
 
 
 def head_dim_problem(options: LlamaOptions) -> str | None:
-    if options.dim % options.n_heads:
+    if options.head_dim is None and options.dim % options.n_heads:
         return (
             f"dim={options.dim} is not a multiple of n_heads={options.n_heads}: every head "
-            "needs the same width"
+            "needs the same width (or set head_dim)"
         )
-    head_dim = options.dim // options.n_heads
-    if head_dim % 2:
+    width = head_dim(options)
+    if width % 2 == 0:
+        return None
+    if options.head_dim is not None:
+        return f"head_dim={width} is odd: rotary embeddings rotate pairs of channels"
+    return (
+        f"head dim dim/n_heads = {options.dim}/{options.n_heads} = {width} is odd: "
+        "rotary embeddings rotate pairs of channels"
+    )
+
+
+def family_problems(options: LlamaOptions) -> list[str]:
+    """Options the family's Hugging Face architecture has no place for."""
+    family = options.family
+    problems = []
+    if options.attention_bias and family not in ("llama", "qwen3"):
+        problems.append(
+            f"attention_bias=true with family {family!r}: only llama and qwen3 have biases on every "
+            "attention projection (qwen2 always has q/k/v biases and no o bias)"
+        )
+    if options.mlp_bias and family != "llama":
+        problems.append(f"mlp_bias=true with family {family!r}: only llama has MLP biases")
+    if options.sliding_window and family != "mistral":
+        problems.append(f"sliding_window={options.sliding_window} with family {family!r}: only mistral declares one")
+    return problems
+
+
+def sliding_window_problem(options: LlamaOptions) -> str | None:
+    window = options.sliding_window
+    if not window or window >= options.max_seq_len:
+        return None
+    return (
+        f"sliding_window={window} is shorter than max_seq_len={options.max_seq_len}: the "
+        "checkpoint attends to the last sliding_window tokens only, Forge's attention backends "
+        "to the whole causal context, so any sequence longer than the window would be computed "
+        "differently"
+    )
+
+
+def rope_problem(options: LlamaOptions) -> str | None:
+    scaling = options.rope_scaling or RopeScaling()
+    original = scaling.original_max_position_embeddings
+    if scaling.type in ("llama3", "yarn", "dynamic") and original < 1:
+        return f"rope_scaling.type={scaling.type!r} needs rope_scaling.original_max_position_embeddings"
+    if scaling.type == "dynamic" and options.max_seq_len > original:
         return (
-            f"head dim dim/n_heads = {options.dim}/{options.n_heads} = {head_dim} is odd: "
-            "rotary embeddings rotate pairs of channels"
+            f"rope_scaling.type='dynamic' with max_seq_len={options.max_seq_len} beyond "
+            f"original_max_position_embeddings={original}: transformers recomputes dynamic NTK "
+            "frequencies from the longest sequence it has seen, which no fixed table reproduces"
         )
+    if scaling.type == "llama3" and scaling.low_freq_factor >= scaling.high_freq_factor:
+        return "rope_scaling.low_freq_factor must be below high_freq_factor (llama3)"
     return None
 
 
-def check_heads_divisible(ctx: Any) -> str | None:
-    options = _llama_options(ctx)
-    return None if options is None else heads_problem(options)
+def option_problems(options: LlamaOptions) -> list[str]:
+    """Every shape and family problem of (resolved) ``options``: what the rules above
+    report, raised by the build when it is called directly."""
+    found = [heads_problem(options), head_dim_problem(options), sliding_window_problem(options),
+             rope_problem(options)]
+    return [p for p in found if p] + family_problems(options)
 
 
-def check_head_dim_even(ctx: Any) -> str | None:
-    options = _llama_options(ctx)
-    return None if options is None else head_dim_problem(options)
+def _check(problem: Any) -> Any:
+    def check(ctx: Any) -> Any:
+        options = _llama_options(ctx)
+        return None if options is None else problem(options)
+
+    return check
+
+
+check_heads_divisible = _check(heads_problem)
+check_head_dim_even = _check(head_dim_problem)
+check_family_options = _check(family_problems)
+check_sliding_window = _check(sliding_window_problem)
+check_rope_scaling = _check(rope_problem)
 
 
 def check_init_from_hf(ctx: Any) -> list[str]:
@@ -65,7 +129,7 @@ def check_init_from_hf(ctx: Any) -> list[str]:
     # Only meaningful once the shapes themselves are consistent.
     if heads_problem(options) or head_dim_problem(options):
         return []
-    from forge_plugins.models.hf_interop import hf_folder_problems
+    from forge_plugins.models.hf_config import hf_folder_problems
 
     return hf_folder_problems(options, options.init_from_hf)
 
@@ -86,19 +150,47 @@ def rules() -> list[Any]:
         Rule(
             id=HEAD_DIM_EVEN,
             severity="error",
-            paths=("model.options.dim", "model.options.n_heads"),
-            summary="dim must split into n_heads heads of even width (rotary)",
+            paths=("model.options.dim", "model.options.n_heads", "model.options.head_dim"),
+            summary="Heads must have one even width (rotary): dim / n_heads, or head_dim",
             check=check_head_dim_even,
             fix="pick dim and n_heads so that dim / n_heads is an even integer "
-            "(e.g. dim=256, n_heads=8 gives 32)",
+            "(e.g. dim=256, n_heads=8 gives 32), or set an even head_dim",
+        ),
+        Rule(
+            id=FAMILY_OPTIONS,
+            severity="error",
+            paths=("model.options.family", "model.options.attention_bias", "model.options.mlp_bias",
+                   "model.options.sliding_window"),
+            summary="Biases and sliding windows only where the family's architecture has them",
+            check=check_family_options,
+            fix="drop the option, or choose the family whose architecture has it (export-hf writes "
+            "that architecture)",
+        ),
+        Rule(
+            id=SLIDING_WINDOW,
+            severity="error",
+            paths=("model.options.sliding_window", "model.options.max_seq_len"),
+            summary="A sliding window shorter than max_seq_len is refused (no backend masks it)",
+            check=check_sliding_window,
+            fix="set model.options.max_seq_len (and data.seq_len) to at most the sliding window: "
+            "within it, full causal attention is exactly the windowed one",
+        ),
+        Rule(
+            id=ROPE_SCALING,
+            severity="error",
+            paths=("model.options.rope_scaling", "model.options.max_seq_len"),
+            summary="Rotary scaling Forge reproduces exactly",
+            check=check_rope_scaling,
+            fix="for dynamic scaling keep max_seq_len within the original context; give llama3/yarn "
+            "their original_max_position_embeddings",
         ),
         Rule(
             id=INIT_FROM_HF,
             severity="error",
             paths=("model.options.init_from_hf",),
-            summary="The init_from_hf folder holds a Llama config and safetensors weights that fit the options",
+            summary="The init_from_hf folder holds a supported config and safetensors weights that fit the options",
             check=check_init_from_hf,
-            fix="set the model options the message names to the checkpoint's values, or point "
-            "init_from_hf at a Hugging Face Llama folder written by save_pretrained",
+            fix="remove the model options the message names (they are read from the checkpoint), or "
+            "point init_from_hf at a Llama, Qwen2, Qwen3 or Mistral folder written by save_pretrained",
         ),
     ]

@@ -3,6 +3,11 @@
 Ids 0-255 are bytes, 256 is EOS, 257 is PAD; ``vocab_size`` is 258. It needs no file,
 so ``save`` writes nothing. ``decode`` skips EOS and PAD and replaces byte sequences
 that are not valid UTF-8 (a window may cut a character in half).
+
+``save_hf`` writes the same tokenizer in Hugging Face form (for ``export-hf``): a
+``tokenizers`` byte-level BPE with no merges, whose 256 tokens are the bytes in
+GPT-2's printable byte alphabet, plus ``<|endoftext|>`` (EOS, 256) and ``<|pad|>``
+(PAD, 257), so ``AutoTokenizer`` gives the same ids and text.
 """
 
 from __future__ import annotations
@@ -42,3 +47,36 @@ class ByteTokenizer:
 
     def save(self, directory: str) -> None:
         """Nothing to save: the byte tokenizer is fully described by its identity."""
+
+    def save_hf(self, directory: str) -> None:
+        """``tokenizer.json`` and ``tokenizer_config.json`` that ``AutoTokenizer`` loads."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        alphabet = byte_alphabet()
+        bpe = models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[])
+        tokenizer = Tokenizer(bpe)
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                clean_up_tokenization_spaces=False).save_pretrained(directory)
+
+
+EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
+
+
+def byte_alphabet() -> list[str]:
+    """The printable character standing for each byte in byte-level BPE (GPT-2's
+    table): printable Latin-1 bytes stand for themselves, the others for the code points
+    from 256 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]

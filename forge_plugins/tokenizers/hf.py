@@ -129,6 +129,10 @@ class HFTokenizer:
     def save(self, directory: str) -> None:
         self.tokenizer.save_pretrained(directory)
 
+    def save_hf(self, directory: str) -> None:
+        """The Hugging Face files (what ``save`` writes), for ``export-hf``."""
+        self.save(directory)
+
 
 def _fingerprint(tok: Any) -> str:
     backend = getattr(tok, "backend_tokenizer", None)

@@ -51,6 +51,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "tied": ("llama", {"tie_embeddings": True}),
     "qknorm": ("qknorm", {}),  # per-head q/k norms declared partial (variants.py)
     "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
+    "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
+    "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
@@ -74,6 +76,9 @@ SCENARIOS: dict[str, tuple[Any, ...]] = {
     "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
     "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
     "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
+    "tp_qwen2": ({"tp": 2}, {}, "qwen2"),
+    "tp_qwen3": ({"tp": 2}, {}, "qwen3"),
+    "tp_sp_qwen3": ({"tp": 2, **SP}, {}, "qwen3"),
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),

@@ -4,9 +4,11 @@ norms of a few steps equal a single-process run of the same global batches.
 Two torchrun launches cover everything (one with 2 CPU processes, one with 4), each
 running many layouts in turn (:mod:`scenarios`); the single-process reference runs in
 the same processes. The model is a tiny llama (dim 32, 4 layers, vocab 64, rows of 16),
-with tied embeddings for the ``*_tied`` layouts and, for ``*_qknorm``, a third-party
+with tied embeddings for the ``*_tied`` layouts, for ``*_qknorm`` a third-party
 variant with per-head q/k norms its tensor-parallel plan declares ``partial``
-(:mod:`variants`); each layout is compared with a single-process run of its own model.
+(:mod:`variants`), and for ``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family
+(q/k/v biases) and qwen3 family (its own per-head q/k norms, ``partial`` in the
+built-in plan); each layout is compared with a single-process run of its own model.
 
 Tolerance: everything is fp32 and the layouts compute the same sums in a different
 order (a row-wise split adds partial products per rank and then across ranks; FSDP
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
 TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "pp_1f1b", "pp_interleaved",
-       "tp_tied", "tp_qknorm", "tp_sp_qknorm"]
+       "tp_tied", "tp_qknorm", "tp_sp_qknorm", "tp_qwen2", "tp_qwen3", "tp_sp_qwen3"]
 FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm"]
 REFUSED = ["tp_uncovered"]
 
@@ -72,7 +74,7 @@ def test_four_process_layout_equals_one_process(four, name):
     assert_matches_reference(four, name)
 
 
-@pytest.mark.parametrize("name", ["tp_qknorm", "tp_sp_qknorm", "fsdp_tp_qknorm"])
+@pytest.mark.parametrize("name", ["tp_qknorm", "tp_sp_qknorm", "fsdp_tp_qknorm", "tp_qwen3", "tp_sp_qwen3"])
 def test_partial_parameters_train_like_one_process_on_every_rank(two, four, name):
     """The per-head q/k norms are applied to each rank's own heads; the strategy sums
     their gradients over the tensor-parallel group, so every rank holds the same bits
@@ -84,7 +86,7 @@ def test_partial_parameters_train_like_one_process_on_every_rank(two, four, name
     the weights miss 40-70% of their move (2.5e-5 and more): measured with the sum
     switched off."""
     results = two if name in two else four
-    ranks, ref = results[name]["ranks"], results["reference:qknorm"]
+    ranks, ref = results[name]["ranks"], results[results[name]["reference"]]
     assert ranks[0]["qk_norms"] and all(r["qk_norms"] == ranks[0]["qk_norms"] for r in ranks)
     atol = 8 * torch.finfo(torch.float32).eps * max(abs(w) for w in ref["qk_norms"])
     moved = max(abs(a - b) for a, b in zip(ref["qk_norms"], ref["qk_start"]))

@@ -43,7 +43,7 @@ class QKNormLlama(Llama):
     def __init__(self, options: LlamaOptions, vocab_size: int, attention) -> None:
         super().__init__(options, vocab_size, attention)
         for block in self.layers.values():
-            block.attention = QKNormAttention(options, attention)
+            block.attention = QKNormAttention(self.options, attention)  # the resolved options
         with torch.no_grad():  # norms away from ones, so that a wrong gradient shows at once
             for name, param in self.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
@@ -53,10 +53,12 @@ class QKNormLlama(Llama):
         return attrs.evolve(super().parallel_contract(), tensor_parallel=self.tensor_parallel_plan)
 
     def tensor_parallel_plan(self, *, sequence_parallel: bool):
+        # The built-in plan declares the qwen3 family's q/k norms: this model declares
+        # its own (or, undeclared, leaves them out).
         plan = tensor_parallel_plan(sequence_parallel=sequence_parallel)
-        if not self.declares_norms:
-            return plan
-        return attrs.evolve(plan, block=attrs.evolve(plan.block, partial=plan.block.partial + QK_NORMS))
+        partial = tuple(p for p in plan.block.partial if p not in QK_NORMS)
+        return attrs.evolve(plan, block=attrs.evolve(
+            plan.block, partial=partial + (QK_NORMS if self.declares_norms else ())))
 
 
 class UndeclaredQKNormLlama(QKNormLlama):

@@ -1,0 +1,342 @@
+"""A Hugging Face ``config.json`` <-> the ``llama`` options, without torch.
+
+- :func:`options_from_hf_config`: the option values a checkpoint's ``config.json``
+  describes, and every feature of it Forge cannot reproduce (each naming the field).
+- :func:`resolve_options`: the loader's resolver (``ModelSpec.resolve_options``): unset
+  options from the ``init_from_hf`` checkpoint, else the defaults. It never raises: a
+  folder it cannot read leaves the defaults, and the ``llama.init-from-hf`` rule says why.
+- :func:`hf_folder_problems`: every reason a folder cannot initialise a llama with the
+  (resolved) options: what that rule reports and what the build refuses
+  (:func:`check_hf_compatible`). An option that differs from the checkpoint after
+  resolution was given explicitly; the message shows both values.
+- :func:`hf_config_kwargs`: the ``transformers`` config of the family for export.
+
+transformers fills keys a ``config.json`` leaves out with its config class's defaults,
+which differ by family (:data:`_FAMILY_DEFAULTS`); they are read the same way here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from forge_core.api import ForgeError
+from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where
+from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes
+from forge_plugins.models.options import (
+    FAMILIES,
+    LlamaOptions,
+    RopeScaling,
+    ffn_hidden_size,
+    head_dim,
+    with_defaults,
+)
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+#: transformers' config-class defaults for keys a config.json may leave out.
+_COMMON_DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None, "head_dim": None},
+    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": None,
+              "use_sliding_window": False},
+    "qwen3": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128,
+              "use_sliding_window": False},
+    "mistral": {"max_position_embeddings": 131072, "num_key_value_heads": 8, "head_dim": None,
+                "sliding_window": 4096},
+}
+#: Keys of each rope type (transformers' names) besides rope_type and rope_theta.
+_ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+             "truncate"),
+}
+
+
+def _get(config: dict[str, Any], family: str, key: str) -> Any:
+    if config.get(key) is not None:
+        return config[key]
+    return _FAMILY_DEFAULTS[family].get(key, _COMMON_DEFAULTS.get(key))
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """transformers' default YaRN attention factor."""
+    def get(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return float(get(factor, mscale) / get(factor, mscale_all_dim))
+    return get(factor)
+
+
+def _rope(config: dict[str, Any], family: str) -> tuple[float, RopeScaling, list[str]]:
+    """``(rope_theta, rope scaling, problems)`` from ``rope_parameters`` (transformers 5)
+    or ``rope_theta`` + ``rope_scaling`` (earlier)."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        legacy = config.get("rope_scaling")
+        params = dict(legacy) if isinstance(legacy, dict) else {}
+        if config.get("rope_theta") is not None:
+            params.setdefault("rope_theta", config["rope_theta"])
+    theta = params.get("rope_theta", _get(config, family, "rope_theta"))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    problems = []
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        problems.append(f"partial_rotary_factor={partial!r}: Forge rotates every channel of a head")
+    if rope_type not in _ROPE_KEYS:
+        problems.append(
+            f"rope type {rope_type!r} is not supported (Forge implements "
+            f"{', '.join(_ROPE_KEYS)}; dynamic only within the original context)"
+        )
+        return float(theta), RopeScaling(), problems
+    max_pos = _get(config, family, "max_position_embeddings")
+    values: dict[str, Any] = {"type": rope_type}
+    for key in _ROPE_KEYS[rope_type]:
+        if params.get(key) is not None:
+            values[key] = params[key]
+    if rope_type == "dynamic":
+        values["original_max_position_embeddings"] = max_pos
+    if rope_type in ("llama3", "yarn") and not values.get("original_max_position_embeddings"):
+        if rope_type == "llama3":
+            problems.append("rope type 'llama3' without original_max_position_embeddings")
+        values["original_max_position_embeddings"] = max_pos
+    if rope_type == "yarn":
+        if params.get("factor") is None:
+            values["factor"] = max_pos / values["original_max_position_embeddings"]
+        if params.get("attention_factor") is None:
+            values["attention_factor"] = yarn_attention_factor(
+                values["factor"], params.get("mscale"), params.get("mscale_all_dim"))
+    if rope_type != "default" and "factor" not in values:
+        problems.append(f"rope type {rope_type!r} without a factor")
+    try:
+        scaling = RopeScaling(**values)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"rope parameters {params!r} are not valid ({exc})")
+        scaling = RopeScaling()
+    return float(theta), scaling, problems
+
+
+def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(option values, problems)`` for a ``config.json``. The values cover every option
+    a checkpoint decides; a problem names the field Forge cannot reproduce."""
+    family = config.get("model_type")
+    if family not in FAMILIES:
+        return {}, [
+            f"config.json model_type is {family!r}: Forge's llama imports "
+            f"{', '.join(map(repr, FAMILIES))} checkpoints (architectures {', '.join(ARCHITECTURES.values())})"
+        ]
+    architectures = config.get("architectures")
+    if architectures and ARCHITECTURES[family] not in architectures:
+        return {}, [
+            f"config.json architectures is {architectures!r}; a {family} checkpoint Forge can load is "
+            f"a {ARCHITECTURES[family]} (the causal language model with its lm_head)"
+        ]
+    missing = [key for key in _REQUIRED if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)]
+    if missing:
+        return {}, [f"config.json has no integer {key!r}" for key in missing]
+    n_heads = config["num_attention_heads"]
+    theta, scaling, problems = _rope(config, family)
+    window = 0
+    if family == "mistral":
+        window = int(_get(config, family, "sliding_window") or 0)
+    elif family in ("qwen2", "qwen3") and _get(config, family, "use_sliding_window"):
+        problems.append(
+            "use_sliding_window=true: Forge's attention backends have no sliding-window mask, so "
+            "the layers past max_window_layers would attend differently"
+        )
+    if _get(config, family, "hidden_act") != "silu":
+        problems.append(f"hidden_act={config['hidden_act']!r}; Forge's llama uses silu (SwiGLU)")
+    if family == "llama" and (config.get("pretraining_tp") or 1) != 1:
+        problems.append(f"pretraining_tp={config['pretraining_tp']!r}; Forge computes the projections whole (1)")
+    max_pos = int(_get(config, family, "max_position_embeddings"))
+    values: dict[str, Any] = {
+        "family": family,
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": n_heads,
+        "n_kv_heads": _get(config, family, "num_key_value_heads") or n_heads,
+        "head_dim": _get(config, family, "head_dim") or config["hidden_size"] // n_heads,
+        "ffn_hidden": config["intermediate_size"],
+        "norm_eps": float(_get(config, family, "rms_norm_eps")),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "max_seq_len": min(max_pos, window) if window else max_pos,
+        "tie_embeddings": bool(_get(config, family, "tie_word_embeddings")),
+        "attention_bias": bool(_get(config, family, "attention_bias")) if family in ("llama", "qwen3") else False,
+        "mlp_bias": bool(_get(config, family, "mlp_bias")) if family == "llama" else False,
+        "sliding_window": window,
+    }
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key) and not values[key]:
+            problems.append(f"{key}=true is not part of a {family} checkpoint Forge can load")
+    return values, problems
+
+
+def resolve_options(options: LlamaOptions) -> LlamaOptions:
+    """Unset options from the ``init_from_hf`` checkpoint's ``config.json`` when it is
+    set and readable, else from the defaults (:func:`~forge_plugins.models.options.with_defaults`)."""
+    values: dict[str, Any] = {}
+    if options.init_from_hf:
+        try:
+            values, _ = options_from_hf_config(read_hf_config(options.init_from_hf))
+        except ForgeError:
+            pass  # the llama.init-from-hf rule reports the folder
+    return with_defaults(options, values)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, RopeScaling):
+        fields = {f.name: getattr(value, f.name) for f in attrs.fields(RopeScaling)}
+        return "{" + ", ".join(f"{k}: {v!r}" for k, v in fields.items() if v != getattr(RopeScaling(), k) or k == "type") + "}"
+    return repr(value)
+
+
+#: option -> the config.json key that decides it (for messages).
+_HF_NAMES = {
+    "family": "model_type", "dim": "hidden_size", "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "ffn_hidden": "intermediate_size", "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta",
+    "rope_scaling": "rope_parameters", "tie_embeddings": "tie_word_embeddings",
+    "attention_bias": "attention_bias", "mlp_bias": "mlp_bias", "sliding_window": "sliding_window",
+}
+
+
+def config_mismatches(options: LlamaOptions, values: dict[str, Any]) -> list[str]:
+    """Every option of the (resolved) ``options`` that differs from the checkpoint's
+    ``values``, with both values and the fix."""
+    ours = {name: getattr(options, name) for name in _HF_NAMES}
+    ours["head_dim"], ours["ffn_hidden"] = head_dim(options), ffn_hidden_size(options)
+    problems = []
+    for name, hf_name in _HF_NAMES.items():
+        if name in values and ours[name] != values[name]:
+            derived = " (derived)" if name in ("head_dim", "ffn_hidden") and not getattr(options, name) else ""
+            problems.append(
+                f"model.options.{name}={_show(ours[name])}{derived} but config.json {hf_name}="
+                f"{_show(values[name])}: remove {name} from model.options to take the checkpoint's "
+                f"value, or point init_from_hf at a checkpoint with {name}={_show(ours[name])}"
+            )
+    return problems
+
+
+def weight_mismatches(options: LlamaOptions, hf_dir: str | Path, vocab_size: int) -> list[str]:
+    """Weights the options need that the folder lacks, shapes that differ (both shown),
+    and tensors the options would leave unread, from the safetensors headers."""
+    found = checkpoint_shapes(hf_dir)
+    expected = expected_hf_shapes(options, vocab_size)
+    problems = []
+    missing = [key for key in expected if key not in found]
+    if missing:
+        problems.append(f"weights missing for {len(missing)} tensors: {', '.join(missing[:5])}"
+                        f"{' ...' if len(missing) > 5 else ''}")
+    problems += [
+        f"{key} has shape {list(found[key])}, the options need {list(shape)}"
+        for key, shape in expected.items() if key in found and found[key] != shape
+    ]
+    # A tied checkpoint may store the head as well: it is the embedding again.
+    unread = [key for key in found if key not in expected and not IGNORED.fullmatch(key)
+              and not (options.tie_embeddings and key == "lm_head.weight")]
+    if unread:
+        problems.append(f"{len(unread)} tensors of the checkpoint have no place in the model: "
+                        f"{', '.join(sorted(unread)[:5])}{' ...' if len(unread) > 5 else ''}")
+    return problems
+
+
+def _folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None) -> tuple[list[str], int]:
+    """``(problems, checkpoint vocab size)``; an unreadable folder raises."""
+    config = read_hf_config(hf_dir)
+    values, problems = options_from_hf_config(config)
+    if not values:
+        return problems, 0
+    options = with_defaults(options, values)  # unset options are the checkpoint's
+    problems += config_mismatches(options, values)
+    hf_vocab = config["vocab_size"]
+    if vocab_size is not None and vocab_size > hf_vocab:
+        problems.append(
+            f"the tokenizer has {vocab_size} tokens but the checkpoint's vocab_size is "
+            f"{hf_vocab}; use the tokenizer the checkpoint was trained with"
+        )
+    if problems:
+        return problems, hf_vocab  # the weights would only repeat these differences shape by shape
+    return weight_mismatches(options, hf_dir, hf_vocab), hf_vocab
+
+
+def hf_folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None) -> list[str]:
+    """Every reason the folder cannot initialise a llama with the (resolved) ``options``,
+    from ``config.json`` and the safetensors headers only. Empty when it fits."""
+    try:
+        return _folder_problems(options, hf_dir, vocab_size)[0]
+    except ForgeError as exc:
+        return [str(exc).removeprefix(f"{where(hf_dir)}: ")]
+
+
+def check_hf_compatible(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None) -> int:
+    """The checks of :func:`hf_folder_problems`, raised (a missing folder, config or
+    weights as :class:`~forge_plugins.models.hf_folder.HFFolderMissing`); returns the
+    checkpoint's vocabulary size. ``vocab_size`` (the tokenizer's) may be smaller than
+    the checkpoint's, never larger."""
+    problems, hf_vocab = _folder_problems(options, hf_dir, vocab_size)
+    if problems:
+        raise HFFolderMismatch(f"{where(hf_dir)} does not fit the model options:\n  " + "\n  ".join(problems))
+    return hf_vocab
+
+
+def rope_config(options: LlamaOptions) -> dict[str, Any] | None:
+    """transformers' ``rope_scaling`` for the options (``None``: plain rotary)."""
+    scaling = options.rope_scaling or RopeScaling()
+    if scaling.type == "default":
+        return None
+    out: dict[str, Any] = {"rope_type": scaling.type}
+    for key in _ROPE_KEYS[scaling.type]:
+        if key == "original_max_position_embeddings" and scaling.type == "dynamic":
+            continue  # dynamic takes it from max_position_embeddings
+        out[key] = getattr(scaling, key)
+    if scaling.type == "yarn" and not scaling.attention_factor:
+        out["attention_factor"] = yarn_attention_factor(scaling.factor)
+    return out
+
+
+def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
+    """Keyword arguments of ``transformers.AutoConfig.for_model(family, ...)`` that give
+    the checkpoint of a Forge llama with (resolved) ``options``."""
+    family = options.family or "llama"
+    scaling = options.rope_scaling or RopeScaling()
+    max_pos = scaling.original_max_position_embeddings if scaling.type == "dynamic" else options.max_seq_len
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": options.dim,
+        "intermediate_size": ffn_hidden_size(options),
+        "num_hidden_layers": options.n_layers,
+        "num_attention_heads": options.n_heads,
+        "num_key_value_heads": options.n_kv_heads,
+        "head_dim": head_dim(options),
+        "hidden_act": "silu",
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": options.norm_eps,
+        "rope_theta": options.rope_theta,
+        "rope_scaling": rope_config(options),
+        "tie_word_embeddings": bool(options.tie_embeddings),
+        "initializer_range": options.init_std,
+        "architectures": [ARCHITECTURES[family]],
+    }
+    if family in ("llama", "qwen3"):
+        kwargs["attention_bias"] = bool(options.attention_bias)
+    if family == "llama":
+        kwargs["mlp_bias"] = bool(options.mlp_bias)
+    if family == "mistral":
+        kwargs["sliding_window"] = options.sliding_window or None
+    if family in ("qwen2", "qwen3"):
+        kwargs.update(use_sliding_window=False, sliding_window=None)
+    return kwargs

@@ -1,0 +1,100 @@
+"""Run under ``torchrun``: build the llama from a sharded Hugging Face checkpoint
+(``model.options.init_from_hf`` alone) under several layouts, as the trainer does
+(built on the meta device, sharded by :func:`parallelize`, then loaded), and record
+what each process holds and whether it is the checkpoint. ``test_hf_load.py`` launches
+it and asserts.
+
+Usage: ``torchrun --standalone --nproc-per-node 2 hf_load.py OUT.json HF_DIR NAME [NAME ...]``
+
+For every parameter a process holds it records the largest difference to the
+checkpoint's tensor: of the whole tensor gathered by DTensor itself (``full_tensor``)
+for a shard, of the tensor for a plain parameter (a pipeline stage's). It also records
+how many elements the process holds, and the logits of a probe batch where the layout
+computes them in every process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from forge_core import judge
+from forge_core.api import Plan
+from forge_core.config.loader import resolve_components, structure
+from forge_core.config.schema import ForgeConfig
+from forge_core.registry import load_registries
+from forge_core.train import components
+from forge_core.train.loss import loss_fn
+from forge_core.train.parallelize import is_meta, parallelize
+from forge_plugins.models.hf_folder import weight_map
+from forge_plugins.models.hf_keys import to_hf_key
+
+LAYOUTS = {
+    "fsdp": {"dp_shard": 2},
+    "tp": {"tp": 2},
+    "pp": {"pp": 2, "options": {"pp": {"schedule": "gpipe", "microbatches": 2}}},
+}
+PROBE = torch.arange(16).reshape(2, 8) % 50
+
+
+def make_plan(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> Plan:
+    raw = {
+        "model": {"name": "llama", "options": {"init_from_hf": hf_dir}},
+        "attention": {"backend": "sdpa"},
+        "data": {"packer": "none", "seq_len": 8},
+        "parallel": parallel,
+        "train": {"batch_size": 4},
+    }
+    config, issues = structure(raw, ForgeConfig)
+    assert not issues, issues
+    config, issues = resolve_components(config, registries)
+    assert not issues, issues
+    return judge.make_plan(config, registries, dist.get_world_size())
+
+
+def checkpoint_tensors(hf_dir: str) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(set(weight_map(hf_dir).values())):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def main() -> None:
+    out_path, hf_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    dist.init_process_group("gloo")
+    registries = load_registries()
+    expected = checkpoint_tensors(hf_dir)
+    results: dict[str, Any] = {}
+    for name in names:
+        plan = make_plan(registries, hf_dir, LAYOUTS[name])
+        model = components.model(plan, registries, 50, components.attention(plan, registries))
+        meta = is_meta(model)
+        pmodel = parallelize(model, plan, torch.device("cpu"), loss_fn)
+        held, diffs = 0, {}
+        for part in pmodel.parts:
+            for key, param in part.named_parameters():
+                local = param.to_local() if hasattr(param, "to_local") else param
+                held += local.numel()
+                whole = param.full_tensor() if hasattr(param, "full_tensor") else param
+                diffs[key] = float((whole.detach() - expected[to_hf_key(key)].to(whole.dtype)).abs().max())
+        result: dict[str, Any] = {"built_on_meta": meta, "held": held, "diffs": diffs}
+        if pmodel.forward is not None:
+            with torch.no_grad():
+                result["logits"] = pmodel.forward(PROBE).tolist()
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, result)
+        results[name] = every
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

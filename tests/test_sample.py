@@ -1,0 +1,137 @@
+"""Sampling: the llama's key/value cache gives the logits of a full forward (float64
+identity), so cached decoding picks the tokens cache-free decoding picks; top-k/top-p
+filtering; stop strings and streaming; ``forge-run sample`` with several prompts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from forge_core import cli
+from forge_core.testing import assert_within_rounding, longest_sum
+from forge_core.train.sample import StreamPrinter, choose, continuation, generate, next_token_logits
+from forge_plugins.attention.options import SdpaOptions
+from forge_plugins.attention.sdpa import SdpaAttention
+from forge_plugins.models.llama import build
+from forge_plugins.models.options import LlamaOptions
+from train_helpers import tiny_config, write_config
+
+VOCAB = 50
+
+
+class WithoutCache(nn.Module):
+    """The same model, offering no cache: the sampler re-reads the context."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids):
+        return self.inner(input_ids)
+
+
+def model64(**options):
+    torch.manual_seed(0)
+    base = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, init_std=0.3)
+    return build(LlamaOptions(**{**base, **options}), VOCAB, SdpaAttention(SdpaOptions())).double().eval()
+
+
+@pytest.mark.numerical
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cached_logits_equal_a_full_forward_at_every_step(family):
+    model = model64(family=family)
+    ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(1, 32)
+        pieces = [model(ids[:, :7], cache=cache)]          # the prompt, through the backend
+        pieces += [model(ids[:, i:i + 1], cache=cache) for i in range(7, 12)]  # one token a step
+        pieces.append(model(ids[:, 12:], cache=cache))     # several after a cached prefix
+    assert cache.length == 20
+    assert_within_rounding(torch.cat(pieces, 1), full, dtype=torch.float64, terms=longest_sum(model, 20),
+                           what="cached decoding against the full forward")
+
+
+def test_cached_and_cache_free_greedy_decoding_pick_the_same_tokens():
+    model = model64()
+    prompt = [3, 14, 15, 9, 2, 6]
+    cached = generate(model, prompt, 40, context=64, temperature=0, top_k=0)
+    plain = generate(WithoutCache(model), prompt, 40, context=64, temperature=0, top_k=0)
+    assert len(cached) == 40 and cached == plain
+
+
+def test_a_full_cache_is_cut_to_its_second_half_and_decoding_goes_on():
+    model = model64()
+    history = [1, 2, 3]
+    steps = next_token_logits(model, history, context=8)
+    next(steps)
+    for token in range(4, 30):
+        history.append(token)
+        logits = steps.send(token)
+    # The context was cut (29 tokens, 8 fit): the logits are those of a full forward over
+    # the last n tokens for exactly one n between the half and the whole context.
+    with torch.no_grad():
+        fits = [n for n in range(4, 9)
+                if torch.allclose(logits, model(torch.tensor([history[-n:]]))[0, -1], rtol=0, atol=1e-10)]
+    assert len(fits) == 1, fits
+
+
+def test_top_k_and_top_p_keep_only_the_most_likely_tokens():
+    logits = torch.tensor([2.0, 1.5, 1.0, -1.0]).log_softmax(0)
+    probs = torch.softmax(logits, 0)  # [0.48, 0.29, 0.18, 0.03] (about)
+    gen = torch.Generator().manual_seed(0)
+    draws = lambda **kw: {choose(logits, 1.0, generator=gen, **kw) for _ in range(300)}  # noqa: E731
+    assert draws(top_k=0, top_p=1.0) == {0, 1, 2, 3}
+    assert draws(top_k=2, top_p=1.0) == {0, 1}
+    assert draws(top_k=0, top_p=float(probs[0]) - 1e-3) == {0}
+    assert draws(top_k=0, top_p=float(probs[:2].sum()) + 1e-3) == {0, 1, 2}
+    assert draws(top_k=0, top_p=float(probs[0]) + 1e-3) == {0, 1}
+    assert choose(logits, 0.0, 5, 0.1, gen) == 0  # temperature 0: greedy
+
+
+def test_streaming_holds_back_what_may_become_a_stop_string_or_a_character():
+    written: list[str] = []
+    printer = StreamPrinter(written.append, ["END", "\n\n"])
+    for text in ["a", "ab E", "ab EN", "ab ENx\n", "ab ENx\n\ufffd", "ab ENx\nok"]:
+        printer.update(text)
+    assert "".join(written) == "ab ENx\nok"
+    # "E" and "EN" waited until "x" ruled out "END"; "\n" until "\ufffd" ruled out "\n\n",
+    # which waited for the rest of its character.
+    assert written == ["a", "b ", "ENx", "\n", "ok"]
+    assert continuation(type("T", (), {"decode": staticmethod(lambda ids: "one END two")}), [1], ["END"]) == ("one ", True)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sample")
+    config = tiny_config(tmp, "run", train={"steps": 2}, checkpoint={"every": 0})
+    assert cli.main([write_config(tmp / "run.yaml", config)]) == 0
+    return tmp / "run"
+
+
+def sample(capsys, run_dir, *extra):
+    args = ["sample", str(run_dir), "--temperature", "0", "--max-new-tokens", "24", *extra]
+    assert cli.main(args) == 0
+    return capsys.readouterr()
+
+
+def test_sample_continues_several_prompts_streamed_or_not_and_stops_at_a_stop_string(run_dir, capsys):
+    both = sample(capsys, run_dir, "--prompt", "the quick", "--prompt", "a lazy", "--no-stream")
+    assert sample(capsys, run_dir, "--prompt", "the quick", "--prompt", "a lazy").out == both.out
+    first = sample(capsys, run_dir, "--prompt", "the quick").out
+    second = sample(capsys, run_dir, "--prompt", "a lazy").out
+    assert both.out == first + "\n" + second
+    assert first.startswith("the quick") and len(first) > len("the quick\n")
+    assert "tokens sampled" in both.err and "key/value cache" in both.err
+    # A stop string taken from the greedy continuation ends it just before (not printed).
+    text = first[len("the quick"):-1]
+    stop = text[3:6]
+    assert len(stop) == 3, text
+    assert sample(capsys, run_dir, "--prompt", "the quick", "--stop", stop).out == (
+        "the quick" + text[: text.find(stop)] + "\n")
+
+
+def test_sample_refuses_a_top_p_outside_its_range(run_dir, capsys):
+    assert cli.main(["sample", str(run_dir), "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
