@@ -11,7 +11,7 @@ import torch
 
 from forge_core.testing import assert_within_rounding, longest_sum
 from forge_plugins.attention.options import SdpaOptions
-from forge_plugins.attention.reference import packed_metadata
+from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import hf_interop
 from forge_plugins.models.llama import build
