@@ -15,7 +15,8 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   float64 (:mod:`forge_core.testing.isolation`); the gradient on other documents' tokens
   is exactly 0.
 - **tensor parallel** (a model whose contract supplies a plan): for both
-  ``sequence_parallel`` values, every path the plan names exists, and every parameter
+  ``sequence_parallel`` values (a model may refuse ``True`` with a ``ForgeError``,
+  reported as skipped), every path the plan names exists, and every parameter
   is sharded by a style or declared ``replicated`` or ``partial``, decided by names,
   with the function the ``tp`` strategy uses after applying the plan
   (:func:`~forge_core.api.tensor_parallel_coverage`); no process group is needed.
@@ -45,6 +46,7 @@ import torch
 from forge_core.api import (
     BLOCKS,
     PIPELINE,
+    ForgeError,
     TENSOR_PARALLEL,
     TensorParallelPlan,
     blocks_of,
@@ -182,7 +184,7 @@ def check_model(
         worst["isolation"] = max(ratios.values())
     contract = contract_of(built)
     if "tensor_parallel" in checks:
-        why = _tensor_parallel(built, contract, label)
+        why = _tensor_parallel(built, contract, label, skipped)
         _record("tensor_parallel", why, checked, skipped)
     if "pipeline" in checks:
         why, done, ratio = _pipeline(built, contract, spec, label, rows, seed, pipeline_strategy, extra_plugins,
@@ -308,7 +310,9 @@ def _resolve_path(module: torch.nn.Module, path: str) -> list[str]:
     return [p[:-1] for p, _ in found]
 
 
-def _tensor_parallel(model: torch.nn.Module, contract: Any, label: str) -> str | None:
+def _tensor_parallel(model: torch.nn.Module, contract: Any, label: str, refused: dict[str, str]) -> str | None:
+    """The tensor-parallel check; a variant the model refuses with a ForgeError (a plan
+    without sequence parallelism only, say) is recorded in ``refused``."""
     if contract is None or contract.tensor_parallel is None:
         return "the model's parallel_contract() supplies no tensor-parallel plan"
     blocks = blocks_of(model)
@@ -317,6 +321,12 @@ def _tensor_parallel(model: torch.nn.Module, contract: Any, label: str) -> str |
         where = f"{label}: tensor-parallel plan (sequence_parallel={sequence_parallel})"
         try:
             plan = contract.tensor_parallel(sequence_parallel=sequence_parallel)
+        except ForgeError as error:
+            if not sequence_parallel:
+                raise AssertionError(f"{where}: refused ({error}); a plan must exist without sequence "
+                                     "parallelism") from error
+            refused[f"tensor_parallel[sequence_parallel={sequence_parallel}]"] = f"refused by the model: {error}"
+            continue
         except Exception as error:
             raise AssertionError(f"{where}: parallel_contract().tensor_parallel(sequence_parallel="
                                  f"{sequence_parallel}) raised {type(error).__name__}: {error}") from error

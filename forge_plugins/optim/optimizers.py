@@ -4,17 +4,28 @@ norms, biases and other 1-D parameters."""
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def split_decay(params, weight_decay: float) -> list[dict]:
-    """Two param groups: matrices decay, vectors (norm weights, biases) do not."""
+    """Two param groups: matrices decay, vectors (norm weights, biases) do not.
+
+    Under tensor parallelism a group can hold sharded parameters (DTensors) beside
+    replicated plain ones (a replicated position table, a norm, the bias of a row-wise
+    layer is a DTensor): such a group is split in two, DTensors first, because the
+    foreach and fused kernels refuse to mix them."""
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+    groups = [{"params": part, "weight_decay": weight_decay} for part in _unmixed(decay)]
+    groups += [{"params": part, "weight_decay": 0.0} for part in _unmixed(no_decay) if part]
     return groups
+
+
+def _unmixed(members: list) -> list[list]:
+    sharded = [p for p in members if isinstance(p, DTensor)]
+    plain = [p for p in members if not isinstance(p, DTensor)]
+    return [sharded, plain] if sharded and plain else [members]
 
 
 def _on_cuda(groups: list[dict]) -> bool:
