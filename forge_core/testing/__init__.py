@@ -20,7 +20,9 @@
   reproduce it, and its spec's facts agree with it (:mod:`forge_core.testing.model`);
   :func:`check_document_isolation` is its isolation part, for a built model.
 - :func:`train_in_process`: trains a config in the test's process (for lifecycle hooks,
-  loggers, a model's first steps).
+  loggers, a model's first steps); :func:`registered_spec`: a spec the installed
+  plugins register; :func:`run_context`: a RunContext to call lifecycle hooks with
+  (:mod:`forge_core.testing.runs`).
 
 Each raises ``AssertionError`` with a specific message when the component breaks its
 contract (``ValueError`` when the kit itself is misused). The same functions are
@@ -39,6 +41,7 @@ from typing import Any
 from forge_core.data.packed_rows import pack_documents
 from forge_core.testing.packers import PackerReport, check_packer, conformance_documents
 from forge_core.testing.rules import check_rule
+from forge_core.testing.runs import registered_spec, run_context, train_in_process
 
 _ATTENTION_NAMES = (
     "check_attention_backend",
@@ -60,6 +63,9 @@ __all__ = [
     "check_rule",
     "conformance_documents",
     "pack_documents",
+    "registered_spec",
+    "run_context",
+    "train_in_process",
     *_ATTENTION_NAMES,
     *_TOLERANCE_NAMES,
     *_MODEL_NAMES,
