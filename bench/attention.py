@@ -38,7 +38,7 @@ import torch
 from forge_plugins.attention.flex import FlexAttention
 from forge_plugins.attention.masks import block_mask_bytes
 from forge_plugins.attention.options import FlexOptions, SdpaOptions
-from forge_plugins.attention.reference import lognormal_lengths, packed_metadata
+from forge_core.testing import lognormal_lengths, packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 
 

@@ -123,27 +123,42 @@ def forge_models() -> list[ModelSpec]:
     """Register model families, selected by ``model.name``.
 
     Return a list of :class:`~forge_core.api.ModelSpec`. The implementation is a
-    factory called as ``build(options, vocab_size=..., attention=...)`` returning a
-    ``torch.nn.Module`` whose ``forward(input_ids, **metadata)`` returns logits of shape
-    ``(batch, seq, vocab)``; ``attention`` is the constructed attention backend. The
-    module may define ``param_roles() -> dict[str, str]`` (parameter name to role) to
-    override the rule that decides which parameters take weight decay (see
+    factory the trainer calls once per process as ``build(options, vocab_size=...,
+    attention=...)``: ``options`` is the structured ``model.options`` block (an
+    instance of the spec's options class), ``vocab_size`` the tokenizer's vocabulary
+    size, and ``attention`` the constructed attention backend of ``attention.backend``,
+    wrapped by the trainer's FLOPs probe (which records the shape of ``q`` at every
+    ``attend`` and delegates everything else): call only
+    ``attention.prepare(doc_ids, seq_len, device)``, once per forward, and
+    ``attention.attend(q, k, v, prepared)`` with its result, ``q`` of shape ``(batch,
+    heads, seq, head_dim)`` and ``k``, ``v`` of ``(batch, kv_heads, seq, head_dim)``.
+    It returns a ``torch.nn.Module`` whose ``forward(input_ids, doc_ids=None,
+    positions=None)`` returns logits ``(batch, seq, vocab)``; the per-token metadata
+    (``(batch, seq)`` integer tensors, the keywords the spec's ``accepts`` lists) arrive
+    when the packer isolates documents: ``doc_ids`` go to ``prepare``, ``positions``
+    (restarting at every document) to the position encoding. Before any strategy is
+    applied the trainer makes one extra forward, ``model(torch.zeros(1, 4,
+    dtype=torch.long))`` without metadata under ``torch.no_grad()``, to measure the
+    FLOPs. The module may define ``param_roles() -> dict[str, str]`` (parameter name to
+    role) to override the rule that decides which parameters take weight decay (see
     ``forge_optimizers``).
 
     Parallelism strategies know the model only through its parallel contract: the
     spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``
-    (a torch-free function of the options returning ``ModelFacts``), and the module's
-    ``parallel_contract()`` returning a ``ParallelContract`` (all from
-    :mod:`forge_core.api`): the attribute holding its blocks (an ``nn.ModuleDict``), its
-    tensor-parallel plan, every parameter of which is sharded by a style or declared
-    ``replicated`` or ``partial``, and its pipeline split. A pipeline stage is a shallow
-    copy of the model with the split's ``first`` modules (on every stage but the first)
-    and ``last`` modules (on every stage but the last) set to ``None``: without its
-    ``first`` modules the forward takes hidden states ``(batch, seq, dim)`` in place of
-    ``input_ids``; without its ``last`` modules it returns hidden states; per-token
-    metadata (``doc_ids``, ``positions``) always arrive as keyword arguments, on every
-    stage, and the stage builds whatever mask it needs from them (the backend's
-    ``prepare``).
+    (a torch-free function of the options returning ``ModelFacts``, which the rules
+    read instead of option names), and the module's ``parallel_contract()`` returning a
+    ``ParallelContract`` (all from :mod:`forge_core.api`): the attribute holding its
+    blocks (an ``nn.ModuleDict``), its tensor-parallel plan
+    (``tensor_parallel(sequence_parallel=bool) -> TensorParallelPlan``), every parameter
+    of which is sharded by a style or declared ``replicated`` or ``partial``, and its
+    pipeline split (``PipelineSplit(first=..., last=...)``). A pipeline stage is a
+    shallow copy of the model with the split's ``first`` modules (on every stage but
+    the first) and ``last`` modules (on every stage but the last) set to ``None``:
+    without its ``first`` modules the forward takes hidden states ``(batch, seq, dim)``
+    in place of ``input_ids``; without its ``last`` modules it returns hidden states;
+    per-token metadata (``doc_ids``, ``positions``) always arrive as keyword arguments,
+    on every stage, and the stage builds whatever mask it needs from them (the
+    backend's ``prepare``). ``forge_core.testing.check_model`` checks all of this.
 
     Optional, used when present:
 

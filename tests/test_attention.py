@@ -21,10 +21,14 @@ from forge_core.api import AttentionBackendSpec, NoOptions
 from forge_core.testing import (
     assert_within_rounding,
     check_attention_backend,
+    check_document_isolation,
     doc_ids_from_lengths,
+    lognormal_lengths,
+    packed_metadata,
     reference_attention,
 )
-from forge_plugins.attention import eager, equivalence, plugin, sdpa
+from forge_core.testing.attention import spans
+from forge_plugins.attention import eager, plugin, sdpa
 from forge_plugins.attention import flex as flex_module
 from forge_plugins.attention import rules as attention_rules
 from forge_plugins.attention.eager import EagerAttention
@@ -37,7 +41,6 @@ from forge_plugins.attention.masks import (
     document_mask_mod,
 )
 from forge_plugins.attention.options import FlexOptions, SdpaOptions
-from forge_plugins.attention.reference import lognormal_lengths, packed_metadata, spans
 from forge_plugins.attention.sdpa import SdpaAttention
 
 #: Rows longer than one 16-token flex block, with documents crossing block boundaries,
@@ -63,13 +66,23 @@ needs_compiled_flex = pytest.mark.skipif(
 )
 BACKENDS = ["eager", "sdpa", pytest.param("flex", marks=needs_compiled_flex)]
 #: Compiled flex specialises on shapes: run documents "alone" at the packed shape
-#: (equal by causality, see forge_plugins.attention.equivalence) so that the model check
+#: (equal by causality, see forge_core.testing.isolation) so that the model check
 #: reuses the kit's compilations.
 STANDALONE = {"eager": "exact", "sdpa": "exact", "flex": "prefix"}
 #: The dtypes each backend is checked in: float64 proves, float32 is what trains. CPU
 #: FlexAttention compiles for fp32/fp16/bf16 only; its BlockMask is proved in float64
 #: through PyTorch's unfused flex_attention below.
 DTYPES = {"eager": (torch.float64, torch.float32), "sdpa": (torch.float64, torch.float32), "flex": (torch.float32,)}
+
+
+def tiny_llama(backend):
+    """A small fp32 llama using ``backend``; a large init makes any leak visible."""
+    from forge_plugins.models.llama import build
+    from forge_plugins.models.options import LlamaOptions
+
+    torch.manual_seed(0)
+    return build(LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, init_std=0.3),
+                 vocab_size=61, attention=backend)
 
 
 # --- packed-row helpers -------------------------------------------------------------
@@ -212,8 +225,8 @@ def test_backend_passes_the_kit_on_multi_block_rows(name):
 @pytest.mark.numerical
 @pytest.mark.parametrize("name", BACKENDS)
 def test_model_isolation_packed_logits_and_grads_equal_each_document_alone(name, flex):
-    worst = equivalence.check_document_isolation(
-        _backend(name, flex), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name], dtypes=DTYPES[name]
+    worst = check_document_isolation(
+        tiny_llama(_backend(name, flex)), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name], dtypes=DTYPES[name]
     )
     assert set(worst) == set(DTYPES[name]) and max(worst.values()) < 1
 
@@ -233,8 +246,8 @@ def test_flex_block_mask_isolates_documents_in_float64(unfused_flex):
     # The compiled CPU kernel takes no float64; the BlockMask it is given (and the CPU
     # backward that walks it) is proved here, the kernel held to float32 rounding above.
     check_attention_backend(unfused_flex, layouts=MULTI_BLOCK_ROWS, dtype="float64")
-    worst = equivalence.check_document_isolation(
-        unfused_flex, rows=MULTI_BLOCK_ROWS, standalone="prefix", dtypes=(torch.float64,)
+    worst = check_document_isolation(
+        tiny_llama(unfused_flex), rows=MULTI_BLOCK_ROWS, standalone="prefix", dtypes=(torch.float64,)
     )
     assert set(worst) == {torch.float64}
 
@@ -287,9 +300,9 @@ class _LeaksOnlyInBackward(SdpaAttention):
 @pytest.mark.parametrize("standalone", ["exact", "prefix"])
 def test_model_check_catches_a_backend_that_ignores_doc_ids(standalone):
     with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ"):
-        equivalence.check_document_isolation(_IgnoresDocIds(SdpaOptions()), standalone=standalone)
+        check_document_isolation(tiny_llama(_IgnoresDocIds(SdpaOptions())), standalone=standalone)
     with pytest.raises(AssertionError, match=r"^float32: row 0 document 1 \(tokens 5:6\): packed logits differ"):
-        equivalence.check_document_isolation(_IgnoresDocIds(SdpaOptions()), standalone=standalone, dtypes=(torch.float32,))
+        check_document_isolation(tiny_llama(_IgnoresDocIds(SdpaOptions())), standalone=standalone, dtypes=(torch.float32,))
 
 
 @pytest.mark.numerical
@@ -297,25 +310,25 @@ def test_model_check_catches_a_leak_below_float32_rounding():
     backend = _MixesInOtherDocuments(SdpaOptions())
     # float64: the logits themselves give it away (~1e-8 of a row against ~1e-14).
     with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ .*exceeds the rounding tolerance of float64"):
-        equivalence.check_document_isolation(backend, rows=MULTI_BLOCK_ROWS)
+        check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS)
     # float32: the logits agree within rounding; the gradient on other documents, which
     # must be exactly 0, does not.
-    with pytest.raises(AssertionError, match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens: \d+ entries are not exactly 0"):
-        equivalence.check_document_isolation(backend, rows=MULTI_BLOCK_ROWS, dtypes=(torch.float32,))
+    with pytest.raises(AssertionError, match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens \(embedding output 0\): \d+ entries are not exactly 0"):
+        check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS, dtypes=(torch.float32,))
 
 
 @pytest.mark.numerical
 def test_model_check_catches_a_leak_in_the_backward_only():
     with pytest.raises(AssertionError, match=r"^float64: the loss of document 6:17 has gradient on other documents' tokens"):
-        equivalence.check_document_isolation(_LeaksOnlyInBackward(SdpaOptions()), rows=MULTI_BLOCK_ROWS)
+        check_document_isolation(tiny_llama(_LeaksOnlyInBackward(SdpaOptions())), rows=MULTI_BLOCK_ROWS)
 
 
 @pytest.mark.numerical
 def test_model_check_prefix_standalone_agrees_with_exact_standalone():
     # Both modes pass on a correct backend, in float64 and float32.
     for standalone in ("exact", "prefix"):
-        worst = equivalence.check_document_isolation(
-            SdpaAttention(SdpaOptions()), rows=MULTI_BLOCK_ROWS, standalone=standalone
+        worst = check_document_isolation(
+            tiny_llama(SdpaAttention(SdpaOptions())), rows=MULTI_BLOCK_ROWS, standalone=standalone
         )
         assert set(worst) == {torch.float64, torch.float32}
 

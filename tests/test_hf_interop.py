@@ -25,7 +25,7 @@ from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.train.parallelize import is_meta, materialize
 from forge_plugins.attention import equivalence
 from forge_plugins.attention.options import SdpaOptions
-from forge_plugins.attention.reference import packed_metadata
+from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import hf_interop, hf_keys
 from forge_plugins.models.hf_config import check_hf_compatible

@@ -19,7 +19,7 @@ from forge_core.api import NoOptions
 from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, longest_sum
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
-from forge_plugins.attention.reference import packed_metadata
+from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import plugin
 from forge_plugins.models import rules as model_rules

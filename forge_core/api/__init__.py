@@ -27,6 +27,8 @@ from forge_core.api.parallel import (
     TensorParallelScope,
     blocks_of,
     contract_of,
+    tensor_parallel_coverage,
+    tied_parameter_names,
 )
 from forge_core.api.optim import NamedParameter
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
@@ -68,6 +70,7 @@ __all__ = [
     "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
     "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
     "NamedParameter",
+    "tensor_parallel_coverage", "tied_parameter_names",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "ActiveStrategy", "ChosenSource", "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",

@@ -162,3 +162,45 @@ def blocks_of(module: Any) -> list[Any]:
         return []
     values = getattr(blocks, "values", None)
     return list(values() if callable(values) else blocks)
+
+
+# --- tensor-parallel bookkeeping shared by the tp strategy and the conformance kit -----
+
+
+def tied_parameter_names(module: Any) -> list[list[str]]:
+    """Groups of names under which one parameter is registered (tied weights, such as
+    an output head sharing the token embedding's matrix), in registration order."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _declared(name: str, paths: Any) -> bool:
+    return any(name == path or name.startswith(path + ".") for path in paths)
+
+
+def tensor_parallel_coverage(
+    module: Any, blocks: list[Any], plan: TensorParallelPlan, is_sharded: Callable[[str, Any], bool]
+) -> tuple[list[str], list[str]]:
+    """``(uncovered, partial)``: the names of the parameters of ``module`` (a model or a
+    pipeline stage) that are neither sharded (``is_sharded(name, param)``) nor declared
+    ``replicated`` or ``partial`` by the plan's scope they sit in (a block's scope for a
+    parameter of one of ``blocks``, else the root's), and of those declared ``partial``.
+
+    The ``tp`` strategy asks whether a parameter became a DTensor; the conformance kit,
+    which has no process group, whether a style of the plan names its module."""
+    prefixes = {id(sub): name + "." for name, sub in module.named_modules()}
+    block_prefixes = [prefixes[id(block)] for block in blocks if id(block) in prefixes]
+    uncovered, partial = [], []
+    for name, param in module.named_parameters():
+        if is_sharded(name, param):
+            continue
+        prefix = next((p for p in block_prefixes if name.startswith(p)), "")
+        scope = plan.block if prefix else plan.root
+        relative = name[len(prefix):]
+        if _declared(relative, scope.partial):
+            partial.append(name)
+        elif not _declared(relative, scope.replicated):
+            uncovered.append(name)
+    return uncovered, partial

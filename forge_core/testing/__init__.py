@@ -14,6 +14,15 @@
   of in-memory documents exactly as a run reads them (for a packer's own tests).
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
   does not.
+- :func:`check_model`: a model computes attention through the backend it is given,
+  packed rows give every document what it gets alone (forward and backward, float64),
+  its tensor-parallel plan covers every parameter, its pipeline stages run in sequence
+  reproduce it, and its spec's facts agree with it (:mod:`forge_core.testing.model`);
+  :func:`check_document_isolation` is its isolation part, for a built model.
+- :func:`train_in_process`: trains a config in the test's process (for lifecycle hooks,
+  loggers, a model's first steps); :func:`registered_spec`: a spec the installed
+  plugins register; :func:`run_context`: a RunContext to call lifecycle hooks with
+  (:mod:`forge_core.testing.runs`).
 
 Each raises ``AssertionError`` with a specific message when the component breaks its
 contract (``ValueError`` when the kit itself is misused). The same functions are
@@ -32,6 +41,7 @@ from typing import Any
 from forge_core.data.packed_rows import pack_documents
 from forge_core.testing.packers import PackerReport, check_packer, conformance_documents
 from forge_core.testing.rules import check_rule
+from forge_core.testing.runs import registered_spec, run_context, train_in_process
 
 _ATTENTION_NAMES = (
     "check_attention_backend",
@@ -39,7 +49,12 @@ _ATTENTION_NAMES = (
     "reference_mask",
     "available_devices",
     "doc_ids_from_lengths",
+    "packed_metadata",
+    "lognormal_lengths",
+    "ReferenceBackend",
 )
+_MODEL_NAMES = ("check_model", "ModelReport")
+_ISOLATION_NAMES = ("check_document_isolation",)
 _TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "longest_sum", "ROUNDING_FACTOR")
 
 __all__ = [
@@ -48,8 +63,13 @@ __all__ = [
     "check_rule",
     "conformance_documents",
     "pack_documents",
+    "registered_spec",
+    "run_context",
+    "train_in_process",
     *_ATTENTION_NAMES,
     *_TOLERANCE_NAMES,
+    *_MODEL_NAMES,
+    *_ISOLATION_NAMES,
 ]
 
 
@@ -62,6 +82,14 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import tolerance
 
         return getattr(tolerance, name)
+    if name in _MODEL_NAMES:
+        from forge_core.testing import model
+
+        return getattr(model, name)
+    if name in _ISOLATION_NAMES:
+        from forge_core.testing import isolation
+
+        return getattr(isolation, name)
     if name == "assert_close":
         raise AttributeError(
             "forge_core.testing.assert_close (fixed atol/rtol) was replaced by assert_within_rounding(got, want, "
@@ -72,4 +100,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ATTENTION_NAMES) | set(_TOLERANCE_NAMES))
+    return sorted(set(globals()) | set(_ATTENTION_NAMES) | set(_TOLERANCE_NAMES) | set(_MODEL_NAMES) | set(_ISOLATION_NAMES))

@@ -133,6 +133,48 @@ def spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+def packed_metadata(
+    rows: Sequence[Sequence[int]], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(doc_ids, positions)``, LongTensors ``(len(rows), S)``, for rows of positive
+    document lengths that each sum to the same ``S``, as packers that isolate documents
+    emit them: document ``n`` of a row has id ``n``, positions restart at 0 at every
+    document."""
+    doc_ids = doc_ids_from_lengths(rows, sum(rows[0]) if rows else 0)
+    positions = [torch.cat([torch.arange(n) for n in lengths]) for lengths in rows]
+    return doc_ids.to(device), torch.stack(positions).to(device)
+
+
+def lognormal_lengths(seq_len: int, median: float = 512, sigma: float = 1.0, seed: int = 0) -> list[int]:
+    """Document lengths drawn log-normally (``median``, ``sigma`` of the log) until they
+    fill ``seq_len``; the last document is cut to end the row (for benchmarks and
+    long-row tests)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths: list[int] = []
+    while sum(lengths) < seq_len:
+        length = max(1, int(round(rng.lognormal(np.log(median), sigma))))
+        lengths.append(min(length, seq_len - sum(lengths)))
+    return lengths
+
+
+class ReferenceBackend:
+    """An attention backend computing :func:`reference_attention` (explicit softmax in
+    float64, document masking from ``doc_ids``): what the kit builds models with when it
+    checks a model rather than a backend, so the model's own numerics are what is
+    proven. ``prepare`` returns the ``doc_ids``; ``attend`` masks with them."""
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options
+
+    def prepare(self, doc_ids: torch.Tensor | None, seq_len: int, device: Any) -> torch.Tensor | None:
+        return doc_ids
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Any) -> torch.Tensor:
+        return reference_attention(q, k, v, doc_ids=prepared)
+
+
 # --- running a backend ----------------------------------------------------------------
 
 

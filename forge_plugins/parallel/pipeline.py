@@ -87,6 +87,18 @@ def stage_module(model: nn.Module, contract: Any, keep: list[str], first: bool, 
     return stage
 
 
+def pipeline_stages(model: nn.Module, model_name: str, n_stages: int) -> list[nn.Module]:
+    """Every stage module of ``model`` cut into ``n_stages``, in stage order, exactly as
+    this strategy builds them (the conformance kit's ``check_model`` runs them in
+    sequence in one process against the unsplit model)."""
+    contract, blocks = split_of(model, model_name)
+    keys = list(blocks.keys())
+    return [
+        stage_module(model, contract, [keys[i] for i in blocks_of_stage], first=s == 0, last=s == n_stages - 1)
+        for s, blocks_of_stage in enumerate(stage_layer_ranges(len(keys), n_stages))
+    ]
+
+
 class _MicrobatchLoss:
     """The loss the schedule calls on the last stage for every microbatch: records the
     loss sum and token count, returns ``loss_sum / normalizer`` to back-propagate."""
@@ -141,6 +153,9 @@ class PipelineStep:
 
 
 class PipelineParallel:
+    #: How the stages are cut, for the conformance kit (no process group needed).
+    stages = staticmethod(pipeline_stages)
+
     def __init__(self, options: Any) -> None:
         self.options = options
 
@@ -149,14 +164,9 @@ class PipelineParallel:
         pp_mesh = ctx.mesh["pp"]
         pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
         n_stages = pp * options.virtual_stages
-        contract, blocks = split_of(model, ctx.config.model.name)
-        keys = list(blocks.keys())
-        ranges = stage_layer_ranges(len(keys), n_stages)
+        stages = pipeline_stages(model, ctx.config.model.name, n_stages)
         stage_ids = stages_of_rank(pp_rank, pp, options.virtual_stages)
-        parts = [
-            stage_module(model, contract, [keys[i] for i in ranges[s]], first=s == 0, last=s == n_stages - 1)
-            for s in stage_ids
-        ]
+        parts = [stages[s] for s in stage_ids]
         return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
 
     def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,

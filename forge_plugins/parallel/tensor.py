@@ -22,7 +22,6 @@ keeps each rank's slice of its local copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from forge_core.api import ForgeError, blocks_of, contract_of
+from forge_core.api import ForgeError, blocks_of, contract_of, tensor_parallel_coverage, tied_parameter_names
 
 
 def _present(module: torch.nn.Module, path: str) -> bool:
@@ -39,10 +38,6 @@ def _present(module: torch.nn.Module, path: str) -> bool:
         if module is None:
             return False
     return True
-
-
-def _matches(name: str, paths: Iterable[str]) -> bool:
-    return any(name == path or name.startswith(path + ".") for path in paths)
 
 
 def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
@@ -54,14 +49,6 @@ def _placement(param: torch.Tensor) -> str:
     if isinstance(param, DTensor):
         return f"{tuple(param.placements)} on mesh {param.device_mesh.mesh_dim_names} of global shape {tuple(param.shape)}"
     return f"a plain tensor of shape {tuple(param.shape)}"
-
-
-def tied_names(model: torch.nn.Module) -> list[list[str]]:
-    """Groups of names under which one parameter is registered (tied weights)."""
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [group for group in names.values() if len(group) > 1]
 
 
 def retie(model: torch.nn.Module, groups: list[list[str]], model_name: str) -> None:
@@ -83,25 +70,6 @@ def retie(model: torch.nn.Module, groups: list[list[str]], model_name: str) -> N
         for name in group[1:]:
             owner, leaf = _owner(model, name)
             setattr(owner, leaf, params[0])
-
-
-def classify(model: torch.nn.Module, blocks: list[torch.nn.Module], plan: Any) -> tuple[list[str], list[str]]:
-    """``(uncovered, partial)``: names of the parameters of ``model`` that are neither
-    sharded nor declared, and of those declared ``partial``."""
-    prefixes = {id(module): name + "." for name, module in model.named_modules()}
-    block_prefixes = [prefixes[id(block)] for block in blocks]
-    uncovered, partial = [], []
-    for name, param in model.named_parameters():
-        if isinstance(param, DTensor):
-            continue
-        prefix = next((p for p in block_prefixes if name.startswith(p)), "")
-        scope = plan.block if prefix else plan.root
-        relative = name[len(prefix):]
-        if _matches(relative, scope.partial):
-            partial.append(name)
-        elif not _matches(relative, scope.replicated):
-            uncovered.append(name)
-    return uncovered, partial
 
 
 class PartialGradientSum:
@@ -146,7 +114,7 @@ class TensorParallel:
             )
         mesh = ctx.mesh["tp"]
         plan = contract.tensor_parallel(sequence_parallel=self.options.sequence_parallel)
-        tied = tied_names(model)
+        tied = tied_parameter_names(model)
         root = {path: style for path, style in plan.root.styles.items() if _present(model, path)}
         if root:
             parallelize_module(model, mesh, root)
@@ -154,7 +122,7 @@ class TensorParallel:
         for block in blocks:
             parallelize_module(block, mesh, dict(plan.block.styles))
         retie(model, tied, model_name)
-        uncovered, partial = classify(model, blocks, plan)
+        uncovered, partial = tensor_parallel_coverage(model, blocks, plan, lambda _, p: isinstance(p, DTensor))
         if uncovered:
             shown = ", ".join(uncovered[:12]) + (f" and {len(uncovered) - 12} more" if len(uncovered) > 12 else "")
             raise ForgeError(

@@ -2,15 +2,14 @@
 
 import csv
 
-from forge_core.api import RunContext
-from forge_core.config.schema import ForgeConfig
+from forge_core.testing import run_context
 
 from forge_plugin_example.csv_logger import CsvLogger
 from forge_plugin_example.options import CsvOptions
 
 
 def _run(tmp_path, rank=0):
-    return RunContext(config=ForgeConfig(), out_dir=str(tmp_path), start_step=0, total_steps=2, rank=rank)
+    return run_context(tmp_path, total_steps=2, rank=rank)
 
 
 def test_rows_per_step_with_header(tmp_path):

@@ -1,0 +1,176 @@
+"""A small decoder for the model conformance checks, with deliberate flaws.
+
+Its module names are its own (``embed``, ``stack``, ``mix.wq``, ``final_norm``,
+``lm_head``), not llama's, and its blocks hold per-head q norms (``mix.q_norm``, a
+``partial`` entry of the tensor-parallel plan). ``KitOptions.flaw`` names one way to
+break the model contract (:data:`FLAWS`); ``""`` is the correct model.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forge_core.api import (
+    BLOCKS,
+    DOC_IDS,
+    PIPELINE,
+    POSITIONS,
+    TENSOR_PARALLEL,
+    ModelFacts,
+    ModelSpec,
+    ParallelContract,
+    PipelineSplit,
+    TensorParallelPlan,
+    TensorParallelScope,
+)
+
+FLAWS = (
+    "own_attention", "prepare_without_doc_ids", "shifts_across_documents", "plan_misses_q_norm", "plan_stale_path",
+    "stage_crash", "stage_drops_doc_ids", "wrong_facts", "supports_without_split", "build_forward_needs_metadata",
+)
+
+
+@attrs.frozen
+class KitOptions:
+    dim: int = 16
+    blocks: int = 3
+    heads: int = 4
+    kv_heads: int = 2
+    tied: bool = False
+    flaw: str = attrs.field(default="", validator=attrs.validators.in_(("", *FLAWS)))
+
+
+def kit_facts(options: KitOptions) -> ModelFacts:
+    heads = options.heads * (2 if options.flaw == "wrong_facts" else 1)
+    return ModelFacts(blocks=options.blocks, heads=heads, kv_heads=options.kv_heads, tied_embeddings=options.tied)
+
+
+def spec(**changes) -> ModelSpec:
+    fields = dict(name="kitdecoder", summary="test decoder", impl="kit_models:build", options=KitOptions,
+                  accepts={DOC_IDS, POSITIONS}, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=kit_facts)
+    return ModelSpec(**{**fields, **changes})
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x (B, S, H, D)`` at ``positions (B, S)``."""
+    half = x.shape[-1] // 2
+    freqs = 1.0 / (100.0 ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = (positions[..., None].double() * freqs)[:, :, None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+class Mix(nn.Module):
+    def __init__(self, o: KitOptions, attention) -> None:
+        super().__init__()
+        self.head_dim = o.dim // o.heads
+        self.wq = nn.Linear(o.dim, o.heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(o.dim, o.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(o.dim, o.kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(o.heads * self.head_dim, o.dim, bias=False)
+        self.q_norm = Norm(self.head_dim)
+        self.attention, self.flaw = attention, o.flaw
+
+    def forward(self, x, positions, prepared):
+        b, s, _ = x.shape
+        q = self.q_norm(self.wq(x).view(b, s, -1, self.head_dim))
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = rotate(q, positions), rotate(k, positions)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.flaw == "own_attention":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = self.attention.attend(q, k, v, prepared)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class Layer(nn.Module):
+    def __init__(self, o: KitOptions, attention) -> None:
+        super().__init__()
+        self.norm1, self.mix, self.norm2 = Norm(o.dim), Mix(o, attention), Norm(o.dim)
+        self.mlp = nn.Sequential()
+        self.mlp.up = nn.Linear(o.dim, 2 * o.dim)
+        self.mlp.act = nn.GELU()
+        self.mlp.down = nn.Linear(2 * o.dim, o.dim)
+
+    def forward(self, x, positions, prepared):
+        x = x + self.mix(self.norm1(x), positions, prepared)
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, o: KitOptions, vocab_size: int, attention) -> None:
+        super().__init__()
+        self.o, self.attention = o, attention
+        self.embed = nn.Embedding(vocab_size, o.dim)
+        self.stack = nn.ModuleDict({str(i): Layer(o, attention) for i in range(o.blocks)})
+        self.final_norm = Norm(o.dim)
+        self.lm_head = nn.Linear(o.dim, vocab_size, bias=False)
+        if o.tied:
+            self.lm_head.weight = self.embed.weight
+
+    def parallel_contract(self) -> ParallelContract:
+        split = None if self.o.flaw == "supports_without_split" else PipelineSplit(first=("embed",),
+                                                                                   last=("final_norm", "lm_head"))
+        return ParallelContract(blocks="stack", pipeline=split, tensor_parallel=self.plan)
+
+    def plan(self, *, sequence_parallel: bool) -> TensorParallelPlan:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        block = {"mix.wq": ColwiseParallel(), "mix.wk": ColwiseParallel(), "mix.wv": ColwiseParallel(),
+                 "mix.wo": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+        if self.o.flaw == "plan_stale_path":
+            block["attention.wq"] = block.pop("mix.wq")
+        partial = () if self.o.flaw == "plan_misses_q_norm" else ("mix.q_norm",)
+        return TensorParallelPlan(
+            root=TensorParallelScope(styles={"embed": RowwiseParallel(input_layouts=Replicate()),
+                                             "lm_head": ColwiseParallel(output_layouts=Replicate())},
+                                     replicated=("final_norm",)),
+            block=TensorParallelScope(styles=block, replicated=("norm1", "norm2"), partial=partial),
+        )
+
+    def forward(self, tokens, doc_ids=None, positions=None):
+        if self.embed is not None or self.o.flaw == "stage_crash":
+            h = self.embed(tokens)
+        else:
+            h = tokens
+        b, s = h.shape[:2]
+        if self.o.flaw == "build_forward_needs_metadata":
+            positions = positions + 0
+        if self.o.flaw == "shifts_across_documents":  # a token shift that ignores document boundaries
+            h = h + 0.5 * F.pad(h, (0, 0, 1, 0))[:, :-1]
+        if positions is None:
+            positions = torch.arange(s, device=h.device).expand(b, s)
+        ids = doc_ids
+        if self.o.flaw == "prepare_without_doc_ids" or (self.o.flaw == "stage_drops_doc_ids" and self.embed is None):
+            ids = None
+        prepared = self.attention.prepare(ids, s, h.device)
+        for layer in self.stack.values():
+            h = layer(h, positions, prepared)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        return self.lm_head(h) if self.lm_head is not None else h
+
+
+def build(options: KitOptions, vocab_size: int, attention) -> Decoder:
+    model = Decoder(options, vocab_size, attention)
+    with torch.no_grad():  # a large init, so that any leak shows
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.4)
+    return model
