@@ -29,6 +29,15 @@ def test_llama_passes_every_check():
 
 
 @pytest.mark.numerical
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+def test_every_llama_family_passes_every_check(family):
+    """qwen3's per-head q/k norms must be declared in its tensor-parallel plan (partial),
+    and only there: the plain llama's plan naming them would be a stale path."""
+    report = check_model("llama", options={**TINY_LLAMA, "family": family})
+    assert report.skipped == {} and "tensor_parallel" in report.checked
+
+
+@pytest.mark.numerical
 @pytest.mark.parametrize("tied", [False, True])
 def test_third_party_decoder_passes_every_check(tied):
     report = check_model(kit_models.spec(), options={"tied": tied}, dtypes=("float64", "float32"))

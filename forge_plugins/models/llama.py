@@ -41,6 +41,7 @@ cache (:mod:`forge_plugins.models.kv_cache`) through this same forward.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -172,8 +173,13 @@ class Llama(nn.Module):
         return ParallelContract(
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
-            tensor_parallel=tensor_parallel_plan,
+            tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
         )
+
+    @property
+    def has_qk_norm(self) -> bool:
+        """Whether the blocks norm q and k per head (qwen3): the plan declares those norms."""
+        return any(layer.attention.q_norm is not None for layer in self.layers.values())
 
     def forward(
         self,
@@ -264,12 +270,12 @@ class Llama(nn.Module):
                 nn.init.normal_(self.output.weight, mean=0.0, std=std)
 
 
-def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
+def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
     """The plan of :mod:`forge_plugins.models.llama_parallel`, imported only when tensor
     parallelism is applied."""
     from forge_plugins.models import llama_parallel
 
-    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel)
+    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel, qk_norm=qk_norm)
 
 
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:

@@ -40,7 +40,8 @@ BLOCK_NORMS = ("attention_norm", "ffn_norm")
 QK_NORMS = ("attention.q_norm", "attention.k_norm")
 
 
-def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
+def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
+    partial = QK_NORMS if qk_norm else ()
     residual = Shard(1) if sequence_parallel else Replicate()
     root = {
         "tok_embeddings": RowwiseParallel(
@@ -60,7 +61,7 @@ def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
     if not sequence_parallel:
         return TensorParallelPlan(
             root=TensorParallelScope(styles=root, replicated=("norm",)),
-            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS, partial=QK_NORMS),
+            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS, partial=partial),
         )
     root["norm"] = SequenceParallel(use_local_output=False)
     block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
@@ -76,4 +77,4 @@ def tensor_parallel_plan(*, sequence_parallel: bool) -> TensorParallelPlan:
         ),
     })
     return TensorParallelPlan(root=TensorParallelScope(styles=root),
-                              block=TensorParallelScope(styles=block, partial=QK_NORMS))
+                              block=TensorParallelScope(styles=block, partial=partial))

@@ -18,8 +18,6 @@ from forge_plugins.models.llama import Attention, Llama, RMSNorm, tensor_paralle
 from forge_plugins.models.options import LlamaOptions, llama_facts
 from forge_plugins.models.rotary import apply_rotary
 
-QK_NORMS = ("attention.q_norm", "attention.k_norm")
-
 
 class QKNormAttention(Attention):
     def __init__(self, options: LlamaOptions, backend) -> None:
@@ -53,12 +51,9 @@ class QKNormLlama(Llama):
         return attrs.evolve(super().parallel_contract(), tensor_parallel=self.tensor_parallel_plan)
 
     def tensor_parallel_plan(self, *, sequence_parallel: bool):
-        # The built-in plan declares the qwen3 family's q/k norms: this model declares
-        # its own (or, undeclared, leaves them out).
-        plan = tensor_parallel_plan(sequence_parallel=sequence_parallel)
-        partial = tuple(p for p in plan.block.partial if p not in QK_NORMS)
-        return attrs.evolve(plan, block=attrs.evolve(
-            plan.block, partial=partial + (QK_NORMS if self.declares_norms else ())))
+        # The built-in plan declares q/k norms only for the qwen3 family: this model
+        # declares its own (or, undeclared, leaves them out).
+        return tensor_parallel_plan(sequence_parallel=sequence_parallel, qk_norm=self.declares_norms)
 
 
 class UndeclaredQKNormLlama(QKNormLlama):
