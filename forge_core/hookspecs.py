@@ -189,15 +189,20 @@ def forge_sources() -> list[SourceSpec]:
     ``data.sources`` mixture).
 
     Return a list of :class:`~forge_core.api.SourceSpec`. The implementation is a
-    class constructed as ``cls(options)`` with ``documents()`` yielding ``str`` (or 1-D
-    token arrays when ``pretokenized=True``) in a deterministic order, and
-    ``describe()`` returning a one-line description for logs. EOS is appended to every
-    document by the pipeline, pre-tokenized ones included. A pre-tokenized source may
+    class constructed as ``cls(options)``, with the structured ``data.source_options``
+    (or, in a mixture, once per entry with that entry's ``options``). It has
+    ``documents()``, an iterator of ``str`` (or of 1-D integer token arrays when the
+    spec says ``pretokenized=True``) in a deterministic order: the same options give the
+    same documents in the same order in every process and run. EOS is appended to every
+    document by the pipeline, pre-tokenized ones included: yield none. ``describe()``
+    returns a one-line ``str`` for logs and error messages. A pre-tokenized source may
     expose ``tokenizer_identity``: the run stops when it differs from the configured
-    tokenizer's ``identity``. Optional: ``fingerprint()``, a string that changes
-    whenever the documents could, computed without tokenizing (a hash of the files'
-    bytes: :func:`~forge_core.api.files_fingerprint`): the token cache is keyed by it
-    (without it, every document is hashed in one pass at every start).
+    tokenizer's ``identity``. Optional: ``fingerprint()``, a non-empty ``str`` that
+    changes whenever the documents could, computed without tokenizing (a hash of the
+    files' bytes: :func:`~forge_core.api.files_fingerprint`): the token cache is keyed
+    by it (without it, every document is hashed in one pass at every start). A source
+    does not shard across processes: one process tokenizes it into the cache and the
+    loader gives each data-parallel rank its part of every batch.
 
     Example::
 
@@ -213,15 +218,23 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     """Register tokenizers, selected by ``data.tokenizer``.
 
     Return a list of :class:`~forge_core.api.TokenizerSpec`. The implementation is a
-    class constructed as ``cls(options)`` with ``vocab_size``, ``eos_id``, ``pad_id``,
-    ``identity`` (a string that changes whenever token ids would), ``encode(text) ->
-    list[int]``, ``decode(ids) -> str`` and ``save(directory)`` (may do nothing).
-    Optional: ``encode_batch(texts)`` (used when present, for speed), a classmethod
-    ``load(directory)`` that reopens what ``save`` wrote (``forge-run sample`` uses it),
-    and ``save_hf(directory)``, which writes the tokenizer as Hugging Face files
-    (``tokenizer.json``, ``tokenizer_config.json``) that ``AutoTokenizer`` loads with
-    the same ids (``forge-run export-hf`` ships them with the model); without it, the
-    run's saved files are copied when they hold a ``tokenizer.json``.
+    class constructed as ``cls(options)``, with the structured ``data.tokenizer_options``,
+    whose instances have the ``int`` attributes ``vocab_size`` (the model's embedding
+    size; every id, the special ones included, lies in ``[0, vocab_size)``), ``eos_id``
+    (appended by Forge to every document; never add it in ``encode``) and ``pad_id``
+    (fills the unused end of a row, never labelled; may equal ``eos_id``), and
+    ``identity``, a ``str`` that changes whenever token ids would (it keys the token
+    cache and is saved in checkpoints; resuming with another identity is refused).
+    Methods: ``encode(text) -> list[int]`` (a 1-D integer array will do), ``decode(ids)
+    -> str`` and ``save(directory) -> None``, called at the start of every run with the
+    run's ``tokenizer/`` directory (it exists; writing nothing is fine). Optional:
+    ``encode_batch(texts)``, one id sequence per text (used when present, for speed),
+    a classmethod ``load(directory)`` returning the tokenizer ``save`` wrote there
+    (``forge-run sample`` uses it), and ``save_hf(directory)``, which writes the
+    tokenizer as Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) that
+    ``AutoTokenizer`` loads with the same ids (``forge-run export-hf`` ships them with
+    the model); without it, the run's saved files are copied when they hold a
+    ``tokenizer.json``.
 
     Example::
 
@@ -244,7 +257,12 @@ def forge_optimizers() -> list[OptimizerSpec]:
     the part in ``named_parameters()`` order, each with its ``name``, ``param`` and
     ``role`` (``embedding``, ``bias``, ``norm``, ``vector`` or ``matrix``, decided from
     the owning module's type and the parameter's shape, or by the model's
-    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies. A
+    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies, and
+    keeping it off the others is the factory's job (separate parameter groups). ``lr``
+    is ``train.lr`` and ``options`` the structured ``train.optimizer_options``. Before
+    every step the trainer sets ``group["lr"]`` of every parameter group to ``train.lr``
+    times the schedule's factor, so a per-group multiplier must live under another key;
+    the optimizer's ``state_dict()`` is saved in checkpoints and loaded on resume. A
     factory whose first parameter has another name is called the old way, with a list
     of parameters, and a FutureWarning.
 
@@ -269,11 +287,14 @@ def forge_schedules() -> list[ScheduleSpec]:
     """Register learning-rate schedules, selected by ``train.schedule``.
 
     Return a list of :class:`~forge_core.api.ScheduleSpec`. The implementation is a
-    pure function ``factor(step, total_steps, warmup_steps, options) -> float``, the
-    multiplier applied to ``train.lr`` at ``step`` (0-based). Being a function of the
-    step alone, a schedule needs no state to resume. ``total_steps`` is the span of the
-    schedule (``train.schedule_steps``, by default the ``train.steps`` the run started
-    with); ``step`` is always below it: past the end the trainer keeps the final value.
+    pure function called as ``factor(step, total_steps, warmup_steps, options)``,
+    returning a ``float``: the multiplier applied to ``train.lr`` at ``step`` (0-based:
+    logged step ``n`` used ``factor(n - 1, ...)``). Being a function of the step alone, a
+    schedule needs no state to resume. ``total_steps`` is the span of the schedule
+    (``train.schedule_steps``, by default the ``train.steps`` the run started with);
+    ``step`` is always below it: past the end the trainer keeps the final value.
+    ``warmup_steps`` is ``train.warmup_steps`` and ``options`` the structured
+    ``train.schedule_options``.
 
     Example::
 
@@ -289,9 +310,11 @@ def forge_loggers() -> list[LoggerSpec]:
     """Register loggers, enabled by listing their names in ``logging.loggers``.
 
     Return a list of :class:`~forge_core.api.LoggerSpec`. The implementation is a
-    class constructed as ``cls(options)``; the trainer registers the instance with the
-    plugin manager for the length of the run, so it receives the lifecycle hooks below
-    by implementing them as methods decorated with :data:`hookimpl`.
+    class constructed as ``cls(options)``, with the structured
+    ``logging.options.<name>``, only when its name is in ``logging.loggers``; the
+    trainer registers the instance with the plugin manager for the length of the run, so
+    it receives the lifecycle hooks below by implementing them as methods decorated with
+    :data:`hookimpl`.
 
     Example::
 
@@ -305,11 +328,12 @@ def forge_loggers() -> list[LoggerSpec]:
 def forge_rules() -> list[Rule]:
     """Register compatibility rules, evaluated by ``forge-run check`` before a run.
 
-    Return a list of :class:`~forge_core.api.Rule`. A rule's ``check(ctx)`` receives
-    a :class:`~forge_core.api.Plan` (the resolved config, the chosen specs, the
-    world size) and returns ``None`` when satisfied, or a message (or list of messages)
-    explaining what is wrong. Declare a rule next to the component whose limit it
-    describes.
+    Return a list of :class:`~forge_core.api.Rule`. Every rule's ``check`` is called
+    as ``check(ctx)`` with a :class:`~forge_core.api.Plan` (the resolved config, the
+    chosen specs, the active strategies, the world size) and returns ``None`` (or an
+    empty list) when satisfied, else a ``str`` message (or a list of them) explaining
+    what is wrong; the engine adds the rule's ``paths`` with their values and its
+    ``fix``. Declare a rule next to the component whose limit it describes.
 
     Example::
 
@@ -329,13 +353,15 @@ def forge_train_start(run: RunContext) -> None:
     """Called once on every process after everything is built, before the first step.
 
     ``run`` is a :class:`~forge_core.api.RunContext`: the resolved config, the
-    run directory, the first step (above 0 after a resume), rank and world size.
+    run directory, the first step (above 0 after a resume), rank and world size. Its
+    return value is ignored.
     """
 
 
 @_hookspec
 def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
-    """Called on every process after every optimizer step.
+    """Called on every process after every optimizer step, with the ``run`` given to
+    ``forge_train_start``. Its return value is ignored.
 
     ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
     ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
@@ -352,10 +378,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 @_hookspec
 def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
     """Called on every process after a checkpoint is complete and the ``latest``
-    pointer has moved to ``path``."""
+    pointer has moved to ``path`` (a ``str``, the checkpoint's directory), the one of
+    ``step``; ``run`` is the run's :class:`~forge_core.api.RunContext`. Its return value
+    is ignored."""
 
 
 @_hookspec
 def forge_train_end(run: RunContext, step: int, status: str) -> None:
-    """Called once on every process when the run ends. ``status`` is ``"completed"``,
-    ``"interrupted"`` (SIGTERM/SIGINT, after the final checkpoint) or ``"failed"``."""
+    """Called once on every process when the run ends, with the run's ``run`` and the
+    last ``step`` taken. ``status`` is ``"completed"``, ``"interrupted"`` (SIGTERM/SIGINT,
+    after the final checkpoint) or ``"failed"``. Its return value is ignored."""

@@ -21,11 +21,10 @@ import json
 import pytest
 import torch
 
-from forge_core.testing import assert_within_rounding, longest_sum
+from forge_core.testing import assert_within_rounding, longest_sum, packed_metadata
+from forge_core.testing.isolation import check_document_isolation
 from forge_core.train.parallelize import is_meta, materialize
-from forge_plugins.attention import equivalence
 from forge_plugins.attention.options import SdpaOptions
-from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import hf_interop, hf_keys
 from forge_plugins.models.hf_config import check_hf_compatible
@@ -209,8 +208,8 @@ def test_every_attention_backend_runs_an_imported_family(tmp_path, backend, name
     float64_norms(hf64)  # and sdpa: transformers' eager attention takes its softmax in float32
     with torch.no_grad():
         same_logits(model(tokens()), hf64(tokens()).logits, model, torch.float64, f"{name} through {backend}")
-    worst = equivalence.check_document_isolation(attention, build_model=lambda _: model, rows=((5, 1, 11, 7), (24,)),
-                                                 standalone="prefix", dtypes=(torch.float64,))
+    worst = check_document_isolation(model, rows=((5, 1, 11, 7), (24,)), standalone="prefix",
+                                     dtypes=(torch.float64,))
     assert max(worst.values()) < 1
 
 

@@ -4,7 +4,9 @@ and the built plugin-guide pages opened in headless Chromium.
 In the browser every fenced block of a chapter must be a code block (``<pre><code>``
 holding exactly the block's text), and no fence or marker text may be visible as prose:
 a fence that Python-Markdown does not recognise renders as a paragraph, and the prose
-after it as code, which a Markdown-level check cannot see. Screenshots of two pages are
+after it as code, which a Markdown-level check cannot see. ``coming-from.md``, whose
+tables are its content, is read the same way, and every Markdown table of these pages
+must be a table on the page. Screenshots of two pages are
 kept under ``$CI_ARTIFACTS/screenshots/`` (default ``.ci/artifacts/screenshots/``).
 
 Without Chromium the browser tests skip, except under CI (``CI`` set), where they fail:
@@ -118,18 +120,28 @@ def test_a_strict_build_fails_on_a_link_outside_the_docs(tmp_path):
     assert done.returncode != 0 and "../examples/README.md" in done.stdout + done.stderr
 
 
+#: Pages outside the plugin guide that the browser check also reads: their tables carry
+#: what the page is for.
+TABLE_PAGES = ("coming-from.md",)
+_TABLES = "(document.querySelector('[role=\"main\"]') || document.body).querySelectorAll('table').length"
+
+
 def test_plugin_guide_pages_show_every_block_as_code(site, chromium):
     pages = sorted(p.relative_to(REPO / "docs").as_posix() for p in (REPO / "docs" / "plugin-guide").glob("*.md"))
     problems, runnable = [], 0
     shots = artifacts_dir() / "screenshots"
     with Browser(chromium) as browser:
-        for page in pages:
+        for page in [*pages, *TABLE_PAGES]:
             markdown = (REPO / "docs" / page).read_text()
             runnable += sum(block.runnable for block in code_blocks(markdown, page))
             shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png" if page in SCREENSHOT_PAGES else None
             problems += rendering_problems(browser, built_page(site, page), markdown, f"docs/{page}", shot)
+            tables = len(re.findall(r"^\|[ :]*-{3,}", markdown, re.M))
+            shown = browser.evaluate(_TABLES)
+            if shown != tables:
+                problems.append(f"docs/{page}: {tables} tables in the Markdown, {shown} on the page")
     assert not problems, "\n".join(problems)
-    assert runnable >= 96, f"only {runnable} runnable blocks on the plugin-guide pages"
+    assert runnable >= 150, f"only {runnable} runnable blocks on the plugin-guide pages"
     for page in SCREENSHOT_PAGES:
         shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png"
         assert shot.stat().st_size > 10_000, f"{shot} is too small to show the page"

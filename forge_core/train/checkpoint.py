@@ -569,16 +569,20 @@ class CheckpointManager:
         return None if found is None else Path(found)
 
     def load(self, path: Path, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-             warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+             warn: Callable[[str], None] | None = None,
+             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Load a checkpoint :meth:`find_resume` chose (it verified it). Written by
         another number of processes, it is resharded and ``warn`` is told what cannot
-        carry over (see :mod:`forge_core.train.elastic`)."""
+        carry over (see :mod:`forge_core.train.elastic`). ``check`` sees the train state
+        before any tensor is read, so a refusal it raises comes before a shape mismatch."""
         saved_world = self._saved_world(path)
         state_file = path / train_state_name(elastic.source_rank(self.rank, saved_world))
         try:
             state = train_state.read(state_file)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ForgeError(f"cannot read {state_file}: {exc}") from None
+        if check is not None:
+            check(state)
         if saved_world != self.world_size and warn is not None:
             warn(elastic.notice(path, saved_world, self.world_size))
         full = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}

@@ -252,12 +252,17 @@ class Trainer:
         path = self.checkpoints.find_resume(lambda m: warn(self.placement, m))
         if path is None:
             return
-        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers, lambda m: warn(self.placement, m))
-        if state.get("tokenizer_identity") not in (None, str(self.tokenizer.identity)):
-            raise ForgeError(
-                f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
-                f"the config gives {self.tokenizer.identity!r}. Use the same tokenizer or a new run.out_dir."
-            )
+
+        def same_tokenizer(state: dict[str, Any]) -> None:
+            # Before the tensors: another tokenizer's vocabulary would fail there as a shape mismatch.
+            if state.get("tokenizer_identity") not in (None, str(self.tokenizer.identity)):
+                raise ForgeError(
+                    f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
+                    f"the config gives {self.tokenizer.identity!r}. Use the same tokenizer or a new run.out_dir."
+                )
+
+        state = self.checkpoints.load(path, self.pmodel.parts, self.optimizers, lambda m: warn(self.placement, m),
+                                      check=same_tokenizer)
         self.step = int(state["step"])
         self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
         self.loader.load_state_dict(state["loader"])
