@@ -56,8 +56,8 @@ def test_every_public_name_is_exported():
     import forge_core.api as api
 
     assert sorted(api.__all__) == sorted(n for n in vars(api) if n[0] not in "_@" and n not in
-                                         {"batch", "errors", "fingerprint", "hooks", "optim", "packing", "parallel",
-                                          "protocols", "rules", "run", "specs", "validators"})
+                                         {"batch", "errors", "files", "fingerprint", "hooks", "optim", "packing", "parallel",
+                                          "protocols", "rules", "run", "shards", "specs", "validators"})
 
 
 def test_no_module_of_forge_or_the_example_package_uses_a_deprecated_path():
@@ -79,6 +79,26 @@ print(count)
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert int(proc.stdout) > 100  # the walk really ran over the packages
+
+
+def _forge_imports(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+def test_built_in_plugins_and_the_example_package_import_only_the_api_from_the_kernel():
+    """Built-ins are written as a third party would write them: from the kernel they
+    import only forge_core.api (and the test kit, forge_core.testing), lazily or not."""
+    roots = [REPO / "forge_plugins", EXAMPLE]
+    files = [f for root in roots for f in sorted(root.rglob("*.py")) if ".venv" not in f.parts]
+    assert len(files) > 40
+    inside = [f"{f.relative_to(REPO)}: {name}" for f in files for name in _forge_imports(f)
+              if name.split(".")[0] == "forge_core"
+              and not name.startswith(("forge_core.api", "forge_core.testing"))]
+    assert not inside
 
 
 OLD_PATHS = [

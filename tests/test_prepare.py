@@ -17,7 +17,8 @@ from forge_core.data.build import pack, source_shards
 from forge_core.data.packed_rows import pack_documents
 from forge_core.data.pipeline import document_hashes, tokenize
 from forge_core.data.prepare import prepare
-from forge_core.data.shards import Shards
+from forge_core.api import Shards
+from forge_core.data.shards import stream as document_stream
 from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.options import ConcatOptions
@@ -67,7 +68,7 @@ def build_rows(source, tokenizer, packer, cache_dir):
 
     spec = {s.name: s for s in plugin.forge_packers()}[{"ConcatPacker": "concat", "BfdPacker": "bfd"}[type(packer).__name__]]
     shards, _ = source_shards(source, tokenizer, CacheSection(dir=str(cache_dir)), "test", report=lambda m: None)
-    stream = shards.stream(tokenizer.eos_id, tokenizer.vocab_size)
+    stream = document_stream(shards, tokenizer.eos_id, tokenizer.vocab_size)
     rows = pack(packer, spec, spec.options(), stream, packer.seq_len, tokenizer.eos_id, tokenizer.pad_id)
     return rows.read(np.arange(rows.num_rows))
 

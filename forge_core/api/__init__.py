@@ -3,14 +3,16 @@
     from forge_core.api import hookimpl, ModelSpec, Rule, ForgeError, DOC_IDS
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
-``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``fingerprint``, ``parallel``,
-``optim``, ``protocols``, ``validators``) and nothing here imports torch or any other part of
-Forge, so a plugin's registration module stays as light as ``forge-run check`` needs it. Trainer internals are free to
-move; these names are what Forge keeps stable.
+``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``files``, ``fingerprint``,
+``parallel``, ``optim``, ``protocols``, ``shards``, ``validators``) and nothing here
+imports torch or any other part of Forge, so a plugin's registration module stays as
+light as ``forge-run check`` needs it. Trainer internals are free to move; these names
+are what Forge keeps stable.
 """
 
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
+from forge_core.api.files import atomic_write, fsync_dir
 from forge_core.api.fingerprint import files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.packing import BOUNDARIES, Boundaries, EagerPacker, LazyPacker, RowLayout
@@ -34,6 +36,7 @@ from forge_core.api.optim import NamedParameter
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
+from forge_core.api.shards import Shards, read_shard_index
 from forge_core.api.specs import (
     AttentionBackendSpec,
     ComponentSpec,
@@ -64,6 +67,7 @@ from forge_core.api.validators import (
 __all__ = [
     "DOC_IDS", "IGNORE_INDEX", "INPUT_IDS", "LABELS", "POSITIONS",
     "ForgeError", "did_you_mean", "show_value", "unknown_name",
+    "atomic_write", "fsync_dir",
     "files_fingerprint",
     "PROJECT", "hookimpl", "hookspec",
     "BOUNDARIES", "Boundaries", "EagerPacker", "LazyPacker", "RowLayout",
@@ -74,6 +78,7 @@ __all__ = [
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "ActiveStrategy", "ChosenSource", "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",
+    "Shards", "read_shard_index",
     "AttentionBackendSpec", "ComponentSpec", "LoggerSpec", "ModelSpec", "NoOptions", "OptimizerSpec",
     "PackerSpec", "ParallelismSpec", "ScheduleSpec", "SourceSpec", "TokenizerSpec", "import_path",
     "INT_MAX", "INT_MIN", "Validator", "above", "at_least", "between", "describe", "non_blank",

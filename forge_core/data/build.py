@@ -51,7 +51,7 @@ class SourceData:
     label: str
     where: str  # its config path: data.source or data.sources[i]
     weight: float
-    shards: Any  # forge_core.data.shards.Shards
+    shards: Any  # forge_core.api.Shards
     train: np.ndarray  # document numbers in the shards that are trained on
     heldout: np.ndarray  # and those held out
     rows: Any  # PackedRows or ArrayRows
@@ -89,8 +89,8 @@ def source_shards(source: Any, tokenizer: Any, cache: Any, label: str, *, is_mai
                   report: Callable[[str], None] = _stderr) -> tuple[Any, str]:
     """The memory-mapped tokens of ``source``: its own shards, or the cache's."""
     from forge_core.data.cache import cached_shards, default_root
+    from forge_core.api.shards import Shards
     from forge_core.data.pipeline import check_tokenizer
-    from forge_core.data.shards import Shards
 
     own = getattr(source, "shards", None)
     if isinstance(own, Shards):
@@ -153,6 +153,7 @@ def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: 
                         report: Callable[[str], None] = _stderr) -> TrainingData:
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core.data.mixture import MixedRows
+    from forge_core.data.shards import stream as document_stream
     from forge_core.train import components
 
     t0 = time.perf_counter()
@@ -169,7 +170,7 @@ def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: 
         if not len(train):
             raise ForgeError(f"{label}: all {shards.num_documents} documents are held out "
                              f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction.")
-        stream = shards.stream(eos, vocab, train)
+        stream = document_stream(shards, eos, vocab, train)
         packer = components.packer(plan, registries, tokenizer)
         rows = pack(packer, packer_spec, data.packer_options, stream, data.seq_len, eos, pad,
                     report if is_main else _quiet)
@@ -220,11 +221,13 @@ def heldout_documents(plan: Any, registries: Any, tokenizer: Any) -> list[tuple[
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet)."""
+    from forge_core.data.shards import stream as document_stream
+
     data = plan.config.data
     out = []
     for index, label in enumerate(_labels(plan.sources)):
         source = build_source(plan, registries, index)
         shards, _ = source_shards(source, tokenizer, data.cache, label)
         _, held = split_documents(shards, data.heldout)
-        out.append((label, shards.stream(int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))
+        out.append((label, document_stream(shards, int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))
     return out

@@ -1,7 +1,7 @@
 """The token cache: a source is tokenized once, and every later run (or restart) opens
 the result in milliseconds.
 
-An entry is a shard directory (:mod:`forge_core.data.shards`) named by a key:
+An entry is a shard directory (:mod:`forge_core.api.shards`) named by a key:
 SHA-256 of the source's content fingerprint (:mod:`forge_core.data.fingerprint`), the
 tokenizer's ``identity`` and the shard format version. A changed file, another
 tokenizer or another format version therefore gives another key, and the old entry is
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from forge_core.data.shard_index import INDEX, VERSION
+from forge_core.api.shards import INDEX, VERSION
 from forge_core.api import ForgeError
 
 FORMAT = "forge-token-cache"
@@ -94,7 +94,7 @@ def _complete(entry: Path) -> bool:
 
 def open_entry(entry: Path, key: str, fingerprint: str, tokenizer: Any) -> Any:
     """The shards of a complete entry, after checking it is the one asked for."""
-    from forge_core.data.shards import Shards
+    from forge_core.api.shards import Shards
 
     try:
         shards = Shards(entry)

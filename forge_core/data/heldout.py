@@ -6,7 +6,7 @@ A document is held out when a hash of its content, mixed with ``seed``, falls be
     held_out = splitmix64(content_hash ^ splitmix64(seed)) < fraction * 2**64
 
 ``content_hash`` is the per-document hash a shard stores (``hashes.npy``: BLAKE2b of
-the document as the source gave it, see :mod:`forge_core.data.shards`). So the split is
+the document as the source gave it, see :mod:`forge_core.api.shards`). So the split is
 
 - document-level: a document is wholly on one side, never cut;
 - stable: it depends on the document alone, not on its position or on the rest of the

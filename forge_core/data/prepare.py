@@ -5,7 +5,7 @@ timestamps) and appears atomically: everything is written under ``<out_dir>.part
 and renamed to ``out_dir`` only when complete, so an interrupted prepare leaves no
 directory that looks whole. A leftover ``.partial`` directory from an earlier,
 interrupted prepare is reported and removed before writing. On an error the partial
-directory is removed too. The format is :mod:`forge_core.data.shards`.
+directory is removed too. The format is :mod:`forge_core.api.shards`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""The on-disk format of pre-tokenized shards (written by ``forge-run prepare``).
-
-A shard directory (format version 2) holds four files and the tokenizer that made them:
-
-- ``tokens.bin``: every document's tokens, back to back, no EOS (the pipeline appends
-  EOS when it reads them, exactly as it does for text), as raw little-endian integers
-  of ``dtype`` (``uint16`` when the vocabulary fits, else ``uint32``), read through
-  ``np.memmap``;
-- ``offsets.npy``: int64, ``num_documents + 1`` entries; document ``i`` is
-  ``tokens[offsets[i]:offsets[i + 1]]``;
-- ``hashes.npy``: uint64, one per document: the first 8 bytes (little-endian) of the
-  BLAKE2b hash of the document's content as the source gave it (its UTF-8 text, or
-  its token ids as little-endian int64 for a pre-tokenized source), computed while
-  tokenizing. The held-out split is decided by it (:mod:`forge_core.data.heldout`);
-- ``index.json``: ``format``, ``version``, ``dtype``, ``num_tokens``,
-  ``num_documents``, ``tokenizer`` (``identity``, ``vocab_size``, ``eos_id``,
-  ``pad_id``), ``source`` (the source's one-line description), ``tokens_sha256`` (of
-  ``tokens.bin``, for provenance), the three file names, and for a cache entry
-  ``cache`` (the key and the source fingerprint it was made for);
-- ``tokenizer/``: what the tokenizer's ``save`` wrote (a Hugging Face tokenizer's
-  files; nothing for the byte tokenizer).
-
-The directory is written under ``<dir>.partial`` and renamed to ``<dir>`` only once
-complete; ``index.json`` is written last. A ``.partial`` directory is therefore the
-trace of an interrupted prepare, and a directory without ``index.json`` is not a shard.
-"""
+"""Writing pre-tokenized shards (``forge-run prepare``, the token cache) and reading them
+as the packer's document stream. The format and its reader are
+:mod:`forge_core.api.shards`."""
 
 from __future__ import annotations
 
@@ -38,16 +15,24 @@ from typing import Any
 import numpy as np
 
 from forge_core.api import ForgeError
+from forge_core.api.shards import (
+    FORMAT,
+    HASHES,
+    INDEX,
+    OFFSETS,
+    PARTIAL_SUFFIX,
+    TOKENIZER_DIR,
+    TOKENS,
+    VERSION,
+    Shards,
+    partial_dir,
+    read_shard_index,
+)
 from forge_core.data.packed_rows import DocumentStream
-from forge_core.data.shard_index import FORMAT, INDEX, PARTIAL_SUFFIX, VERSION, partial_dir, read_index
 
-TOKENS = "tokens.bin"
-OFFSETS = "offsets.npy"
-HASHES = "hashes.npy"
-TOKENIZER_DIR = "tokenizer"
 
 __all__ = ["FORMAT", "HASHES", "INDEX", "OFFSETS", "PARTIAL_SUFFIX", "TOKENIZER_DIR", "TOKENS", "VERSION",
-           "ShardWriter", "Shards", "move_into_place", "partial_dir", "read_index", "token_dtype"]
+           "ShardWriter", "Shards", "move_into_place", "partial_dir", "read_shard_index", "stream", "token_dtype"]
 
 
 def move_into_place(tmp: Path, out: Path) -> None:
@@ -162,56 +147,10 @@ def _save_synced(path: Path, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-class Shards:
-    """A complete shard directory, validated on open; tokens are memory-mapped, the
-    per-document offsets and hashes are read into memory (16 bytes per document)."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        index = read_index(self.path)  # everything but the offsets; shared with `check`
-        self.index = index
-        self.dtype = np.dtype(index["dtype"])
-        self.num_tokens = int(index["num_tokens"])
-        self.num_documents = int(index["num_documents"])
-        self.tokenizer = dict(index["tokenizer"])
-        tokens_path = self.path / index["files"]["tokens"]
-        offsets_path = self.path / index["files"]["offsets"]
-        hashes_path = self.path / index["files"]["hashes"]
-        self.tokens_path = tokens_path
-        try:
-            self.offsets = np.load(offsets_path)
-            self.hashes = np.load(hashes_path)
-        except (OSError, ValueError) as exc:
-            raise ForgeError(f"{self.path}: cannot read its offsets or hashes ({exc}); the shard is damaged.") from None
-        if self.hashes.shape != (self.num_documents,) or self.hashes.dtype != np.dtype("<u8"):
-            raise ForgeError(f"{hashes_path}: {self.hashes.shape} {self.hashes.dtype}, expected "
-                             f"{self.num_documents} uint64 hashes; the shard is damaged.")
-        o = self.offsets
-        if (
-            o.ndim != 1
-            or len(o) != self.num_documents + 1
-            or (len(o) and (o[0] != 0 or o[-1] != self.num_tokens))
-            or np.any(np.diff(o) < 0)
-        ):
-            raise ForgeError(f"{offsets_path}: offsets do not match the index; the shard is damaged.")
-        if self.num_tokens:
-            self.tokens = np.memmap(tokens_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
-        else:  # np.memmap refuses an empty file
-            self.tokens = np.zeros(0, self.dtype)
-
-    def __len__(self) -> int:
-        return self.num_documents
-
-    def stream(self, eos_id: int, vocab_size: int, documents: np.ndarray | None = None) -> DocumentStream:
-        """The documents (all, or those numbered in ``documents``) as the packer's stream,
-        EOS appended, every id read checked against ``vocab_size``."""
-        index = np.arange(self.num_documents) if documents is None else np.asarray(documents, np.int64)
-        start = self.offsets[:-1][index]
-        return DocumentStream(self.tokens, start, self.offsets[1:][index] - start, eos_id,
-                              vocab_size=vocab_size, where=str(self.tokens_path), document_index=index)
-
-    def documents(self) -> Iterator[np.ndarray]:
-        """Every document as a read-only view into the memory map, in order."""
-        tokens, offsets = self.tokens, self.offsets.tolist()
-        for i in range(self.num_documents):
-            yield tokens[offsets[i] : offsets[i + 1]]
+def stream(shards: Shards, eos_id: int, vocab_size: int, documents: np.ndarray | None = None) -> DocumentStream:
+    """The documents (all, or those numbered in ``documents``) as the packer's stream,
+    EOS appended, every id read checked against ``vocab_size``."""
+    index = np.arange(shards.num_documents) if documents is None else np.asarray(documents, np.int64)
+    start = shards.offsets[:-1][index]
+    return DocumentStream(shards.tokens, start, shards.offsets[1:][index] - start, eos_id,
+                          vocab_size=vocab_size, where=str(shards.tokens_path), document_index=index)

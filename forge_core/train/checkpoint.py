@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from forge_core.api import ForgeError
+from forge_core.api.files import atomic_write, fsync_dir
 from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
 from forge_core.train.distributed import broadcast_object, is_distributed
@@ -313,35 +314,6 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
 # --- files on disk ------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader sees the old or the new file, never a
-    torn one, and the new one survives a crash once this returns."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def remove_stale_temporaries(run_dir: Path) -> tuple[list[Path], int]:
     """Remove what interrupted writes left in a run directory (half-written checkpoints,
     ``atomic_write`` temporaries): ``(paths removed, bytes freed)``. Only call it while
@@ -515,7 +487,7 @@ class CheckpointManager:
             if final.exists():  # an older write of the same step: the new one replaces it
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             pointer = self.root / LATEST
             if pointer.is_dir() and not pointer.is_symlink():  # damaged: make room for the pointer
                 shutil.rmtree(pointer)

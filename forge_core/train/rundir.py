@@ -22,7 +22,7 @@ import yaml
 from forge_core.api import ForgeError
 from forge_core.config.loader import plugin_settings, read_config_file, to_plain
 from forge_core.config.schema import PluginsSection
-from forge_core.train.checkpoint import atomic_write
+from forge_core.api.files import atomic_write
 
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from forge_core.api import atomic_write
+
 TRAIN_PREFIX = "train/"
 
 
@@ -84,8 +86,6 @@ def read_run_id(path: Path) -> dict[str, Any] | None:
 
 def write_run_id(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` atomically (a torn file would lose the tracked run)."""
-    from forge_core.train.checkpoint import atomic_write
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(data, indent=1) + "\n")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, read_shard_index
 from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 TEXT_FILES = "text.files-exist"
@@ -75,10 +75,8 @@ def check_shards_directory(ctx: Any) -> list[str]:
         if not options.path:
             problems.append(prefix + "data.source_options.path is empty: give the directory written by `forge-run prepare`.")
             continue
-        from forge_core.data.shard_index import read_index
-
         try:
-            index = read_index(options.path)
+            index = read_shard_index(options.path)
         except ForgeError as exc:
             problems.append(prefix + str(exc))
             continue

@@ -3,7 +3,7 @@
 It yields token arrays (memory-mapped, no EOS; the pipeline appends EOS) and exposes
 ``tokenizer_identity``: the pipeline refuses to combine these shards with a tokenizer
 whose ``identity`` differs, and checks every id against that tokenizer's vocabulary.
-The format is :mod:`forge_core.data.shards`.
+The format is :mod:`forge_core.api.shards`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.api import ForgeError
-from forge_core.data.shards import Shards
+from forge_core.api import ForgeError, Shards
+
 
 
 class ShardSource:

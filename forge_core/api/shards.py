@@ -1,0 +1,159 @@
+"""The on-disk format of pre-tokenized shards (written by ``forge-run prepare``) and its
+reader, :class:`Shards`, for a source plugin that reads them (the built-in ``shards``
+source). :func:`read_shard_index` validates a directory from its index and file sizes
+alone (json, no numpy), so ``forge-run check`` judges a path in milliseconds; ``Shards``
+opens through it, so check and build refuse the same directories with the same words.
+This module imports numpy only when a ``Shards`` is opened.
+
+A shard directory (format version 2) holds four files and the tokenizer that made them:
+
+- ``tokens.bin``: every document's tokens, back to back, no EOS (the pipeline appends
+  EOS when it reads them, exactly as it does for text), as raw little-endian integers
+  of ``dtype`` (``uint16`` when the vocabulary fits, else ``uint32``), read through
+  ``np.memmap``;
+- ``offsets.npy``: int64, ``num_documents + 1`` entries; document ``i`` is
+  ``tokens[offsets[i]:offsets[i + 1]]``;
+- ``hashes.npy``: uint64, one per document: the first 8 bytes (little-endian) of the
+  BLAKE2b hash of the document's content as the source gave it (its UTF-8 text, or
+  its token ids as little-endian int64 for a pre-tokenized source), computed while
+  tokenizing. The held-out split is decided by it (:mod:`forge_core.data.heldout`);
+- ``index.json``: ``format``, ``version``, ``dtype``, ``num_tokens``,
+  ``num_documents``, ``tokenizer`` (``identity``, ``vocab_size``, ``eos_id``,
+  ``pad_id``), ``source`` (the source's one-line description), ``tokens_sha256`` (of
+  ``tokens.bin``, for provenance), the three file names, and for a cache entry
+  ``cache`` (the key and the source fingerprint it was made for);
+- ``tokenizer/``: what the tokenizer's ``save`` wrote (a Hugging Face tokenizer's
+  files; nothing for the byte tokenizer).
+
+The directory is written under ``<dir>.partial`` and renamed to ``<dir>`` only once
+complete; ``index.json`` is written last. A ``.partial`` directory is therefore the
+trace of an interrupted prepare, and a directory without ``index.json`` is not a shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from forge_core.api.errors import ForgeError
+
+TOKENS = "tokens.bin"
+OFFSETS = "offsets.npy"
+HASHES = "hashes.npy"
+TOKENIZER_DIR = "tokenizer"
+FORMAT = "forge-shards"
+VERSION = 2
+INDEX = "index.json"
+PARTIAL_SUFFIX = ".partial"
+#: Bytes per token of each dtype ``forge-run prepare`` writes.
+ITEMSIZE = {"uint16": 2, "uint32": 4}
+
+
+def partial_dir(out_dir: str | os.PathLike) -> Path:
+    """Where a shard directory is written before it is complete."""
+    out = Path(out_dir)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
+    """The index of a complete shard directory; a :class:`ForgeError` saying what is wrong
+    otherwise (missing, interrupted, not a shard index, another format version, a data
+    file missing or of the wrong size)."""
+    path = Path(path)
+    index_path = path / INDEX
+    if not path.is_dir():
+        if partial_dir(path).exists():
+            raise ForgeError(
+                f"{path}: not there, but {partial_dir(path)} is: an earlier "
+                "`forge-run prepare` was interrupted. Run it again (it removes the "
+                "leftover first)."
+            )
+        if path.exists():
+            raise ForgeError(f"{path}: not a directory; give the directory `forge-run prepare` wrote.")
+        raise ForgeError(f"{path}: no such shard directory. Create it with `forge-run prepare`.")
+    if not index_path.is_file():
+        raise ForgeError(f"{index_path}: missing; {path} is not a complete `forge-run prepare` output.")
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ForgeError(f"{index_path}: not valid JSON ({exc}).") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise ForgeError(f"{index_path}: not a Forge shard index (format {FORMAT!r} expected).")
+    if index.get("version") != VERSION:
+        raise ForgeError(
+            f"{index_path}: shard format version {index.get('version')}, this Forge reads "
+            f"version {VERSION}. Run `forge-run prepare` again."
+        )
+    try:
+        files = index["files"]
+        tokens_path, offsets_path, hashes_path = (path / files[k] for k in ("tokens", "offsets", "hashes"))
+        itemsize = ITEMSIZE[index["dtype"]]
+        num_tokens, num_documents = int(index["num_tokens"]), int(index["num_documents"])
+        identity = index["tokenizer"]["identity"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ForgeError(f"{index_path}: incomplete or damaged index ({type(exc).__name__}: {exc}).") from None
+    if num_tokens < 0 or num_documents < 0 or not isinstance(identity, str):
+        raise ForgeError(f"{index_path}: damaged index (negative counts or no tokenizer identity).")
+    for p in (tokens_path, offsets_path, hashes_path):
+        if not p.is_file():
+            raise ForgeError(f"{p}: missing from the shard directory {path}.")
+    expected = num_tokens * itemsize
+    if tokens_path.stat().st_size != expected:
+        raise ForgeError(
+            f"{tokens_path}: {tokens_path.stat().st_size} bytes, the index says "
+            f"{num_tokens} tokens of {index['dtype']} ({expected} bytes). The "
+            "shard is damaged: run `forge-run prepare` again."
+        )
+    return index
+
+
+class Shards:
+    """A complete shard directory, validated on open; tokens are memory-mapped, the
+    per-document offsets and hashes are read into memory (16 bytes per document)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        import numpy as np
+
+        index = read_shard_index(self.path)  # everything but the offsets; shared with `check`
+        self.index = index
+        self.dtype = np.dtype(index["dtype"])
+        self.num_tokens = int(index["num_tokens"])
+        self.num_documents = int(index["num_documents"])
+        self.tokenizer = dict(index["tokenizer"])
+        tokens_path = self.path / index["files"]["tokens"]
+        offsets_path = self.path / index["files"]["offsets"]
+        hashes_path = self.path / index["files"]["hashes"]
+        self.tokens_path = tokens_path
+        try:
+            self.offsets = np.load(offsets_path)
+            self.hashes = np.load(hashes_path)
+        except (OSError, ValueError) as exc:
+            raise ForgeError(f"{self.path}: cannot read its offsets or hashes ({exc}); the shard is damaged.") from None
+        if self.hashes.shape != (self.num_documents,) or self.hashes.dtype != np.dtype("<u8"):
+            raise ForgeError(f"{hashes_path}: {self.hashes.shape} {self.hashes.dtype}, expected "
+                             f"{self.num_documents} uint64 hashes; the shard is damaged.")
+        o = self.offsets
+        if (
+            o.ndim != 1
+            or len(o) != self.num_documents + 1
+            or (len(o) and (o[0] != 0 or o[-1] != self.num_tokens))
+            or np.any(np.diff(o) < 0)
+        ):
+            raise ForgeError(f"{offsets_path}: offsets do not match the index; the shard is damaged.")
+        if self.num_tokens:
+            self.tokens = np.memmap(tokens_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+        else:  # np.memmap refuses an empty file
+            self.tokens = np.zeros(0, self.dtype)
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def documents(self) -> Iterator[Any]:
+        """Every document as a read-only view into the memory map, in order."""
+        tokens, offsets = self.tokens, self.offsets.tolist()
+        for i in range(self.num_documents):
+            yield tokens[offsets[i] : offsets[i + 1]]
