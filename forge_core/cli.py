@@ -25,7 +25,7 @@ from typing import Any
 
 from forge_core.errors import EXIT_INVALID, Interrupted, outcome, show_tracebacks, traceback_text
 
-COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample")
+COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample", "eval")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print text as it is sampled")
     p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("eval", help="held-out loss and perplexity of a run's checkpoint")
+    p.add_argument("run_dir", help="a run directory (the run's out_dir)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides of the run's config (eval.source=..., eval.max_batches=...)")
+    p.add_argument("--checkpoint", type=int, default=None, metavar="STEP",
+                   help="evaluate the checkpoint of this step (default: the latest)")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
     return parser
 
 
@@ -291,6 +299,7 @@ HANDLERS = {
     "prepare": lambda a: _delegate("forge_core.data.prepare_cli", "main", a),
     "export-hf": lambda a: _delegate("forge_core.train.export", "main", a),
     "sample": lambda a: _delegate("forge_core.train.sample", "main", a),
+    "eval": lambda a: _delegate("forge_core.train.eval_cli", "main", a),
 }
 
 

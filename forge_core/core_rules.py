@@ -153,6 +153,36 @@ def check_batch_divisible(ctx: Plan) -> str | None:
     return None
 
 
+def check_eval_heldout(ctx: Plan) -> str | None:
+    cfg = ctx.config
+    if not cfg.eval.enabled or cfg.eval.source or cfg.data.heldout.fraction > 0:
+        return None
+    return ("evaluation reads the held-out split of the training data (eval.source: ''), but "
+            "data.heldout.fraction is 0: no document is held out, so there is nothing to evaluate on")
+
+
+def check_eval_batch(ctx: Plan) -> str | None:
+    cfg = ctx.config
+    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    rows = cfg.eval.batch_rows(cfg.train)
+    if dp < 1 or rows % dp == 0:
+        return None  # dp_shard unresolved: the world-size rule reports it
+    given = (f"eval.batch_size = {rows}" if cfg.eval.batch_size
+             else f"the evaluation batch (eval.batch_size: 0, the training micro-batch) = {rows} rows")
+    return f"{given} cannot be split evenly over {dp} data-parallel ranks"
+
+
+def check_eval_scheduled(ctx: Plan) -> str | None:
+    ev, steps = ctx.config.eval, ctx.config.train.steps
+    if not ev.enabled:
+        return None
+    if not ev.at_end and ev.every == 0:
+        return "eval.enabled is true, but eval.every is 0 and eval.at_end is false: the run never evaluates"
+    if not ev.at_end and ev.every > steps:
+        return f"eval.every = {ev.every} exceeds train.steps = {steps} and eval.at_end is false: the run never evaluates"
+    return None
+
+
 RULES = [
     Rule(
         id="parallel.world-size",
@@ -220,6 +250,32 @@ RULES = [
         summary="The global batch splits evenly over data-parallel ranks and accumulation steps.",
         check=check_batch_divisible,
         fix="Make train.batch_size a multiple of dp_replicate * dp_shard * grad_accum.",
+    ),
+    Rule(
+        id="eval.heldout-available",
+        severity="error",
+        paths=("eval.enabled", "eval.source", "data.heldout.fraction"),
+        summary="Evaluation on the held-out split needs documents held out of training.",
+        check=check_eval_heldout,
+        fix="Hold documents out with data.heldout.fraction (e.g. 0.01), or evaluate on another "
+        "source with eval.source.",
+    ),
+    Rule(
+        id="eval.batch-divisible",
+        severity="error",
+        paths=("eval.batch_size", "train.batch_size", "train.grad_accum", "parallel.dp_replicate",
+               "parallel.dp_shard"),
+        summary="The evaluation batch splits evenly over data-parallel ranks.",
+        check=check_eval_batch,
+        fix="Make eval.batch_size a multiple of dp_replicate * dp_shard (0 takes the training micro-batch).",
+    ),
+    Rule(
+        id="eval.scheduled",
+        severity="warning",
+        paths=("eval.enabled", "eval.every", "eval.at_end", "train.steps"),
+        summary="An enabled evaluation runs at least once.",
+        check=check_eval_scheduled,
+        fix="Set eval.every to a number of steps up to train.steps, or eval.at_end: true.",
     ),
 ]
 

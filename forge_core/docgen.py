@@ -26,6 +26,7 @@ import inspect
 import json
 import os
 import re
+import textwrap
 import sys
 import typing
 from collections.abc import Iterator
@@ -98,7 +99,7 @@ def rst_to_markdown(text: str) -> str:
                 i += 1
             while block and not block[-1].strip():
                 block.pop()
-            out += ["", "```python", *inspect.cleandoc("\n".join(block)).splitlines(), "```", ""]
+            out += ["", "```python", *textwrap.dedent("\n".join(block)).splitlines(), "```", ""]
             continue
         out.append(line)
         i += 1
@@ -297,7 +298,7 @@ def hooks_markdown() -> str:
     from forge_core.api.hooks import PROJECT
 
     funcs = hookspec_functions()
-    lifecycle_prefixes = ("forge_train_", "forge_step_", "forge_checkpoint_")
+    lifecycle_prefixes = ("forge_train_", "forge_step_", "forge_eval_", "forge_checkpoint_")
     registration = [f for f in funcs if not f.__name__.startswith(lifecycle_prefixes)]
     lifecycle = [f for f in funcs if f.__name__.startswith(lifecycle_prefixes)]
     lines = [
@@ -342,8 +343,9 @@ def hooks_markdown() -> str:
         "## Lifecycle hooks",
         "",
         "Called by the trainer on every process, in this order: `forge_train_start` once,",
-        "`forge_step_end` after every optimizer step, `forge_checkpoint_saved` after each",
-        "complete checkpoint, `forge_train_end` once. Implement them as methods of a logger",
+        "`forge_step_end` after every optimizer step (preceded by `forge_eval_end` on a step",
+        "that evaluates), `forge_checkpoint_saved` after each complete checkpoint,",
+        "`forge_train_end` once. Implement them as methods of a logger",
         "class (the trainer registers each enabled logger instance for the run) or as",
         "functions of a plugin module (called for every run).",
         "",

@@ -376,6 +376,42 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
 
 @_hookspec
+def forge_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
+    """Called on every process after every evaluation: during training (``eval.every``,
+    ``eval.at_end``; before ``forge_step_end`` of the same step, whose ``metrics`` then
+    carry the same keys) and by ``forge-run eval`` (``step``: the checkpoint's); ``run``
+    is the run's :class:`~forge_core.api.RunContext`. Its return value is ignored.
+
+    ``metrics`` holds ``eval/loss`` (mean cross-entropy per labelled token, over every
+    process), ``eval/perplexity`` (its exponential) and ``eval/tokens`` (labelled tokens
+    evaluated); with several sources also ``eval/<source>/loss`` and
+    ``eval/<source>/perplexity``. It is a fresh dict, safe to keep.
+
+    ``run.view`` (:class:`forge_core.train.view.RunView`) reaches the model, the step and
+    the data read-only, so a plugin can run an evaluation of its own here. Every process
+    is called: a forward under a parallel layout needs them all. Example, the accuracy of
+    next-token prediction on the held-out documents (one process, one piece)::
+
+        class NextTokenAccuracy:
+            @hookimpl
+            def forge_eval_end(self, run, step, metrics):
+                view = run.view
+                if view.model is None or run.world_size > 1:
+                    return  # split over pipeline stages or processes: use view.evaluate
+                hits = total = 0
+                with view.inference():
+                    for _, docs in view.heldout_documents():
+                        for d in range(min(len(docs), 8)):
+                            ids, _ = docs.gather(np.arange(docs.offsets[d], docs.offsets[d + 1]))
+                            ids = torch.as_tensor(ids[: view.seq_len + 1], device=view.device)
+                            logits = view.model(ids[None, :-1])
+                            hits += int((logits[0].argmax(-1) == ids[1:]).sum())
+                            total += len(ids) - 1
+                print(f"step {step}: next-token accuracy {hits / max(total, 1):.1%}")
+    """
+
+
+@_hookspec
 def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
     """Called on every process after a checkpoint is complete and the ``latest``
     pointer has moved to ``path`` (a ``str``, the checkpoint's directory), the one of

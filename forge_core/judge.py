@@ -69,7 +69,9 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     )
     emitted = specs["packer"].emitted(config.data.packer_options)
     facts = model_facts(specs["model"], config.model.options, registries)
-    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources)
+    ev = config.eval
+    eval_source = ChosenSource("eval.source", registries["source"].get(ev.source), ev.source_options) if ev.source else None
+    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source)
 
 
 def model_facts(spec: Any, options: Any, registries: Registries) -> Any:
@@ -92,6 +94,8 @@ def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str,
     of a mixture (``data.sources[i].name``) included."""
     chosen = [(b.name_path, b.kind, ctx.specs[b.kind]) for b in OPTION_BLOCKS if b.kind != "source"]
     chosen += [(s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources]
+    if ctx.eval_source is not None:
+        chosen.append(("eval.source", "source", ctx.eval_source.spec))
     chosen += [
         (f"parallel.{s.spec.mesh_dim}" if s.spec.mesh_dim else "parallel.wrappers", "parallelism", s.spec)
         for s in ctx.strategies

@@ -103,7 +103,7 @@ def test_every_forge_key_value_and_option_on_the_page_exists(tmp_path):
         ("| `bf16=True` | `train.precision: fp16` | |", "train.precision=fp16"),
         ("| `lr` | `train.schedule: cosine`, `train.schedule_options.decay_shape: sqrt` | |", "decay_shape"),
         ("Launch with `forge-run --gpus 2 x.yaml`.", "forge-run train has no option --gpus"),
-        ("Sample with `forge-run sample run --prompt x --top-p 0.9`.", "forge-run sample has no option --top-p"),
+        ("Sample with `forge-run sample run --prompt x --num-beams 4`.", "forge-run sample has no option --num-beams"),
         ("Train with `forge-run train.yaml train.stpes=5`.", "train.stpes is not a Forge setting"),
     ],
 )

@@ -99,6 +99,8 @@ class Plan:
       not (read them with :meth:`options_of`).
     - ``sources``: every source the run reads (:class:`ChosenSource`), in config order:
       the one of ``data.source``, or each entry of ``data.sources``.
+    - ``eval_source``: the source named by ``eval.source`` (:class:`ChosenSource`,
+      ``where`` is ``eval.source``), or ``None`` when evaluation reads the held-out split.
     """
 
     config: Any
@@ -110,6 +112,7 @@ class Plan:
     facts: Any = None
     strategy_options: dict[str, Any] = attrs.field(factory=dict)
     sources: tuple[ChosenSource, ...] = ()
+    eval_source: ChosenSource | None = None
 
     def options_of(self, strategy: str) -> Any:
         """The structured options of a strategy, active or not (its defaults when the

@@ -586,6 +586,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
             issues.extend(problems)
         values[block.options_path] = value
     issues += _structure_source_entries(lookup, registries["source"], values)
+    issues += _structure_eval_source(lookup, registries["source"], values)
     for block in KEYED_BLOCKS:
         registry = registries[block.kind]
         names = lookup(block.name_path)
@@ -643,6 +644,24 @@ def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]
     if not issues:
         values["data.sources"] = structured
     return [issue for issue in issues if issue[0]]
+
+
+def _structure_eval_source(lookup: Any, registry: Any, values: dict[str, Any]) -> list[tuple[str, str]]:
+    """``eval.source`` (``""``: the held-out split, no options) checked like any source name,
+    and ``eval.source_options`` structured against that source's options class."""
+    name, options = lookup("eval.source"), lookup("eval.source_options")
+    if not isinstance(name, str) or options is _UNUSABLE:
+        return []  # not a name: the schema reports it
+    if not name:
+        if options not in ({}, None):
+            return [("$.eval.source_options", "options for an eval source, but eval.source is '' (the held-out "
+                                              "split, which takes none): set eval.source to the source they are for")]
+        return []
+    if name not in registry:
+        return [("$.eval.source", registry.refusal(name))]
+    value, problems = structure(options, registry.get(name).options, "$.eval.source_options")
+    values["eval.source_options"] = value
+    return problems
 
 
 def _with_blocks(config: ForgeConfig, values: dict[str, Any]) -> ForgeConfig:

@@ -201,6 +201,46 @@ class CheckpointSection:
 
 
 @attrs.frozen
+class EvalSection:
+    enabled: bool = field(
+        False, "Evaluate the held-out loss and perplexity during training (every `every` steps) "
+        "and when it completes (`at_end`). `forge-run eval` evaluates any run, whatever this says."
+    )
+    every: int = field(
+        0, "Evaluate every N optimizer steps, counted from the start of the run, so the cadence "
+        "is the same after a resume (0: only at the end).", validator=at_least(0)
+    )
+    at_end: bool = field(
+        True, "Also evaluate when training completes (once, if the cadence already evaluated "
+        "the last step)."
+    )
+    source: str = field(
+        "", "What to evaluate on: '' is the held-out split of the training data "
+        "(data.heldout, every source of the run); a registered source name evaluates all of "
+        "that source's documents instead."
+    )
+    source_options: Any = field({}, "The eval source's own options (with `source` set).")
+    batch_size: int = field(
+        0, "Rows per evaluation batch over all processes (0: the training micro-batch, "
+        "train.batch_size / train.grad_accum). Must split evenly over data-parallel ranks.",
+        validator=at_least(0),
+    )
+    max_batches: int = field(
+        0, "Evaluate at most this many batches (0: no limit).", validator=at_least(0)
+    )
+    max_tokens: int = field(
+        0, "Evaluate at most this many tokens, counted as rows x data.seq_len and rounded up "
+        "to whole rows (0: no limit). With max_batches, the tighter limit applies.",
+        validator=at_least(0),
+    )
+
+    def batch_rows(self, train: TrainSection) -> int:
+        """Rows per evaluation batch over all processes (``batch_size``, or the training
+        micro-batch)."""
+        return self.batch_size or max(1, train.batch_size // train.grad_accum)
+
+
+@attrs.frozen
 class LoggingSection:
     loggers: list[str] = field(["console", "jsonl"], "Registered loggers to enable.")
     every: int = field(1, "Log every N steps.", validator=at_least(1))
@@ -227,6 +267,7 @@ class ForgeConfig:
     parallel: ParallelSection = field(ParallelSection(), "Device mesh and strategies.")
     train: TrainSection = field(TrainSection(), "Optimization.")
     checkpoint: CheckpointSection = field(CheckpointSection(), "Checkpointing and resume.")
+    eval: EvalSection = field(EvalSection(), "Held-out evaluation (loss and perplexity).")
     logging: LoggingSection = field(LoggingSection(), "Loggers.")
     plugins: PluginsSection = field(PluginsSection(), "Plugin loading.")
 
@@ -264,5 +305,5 @@ KEYED_BLOCKS: tuple[OptionBlock, ...] = (
 
 for _cls in (RunSection, ModelSection, AttentionSection, SourceEntry, HeldoutSection, CacheSection, DataSection,
              ParallelSection, NonFiniteSection,
-             TrainSection, CheckpointSection, LoggingSection, PluginsSection, ForgeConfig):
+             TrainSection, CheckpointSection, EvalSection, LoggingSection, PluginsSection, ForgeConfig):
     attrs.resolve_types(_cls)  # real types on fields, for docs generation and tests

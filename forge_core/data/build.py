@@ -217,17 +217,18 @@ def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) ->
     return "\n".join(lines)
 
 
-def heldout_documents(plan: Any, registries: Any, tokenizer: Any) -> list[tuple[str, Any]]:
+def heldout_documents(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True) -> list[tuple[str, Any]]:
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
-    Opens the cache exactly as training does (tokenizing only if no run has yet)."""
+    Opens the cache exactly as training does (tokenizing only if no run has yet); only
+    the main process (``is_main``) reports progress."""
     from forge_core.data.shards import stream as document_stream
 
     data = plan.config.data
     out = []
     for index, label in enumerate(_labels(plan.sources)):
         source = build_source(plan, registries, index)
-        shards, _ = source_shards(source, tokenizer, data.cache, label)
+        shards, _ = source_shards(source, tokenizer, data.cache, label, is_main=is_main)
         _, held = split_documents(shards, data.heldout)
         out.append((label, document_stream(shards, int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))
     return out

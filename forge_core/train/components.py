@@ -140,7 +140,12 @@ def saved_tokenizer(plan: Any, registries: Any, directory: Path) -> Any:
 def source(plan: Any, registries: Any, index: int = 0) -> Any:
     """The ``index``-th source the run reads (``plan.sources``, in config order: the one
     of ``data.source``, or each entry of a ``data.sources`` mixture)."""
-    chosen = plan.sources[index]
+    return chosen_source(plan, registries, plan.sources[index])
+
+
+def chosen_source(plan: Any, registries: Any, chosen: Any) -> Any:
+    """The source of a :class:`~forge_core.api.ChosenSource` (one of ``plan.sources``, or
+    ``plan.eval_source``), constructed."""
     return _build(plan, registries, "source", lambda cls: cls(chosen.options), spec=chosen.spec)
 
 

@@ -17,7 +17,11 @@ One optimizer step:
    backward: tensor parallelism's partial parameters), clip to the global gradient
    norm, check the loss and norm are finite (policy:
    skip or stop), step the optimizer, advance the schedule;
-4. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
+4. on an evaluation step (``eval.every``, and the last with ``eval.at_end``), evaluate
+   (:mod:`forge_core.train.evaluate`), call ``forge_eval_end`` and add the eval metrics
+   to the step's; the cadence counts steps from the start of the run, so a resumed run
+   evaluates the same steps;
+5. report metrics through ``forge_step_end``; save on ``checkpoint.every``, on
    SIGTERM/SIGINT (flag set by the handler, acted on here) and at the end.
 
 The whole run holds the run directory's lock (:mod:`forge_core.train.run_lock`), taken
@@ -169,6 +173,12 @@ class Trainer:
                                      num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size)
         self.memory = MemoryMeter(pl.device)
+        self.eval_data = None
+        if cfg.eval.enabled:
+            from forge_core.train.evaluate import build_eval_data
+
+            self.eval_data = build_eval_data(plan, reg, self.tokenizer, is_main=pl.is_main)
+            log(pl, self.eval_data.summary)
 
         from forge_core.train.peak import cached_peak, peak_flops
 
@@ -365,6 +375,31 @@ class Trainer:
             **self.memory.measure(),
         }
 
+    def eval_due(self) -> bool:
+        ev = self.config.eval
+        if self.eval_data is None:
+            return False
+        return bool(ev.every and self.step % ev.every == 0) or (ev.at_end and self.step == self.config.train.steps)
+
+    def evaluate(self, run: RunContext) -> dict[str, Any]:
+        """Evaluate now (every process), tell ``forge_eval_end``; the metrics to log."""
+        from forge_core.train.evaluate import run_eval
+
+        result = run_eval(self.pmodel, self.eval_data, loss_fn, device=self.placement.device,
+                          precision=self.config.train.precision, slice_weight=self.slice_weight)
+        metrics = result.metrics()
+        self.pm.hook.forge_eval_end(run=run, step=self.step, metrics=dict(metrics))
+        return metrics
+
+    def view(self) -> Any:
+        from forge_core.data.build import heldout_documents
+        from forge_core.train.view import RunView
+
+        return RunView(pmodel=self.pmodel, step=lambda: self.step, loss_fn=loss_fn, device=self.placement.device,
+                       tokenizer=self.tokenizer, seq_len=self.data.seq_len, train_rows=self.data.rows,
+                       heldout=lambda: heldout_documents(self.plan, self.registries, self.tokenizer,
+                                                         is_main=self.placement.is_main))
+
     def _check_peak(self, achieved: float) -> None:
         """A measured peak below what a step achieves was taken on a busy machine: raise
         it (and its cache) to the achieved rate, so MFU stays a fraction."""
@@ -409,7 +444,7 @@ class Trainer:
         cfg, pl = self.config, self.placement
         total = cfg.train.steps
         run = RunContext(config=cfg, out_dir=str(self.run_dir), start_step=self.step, total_steps=total,
-                         rank=pl.rank, world_size=pl.world_size)
+                         rank=pl.rank, world_size=pl.world_size, view=self.view())
         registered = []
         # pluggy calls the most recently registered first: register in reverse so the
         # loggers see each hook in the order logging.loggers lists them.
@@ -425,6 +460,8 @@ class Trainer:
             with self.stop:
                 while self.step < total:
                     metrics = self.train_step()
+                    if self.eval_due():
+                        metrics.update(self.evaluate(run))
                     self.pm.hook.forge_step_end(run=run, step=self.step, metrics=dict(metrics))
                     if run.should_log(self.step):
                         self.memory.next_window()

@@ -1,6 +1,8 @@
 """The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
 tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
-when tqdm is missing). Acts on the main process only."""
+when tqdm is missing). A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
+(on the plain line, or as a line of its own above the bar, which would overwrite it),
+and the summary at the end gives the last of them. Acts on the main process only."""
 
 from __future__ import annotations
 
@@ -27,6 +29,14 @@ def _fmt_memory(metrics: dict[str, Any]) -> str:
     return f"rss {rss:.2f} GiB" if rss is not None else ""
 
 
+def _fmt_eval(metrics: dict[str, Any]) -> str:
+    """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not evaluate."""
+    if "eval/loss" not in metrics:
+        return ""
+    return (f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {metrics['eval/perplexity']:.4g}  "
+            f"({metrics.get('eval/tokens', 0):,} tokens)")
+
+
 class ConsoleLogger:
     def __init__(self, options: Any) -> None:
         self.options = options
@@ -34,6 +44,7 @@ class ConsoleLogger:
         self.started = 0.0
         self.tokens = 0
         self.last: dict[str, Any] = {}
+        self.last_eval: tuple[int, dict[str, Any]] | None = None
 
     @hookimpl
     def forge_train_start(self, run):
@@ -58,7 +69,12 @@ class ConsoleLogger:
         self.tokens += metrics["tokens"]
         self.last = metrics
         logged = run.should_log(step)
+        evaluated = _fmt_eval(metrics)
+        if evaluated:
+            self.last_eval = (step, metrics)
         if self.bar is not None:
+            if evaluated:
+                self._write(f"step {step}/{run.total_steps}  {evaluated}")
             self.bar.update(step - self.bar.n)
             if logged:
                 memory = _fmt_memory(metrics).replace(" ", "=", 1)
@@ -69,7 +85,8 @@ class ConsoleLogger:
                 )
         elif logged:
             line = (f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                    f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}")
+                    f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}  "
+                    f"{evaluated}")
             print(line.rstrip(), file=sys.stderr, flush=True)
 
     @hookimpl
@@ -89,6 +106,10 @@ class ConsoleLogger:
         if self.last:
             summary += (f"; last loss {_fmt_loss(self.last['loss'])}, "
                         f"{self.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall")
+        if self.last_eval:
+            at, metrics = self.last_eval
+            summary += (f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
+                        f"{metrics['eval/perplexity']:.4g}) at step {at}")
         print(f"forge: {summary}; run directory {run.out_dir}", file=sys.stderr, flush=True)
 
     def _write(self, line: str) -> None:

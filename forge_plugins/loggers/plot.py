@@ -1,4 +1,5 @@
-"""The ``plot`` logger: a loss-curve PNG (``<run>/loss.png``) written when the run ends.
+"""The ``plot`` logger: a loss-curve PNG (``<run>/loss.png``) written when the run ends,
+with the evaluation loss (``eval/loss``) as a second curve when the run evaluates.
 
 Needs matplotlib (Agg backend, no display); without it the run goes on and a warning at
 the start says so. After a resume the curve includes the earlier steps, read from the
@@ -22,6 +23,7 @@ class PlotLogger:
         self.options = options
         self.enabled = False
         self.points: dict[int, float] = {}
+        self.eval_points: dict[int, float] = {}
 
     @hookimpl
     def forge_train_start(self, run):
@@ -35,11 +37,14 @@ class PlotLogger:
             return
         self.enabled = True
         self.points = earlier_points(run)
+        self.eval_points = earlier_points(run, EVAL_LOSS)
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
         if self.enabled:
             self.points[step] = metrics["loss"]
+            if isinstance(metrics.get(EVAL_LOSS), (int, float)):
+                self.eval_points[step] = float(metrics[EVAL_LOSS])
 
     @hookimpl
     def forge_train_end(self, run, step, status):
@@ -47,7 +52,8 @@ class PlotLogger:
             return
         path = Path(run.out_dir) / self.options.filename
         try:
-            write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss")
+            write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss",
+                       eval_points=self.eval_points)
         except OSError as exc:
             print(f"warning: the plot logger cannot write {path} ({exc.strerror or exc}); no loss curve "
                   f"this time", file=sys.stderr, flush=True)
@@ -55,8 +61,11 @@ class PlotLogger:
         print(f"forge: loss curve written to {path}", file=sys.stderr, flush=True)
 
 
-def earlier_points(run: Any) -> dict[int, float]:
-    """``{step: loss}`` of the steps before a resumed run's first, read from the
+EVAL_LOSS = "eval/loss"
+
+
+def earlier_points(run: Any, key: str = "loss") -> dict[int, float]:
+    """``{step: value of key}`` of the steps before a resumed run's first, read from the
     ``jsonl`` logger's file when it exists; empty for a fresh run."""
     points: dict[int, float] = {}
     if not run.start_step:
@@ -66,12 +75,13 @@ def earlier_points(run: Any) -> dict[int, float]:
     jsonl = run.config.logging.options.get("jsonl")
     name = getattr(jsonl, "filename", "metrics.jsonl")
     for record in read_metrics(Path(run.out_dir) / name):
-        if record["step"] <= run.start_step and isinstance(record.get("loss"), (int, float)):
-            points[record["step"]] = float(record["loss"])
+        if record["step"] <= run.start_step and isinstance(record.get(key), (int, float)):
+            points[record["step"]] = float(record[key])
     return points
 
 
-def write_plot(path: Path, points: dict[int, float], smooth: int, title: str) -> None:
+def write_plot(path: Path, points: dict[int, float], smooth: int, title: str,
+               eval_points: dict[int, float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -85,6 +95,10 @@ def write_plot(path: Path, points: dict[int, float], smooth: int, title: str) ->
     if window > 1 and len(losses) >= window:
         avg = [sum(losses[i - window + 1 : i + 1]) / window for i in range(window - 1, len(losses))]
         ax.plot(steps[window - 1 :], avg, lw=2, label=f"mean of {window}")
+    evaluated = sorted(s for s, v in (eval_points or {}).items() if math.isfinite(v))
+    if evaluated:
+        ax.plot(evaluated, [eval_points[s] for s in evaluated], lw=2, marker="o", ms=3, label="eval/loss")
+    if evaluated or (window > 1 and len(losses) >= window):
         ax.legend()
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

@@ -99,15 +99,19 @@ class LossCurve:
 
     def __init__(self) -> None:
         self.points: dict[int, float] = {}
+        self.eval_points: dict[int, float] = {}
 
     def start(self, run: Any) -> None:
-        from forge_plugins.loggers.plot import earlier_points
+        from forge_plugins.loggers.plot import EVAL_LOSS, earlier_points
 
         self.points = earlier_points(run)
+        self.eval_points = earlier_points(run, EVAL_LOSS)
 
     def add(self, step: int, metrics: dict[str, Any]) -> None:
         if isinstance(metrics.get("loss"), (int, float)):
             self.points[step] = float(metrics["loss"])
+        if isinstance(metrics.get("eval/loss"), (int, float)):
+            self.eval_points[step] = float(metrics["eval/loss"])
 
     @contextmanager
     def png(self, title: str) -> Iterator[Path | None]:
@@ -127,5 +131,5 @@ class LossCurve:
 
         with tempfile.TemporaryDirectory(prefix="forge-loss-") as tmp:
             path = Path(tmp) / "loss.png"
-            write_plot(path, self.points, 0, title=title)
+            write_plot(path, self.points, 0, title=title, eval_points=self.eval_points)
             yield path

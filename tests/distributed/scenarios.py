@@ -1,7 +1,8 @@
 """Run under ``torchrun``: train a tiny llama (or a variant of it, :data:`VARIANTS`) for
 a few steps under several parallel layouts in ONE launch (each scenario builds its own
 mesh on the same process group), and record per-step losses and gradient norms next to
-a single-process reference run of the same model on the same global batches. A
+a single-process reference run of the same model on the same global batches, and then
+the evaluation loop's loss on held-out rows (:mod:`eval_loop`). A
 scenario whose model must be refused at build records the error instead. ``test_*.py`` in this folder launch it and assert.
 
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import eval_loop
 import variants
 from forge_core import judge
 from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan
@@ -180,16 +182,18 @@ def main() -> None:
             ref_plan = make_plan(registries, {}, {}, variant)
             ref_model = single_process(build_model(ref_plan, registries))
             start = qk_norms(ref_model)
-            results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
+            results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model),
+                                  "eval": eval_loop.evaluate(ref_model, VOCAB, SEQ)}
         plan = make_plan(registries, parallel, train_over, variant, world)
         try:
             pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
-        got = train(pmodel, plan, data)
+        got = {**train(pmodel, plan, data), "eval": eval_loop.evaluate(pmodel, VOCAB, SEQ)}
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel)})
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel),
+                                       "eval": got["eval"]})
         results[name] = {**got, "reference": reference, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
             results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()

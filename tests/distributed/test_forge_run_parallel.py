@@ -1,7 +1,9 @@
 """End to end through ``forge-run --nproc 2``: the real trainer, loader and loggers on 2
 CPU processes give the per-step losses and gradient norms of one process; pipeline
 parallelism trains with a packer that does not isolate documents, and is refused with
-one that does before torchrun is even started.
+one that does before torchrun is even started. The runs hold out documents and evaluate
+every 2 steps (all but the pipeline run, whose forward-only step is not built yet): the
+eval numbers under FSDP are those of one process.
 
 Tolerance as in :mod:`test_parallel_equivalence` (fp32, reduction order only): 1e-5
 relative, against losses and norms that ``metrics.jsonl`` records to full precision.
@@ -34,6 +36,8 @@ def config(tmp_path: Path, name: str, **parallel) -> str:
     cfg = tiny_config(tmp_path, name=name, parallel=parallel, logging={"loggers": ["jsonl"]})
     cfg["data"]["packer_options"] = {"isolate": False}
     cfg["train"]["steps"] = 4
+    cfg["data"]["heldout"] = {"fraction": 0.3}
+    cfg["eval"] = {"enabled": "pp" not in parallel, "every": 2}
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
@@ -56,6 +60,17 @@ def test_forge_run_two_processes_equals_one(runs, name):
     assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in one], rel=RTOL)
     assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in one], rel=RTOL)
     assert [m["tokens"] for m in got] == [m["tokens"] for m in one]
+
+
+def test_forge_run_two_processes_evaluate_like_one(runs):
+    one, got = runs["one"], runs["fsdp"]
+    def evals(records, key):
+        return {m["step"]: m[key] for m in records if key in m}
+
+    assert sorted(evals(one, "eval/loss")) == [2, 4] and evals(one, "eval/tokens")[2] > 0
+    assert evals(got, "eval/tokens") == evals(one, "eval/tokens")
+    for key in ("eval/loss", "eval/perplexity"):
+        assert evals(got, key) == pytest.approx(evals(one, key), rel=RTOL)
 
 
 def test_pp_with_isolating_packer_is_refused_before_torchrun(tmp_path, monkeypatch, capsys):

@@ -103,6 +103,23 @@ def test_a_parameter_outside_the_tensor_parallel_plan_is_refused_at_build(two):
     assert "replicated" in error and "partial" in error  # the fix names both ways to declare them
 
 
+@pytest.mark.parametrize("name", TWO + FOUR)
+def test_eval_loss_under_every_layout_equals_one_process(two, four, name):
+    """The evaluation loop (forward only, 10 rows in batches of 4, the last padded) on
+    the trained model gives the single-process number on every process; same
+    tolerance as the training losses."""
+    results = two if name in two else four
+    got = results[name]["eval"]
+    if "error" in got:  # the pipeline's forward-only step (ParallelModel.eval_step) is not built yet
+        assert name.startswith("pp") and "no forward-only step" in got["error"], got
+        pytest.skip("pipeline parallelism has no forward-only step yet")
+    ref = results[results[name]["reference"]]["eval"]
+    assert got["tokens"] == ref["tokens"] > 0
+    assert got["loss"] == pytest.approx(ref["loss"], rel=RTOL)
+    for rank in results[name]["ranks"]:
+        assert rank["eval"]["loss"] == pytest.approx(got["loss"], rel=1e-12)
+
+
 def test_reference_run_really_trains(two):
     # Guards the comparisons above against a degenerate reference (no step taken).
     losses = two["reference"]["loss"]

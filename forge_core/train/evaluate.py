@@ -1,0 +1,268 @@
+"""Held-out evaluation: the loss and perplexity of a model on rows it does not train on.
+
+What is evaluated (:func:`build_eval_data`): the held-out split of the training data
+(``data.heldout``: every source's held-out documents, read from the same memory-mapped
+tokens), or every document of ``eval.source``; either is packed by the run's own packer,
+so under a packer that isolates documents the rows carry the same ``doc_ids`` and
+``positions`` as training rows and a document's loss does not depend on what it is
+packed with: perplexity is per document, never across a document boundary.
+
+How (:func:`run_eval`): the rows are read in order (no shuffling) and cut into global
+batches of ``eval.batch_size`` rows; every data-parallel rank takes its contiguous slice
+of each, exactly as the training loader does, so every layout scores the same rows. A
+last batch that the rows do not fill is completed with copies of the last row whose
+labels are all -100: every rank keeps the same shapes (collectives and pipeline
+microbatches stay aligned) and the copies add nothing. Each batch goes through
+:meth:`~forge_core.train.parallelize.ParallelModel.evaluate` (forward only, under
+``torch.no_grad``, the training loss function), which returns the batch's loss *sum*
+and its count of labelled tokens; only those two numbers are kept, so memory does not
+grow with the number of batches and no logits outlive the batch that made them. The
+sums are added over processes with the weights the training step uses (every process
+of one data-parallel slice holds the same sums). The model's parts are switched to
+eval mode for the duration and each module is put back in the mode it had.
+
+The loss is the token-weighted mean of the per-token cross-entropy, the perplexity its
+exponential.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from forge_core.api import IGNORE_INDEX, LABELS, ForgeError
+
+#: Metric names, as loggers receive them (``eval/<source>/loss`` per source of a mixture).
+LOSS, PERPLEXITY, TOKENS = "eval/loss", "eval/perplexity", "eval/tokens"
+
+
+def _stderr(message: str) -> None:
+    print(f"forge: {message}", file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+@attrs.frozen
+class EvalSet:
+    """The rows of one source to evaluate on: ``rows`` has ``num_rows``, ``seq_len`` and
+    ``read(indices) -> dict of int64 arrays`` (like the training rows)."""
+
+    label: str
+    rows: Any
+    documents: int
+    tokens: int
+
+
+@attrs.frozen
+class EvalData:
+    """Everything one evaluation reads, and the limit on how many rows it reads."""
+
+    sets: tuple[EvalSet, ...]
+    batch_rows: int  # rows per global batch
+    max_rows: int  # rows evaluated in all (the limits applied)
+    what: str  # "the held-out split" or "source 'text'"
+
+    @property
+    def num_batches(self) -> int:
+        return sum(math.ceil(rows / self.batch_rows) for _, rows in self.row_counts())
+
+    def row_counts(self) -> list[tuple[EvalSet, int]]:
+        """``(set, rows of it evaluated)``: the sets in order until ``max_rows`` is spent."""
+        out, left = [], self.max_rows
+        for s in self.sets:
+            take = min(s.rows.num_rows, left)
+            if take > 0:
+                out.append((s, take))
+            left -= take
+        return out
+
+    @property
+    def summary(self) -> str:
+        rows = sum(n for _, n in self.row_counts())
+        total = sum(s.rows.num_rows for s in self.sets)
+        docs = sum(s.documents for s in self.sets)
+        limited = f" (limited to {rows:,} of {total:,} rows)" if rows < total else ""
+        return (f"eval: {what_rows(rows)} of {self.sets[0].rows.seq_len} tokens from {docs:,} documents of "
+                f"{self.what}{limited}, {self.num_batches} batch(es) of {self.batch_rows} rows")
+
+
+def what_rows(n: int) -> str:
+    return f"{n:,} row{'s' if n != 1 else ''}"
+
+
+def row_limit(config: Any) -> int:
+    """Rows one evaluation reads at most: ``eval.max_batches`` batches, ``eval.max_tokens``
+    tokens rounded up to whole rows; without either, no limit."""
+    ev = config.eval
+    limits = []
+    if ev.max_batches:
+        limits.append(ev.max_batches * ev.batch_rows(config.train))
+    if ev.max_tokens:
+        limits.append(math.ceil(ev.max_tokens / config.data.seq_len))
+    return min(limits) if limits else sys.maxsize
+
+
+def build_eval_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
+                    report: Callable[[str], None] = _stderr) -> EvalData:
+    """The rows of the judged ``plan``'s evaluation (module docstring). An evaluation
+    with nothing to read is a ForgeError saying which source and why."""
+    from forge_core.data.build import heldout_documents, pack, source_shards
+    from forge_core.data.shards import stream as document_stream
+    from forge_core.train import components
+
+    config = plan.config
+    data = config.data
+    eos, pad, vocab = int(tokenizer.eos_id), int(tokenizer.pad_id), int(tokenizer.vocab_size)
+    say = report if is_main else _quiet
+    chosen = plan.eval_source
+    if chosen is None:
+        streams = heldout_documents(plan, registries, tokenizer, is_main=is_main)
+        what = "the held-out split"
+        empty = (f"data.heldout.fraction {data.heldout.fraction} (seed {data.heldout.seed}) holds out no document: "
+                 if not any(len(s) for _, s in streams) else "")
+    else:
+        source = components.chosen_source(plan, registries, chosen)
+        shards, _ = source_shards(source, tokenizer, data.cache, f"eval source {chosen.name!r}",
+                                  is_main=is_main, report=report)
+        streams = [(chosen.name, document_stream(shards, eos, vocab))]
+        what = f"source {chosen.name!r} ({source.describe()})"
+        empty = ""
+    sets = []
+    for label, stream in streams:
+        if not len(stream):
+            continue
+        packer = components.packer(plan, registries, tokenizer)
+        rows = pack(packer, plan.specs["packer"], data.packer_options, stream, data.seq_len, eos, pad, say)
+        if rows.num_rows:
+            sets.append(EvalSet(label, rows, len(stream), int(stream.total)))
+    if not sets:
+        if chosen is None:
+            why = empty or f"the held-out documents do not fill one row of data.seq_len {data.seq_len}: "
+            fix = "raise data.heldout.fraction, or evaluate on another source with eval.source"
+        else:
+            why = f"it has no document that fills one row of data.seq_len {data.seq_len}: "
+            fix = "point eval.source_options at documents, or evaluate on the held-out split (eval.source: '')"
+        raise ForgeError(f"nothing to evaluate on in {what}: {why}{fix}.")
+    return EvalData(tuple(sets), config.eval.batch_rows(config.train), row_limit(config), what)
+
+
+def rank_batches(rows: Any, num_rows: int, batch_rows: int, dp_rank: int, dp_size: int
+                 ) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's slice of each global batch of the first ``num_rows`` rows, in order;
+    the slots past ``num_rows`` hold the last row with every label -100."""
+    if batch_rows % dp_size:
+        raise ForgeError(f"the evaluation batch of {batch_rows} rows cannot be split over {dp_size} "
+                         "data-parallel ranks: make eval.batch_size a multiple of dp_replicate * dp_shard")
+    per = batch_rows // dp_size
+    for start in range(0, num_rows, batch_rows):
+        wanted = np.arange(start + dp_rank * per, start + (dp_rank + 1) * per)
+        filler = wanted >= num_rows
+        batch = rows.read(np.minimum(wanted, num_rows - 1))
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in batch.items()}
+        if filler.any():
+            tensors[LABELS][torch.from_numpy(filler)] = IGNORE_INDEX
+        yield tensors
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)``; infinite where it overflows, NaN for a NaN loss."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+@attrs.frozen
+class EvalResult:
+    loss: float
+    tokens: int
+    rows: int
+    batches: int
+    seconds: float
+    by_source: dict[str, tuple[float, int]]  # label -> (loss, tokens)
+
+    @property
+    def perplexity(self) -> float:
+        return perplexity(self.loss)
+
+    def metrics(self) -> dict[str, Any]:
+        """``eval/loss``, ``eval/perplexity``, ``eval/tokens``; with several sources also
+        ``eval/<source>/loss`` and ``eval/<source>/perplexity``."""
+        out: dict[str, Any] = {LOSS: self.loss, PERPLEXITY: self.perplexity, TOKENS: self.tokens}
+        if len(self.by_source) > 1:
+            for label, (loss, _) in self.by_source.items():
+                out[f"eval/{label}/loss"] = loss
+                out[f"eval/{label}/perplexity"] = perplexity(loss)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {"loss": clean(self.loss), "perplexity": clean(self.perplexity), "tokens": self.tokens,
+                "rows": self.rows, "batches": self.batches, "seconds": round(self.seconds, 3),
+                "sources": {k: {"loss": clean(v[0]), "perplexity": clean(perplexity(v[0])), "tokens": v[1]}
+                            for k, v in self.by_source.items()}}
+
+
+class eval_mode:
+    """``with eval_mode(modules):`` every module (and submodule) in eval mode and
+    gradients off; afterwards each one back in the mode it had."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.tops = [module for module in modules if module is not None]
+        self.modules = [m for module in self.tops for m in module.modules()]
+        self.no_grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.modes = [m.training for m in self.modules]
+        for top in self.tops:
+            top.eval()  # through eval(), which a module may override
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.no_grad.__exit__(*exc)
+        for m, mode in zip(self.modules, self.modes):
+            m.training = mode
+
+
+def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable, *, device: torch.device,
+             precision: str = "fp32", slice_weight: float = 1.0,
+             progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Evaluate ``pmodel`` (a :class:`~forge_core.train.parallelize.ParallelModel`) on
+    ``data`` with ``loss_fn``, the training loss function. Every process of the run calls
+    it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
+    ``progress(batches done, batches in all)`` is called after every batch."""
+    from forge_core.train.distributed import all_reduce_sum
+
+    t0 = time.perf_counter()
+    total_batches, done = data.num_batches, 0
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    by_source: dict[str, tuple[float, int]] = {}
+    rows, loss_total, tokens_total = 0, 0.0, 0.0
+    with eval_mode([*pmodel.parts, pmodel.forward]):
+        for eval_set, num_rows in data.row_counts():
+            sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
+            for batch in rank_batches(eval_set.rows, num_rows, data.batch_rows, pmodel.dp_rank, pmodel.dp_size):
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                with autocast:
+                    loss_sum, tokens = pmodel.evaluate(batch, loss_fn)
+                sums[0] += loss_sum.double()
+                sums[1] += torch.as_tensor(tokens, device=device).double()
+                done += 1
+                if progress is not None:
+                    progress(done, total_batches)
+            loss_sum, tokens = all_reduce_sum([float(x) * slice_weight for x in sums.tolist()], device)
+            by_source[eval_set.label] = (loss_sum / tokens if tokens else math.nan, round(tokens))
+            rows, loss_total, tokens_total = rows + num_rows, loss_total + loss_sum, tokens_total + tokens
+    loss = loss_total / tokens_total if tokens_total else math.nan
+    return EvalResult(loss, round(tokens_total), rows, done, time.perf_counter() - t0, by_source)
