@@ -2,7 +2,9 @@
 on the same global batch, with the time collectives spend in flight.
 
 For every strategy (``ddp``, ``fsdp``, ``tp``, ``tp+sp``, ``pp`` with GPipe and with
-1F1B) the same llama (dim 256, 4 layers, 8 heads, vocab 256, rows of 256, 8 rows per
+1F1B, and ``pp`` on rows packed with isolated documents under each of the seven
+schedules: ``doc_ids``/``positions`` go to every stage, documents of 1 to 128 tokens)
+the same llama (dim 256, 4 layers, 8 heads, vocab 256, rows of 256, 8 rows per
 step) trains a few SGD steps through :func:`forge_core.train.parallelize.parallelize`
 exactly as the trainer drives it; the step time is the median of the timed steps after
 warm-up. The baseline is one process on the whole batch, with one thread (the same
@@ -15,12 +17,14 @@ machine hits both sides of a ratio alike.
 step, from ``torch.profiler`` on rank 0. Asynchronous ones overlap compute and each
 other, so it is an upper bound on what communication costs, not a share of the step.
 "blocked" is the time the training thread waited on them (``wait``/``wait_tensor``
-events plus the synchronous enqueue calls), which the step really pays.
+events plus the synchronous enqueue calls), which the step really pays. For the
+pipeline rows "bubble" is blocked / step: the share of rank 0's step spent waiting on
+its peer (pipeline bubble plus transfer), the fraction the profiler shows.
 
 This is a record for later GPU runs, not a target: two CPU processes share the cores
 that one process would use, and gloo copies through TCP on localhost.
 
-Run: ``python bench/parallel_overhead.py`` (about a minute; ``--quick`` for a smoke run).
+Run: ``python bench/parallel_overhead.py`` (a few minutes; ``--quick`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import INPUT_IDS, LABELS
+from forge_core.api import DOC_IDS, INPUT_IDS, LABELS, POSITIONS
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"dp_replicate": 2},
@@ -46,11 +50,24 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "pp gpipe": {"pp": 2, "options": {"pp": {"schedule": "gpipe", "microbatches": 4}}},
     "pp 1f1b": {"pp": 2, "options": {"pp": {"schedule": "1f1b", "microbatches": 4}}},
 }
+#: Packed rows under every pipeline schedule (two stages per rank for the multi-stage ones).
+PACKED_SCHEDULES = {
+    "gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "looped_bfs": 2, "interleaved_zero_bubble": 2,
+    "zbv_zero_bubble": 2, "dualpipev": 2,
+}
+for _schedule, _virtual in PACKED_SCHEDULES.items():
+    STRATEGIES[f"packed {_schedule}"] = {
+        "pp": 2, "options": {"pp": {"schedule": _schedule, "virtual_stages": _virtual, "microbatches": 4}},
+    }
 COMM_PREFIXES = ("gloo:", "nccl:")
 BLOCKING = ("c10d::", "_c10d_functional::wait_tensor", "aten::wait")
 
 
-def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any, list]:
+def packed(name: str) -> bool:
+    return name.startswith("packed")
+
+
+def setup(args: argparse.Namespace, parallel: dict[str, Any], packing: bool = False) -> tuple[Any, Any, list]:
     import torch
 
     from forge_core.config.loader import resolve_components, structure
@@ -63,7 +80,7 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any,
     raw = {
         "model": {"name": "llama", "options": {"dim": args.dim, "n_layers": args.layers, "n_heads": 8,
                                                "n_kv_heads": 4, "max_seq_len": args.seq}},
-        "data": {"packer": "none", "seq_len": args.seq},
+        "data": {"packer": "bfd" if packing else "none", "seq_len": args.seq},
         "parallel": parallel,
         "train": {"batch_size": args.rows},
     }
@@ -77,6 +94,12 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any]) -> tuple[Any, Any,
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.rows, args.seq + 1), generator=gen)
     batch = {INPUT_IDS: ids[:, :-1].contiguous(), LABELS: ids[:, 1:].contiguous()}
+    if packing:
+        starts = torch.rand(args.rows, args.seq, generator=gen) < 1 / 64
+        starts[:, 0] = True
+        index = torch.arange(args.seq).expand(args.rows, args.seq)
+        batch[DOC_IDS] = starts.long().cumsum(1) - 1
+        batch[POSITIONS] = index - torch.where(starts, index, torch.zeros_like(index)).cummax(1).values
     return plan, registries, [model, batch]
 
 
@@ -140,11 +163,11 @@ def worker(args: argparse.Namespace) -> None:
         if dist.get_rank() == 0:
             for threads in (1, 2):
                 torch.set_num_threads(threads)
-                _, _, (model, batch) = setup(args, {})
+                _, _, (model, batch) = setup(args, {}, packed(name))
                 base[threads] = measure(step_fn(single_process(model), batch), args)["step"]
             torch.set_num_threads(1)
         dist.barrier()
-        plan, _, (model, batch) = setup(args, parallel)
+        plan, _, (model, batch) = setup(args, parallel, packed(name))
         pmodel = parallelize(model, plan, torch.device("cpu"))
         results[name] = {**measure(step_fn(pmodel, batch), args, dist.barrier),
                          "base1": base.get(1), "base2": base.get(2)}
@@ -188,12 +211,14 @@ def main() -> None:
     print(f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
           f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up")
     print("1x1 / 1x2: one process on the whole batch with 1 / 2 threads, measured just before")
-    print(f"{'2 processes':<12} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
-          f"{'comm ms':>8} {'blocked ms':>11}")
+    print("packed <schedule>: pp = 2 on packed rows (baselines on the same packed rows)")
+    print(f"{'2 processes':<30} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
+          f"{'comm ms':>8} {'blocked ms':>11} {'bubble':>7}")
     for name, r in two.items():
-        print(f"{name:<12} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
+        bubble = f"{r['blocked'] / r['step']:7.2f}" if "pp" in STRATEGIES[name] else f"{'':>7}"
+        print(f"{name:<30} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
               f"{r['step'] / r['base1']:7.2f} {r['step'] / r['base2']:7.2f} {r['comm'] * 1e3:8.1f} "
-              f"{r['blocked'] * 1e3:11.1f}")
+              f"{r['blocked'] * 1e3:11.1f} {bubble}")
 
 
 if __name__ == "__main__":

@@ -204,7 +204,7 @@ RULES = [
         id="parallel.metadata-reaches-layers",
         severity="error",
         paths=("parallel.pp", "data.packer"),
-        summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; pipeline parallelism with document-isolating packing is refused.",
+        summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; a strategy that declares it drops them is refused with document-isolating packing.",
         check=check_metadata_forwarded,
         fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
     ),

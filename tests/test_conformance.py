@@ -544,15 +544,25 @@ def test_packer_class_without_spec_declares_only_what_emits_says():
 
 
 def test_builtin_rules_pass_the_kit():
+    from forge_core.api import ParallelismSpec, hookimpl
+
+    class Lossy:  # a third-party wrapper that declares it forwards no metadata
+        @hookimpl
+        def forge_parallelisms(self):
+            return [ParallelismSpec(name="lossy", summary="drops metadata", impl="x.y:Z", mesh_dim=None,
+                                    order=350, forwards=frozenset())]
+
     messages = check_rule(
         "parallel.metadata-reaches-layers",
-        violating={"parallel": {"pp": 2}, "data": {"packer": "concat"}},
+        violating={"parallel": {"wrappers": ["lossy"]}, "data": {"packer": "concat"}},
         passing=[
-            {"parallel": {"pp": 2}, "data": {"packer": "concat", "packer_options": {"isolate": False}}},
+            {"parallel": {"wrappers": ["lossy"]}, "data": {"packer": "concat", "packer_options": {"isolate": False}}},
+            {"parallel": {"pp": 2}, "data": {"packer": "concat"}},  # the pipeline carries the metadata
             {"data": {"packer": "bfd"}},
         ],
+        extra_plugins=[("lossyplug", Lossy())],
     )
-    assert "doc_ids" in messages[0]
+    assert "doc_ids" in messages[0] and "'lossy'" in messages[0]
     check_rule("model.seq-len", violating=({}, ["data.seq_len=1000000"]), passing={})
     check_rule(
         "parallel.world-size", violating={"parallel": {"dp_shard": 3}}, passing={"parallel": {"dp_shard": 2}}, world_size=2

@@ -99,12 +99,11 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
     bad = run_cli("check", config, "attention.options.window=0", env=installed["env"])
     assert bad.returncode == 2 and "$.attention.options" in bad.stderr and "window" in bad.stderr, bad.stderr
 
-    # Its declared capabilities feed the kernel's rules: greedy emits doc_ids, which a
-    # pipeline stage would drop.
+    # Its declared capabilities feed the kernel's rules: greedy emits doc_ids, which the
+    # pipeline carries to every stage, so the founding rule lets them pass.
     pp = run_cli("check", config, "parallel.pp=2", "--world-size", "2", "--json", env=installed["env"])
-    assert pp.returncode == 2
     rules = {v["rule"]: v for v in json.loads(pp.stdout)["violations"]}
-    assert "greedy" in rules["parallel.metadata-reaches-layers"]["message"]
+    assert "parallel.metadata-reaches-layers" not in rules, rules
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from forge_core.judge import judge
 from forge_core.parallel_dims import active_strategies
 from forge_core.rules import render
 from forge_plugins.parallel import rules as R
-from forge_plugins.parallel.split import stage_layer_ranges, stages_of_rank
+from forge_plugins.parallel.split import SCHEDULES, rank_of_stage, stage_layer_ranges, stages_of_rank
 
 MODEL = {"name": "llama", "options": {"dim": 64, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4}}
 
@@ -49,7 +49,8 @@ def test_specs_declare_mesh_dims_orders_and_capabilities():
     assert {n: (s.mesh_dim, s.order) for n, s in specs.items()} == {
         "pp": ("pp", 100), "tp": ("tp", 200), "fsdp": ("dp_shard", 400), "ddp": ("dp_replicate", 400),
     }
-    assert specs["pp"].forwards == frozenset() and "hidden states" in specs["pp"].drops_metadata_because
+    # The pipeline hands every stage its microbatch's metadata: it declares so, and drops nothing.
+    assert specs["pp"].forwards == {"doc_ids", "positions"} and not specs["pp"].drops_metadata_because
     assert all(specs[n].forwards is None for n in ("tp", "fsdp", "ddp"))
     assert specs["ddp"].yields_to == ("fsdp",)
 
@@ -92,6 +93,22 @@ def test_interleaved_stages_loop_over_ranks():
     assert stages_of_rank(0, 2, 2) == [0, 2]
     assert stages_of_rank(1, 2, 2) == [1, 3]
     assert stages_of_rank(3, 4, 1) == [3]
+
+
+def test_v_schedules_put_the_first_and_the_last_stage_on_rank_0():
+    for schedule in ("zbv_zero_bubble", "dualpipev"):
+        assert [stages_of_rank(r, 4, 2, schedule) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+        assert rank_of_stage(7, 4, schedule) == 0 and rank_of_stage(4, 4, schedule) == 3
+    assert rank_of_stage(7, 4, "interleaved_1f1b") == 3
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_rank_of_stage_inverts_stages_of_rank(schedule):
+    virtual = 1 if schedule in ("gpipe", "1f1b") else 2
+    for pp in (2, 3, 4):
+        held = {s: r for r in range(pp) for s in stages_of_rank(r, pp, virtual, schedule)}
+        assert sorted(held) == list(range(pp * virtual))
+        assert all(rank_of_stage(s, pp, schedule) == r for s, r in held.items())
 
 
 # --- rules -----------------------------------------------------------------------------
@@ -141,6 +158,19 @@ def test_schedules_microbatch_constraints(cfg):
     found, _ = violations(cfg, {"pp": 2, **interleaved(microbatches=5)},
                           train={"batch_size": 10})
     assert "do not split into 2 equal rounds" in messages(found, R.PP_MICROBATCHES)[0]
+    zero_bubble = {"schedule": "interleaved_zero_bubble", "virtual_stages": 2, "microbatches": 5}
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": zero_bubble}}, train={"batch_size": 10})
+    assert "interleaved_zero_bubble runs microbatches in rounds" in messages(found, R.PP_MICROBATCHES)[0]
+    # dualpipev: one microbatch per stage at least (2 x pp); zbv, looped_bfs: any count
+    for schedule, count, refused in (("dualpipev", 3, True), ("dualpipev", 4, False),
+                                     ("zbv_zero_bubble", 1, False), ("looped_bfs", 1, False)):
+        options = {"schedule": schedule, "virtual_stages": 2, "microbatches": count}
+        found, _ = violations(cfg, {"pp": 2, "options": {"pp": options}}, train={"batch_size": 12})
+        assert (R.PP_MICROBATCHES in found) == refused, (schedule, count)
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"schedule": "dualpipev", "virtual_stages": 2, "microbatches": 3}}},
+                          train={"batch_size": 12})
+    assert "dualpipev schedule needs at least one microbatch per stage: 3 microbatches for its 4 stages" in \
+        messages(found, R.PP_MICROBATCHES)[0]
     # A negative count is refused by the schema itself, at its field.
     with pytest.raises(ConfigError, match=r"\$\.parallel\.options\.pp\.microbatches: must be at least 0, got -1"):
         violations(cfg, {"pp": 2, "options": {"pp": {"microbatches": -1}}})
@@ -154,15 +184,43 @@ def test_tied_embeddings_refused_under_pp(cfg):
     assert R.PP_TIED not in found
 
 
-def test_interleaving_and_virtual_stages_go_together(cfg):
-    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"schedule": "interleaved_1f1b"}}})
-    assert "needs parallel.options.pp.virtual_stages above 1" in messages(found, R.PP_SCHEDULE)[0]
-    found, _ = violations(cfg, {"pp": 2, "options": {"pp": {"schedule": "1f1b", "virtual_stages": 2}}})
-    assert "needs parallel.options.pp.schedule = 'interleaved_1f1b'" in messages(found, R.PP_SCHEDULE)[0]
+@pytest.mark.parametrize(("schedule", "virtual", "refused"), [
+    ("gpipe", 1, False), ("1f1b", 2, True), ("interleaved_1f1b", 1, True), ("interleaved_1f1b", 3, False),
+    ("looped_bfs", 1, True), ("interleaved_zero_bubble", 2, False), ("zbv_zero_bubble", 2, False),
+    ("zbv_zero_bubble", 3, True), ("dualpipev", 1, True),
+])
+def test_each_schedule_runs_its_stages_per_rank(cfg, schedule, virtual, refused):
+    options = {"schedule": schedule, "virtual_stages": virtual, "microbatches": 12}
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": options}}, train={"batch_size": 12},
+                          model={"options": {**MODEL["options"], "n_layers": 6}})
+    assert (R.PP_SCHEDULE in found) == refused
+    if refused:
+        assert f"schedule = {schedule!r} with parallel.options.pp.virtual_stages = {virtual}" in messages(found, R.PP_SCHEDULE)[0]
+
+
+def test_virtual_stages_rules_need_a_pipeline(cfg):
     with pytest.raises(ConfigError, match=r"\$\.parallel\.options\.pp\.virtual_stages: must be at least 1, got 0"):
         violations(cfg, {"options": {"pp": {"virtual_stages": 0}}})
     found, _ = violations(cfg, {"pp": 1, "options": {"pp": {"schedule": "interleaved_1f1b"}}})
     assert R.PP_SCHEDULE not in found  # no pipeline: the schedule is unused
+
+
+@pytest.mark.parametrize("schedule", ["interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"])
+def test_split_backward_schedules_refuse_compile_and_fsdp_resharding(cfg, schedule):
+    pp = {"schedule": schedule, "virtual_stages": 2, "microbatches": 4}
+    found, _ = violations(cfg, {"pp": 2, "options": {"pp": pp}}, train={"batch_size": 8, "compile": True})
+    assert "donated buffers" in messages(found, R.PP_SPLIT_BACKWARD_COMPILE)[0]
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "options": {"pp": pp}}, train={"batch_size": 16})
+    assert "reshard_after_forward: true" in messages(found, R.PP_SPLIT_BACKWARD_RESHARD)[0]
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "options": {"pp": pp, "fsdp": {"reshard_after_forward": False}}},
+                          train={"batch_size": 16})
+    assert R.PP_SPLIT_BACKWARD_RESHARD not in found and R.PP_SPLIT_BACKWARD_COMPILE not in found
+
+
+def test_schedules_without_split_backward_take_compile_and_resharding(cfg):
+    found, _ = violations(cfg, {"pp": 2, "dp_shard": 2, "options": {"pp": {"schedule": "1f1b"}}},
+                          train={"batch_size": 16, "compile": True})
+    assert not ({R.PP_SPLIT_BACKWARD_RESHARD, R.PP_SPLIT_BACKWARD_COMPILE} & set(found))
 
 
 def test_sequence_parallel_rules(cfg):
@@ -183,12 +241,8 @@ def test_ddp_is_not_combined_with_tp_but_fsdp_is(cfg):
     assert R.DDP_WITH_TP not in found
 
 
-def test_founding_rule_quotes_the_pipeline_spec(cfg):
-    found, result = violations(cfg, {"pp": 2}, data={"packer": "concat"})
-    (violation,) = found["parallel.metadata-reaches-layers"]
-    assert "strategy 'pp' does not forward them" in violation.message
-    assert "previous stage's hidden states" in violation.message
-    found, _ = violations(cfg, {"pp": 2}, data={"packer": "concat", "packer_options": {"isolate": False}})
+def test_pipeline_passes_the_founding_rule_with_packed_documents(cfg):
+    found, _ = violations(cfg, {"pp": 2}, data={"packer": "concat"})
     assert "parallel.metadata-reaches-layers" not in found
 
 

@@ -168,13 +168,33 @@ def test_pipeline_stages_chained_equal_the_whole_model(registries):
     assert model.norm is not None and len(model.layers) == 5  # the model itself is untouched
 
 
-def test_pipeline_refuses_a_batch_with_metadata():
+@pytest.mark.parametrize(("has_first", "has_last"), [(True, False), (False, True), (False, False)])
+def test_pipeline_hands_every_stage_the_metadata_as_keyword_tensors(monkeypatch, has_first, has_last):
+    """Every rank, whatever stages it holds, passes every batch key but input_ids and
+    labels to schedule.step by keyword (torch splits them per microbatch); the inputs
+    go only to the first stage, the labels only to the last."""
+    from forge_plugins.parallel import pipeline
     from forge_plugins.parallel.pipeline import PipelineStep, _MicrobatchLoss
 
-    step = PipelineStep(None, _MicrobatchLoss(), 2, True, True, None, 1, torch.device("cpu"))
-    batch = {"input_ids": torch.zeros(2, 4), "labels": torch.zeros(2, 4), "doc_ids": torch.zeros(2, 4)}
-    with pytest.raises(ValueError, match="doc_ids.*parallel.metadata-reaches-layers"):
-        step(batch, None, 1.0)
+    calls = []
+
+    class Schedule:
+        def step(self, *args, **kwargs):
+            calls.append((args, kwargs))
+
+    monkeypatch.setattr(pipeline, "broadcast_sums", lambda result, group, src: (result[0], result[1]))
+    loss = _MicrobatchLoss()
+    step = PipelineStep(Schedule(), loss, 2, has_first, has_last, None, 1, torch.device("cpu"))
+    batch = {"input_ids": torch.zeros(2, 4), "labels": torch.ones(2, 4),
+             "doc_ids": torch.arange(8).view(2, 4), "positions": torch.arange(8).view(2, 4) % 3}
+    if has_last:  # the schedule would have called the loss once per microbatch
+        loss.sums, loss.tokens = [torch.tensor(1.0)] * 2, [torch.tensor(3)] * 2
+        monkeypatch.setattr(loss, "begin", lambda *a: None)
+    step(batch, None, 1.0)
+    (args, kwargs), = calls
+    assert len(args) == (1 if has_first else 0)
+    assert kwargs["doc_ids"] is batch["doc_ids"] and kwargs["positions"] is batch["positions"]
+    assert ("target" in kwargs) == has_last and "input_ids" not in kwargs and "labels" not in kwargs
 
 
 def test_clip_grad_norm_is_the_global_norm_and_clips():

@@ -1,5 +1,8 @@
-"""The rule engine and the kernel's rules, the founding rule above all: pipeline
-parallelism with a packer that isolates documents is refused, through capabilities."""
+"""The rule engine and the kernel's rules, the founding rule above all: a strategy that
+declares it does not carry per-token metadata to every layer is refused with a packer
+that isolates documents, through capabilities. Pipeline parallelism carries it (every
+stage gets its microbatch's doc_ids and positions), so it passes; a third-party
+strategy that forwards nothing is refused."""
 
 from __future__ import annotations
 
@@ -21,27 +24,50 @@ def errors(path, overrides=(), world_size=None, extra=()):
     return {v.rule_id: v for v in result.errors}, result
 
 
-def test_founding_rule_refuses_pp_with_isolating_packer(cfg):
-    found, result = errors(cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}}), world_size=2)
+LOSSY_REASON = "It re-lays activations out by token order and leaves the per-token metadata behind."
+
+
+class _LossyWrapper:
+    """A third-party strategy without a mesh degree (switched on by parallel.wrappers)
+    that declares it forwards no per-token metadata."""
+
+    @hookimpl
+    def forge_parallelisms(self):
+        return [ParallelismSpec(name="lossy", summary="a wrapper that drops metadata", impl="x.y:Z",
+                                mesh_dim=None, order=350, forwards=frozenset(),
+                                drops_metadata_because=LOSSY_REASON)]
+
+
+def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(cfg):
+    path = cfg({"data": {"packer": "concat"}, "parallel": {"wrappers": ["lossy"]}})
+    found, result = errors(path, extra=[("lossyplug", _LossyWrapper())])
     violation = found["parallel.metadata-reaches-layers"]
+    assert "strategy 'lossy' does not forward them to every layer" in violation.message
+    assert LOSSY_REASON in violation.message and "-100" in violation.message
     fields = dict(violation.fields)
-    assert fields["parallel.pp"] == 2 and fields["data.packer"] == "concat"
-    assert "hidden states" in violation.message and "-100" in violation.message
+    assert fields["data.packer"] == "concat"
     report = render(result.violations)
-    assert "$.parallel.pp = 2" in report and "$.data.packer = 'concat'" in report
+    assert "$.data.packer = 'concat'" in report
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
+        ["parallel.pp=2", "data.packer=concat"],
+        ["parallel.pp=2", "data.packer=bfd"],
         ["parallel.pp=2", "data.packer=none"],
-        ["parallel.pp=2", "data.packer=concat", "data.packer_options.isolate=false"],
         ["parallel.pp=1", "data.packer=concat"],
-        ["parallel.pp=1", "data.packer=bfd"],
     ],
 )
-def test_founding_rule_accepts_packing_without_pp_and_pp_without_packing(cfg, overrides):
+def test_founding_rule_lets_pipeline_parallelism_carry_packed_documents(cfg, overrides):
     found, _ = errors(cfg({}), overrides, world_size=int(overrides[0][-1]))
+    assert "parallel.metadata-reaches-layers" not in found
+
+
+@pytest.mark.parametrize("packer", [["data.packer=none"], ["data.packer=concat", "data.packer_options.isolate=false"]])
+def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(cfg, packer):
+    path = cfg({"parallel": {"wrappers": ["lossy"]}})
+    found, _ = errors(path, packer, extra=[("lossyplug", _LossyWrapper())])
     assert "parallel.metadata-reaches-layers" not in found
 
 
@@ -51,25 +77,10 @@ class _ThirdPartyPacker:
         return [PackerSpec(name="greedy", summary="third-party", impl="x.y:Z", emits={"doc_ids"})]
 
 
-class _ForwardingPipeline:
-    @hookimpl
-    def forge_parallelisms(self):
-        return [ParallelismSpec(name="pp_meta", summary="pipeline that forwards metadata",
-                                impl="x.y:Z", mesh_dim="pp", order=100, forwards={"doc_ids", "positions"})]
-
-
 def test_third_party_packer_emitting_doc_ids_is_caught(cfg):
-    found, _ = errors(cfg({"data": {"packer": "greedy"}, "parallel": {"pp": 2}}), world_size=2,
-                      extra=[("thirdparty", _ThirdPartyPacker())])
-    assert "doc_ids" in found["parallel.metadata-reaches-layers"].message
-
-
-def test_strategy_that_forwards_metadata_passes(cfg):
-    # Block the built-in pipeline so only the forwarding one is active on the pp dimension.
-    path = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}, "plugins": {"block": ["parallel"]}})
-    found, result = errors(path, world_size=2, extra=[("fwd", _ForwardingPipeline())])
-    assert [s.name for s in result.plan.strategies] == ["pp_meta"]
-    assert "parallel.metadata-reaches-layers" not in found
+    path = cfg({"data": {"packer": "greedy"}, "parallel": {"wrappers": ["lossy"]}})
+    found, _ = errors(path, extra=[("thirdparty", _ThirdPartyPacker()), ("lossyplug", _LossyWrapper())])
+    assert "emits doc_ids" in found["parallel.metadata-reaches-layers"].message
 
 
 def test_world_size_rule(cfg):
@@ -104,11 +115,23 @@ def test_engine_reports_every_violation_and_survives_a_crashing_rule():
     assert dict(violations[0].fields) == {"train.lr": 3e-4}
 
 
-def test_check_cli_reports_founding_rule_with_exit_2(cfg):
-    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2")
+LOSSY_PLUGIN = """
+from forge_core.api import ParallelismSpec, hookimpl
+
+@hookimpl
+def forge_parallelisms():
+    return [ParallelismSpec(name="lossy", summary="drops metadata", impl="x.y:Z", mesh_dim=None,
+                            order=350, forwards=frozenset(), drops_metadata_because="It drops them.")]
+"""
+
+
+def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, cfg):
+    site = make_distribution(tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"})
+    env = {"PYTHONPATH": str(site)}
+    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]", env=env)
     assert result.returncode == 2
-    assert "[parallel.metadata-reaches-layers]" in result.stdout and "$.parallel.pp = 2" in result.stdout
-    result = run_cli("check", cfg({}), "parallel.pp=2", "data.packer=none", "--world-size", "2", "--json")
+    assert "[parallel.metadata-reaches-layers]" in result.stdout and "strategy 'lossy'" in result.stdout
+    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json")
     assert result.returncode == 0, result.stdout
     assert json.loads(result.stdout)["valid"] is True
 

@@ -84,7 +84,9 @@ class ParallelismSpec(ComponentSpec):
       parallel 200, compile 300, data-parallel wrapping 400).
     - ``forwards``: the per-token metadata keys that reach every layer under this
       strategy; ``None`` means all of them (the strategy does not change what a layer
-      sees). A pipeline stage that receives only hidden states forwards ``frozenset()``.
+      sees). A strategy whose later layers receive only hidden states forwards
+      ``frozenset()``; the built-in pipeline hands every stage its microbatch's
+      ``doc_ids`` and ``positions`` and forwards both.
     - ``yields_to``: names of strategies that, when active, take over this one's job
       (``ddp`` yields to ``fsdp``, which does HSDP when both DP degrees are above 1).
     - ``drops_metadata_because``: why metadata outside ``forwards`` is lost; quoted by

@@ -7,8 +7,11 @@ ranges without materialising ``S x S`` (:func:`~forge_plugins.attention.masks.do
 Without ``doc_ids`` it uses the causal ``BlockMask``, cached per length and device.
 
 ``flex_attention`` is compiled once per process, lazily, on first use (the first call
-pays the compile, about 15 s on CPU; new shapes recompile a few times before shapes
-become dynamic). It runs forward on CPU and CUDA. PyTorch has no FlexAttention backward
+pays the compile, about 15 s on CPU). Shapes are static: each new batch or sequence
+shape compiles once more (about 12 s on CPU), because on CPU torch 2.13's kernel
+compiled for dynamic shapes (what ``torch.compile`` switches to on the second shape)
+fails to build (a C++ error in the generated code); pipeline microbatches and a
+smaller evaluation batch are such new shapes. It runs forward on CPU and CUDA. PyTorch has no FlexAttention backward
 on CPU, so when gradients are needed on CPU the forward still runs the compiled kernel
 and the backward is :mod:`~forge_plugins.attention.flex_cpu_backward`, which recomputes
 attention block by block over the same ``BlockMask`` (memory: one query block's scores,
@@ -34,7 +37,7 @@ def compiled_flex_attention() -> Any:
     if _compiled_flex is None:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _compiled_flex = torch.compile(flex_attention)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 
 

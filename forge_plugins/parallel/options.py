@@ -16,18 +16,26 @@ from forge_core.api import above, at_least
 
 @attrs.frozen
 class PipelineOptions:
-    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = attrs.field(
+    schedule: Literal[
+        "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble",
+        "dualpipev",
+    ] = attrs.field(
         default="1f1b",
         metadata={"doc": "Pipeline schedule: gpipe (every forward, then every backward), 1f1b (one "
-                         "forward, one backward in steady state), interleaved_1f1b (several stages per rank)."},
+                         "forward, one backward in steady state), interleaved_1f1b and looped_bfs (several "
+                         "stages per rank, depth first and breadth first), interleaved_zero_bubble (several "
+                         "stages per rank, backward split into input and weight passes that fill the "
+                         "bubble), zbv_zero_bubble and dualpipev (two stages per rank in a V: the first "
+                         "and the last stage on rank 0, split backward)."},
     )
     microbatches: int = attrs.field(
         default=0, validator=at_least(0),
-        metadata={"doc": "Microbatches per pipeline step (0: one per stage, parallel.pp)."},
+        metadata={"doc": "Microbatches per pipeline step (0: one per stage, parallel.pp x virtual_stages)."},
     )
     virtual_stages: int = attrs.field(
         default=1, validator=at_least(1),
-        metadata={"doc": "Stages per pipeline rank (above 1 only with interleaved_1f1b)."},
+        metadata={"doc": "Stages per pipeline rank: 1 for gpipe and 1f1b, at least 2 for interleaved_1f1b, "
+                         "looped_bfs and interleaved_zero_bubble, exactly 2 for zbv_zero_bubble and dualpipev."},
     )
 
 

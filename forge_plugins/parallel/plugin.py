@@ -3,35 +3,29 @@
 Imports nothing heavy: it runs for ``forge-run check``. Each spec says which
 ``parallel.*`` degree switches the strategy on, where it sits in the application order
 (pipeline split 100, tensor parallel 200, compile 300, data-parallel wrapping 400) and
-what per-token metadata still reaches every layer under it.
+what per-token metadata still reaches every layer under it (all of it, under each: the
+pipeline hands every stage its microbatch's ``doc_ids`` and ``positions``).
 """
 
 from __future__ import annotations
 
-from forge_core.api import PIPELINE, TENSOR_PARALLEL, ParallelismSpec, hookimpl
+from forge_core.api import DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ParallelismSpec, hookimpl
 
 from forge_plugins.parallel.options import DDPOptions, FSDPOptions, PipelineOptions, TensorParallelOptions
-
-PIPELINE_DROPS_METADATA = (
-    "A pipeline stage after the first receives only the previous stage's hidden states: "
-    "per-token metadata handed to the first stage does not travel with them, so no later "
-    "layer sees it."
-)
-
 
 @hookimpl
 def forge_parallelisms() -> list[ParallelismSpec]:
     return [
         ParallelismSpec(
             name="pp",
-            summary="Pipeline parallelism: GPipe, 1F1B or interleaved 1F1B over parallel.pp stages",
+            summary="Pipeline parallelism over parallel.pp ranks: GPipe, 1F1B, interleaved, looped BFS, zero-bubble and V schedules",
             impl="forge_plugins.parallel.pipeline:PipelineParallel",
             handles_meta_device=True,
             options=PipelineOptions,
             mesh_dim="pp",
             order=100,
-            forwards=frozenset(),
-            drops_metadata_because=PIPELINE_DROPS_METADATA,
+            # Every stage gets its microbatch's doc_ids and positions (pipeline.py).
+            forwards=frozenset({DOC_IDS, POSITIONS}),
             requires={PIPELINE},
         ),
         ParallelismSpec(

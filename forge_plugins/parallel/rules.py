@@ -1,10 +1,12 @@
 """Compatibility rules of the built-in parallelism strategies: plain check functions over
 a :class:`~forge_core.api.Plan` (config and degrees only, no torch).
 
-The world-size product, the founding rule (pipeline parallelism refuses packers that
-isolate documents) and the model's support of each strategy are the kernel's, expressed
-through the capabilities these strategies declare in ``plugin.py``; the rules here are
-the limits of the implementations. Model-shaped limits read the model's declared facts
+The world-size product, the founding rule (a strategy that does not carry per-token
+metadata to every layer refuses packers that isolate documents; pipeline parallelism
+carries it, so it passes) and the model's support of each strategy are the kernel's,
+expressed through the capabilities these strategies declare in ``plugin.py``; the rules
+here are the limits of the implementations, each measured on torch 2.13 (the pipeline's
+in :mod:`forge_plugins.parallel.pipeline`). Model-shaped limits read the model's declared facts
 (``plan.facts``: layers, heads, kv heads, tied embeddings, from ``ModelSpec.facts``),
 whatever its options call them.
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from forge_core.api import PIPELINE, TENSOR_PARALLEL
-from forge_plugins.parallel.split import microbatches
+from forge_plugins.parallel.split import (
+    LOOP_SCHEDULES, SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES, microbatches,
+)
 
 TP_HEADS = "tp.heads-divisible"
 TP_SEQUENCE_PARALLEL = "tp.sequence-parallel"
@@ -25,6 +29,8 @@ PP_MICROBATCHES = "pp.microbatches"
 PP_TIED = "pp.tied-embeddings"
 PP_SCHEDULE = "pp.schedule-virtual-stages"
 PP_SEQUENCE_PARALLEL = "pp.not-with-sequence-parallel"
+PP_SPLIT_BACKWARD_COMPILE = "pp.split-backward-not-with-compile"
+PP_SPLIT_BACKWARD_RESHARD = "pp.split-backward-fsdp-reshard"
 
 
 def _facts(ctx: Any, needed_by: str, requires: str) -> tuple[Any, str | None]:
@@ -138,13 +144,18 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
             f"the 1f1b schedule needs at least one microbatch per stage: {count} "
             f"microbatches for {pp} stages"
         )
-    if options.schedule == "interleaved_1f1b":
+    if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         rounds = max(1, count // pp)
         if count % rounds:
             problems.append(
-                f"interleaved_1f1b runs microbatches in rounds of parallel.pp = {pp}: {count} "
+                f"{options.schedule} runs microbatches in rounds of parallel.pp = {pp}: {count} "
                 f"microbatches do not split into {rounds} equal rounds (a multiple of {pp} works)"
             )
+    if options.schedule == "dualpipev" and count < 2 * pp:
+        problems.append(
+            f"the dualpipev schedule needs at least one microbatch per stage: {count} microbatches "
+            f"for its {2 * pp} stages (two per rank)"
+        )
     return problems
 
 
@@ -162,21 +173,74 @@ def check_pp_tied_embeddings(ctx: Any) -> str | None:
 
 
 def check_pp_schedule(ctx: Any) -> str | None:
+    """Stages per rank each schedule runs: torch's single-stage schedules take one, its
+    V schedules exactly two (anything else fails in torch's schedule builder), and the
+    multi-stage loop schedules are offered with two or more (with one they are 1f1b or
+    gpipe under another name)."""
     options = ctx.options_of("pp")
-    virtual = options.virtual_stages
+    virtual, schedule = options.virtual_stages, options.schedule
     if ctx.degrees["pp"] <= 1:
         return None
-    if options.schedule == "interleaved_1f1b" and virtual == 1:
+    prefix = f"parallel.options.pp.schedule = {schedule!r} with parallel.options.pp.virtual_stages = {virtual}"
+    if schedule in SINGLE_STAGE_SCHEDULES and virtual != 1:
+        return f"{prefix}: {schedule} runs one stage per rank (virtual_stages: 1)"
+    if schedule in LOOP_SCHEDULES and virtual < 2:
         return (
-            "parallel.options.pp.schedule = 'interleaved_1f1b' needs parallel.options.pp.virtual_stages "
-            "above 1: interleaving alternates between several stages held by each rank"
+            f"{prefix}: {schedule} alternates between several stages held by each rank "
+            "(virtual_stages: 2 or more); with one stage per rank use 1f1b or gpipe"
         )
-    if options.schedule != "interleaved_1f1b" and virtual > 1:
+    if schedule in V_SCHEDULES and virtual != 2:
         return (
-            f"parallel.options.pp.virtual_stages = {virtual} needs parallel.options.pp.schedule = "
-            f"'interleaved_1f1b': {options.schedule!r} runs one stage per rank"
+            f"{prefix}: {schedule} places exactly two stages on every rank, in a V (rank r holds "
+            "stages r and 2*pp-1-r; virtual_stages: 2)"
         )
     return None
+
+
+def _split_backward(ctx: Any) -> str | None:
+    options = ctx.options_of("pp")
+    if ctx.degrees["pp"] > 1 and options.schedule in SPLIT_BACKWARD_SCHEDULES:
+        return options.schedule
+    return None
+
+
+def check_pp_split_backward_compile(ctx: Any) -> str | None:
+    """Measured with torch 2.13 on CPU (2 processes, the tiny llama of the distributed
+    tests on packed rows, sdpa): blocks compiled in place under ``zbv_zero_bubble`` fail
+    in the first split backward with "This backward function was compiled with non-empty
+    donated buffers which requires create_graph=False and retain_graph=False" (the input
+    pass keeps the graph for the weight pass); with donated buffers switched off
+    (``torch._functorch.config.donated_buffer = False``) they run, but the gradient norm
+    differs from one process by 3.9e-4 relative under ``zbv_zero_bubble`` and
+    ``interleaved_zero_bubble`` (compiled ``1f1b``: 0; float32 rounding: ~1e-7)."""
+    schedule = _split_backward(ctx)
+    if schedule is None or not ctx.config.train.compile:
+        return None
+    return (
+        f"parallel.options.pp.schedule = {schedule!r} splits each backward into an input pass and "
+        "a later weight pass, which compiled blocks (train.compile: true) do not support in torch "
+        "2.13: the backward fails on donated buffers, and with buffer donation switched off the "
+        "gradients come out wrong (gradient norm 3.9e-4 relative off one process's, measured)"
+    )
+
+
+def check_pp_split_backward_reshard(ctx: Any) -> str | None:
+    """Measured with torch 2.13 on CPU (4 processes, pp = 2 x dp_shard = 2, the tiny llama
+    of the distributed tests on packed rows): under a split-backward schedule with FSDP
+    resharding after forward, the gradient norm is off one process's by 6.3% (dualpipev),
+    31% (interleaved_zero_bubble) and 32% (zbv_zero_bubble); with
+    ``reshard_after_forward: false`` it matches to 6e-8 (the distributed test
+    ``pp_fsdp_zbv``)."""
+    schedule = _split_backward(ctx)
+    if schedule is None or ctx.degrees["dp_shard"] <= 1 or not ctx.options_of("fsdp").reshard_after_forward:
+        return None
+    return (
+        f"parallel.options.pp.schedule = {schedule!r} splits each backward into an input pass and "
+        f"a later weight pass; with parallel.dp_shard = {ctx.degrees['dp_shard']} and "
+        "parallel.options.fsdp.reshard_after_forward: true the weights are resharded between the "
+        "two and the gradients come out wrong in torch 2.13 (gradient norm 6-32% off one "
+        "process's, measured)"
+    )
 
 
 def check_pp_sequence_parallel(ctx: Any) -> str | None:
@@ -245,8 +309,9 @@ def rules() -> list[Any]:
             summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
             check=check_pp_microbatches,
             fix="Make train.batch_size / (dp_replicate * dp_shard * grad_accum) a multiple of "
-            "parallel.options.pp.microbatches (0 means parallel.pp), with at least pp microbatches for "
-            "1f1b and a multiple of pp for interleaved_1f1b.",
+            "parallel.options.pp.microbatches (0 means pp x virtual_stages), with at least pp "
+            "microbatches for 1f1b, 2 x pp for dualpipev, and a multiple of pp for interleaved_1f1b "
+            "and interleaved_zero_bubble.",
         ),
         Rule(
             id=PP_TIED,
@@ -260,10 +325,31 @@ def rules() -> list[Any]:
             id=PP_SCHEDULE,
             severity="error",
             paths=("parallel.pp", "parallel.options.pp.schedule", "parallel.options.pp.virtual_stages"),
-            summary="interleaved_1f1b and virtual_stages > 1 go together.",
+            summary="Each schedule runs the stages per rank it is built for: gpipe and 1f1b one, "
+            "interleaved_1f1b, looped_bfs and interleaved_zero_bubble two or more, zbv_zero_bubble "
+            "and dualpipev exactly two.",
             check=check_pp_schedule,
-            fix="Use parallel.options.pp.schedule: interleaved_1f1b with virtual_stages >= 2, or "
-            "another schedule with virtual_stages: 1.",
+            fix="Set parallel.options.pp.virtual_stages to what the schedule runs (1 for gpipe and "
+            "1f1b, 2 or more for interleaved_1f1b, looped_bfs and interleaved_zero_bubble, 2 for "
+            "zbv_zero_bubble and dualpipev), or choose another schedule.",
+        ),
+        Rule(
+            id=PP_SPLIT_BACKWARD_COMPILE,
+            severity="error",
+            paths=("parallel.options.pp.schedule", "train.compile"),
+            summary="Split-backward (zero-bubble) schedules are not combined with compiled blocks.",
+            check=check_pp_split_backward_compile,
+            fix="Set train.compile: false, or use a schedule without split backward (1f1b, gpipe, "
+            "interleaved_1f1b, looped_bfs).",
+        ),
+        Rule(
+            id=PP_SPLIT_BACKWARD_RESHARD,
+            severity="error",
+            paths=("parallel.options.pp.schedule", "parallel.dp_shard", "parallel.options.fsdp.reshard_after_forward"),
+            summary="Split-backward (zero-bubble) schedules with FSDP keep the gathered weights until backward.",
+            check=check_pp_split_backward_reshard,
+            fix="Set parallel.options.fsdp.reshard_after_forward: false (exact, and fewer all-gathers "
+            "under pp), or use a schedule without split backward.",
         ),
         Rule(
             id=PP_SEQUENCE_PARALLEL,

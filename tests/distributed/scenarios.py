@@ -24,13 +24,14 @@ import sys
 import time
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
 
 import eval_loop
 import variants
 from forge_core import judge
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
@@ -44,6 +45,7 @@ ROWS = 8  # global batch rows per optimizer step
 STEPS = 3
 LR = 0.5
 MAX_NORM = 0.05
+EVAL_ROWS = 2  # rows per forward of a single-process evaluation (a pipeline microbatch's)
 MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64, "max_seq_len": SEQ}
 
 #: Models a scenario may train: name -> (model.name, options over MODEL). Each gets its
@@ -64,43 +66,94 @@ def pp_options(**options: Any) -> dict[str, Any]:
     return {"options": {"pp": options}}
 
 
-#: name -> (parallel overrides, train overrides[, model variant])
-SCENARIOS: dict[str, tuple[Any, ...]] = {
-    "ddp": ({"dp_replicate": 2}, {}),
-    "fsdp": ({"dp_shard": 2}, {}),
-    "fsdp_accum": ({"dp_shard": 2}, {"grad_accum": 2}),
-    "tp": ({"tp": 2}, {}),
-    "tp_sp": ({"tp": 2, **SP}, {}),
-    "pp_gpipe": ({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, {}),
-    "pp_1f1b": ({"pp": 2, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2}),
-    "pp_interleaved": ({"pp": 2, **pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4)}, {}),
-    "tp_tied": ({"tp": 2}, {}, "tied"),
-    "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
-    "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
-    "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
-    "tp_qwen2": ({"tp": 2}, {}, "qwen2"),
-    "tp_qwen3": ({"tp": 2}, {}, "qwen3"),
-    "tp_sp_qwen3": ({"tp": 2, **SP}, {}, "qwen3"),
+#: Per schedule, the pipeline options the 2-process scenarios run it with (8 rows per
+#: step, so 4 microbatches of 2 rows; 1f1b: 2 microbatches under 2 accumulation steps).
+PP_SCHEDULES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "gpipe": (pp_options(schedule="gpipe", microbatches=4), {}),
+    "1f1b": (pp_options(schedule="1f1b", microbatches=2), {"grad_accum": 2}),
+    "interleaved_1f1b": (pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4), {}),
+    "looped_bfs": (pp_options(schedule="looped_bfs", virtual_stages=2, microbatches=4), {}),
+    "interleaved_zero_bubble": (pp_options(schedule="interleaved_zero_bubble", virtual_stages=2, microbatches=4), {}),
+    "zbv_zero_bubble": (pp_options(schedule="zbv_zero_bubble", virtual_stages=2, microbatches=4), {}),
+    "dualpipev": (pp_options(schedule="dualpipev", virtual_stages=2, microbatches=4), {}),
+}
+ATTENTION = ("sdpa", "eager", "flex")
+
+
+@attrs.frozen
+class Scenario:
+    """A parallel layout to train (``parallel``/``train`` overrides) with a model
+    variant, an attention backend, on plain or packed rows. ``rolled``: the stages
+    after the first get the metadata of the neighbouring microbatch (a negative
+    control: it must not match one process)."""
+
+    parallel: dict[str, Any]
+    train: dict[str, Any] = attrs.field(factory=dict)
+    variant: str = "llama"
+    attention: str = "sdpa"
+    packed: bool = False
+    rolled: bool = False
+
+    @property
+    def reference(self) -> str:
+        """The name of the single-process run this scenario is compared with."""
+        if (self.variant, self.attention, self.packed) == ("llama", "sdpa", False):
+            return "reference"
+        return f"reference:{self.variant}:{self.attention}:{'packed' if self.packed else 'plain'}"
+
+
+def _pp(schedule: str, **more: Any) -> Scenario:
+    options, train = PP_SCHEDULES[schedule]
+    return Scenario({"pp": 2, **options}, train, packed=True, **more)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "ddp": Scenario({"dp_replicate": 2}),
+    "fsdp": Scenario({"dp_shard": 2}),
+    "fsdp_accum": Scenario({"dp_shard": 2}, {"grad_accum": 2}),
+    "tp": Scenario({"tp": 2}),
+    "tp_sp": Scenario({"tp": 2, **SP}),
+    "pp_gpipe": Scenario({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}),
+    "tp_tied": Scenario({"tp": 2}, variant="tied"),
+    "tp_qknorm": Scenario({"tp": 2}, variant="qknorm"),
+    "tp_sp_qknorm": Scenario({"tp": 2, **SP}, variant="qknorm"),
+    "tp_uncovered": Scenario({"tp": 2}, variant="qknorm_undeclared"),
+    "tp_qwen2": Scenario({"tp": 2}, variant="qwen2"),
+    "tp_qwen3": Scenario({"tp": 2}, variant="qwen3"),
+    "tp_sp_qwen3": Scenario({"tp": 2, **SP}, variant="qwen3"),
+    "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
+    # packed rows under every schedule and attention backend: packed_pp_<schedule>_<backend>
+    **{f"packed_pp_{schedule}_{attention}": _pp(schedule, attention=attention)
+       for schedule in PP_SCHEDULES for attention in ATTENTION},
+    # negative controls: later stages see the neighbouring microbatch's doc_ids/positions
+    "rolled_pp_gpipe": _pp("gpipe", rolled=True),
+    "rolled_pp_zbv_zero_bubble": _pp("zbv_zero_bubble", rolled=True),
     # four processes
-    "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
-    "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
-    "pp_tp": ({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, {}),
-    "pp_fsdp": ({"pp": 2, "dp_shard": 2, **pp_options(schedule="1f1b")}, {}),
-    "pp_ddp": ({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, {}),
-    "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
-    "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
+    "fsdp_tp": Scenario({"dp_shard": 2, "tp": 2}),
+    "hsdp": Scenario({"dp_replicate": 2, "dp_shard": 2}),
+    "pp_tp": Scenario({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, packed=True),
+    "pp_fsdp": Scenario({"pp": 2, "dp_shard": 2, **pp_options(schedule="1f1b")}, packed=True),
+    "pp_ddp": Scenario({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, packed=True),
+    # split backward with FSDP: exact with reshard_after_forward false (true is refused by a rule)
+    "pp_fsdp_zbv": Scenario({"pp": 2, "dp_shard": 2, "options": {
+        "pp": {"schedule": "zbv_zero_bubble", "virtual_stages": 2}, "fsdp": {"reshard_after_forward": False}}},
+        packed=True),
+    "fsdp_tp_tied": Scenario({"dp_shard": 2, "tp": 2}, variant="tied"),
+    "fsdp_tp_qknorm": Scenario({"dp_shard": 2, "tp": 2}, variant="qknorm"),
 }
 
 
 def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], variant: str = "llama",
-              world_size: int = 1) -> Plan:
+              world_size: int = 1, attention: str = "sdpa", packed: bool = False) -> Plan:
     """The judged plan of a scenario's config, as ``forge-run train`` hands it to the
-    trainer (the rules are not evaluated: these layouts are valid by construction)."""
+    trainer (the rules are not evaluated: these layouts are valid by construction).
+    Packed scenarios name a packer that isolates documents, so the plan's emitted
+    metadata is what the loader would hand the model."""
     model, options = VARIANTS[variant]
     raw = {
         "model": {"name": model, "options": {**MODEL, **options}},
-        "attention": {"backend": "sdpa"},
-        "data": {"packer": "none", "seq_len": SEQ},
+        "attention": {"backend": attention},
+        "data": {"packer": "bfd" if packed else "none", "seq_len": SEQ},
         "parallel": parallel,
         "train": {"batch_size": ROWS, "grad_clip": MAX_NORM, **train},
     }
@@ -109,6 +162,28 @@ def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], 
     config, issues = resolve_components(config, registries)
     assert not issues, issues
     return judge.make_plan(config, registries, world_size)
+
+
+def packed_batches() -> list[dict[str, torch.Tensor]]:
+    """The batches of :func:`batches` cut into documents of 1 to 9 tokens, as a packer
+    that isolates them would: ``doc_ids`` counts the document starts before each token,
+    ``positions`` restart at 0, and the label of each document's last token is -100."""
+    gen = torch.Generator().manual_seed(4321)
+    out = []
+    for batch in batches():
+        starts = torch.zeros(ROWS, SEQ, dtype=torch.long)
+        for row in range(ROWS):
+            at = 0
+            while at < SEQ:
+                starts[row, at] = 1
+                at += int(torch.randint(1, 10, (1,), generator=gen))
+        doc_ids = starts.cumsum(1) - 1
+        index = torch.arange(SEQ).expand(ROWS, SEQ)
+        first = torch.where(starts.bool(), index, torch.zeros_like(index)).cummax(1).values
+        labels = batch[LABELS].clone()
+        labels[:, :-1][starts[:, 1:].bool()] = IGNORE_INDEX
+        out.append({**batch, LABELS: labels, DOC_IDS: doc_ids, POSITIONS: index - first})
+    return out
 
 
 def batches() -> list[dict[str, torch.Tensor]]:
@@ -153,7 +228,40 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)
         norms.append(float(norm))
-    return {"loss": losses, "norm": norms, "time": times}
+    return {"loss": losses, "norm": norms, "time": times, "eval": evaluate(pmodel, data[0])}
+
+
+def evaluate(pmodel: Any, batch: dict[str, torch.Tensor]) -> float:
+    """The mean loss of one global batch through ``pmodel.evaluate`` (forward only),
+    each data-parallel rank on its slice, as the evaluation loop computes it; one
+    process evaluates it :data:`EVAL_ROWS` rows at a time (a pipeline's microbatches)."""
+    local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
+    pieces = [local] if pmodel.train_step is not None else [
+        {k: v[at:at + EVAL_ROWS] for k, v in local.items()} for at in range(0, len(local[LABELS]), EVAL_ROWS)
+    ]
+    sums = torch.zeros(2, dtype=torch.float64)
+    for piece in pieces:
+        loss_sum, tokens = pmodel.evaluate(piece, loss_fn)
+        sums += torch.stack([loss_sum.double(), tokens.double()])
+    if pmodel.dp_group is not None:
+        dist.all_reduce(sums, group=pmodel.dp_group)
+    return float(sums[0] / sums[1])
+
+
+def roll_metadata(pmodel: Any) -> None:
+    """Hand the stages after the first the neighbouring microbatch's metadata: the
+    pipeline's metadata rolled by one microbatch on every rank that does not hold the
+    first stage (the negative control)."""
+    step = pmodel.train_step
+    if step.has_first:
+        return
+    original = step.metadata
+
+    def rolled(batch):
+        rows = batch[INPUT_IDS].shape[0] // step.n_microbatches
+        return {k: v.roll(rows, dims=0) for k, v in original(batch).items()}
+
+    step.metadata = rolled
 
 
 def qk_norms(pmodel: Any) -> list[float]:
@@ -168,36 +276,50 @@ def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
         return pmodel.forward(data[0][INPUT_IDS][:2]).tolist()
 
 
+def run_eval_loop(sc: Scenario, pmodel: Any) -> dict[str, Any] | None:
+    """The evaluation loop's result (:mod:`eval_loop`) on the trained model; not for the
+    rolled negative controls, nor for flex (its batches of 4 rows would compile flex
+    again, about 14 s per process; ``evaluate`` covers flex through ``train``)."""
+    if sc.rolled or sc.attention == "flex":
+        return None
+    return eval_loop.evaluate(pmodel, VOCAB, SEQ)
+
+
 def main() -> None:
     out_path, names = sys.argv[1], sys.argv[2:]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     registries = load_registries(extra=(("variants", variants),))
-    data = batches()
     results: dict[str, Any] = {"world": world}
+    plain, packed = batches(), packed_batches()
     for name in names:
-        parallel, train_over, variant = (*SCENARIOS[name], "llama")[:3]
-        reference = "reference" if variant == "llama" else f"reference:{variant}"
-        if reference not in results and variant != "qknorm_undeclared":
-            ref_plan = make_plan(registries, {}, {}, variant)
+        sc = SCENARIOS[name]
+        data = packed if sc.packed else plain
+        if sc.reference not in results and sc.variant != "qknorm_undeclared":
+            # flex compiles once per shape: the reference runs the pipelines' 2-row microbatches
+            ref_train = {"grad_accum": ROWS // EVAL_ROWS} if sc.attention == "flex" else {}
+            ref_plan = make_plan(registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed)
             ref_model = single_process(build_model(ref_plan, registries))
             start = qk_norms(ref_model)
-            results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model),
-                                  "eval": eval_loop.evaluate(ref_model, VOCAB, SEQ)}
-        plan = make_plan(registries, parallel, train_over, variant, world)
+            results[sc.reference] = {**train(ref_model, ref_plan, data), "qk_start": start,
+                                     "qk_norms": qk_norms(ref_model), "eval_loop": run_eval_loop(sc, ref_model)}
+        plan = make_plan(registries, sc.parallel, sc.train, sc.variant, world, sc.attention, sc.packed)
+        began = time.perf_counter()
         try:
             pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
-        got = {**train(pmodel, plan, data), "eval": eval_loop.evaluate(pmodel, VOCAB, SEQ)}
+        if sc.rolled:
+            roll_metadata(pmodel)
+        got = {**train(pmodel, plan, data), "eval_loop": run_eval_loop(sc, pmodel)}
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel),
-                                       "eval": got["eval"]})
-        results[name] = {**got, "reference": reference, "ranks": every}
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "eval": got["eval"],
+                                       "eval_loop": got["eval_loop"], "qk_norms": qk_norms(pmodel)})
+        results[name] = {**got, "reference": sc.reference, "ranks": every, "seconds": time.perf_counter() - began}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
-            results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()
-            results[name]["probe"] = probe_logits(pmodel, data)
+            results[name]["probe_ids"] = plain[0][INPUT_IDS][:2].tolist()
+            results[name]["probe"] = probe_logits(pmodel, plain)
             save_checkpoint(pmodel, os.environ["FORGE_TEST_CKPT"])
     if rank == 0:
         with open(out_path, "w") as f:

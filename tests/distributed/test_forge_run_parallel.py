@@ -1,9 +1,9 @@
 """End to end through ``forge-run --nproc 2``: the real trainer, loader and loggers on 2
-CPU processes give the per-step losses and gradient norms of one process; pipeline
-parallelism trains with a packer that does not isolate documents, and is refused with
-one that does before torchrun is even started. The runs hold out documents and evaluate
-every 2 steps (all but the pipeline run, whose forward-only step is not built yet): the
-eval numbers under FSDP are those of one process.
+CPU processes give the per-step losses and gradient norms of one process, on rows packed
+with isolated documents (the loader's doc_ids and positions reach every pipeline
+stage); combinations the pipeline rules refuse stop before torchrun is even started. The
+runs hold out documents and evaluate every 2 steps: the eval numbers under FSDP and
+pipeline parallelism are those of one process.
 
 Tolerance as in :mod:`test_parallel_equivalence` (fp32, reduction order only): 1e-5
 relative, against losses and norms that ``metrics.jsonl`` records to full precision.
@@ -32,12 +32,11 @@ def forge_run(*args: str) -> subprocess.CompletedProcess:
 
 
 def config(tmp_path: Path, name: str, **parallel) -> str:
-    # concat without isolation: the one data layout every strategy (pp included) accepts.
+    # concat isolates documents by default: doc_ids and positions go with every batch.
     cfg = tiny_config(tmp_path, name=name, parallel=parallel, logging={"loggers": ["jsonl"]})
-    cfg["data"]["packer_options"] = {"isolate": False}
     cfg["train"]["steps"] = 4
     cfg["data"]["heldout"] = {"fraction": 0.3}
-    cfg["eval"] = {"enabled": "pp" not in parallel, "every": 2}
+    cfg["eval"] = {"enabled": True, "every": 2}
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
@@ -62,8 +61,10 @@ def test_forge_run_two_processes_equals_one(runs, name):
     assert [m["tokens"] for m in got] == [m["tokens"] for m in one]
 
 
-def test_forge_run_two_processes_evaluate_like_one(runs):
-    one, got = runs["one"], runs["fsdp"]
+@pytest.mark.parametrize("name", ["fsdp", "pp"])
+def test_forge_run_two_processes_evaluate_like_one(runs, name):
+    one, got = runs["one"], runs[name]
+
     def evals(records, key):
         return {m["step"]: m[key] for m in records if key in m}
 
@@ -73,24 +74,38 @@ def test_forge_run_two_processes_evaluate_like_one(runs):
         assert evals(got, key) == pytest.approx(evals(one, key), rel=RTOL)
 
 
-def test_pp_with_isolating_packer_is_refused_before_torchrun(tmp_path, monkeypatch, capsys):
-    """The founding rule's report, exit 2, and neither a torchrun child nor a process
-    group nor a run directory."""
+ZBV = {"schedule": "zbv_zero_bubble", "virtual_stages": 2}
+
+
+@pytest.mark.parametrize(("rule", "parallel", "train", "says"), [
+    ("pp.split-backward-not-with-compile", {"pp": 2, "options": {"pp": ZBV}}, {"compile": True},
+     "donated buffers"),
+    ("pp.split-backward-fsdp-reshard", {"pp": 2, "dp_shard": 2, "options": {"pp": ZBV}}, {"batch_size": 8},
+     "reshard_after_forward: true"),
+    ("pp.schedule-virtual-stages", {"pp": 2, "options": {"pp": {"schedule": "dualpipev"}}}, {},
+     "exactly two stages on every rank"),
+    ("pp.microbatches", {"pp": 2, "options": {"pp": {"schedule": "dualpipev", "virtual_stages": 2, "microbatches": 2}}},
+     {}, "at least one microbatch per stage"),
+])
+def test_refused_pipeline_combinations_stop_before_torchrun(tmp_path, monkeypatch, capsys, rule, parallel, train, says):
+    """The rule's report, exit 2, and neither a torchrun child nor a process group nor
+    a run directory."""
     import torch.distributed as dist
 
     from forge_core import cli
 
-    cfg = tiny_config(tmp_path, name="refused", parallel={"pp": 2})  # concat isolates by default
+    cfg = tiny_config(tmp_path, name="refused", parallel=parallel)
+    cfg["train"].update(train)
     path = write_config(tmp_path / "refused.yaml", cfg)
 
     def no_child(*args, **kwargs):
         raise AssertionError(f"a process was started: {args}")
 
     monkeypatch.setattr(subprocess, "Popen", no_child)
-    rc = cli.main(["train", "--nproc", "2", path])
+    world = parallel["pp"] * parallel.get("dp_shard", 1)
+    rc = cli.main(["train", "--nproc", str(world), path])
     err = capsys.readouterr().err
     assert rc == 2
-    assert "[parallel.metadata-reaches-layers]" in err and "$.parallel.pp = 2" in err
-    assert "previous stage's hidden states" in err  # the pp spec's reason, quoted by the rule
+    assert f"[{rule}]" in err and says in err, err
     assert not dist.is_initialized()
     assert not (tmp_path / "refused").exists()
