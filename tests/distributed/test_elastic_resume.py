@@ -25,7 +25,7 @@ pytestmark = pytest.mark.distributed
 
 STEPS, RESUME_AT = 5, 2
 LAYOUTS = {"one": (1, {}), "fsdp": (2, {"dp_shard": 2}), "tp": (2, {"tp": 2}),
-           "pp": (2, {"pp": 2, "pp_microbatches": 2})}
+           "pp": (2, {"pp": 2, "options": {"pp": {"microbatches": 2}}})}
 
 
 def config(tmp: Path, name: str, parallel: dict) -> dict:
