@@ -88,8 +88,8 @@ def forge_parallelisms() -> list[ParallelismSpec]:
 
         @hookimpl
         def forge_parallelisms():
-            return [ParallelismSpec(name="act_ckpt", summary="Activation checkpointing",
-                                    impl="my_pkg.ckpt:ActivationCheckpoint", order=250)]
+            return [ParallelismSpec(name="act_offload", summary="Activation offloading",
+                                    impl="my_pkg.offload:OffloadActivations", order=260)]
     """
 
 

@@ -54,6 +54,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
+AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
+COMPILE = {"compile": True}
 
 
 def pp_options(**options: Any) -> dict[str, Any]:
@@ -74,6 +76,24 @@ SCENARIOS: dict[str, tuple[Any, ...]] = {
     "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
     "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
     "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
+    # activation checkpointing (every block; every second one) with each strategy
+    "fsdp_ac": ({"dp_shard": 2, **AC}, {}),
+    "fsdp_ac_every2": ({"dp_shard": 2, "wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}}, {}),
+    "ddp_ac": ({"dp_replicate": 2, **AC}, {}),
+    "tp_ac": ({"tp": 2, **AC}, {}),
+    "tp_sp_ac": ({"tp": 2, **AC, **SP}, {}),
+    "pp_gpipe_ac": ({"pp": 2, **AC, **pp_options(schedule="gpipe", microbatches=4)}, {}),
+    "pp_1f1b_ac": ({"pp": 2, **AC, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2}),
+    "pp_interleaved_ac": ({"pp": 2, **AC, **pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4)}, {}),
+    # ... and with train.compile: measured by hand, one launch each (compiling takes a
+    # while), as forge_plugins/parallel/composition_rules.py reports; tp_compile fails
+    "fsdp_ac_compile": ({"dp_shard": 2, **AC}, COMPILE),
+    "ddp_ac_compile": ({"dp_replicate": 2, **AC}, COMPILE),
+    "tp_ac_compile": ({"tp": 2, **AC}, COMPILE),
+    "pp_1f1b_ac_compile": ({"pp": 2, **AC, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2, **COMPILE}),
+    "fsdp_compile": ({"dp_shard": 2}, COMPILE),
+    "tp_compile": ({"tp": 2}, COMPILE),
+    "pp_1f1b_compile": ({"pp": 2, **pp_options(schedule="1f1b", microbatches=2)}, {"grad_accum": 2, **COMPILE}),
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
@@ -82,6 +102,11 @@ SCENARIOS: dict[str, tuple[Any, ...]] = {
     "pp_ddp": ({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, {}),
     "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
     "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
+    "fsdp_tp_ac": ({"dp_shard": 2, "tp": 2, **AC}, {}),
+    "hsdp_ac": ({"dp_replicate": 2, "dp_shard": 2, **AC}, {}),
+    "pp_tp_ac": ({"pp": 2, "tp": 2, **AC, **pp_options(schedule="1f1b")}, {}),
+    "pp_fsdp_ac": ({"pp": 2, "dp_shard": 2, **AC, **pp_options(schedule="1f1b")}, {}),
+    "pp_ddp_ac": ({"pp": 2, "dp_replicate": 2, **AC, **pp_options(schedule="gpipe")}, {}),
 }
 
 

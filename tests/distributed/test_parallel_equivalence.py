@@ -30,8 +30,12 @@ pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
 TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "pp_1f1b", "pp_interleaved",
-       "tp_tied", "tp_qknorm", "tp_sp_qknorm"]
-FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm"]
+       "tp_tied", "tp_qknorm", "tp_sp_qknorm",
+       # activation checkpointing composes with each strategy (compiled: see composition_rules)
+       "fsdp_ac", "fsdp_ac_every2", "ddp_ac", "tp_ac", "tp_sp_ac", "pp_gpipe_ac", "pp_1f1b_ac",
+       "pp_interleaved_ac"]
+FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm",
+        "fsdp_tp_ac", "pp_tp_ac", "pp_fsdp_ac"]
 REFUSED = ["tp_uncovered"]
 
 
