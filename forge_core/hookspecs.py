@@ -211,7 +211,9 @@ def forge_optimizers() -> list[OptimizerSpec]:
     the part in ``named_parameters()`` order, each with its ``name``, ``param`` and
     ``role`` (``embedding``, ``bias``, ``norm``, ``vector`` or ``matrix``, decided from
     the owning module's type and the parameter's shape, or by the model's
-    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies. A
+    ``param_roles()``) and ``in_block`` (inside one of the blocks the model's parallel
+    contract names: how ``muon`` tells the hidden layers' matrices from the embedding and
+    the output head); ``p.decays(embeddings)`` says whether weight decay applies. A
     factory whose first parameter has another name is called the old way, with a list
     of parameters, and a FutureWarning.
 
