@@ -13,8 +13,10 @@ ratio, and the mean step time (recomputation costs about one more forward per st
 machine is shared, so read the time as a rough figure). The first step is left out of
 the time.
 
-Run: ``python bench/activation_memory.py`` (about 2 minutes on 2 cores;
-``--every 1,2`` by default).
+Run: ``python bench/activation_memory.py`` (three runs of three steps; measured 10
+minutes on a busy 2-core machine; ``--every 1,2`` by default). Measured there: peak RSS
+2.28 GB without, 1.28 GB checkpointing every block (0.56), 1.80 GB every second block
+(0.79), the same last loss in all three.
 """
 
 from __future__ import annotations
