@@ -88,8 +88,8 @@ def forge_parallelisms() -> list[ParallelismSpec]:
 
         @hookimpl
         def forge_parallelisms():
-            return [ParallelismSpec(name="act_ckpt", summary="Activation checkpointing",
-                                    impl="my_pkg.ckpt:ActivationCheckpoint", order=250)]
+            return [ParallelismSpec(name="act_offload", summary="Activation offloading",
+                                    impl="my_pkg.offload:OffloadActivations", order=260)]
     """
 
 
@@ -257,7 +257,9 @@ def forge_optimizers() -> list[OptimizerSpec]:
     the part in ``named_parameters()`` order, each with its ``name``, ``param`` and
     ``role`` (``embedding``, ``bias``, ``norm``, ``vector`` or ``matrix``, decided from
     the owning module's type and the parameter's shape, or by the model's
-    ``param_roles()``); ``p.decays(embeddings)`` says whether weight decay applies, and
+    ``param_roles()``) and ``in_block`` (inside one of the blocks the model's parallel
+    contract names: how ``muon`` tells the hidden layers' matrices from the embedding and
+    the output head); ``p.decays(embeddings)`` says whether weight decay applies, and
     keeping it off the others is the factory's job (separate parameter groups). ``lr``
     is ``train.lr`` and ``options`` the structured ``train.optimizer_options``. Before
     every step the trainer sets ``group["lr"]`` of every parameter group to ``train.lr``

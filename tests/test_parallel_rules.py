@@ -25,7 +25,8 @@ def interleaved(microbatches: int) -> dict:
 
 def violations(cfg, parallel=None, world_size=None, **sections):
     # Explicit degrees (dp_shard 1 unless given): these rules judge a layout, not a launch.
-    data = {"model": MODEL, "data": {"packer": "none", "seq_len": 64}, "parallel": {"dp_shard": 1, **(parallel or {})}}
+    # (a copy of MODEL: a test passing model=... must not change it for the tests after)
+    data = {"model": dict(MODEL), "data": {"packer": "none", "seq_len": 64}, "parallel": {"dp_shard": 1, **(parallel or {})}}
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     result = judge(cfg(data), [], world_size)
@@ -47,11 +48,13 @@ def test_specs_declare_mesh_dims_orders_and_capabilities():
 
     specs = {s.name: s for s in forge_parallelisms()}
     assert {n: (s.mesh_dim, s.order) for n, s in specs.items()} == {
-        "pp": ("pp", 100), "tp": ("tp", 200), "fsdp": ("dp_shard", 400), "ddp": ("dp_replicate", 400),
+        "pp": ("pp", 100), "tp": ("tp", 200), "act_ckpt": (None, 250), "fsdp": ("dp_shard", 400),
+        "ddp": ("dp_replicate", 400),
     }
+    assert specs["act_ckpt"].requires == {"blocks"}
     # The pipeline hands every stage its microbatch's metadata: it declares so, and drops nothing.
     assert specs["pp"].forwards == {"doc_ids", "positions"} and not specs["pp"].drops_metadata_because
-    assert all(specs[n].forwards is None for n in ("tp", "fsdp", "ddp"))
+    assert all(specs[n].forwards is None for n in ("tp", "act_ckpt", "fsdp", "ddp"))
     assert specs["ddp"].yields_to == ("fsdp",)
 
 
@@ -261,3 +264,35 @@ def test_shipped_parallel_configs_are_valid(config, world):
     path = Path(__file__).resolve().parent.parent / config
     result = judge(str(path), [], world)
     assert not result.errors, render(result.errors)
+
+
+# --- composition with activation checkpointing and compile -------------------------------
+
+
+def test_tensor_parallelism_with_compiled_blocks_is_refused(cfg):
+    from forge_plugins.parallel.composition_rules import TP_COMPILE
+
+    found, _ = violations(cfg, {"tp": 2}, train={"compile": True})
+    assert len(messages(found, TP_COMPILE)) == 1 and "_local_tensor" in messages(found, TP_COMPILE)[0]
+    for parallel, train in (({"tp": 2}, {}), ({"dp_shard": 2}, {"compile": True}),
+                            ({"tp": 2, "wrappers": ["act_ckpt"]}, {})):
+        found, _ = violations(cfg, parallel, train=train)
+        assert TP_COMPILE not in found, (parallel, train)
+
+
+@pytest.mark.parametrize(("parallel", "every", "warned"), [
+    ({}, 4, False), ({}, 5, True),  # 4 blocks in one part
+    ({"pp": 2}, 2, False), ({"pp": 2}, 3, True),  # 2 blocks a stage
+    ({"pp": 2, **interleaved(2)}, 2, True),  # 1 block a stage
+])
+def test_checkpointing_every_k_th_block_warns_when_no_part_has_k_blocks(cfg, parallel, every, warned):
+    from forge_plugins.parallel.composition_rules import ACT_CKPT_EVERY
+
+    options = {**parallel.get("options", {}), "act_ckpt": {"every": every}}
+    found, result = violations(cfg, {**parallel, "wrappers": ["act_ckpt"], "options": options},
+                               train={"batch_size": 8})
+    assert (ACT_CKPT_EVERY in found) is warned, render(result.violations)
+    if warned:
+        assert f"every = {every}" in messages(found, ACT_CKPT_EVERY)[0]
+    found, _ = violations(cfg, {**parallel, "options": options}, train={"batch_size": 8})
+    assert ACT_CKPT_EVERY not in found  # the wrapper is off: its options mean nothing

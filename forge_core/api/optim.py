@@ -30,12 +30,16 @@ class NamedParameter:
     parameter; ``embedding`` for the weight of an ``nn.Embedding``; ``bias`` for a
     parameter registered as ``bias``; ``norm`` for a parameter of a torch normalization
     module; ``vector`` for any other parameter of fewer than 2 dimensions; else
-    ``matrix``.
+    ``matrix``. ``in_block``: whether it belongs to one of the model's repeated blocks
+    (``blocks_of``: attention and feed-forward weights, the blocks' norms), as opposed to
+    what sits outside them (embeddings, final norm, output head); always ``False`` for a
+    model whose parallel contract names no blocks.
     """
 
     name: str
     param: Any
     role: str
+    in_block: bool = False
 
     def decays(self, embeddings: bool = True) -> bool:
         """Whether weight decay applies: always to a matrix, to an embedding if ``embeddings``.

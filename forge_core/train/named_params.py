@@ -19,6 +19,10 @@ the first module that holds it in ``named_modules()`` order. Under FSDP and tens
 parallelism a parameter is a DTensor whose ``ndim`` is that of the whole tensor, so the
 rule gives every layout the same answer.
 
+``in_block``: the parameter belongs to one of the blocks the model's parallel contract
+names (``blocks_of``); what an optimizer treats the hidden layers' matrices apart by
+(Muon), whatever the model calls them.
+
 Weight decay (:meth:`NamedParameter.decays`): ``matrix`` decays, ``embedding`` decays
 when the optimizer's options say so, ``bias``, ``norm`` and ``vector`` never do.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 from forge_core.api.errors import ForgeError
 from forge_core.api.optim import BIAS, EMBEDDING, MATRIX, NORM, OVERRIDE, ROLES, VECTOR, NamedParameter
+from forge_core.api.parallel import blocks_of
 
 
 def _norm_types() -> tuple[type, ...]:
@@ -63,6 +68,7 @@ def named_parameters(module: Any) -> list[NamedParameter]:
         for local, param in sub.named_parameters(recurse=False):
             owner.setdefault(id(param), (sub, local))
     declared = _declared_roles(module)
+    in_blocks = {id(p) for block in blocks_of(module) for p in block.parameters()}
     out = []
     for name, param in module.named_parameters():
         if not param.requires_grad:
@@ -80,5 +86,5 @@ def named_parameters(module: Any) -> list[NamedParameter]:
             role = VECTOR
         else:
             role = MATRIX
-        out.append(NamedParameter(name=name, param=param, role=role))
+        out.append(NamedParameter(name=name, param=param, role=role, in_block=id(param) in in_blocks))
     return out

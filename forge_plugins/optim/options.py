@@ -58,3 +58,33 @@ class WSDOptions:
 @attrs.frozen
 class ConstantOptions:
     pass
+
+
+@attrs.frozen
+class MuonOptions:
+    """Muon (``torch.optim.Muon``) on the 2-D weights inside the model's blocks, AdamW on
+    every other parameter; both step at ``train.lr`` and its schedule."""
+
+    momentum: float = opt(0.95, "Muon's momentum factor.", _decay)
+    nesterov: bool = opt(True, "Muon's Nesterov momentum.")
+    ns_steps: int = opt(5, "Newton-Schulz iterations that orthogonalise each update (below 100).",
+                        between(1, 99))
+    ns_coefficients: tuple[float, float, float] = opt(
+        (3.4445, -4.775, 2.0315), "Coefficients (a, b, c) of the Newton-Schulz quintic polynomial."
+    )
+    eps: float = opt(1e-7, "Muon's stabiliser of the Newton-Schulz normalisation.", above(0))
+    adjust_lr: Literal["match_rms_adamw", "original"] = opt(
+        "match_rms_adamw",
+        "Muon's learning-rate scaling per matrix shape (torch's adjust_lr_fn): 'match_rms_adamw' "
+        "(0.2 * sqrt(max(A, B)), so that the AdamW learning rate and weight decay carry over) or "
+        "'original' (sqrt(max(1, A/B)), which expects a learning rate around 0.02: then AdamW gets it too).",
+    )
+    weight_decay: float = opt(0.1, "Muon's decoupled weight decay on its matrices.", at_least(0))
+    adamw_beta1: float = opt(0.9, "AdamW's first-moment decay (the other parameters).", _decay)
+    adamw_beta2: float = opt(0.95, "AdamW's second-moment decay.", _decay)
+    adamw_eps: float = opt(1e-8, "AdamW's denominator epsilon.", above(0))
+    adamw_weight_decay: float = opt(
+        0.1, "AdamW's decoupled weight decay, on matrices only (the output head; embeddings with "
+        "decay_embeddings): never on biases, norms or other 1-D parameters.", at_least(0),
+    )
+    decay_embeddings: bool = opt(True, "Apply adamw_weight_decay to embedding weights (nn.Embedding) too.")

@@ -11,6 +11,8 @@ def forge_optimizers():
                       impl="forge_plugins.optim.optimizers:build_adamw", options=O.AdamWOptions),
         OptimizerSpec(name="sgd", summary="SGD with momentum",
                       impl="forge_plugins.optim.optimizers:build_sgd", options=O.SGDOptions),
+        OptimizerSpec(name="muon", summary="Muon on the 2-D weights inside the model's blocks, AdamW on the rest",
+                      impl="forge_plugins.optim.muon:build_muon", options=O.MuonOptions),
     ]
 
 

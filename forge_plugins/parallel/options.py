@@ -49,6 +49,17 @@ class TensorParallelOptions:
 
 
 @attrs.frozen
+class ActivationCheckpointOptions:
+    every: int = attrs.field(
+        default=1, validator=at_least(1),
+        metadata={"doc": "Checkpoint every k-th block: 1 recomputes every block in the backward pass "
+                         "(full activation checkpointing, least memory); k > 1 the k-th, 2k-th, ... "
+                         "block of each model part (a pipeline stage counts its own blocks), keeping "
+                         "the others' activations (less recomputation)."},
+    )
+
+
+@attrs.frozen
 class DDPOptions:
     bucket_cap_mb: float = attrs.field(
         default=25.0,

@@ -2,16 +2,23 @@
 
 Imports nothing heavy: it runs for ``forge-run check``. Each spec says which
 ``parallel.*`` degree switches the strategy on, where it sits in the application order
-(pipeline split 100, tensor parallel 200, compile 300, data-parallel wrapping 400) and
-what per-token metadata still reaches every layer under it (all of it, under each: the
-pipeline hands every stage its microbatch's ``doc_ids`` and ``positions``).
+(pipeline split 100, tensor parallel 200, activation checkpointing 250, compile 300,
+data-parallel wrapping 400) and what per-token metadata still reaches every layer under
+it (all of it, under each: the pipeline hands every stage its microbatch's ``doc_ids``
+and ``positions``).
 """
 
 from __future__ import annotations
 
-from forge_core.api import DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ParallelismSpec, hookimpl
+from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ParallelismSpec, hookimpl
 
-from forge_plugins.parallel.options import DDPOptions, FSDPOptions, PipelineOptions, TensorParallelOptions
+from forge_plugins.parallel.options import (
+    ActivationCheckpointOptions,
+    DDPOptions,
+    FSDPOptions,
+    PipelineOptions,
+    TensorParallelOptions,
+)
 
 @hookimpl
 def forge_parallelisms() -> list[ParallelismSpec]:
@@ -39,6 +46,15 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             requires={TENSOR_PARALLEL},
         ),
         ParallelismSpec(
+            name="act_ckpt",
+            summary="Activation checkpointing: recompute every (or every k-th) block in the backward pass",
+            impl="forge_plugins.parallel.checkpointing:ActivationCheckpoint",
+            options=ActivationCheckpointOptions,
+            mesh_dim=None,  # a wrapper: listed in parallel.wrappers
+            order=250,  # the sharded blocks (after tp), before compile and data-parallel wrapping
+            requires={BLOCKS},
+        ),
+        ParallelismSpec(
             name="fsdp",
             summary="FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1",
             impl="forge_plugins.parallel.fsdp:FullyShard",
@@ -61,6 +77,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
 
 @hookimpl
 def forge_rules() -> list:
+    from forge_plugins.parallel import composition_rules
     from forge_plugins.parallel.rules import rules
 
-    return rules()
+    return rules() + composition_rules.rules()

@@ -60,6 +60,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
+AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
+COMPILE = {"compile": True}
 
 
 def pp_options(**options: Any) -> dict[str, Any]:
@@ -102,9 +104,12 @@ class Scenario:
         return f"reference:{self.variant}:{self.attention}:{'packed' if self.packed else 'plain'}"
 
 
-def _pp(schedule: str, **more: Any) -> Scenario:
+def _pp(schedule: str, wrappers: dict[str, Any] | None = None, compile: bool = False, **more: Any) -> Scenario:
+    """Packed rows on 2 pipeline stages under ``schedule`` (its options in
+    :data:`PP_SCHEDULES`), with ``wrappers`` (``{"wrappers": [...]}``) and compiled if asked."""
     options, train = PP_SCHEDULES[schedule]
-    return Scenario({"pp": 2, **options}, train, packed=True, **more)
+    return Scenario({"pp": 2, **options, **(wrappers or {})}, {**train, **(COMPILE if compile else {})},
+                    packed=True, **more)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -122,6 +127,26 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_qwen3": Scenario({"tp": 2}, variant="qwen3"),
     "tp_sp_qwen3": Scenario({"tp": 2, **SP}, variant="qwen3"),
     "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
+    # activation checkpointing (every block; every second one) with each strategy
+    "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
+    "fsdp_ac_every2": Scenario({"dp_shard": 2, "wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}}),
+    "ddp_ac": Scenario({"dp_replicate": 2, **AC}),
+    "tp_ac": Scenario({"tp": 2, **AC}),
+    "tp_sp_ac": Scenario({"tp": 2, **AC, **SP}),
+    "pp_gpipe_ac": _pp("gpipe", wrappers=AC),
+    "pp_1f1b_ac": _pp("1f1b", wrappers=AC),
+    "pp_interleaved_ac": _pp("interleaved_1f1b", wrappers=AC),
+    "pp_zbv_ac": _pp("zbv_zero_bubble", wrappers=AC),
+    "pp_dualpipev_ac": _pp("dualpipev", wrappers=AC),
+    # ... and with train.compile: measured by hand, one launch each (compiling takes a
+    # while), as forge_plugins/parallel/composition_rules.py reports; tp_compile fails
+    "fsdp_ac_compile": Scenario({"dp_shard": 2, **AC}, COMPILE),
+    "ddp_ac_compile": Scenario({"dp_replicate": 2, **AC}, COMPILE),
+    "tp_ac_compile": Scenario({"tp": 2, **AC}, COMPILE),
+    "pp_1f1b_ac_compile": _pp("1f1b", wrappers=AC, compile=True),
+    "fsdp_compile": Scenario({"dp_shard": 2}, COMPILE),
+    "tp_compile": Scenario({"tp": 2}, COMPILE),
+    "pp_1f1b_compile": _pp("1f1b", compile=True),
     # packed rows under every schedule and attention backend: packed_pp_<schedule>_<backend>
     **{f"packed_pp_{schedule}_{attention}": _pp(schedule, attention=attention)
        for schedule in PP_SCHEDULES for attention in ATTENTION},
@@ -140,6 +165,11 @@ SCENARIOS: dict[str, Scenario] = {
         packed=True),
     "fsdp_tp_tied": Scenario({"dp_shard": 2, "tp": 2}, variant="tied"),
     "fsdp_tp_qknorm": Scenario({"dp_shard": 2, "tp": 2}, variant="qknorm"),
+    "fsdp_tp_ac": Scenario({"dp_shard": 2, "tp": 2, **AC}),
+    "hsdp_ac": Scenario({"dp_replicate": 2, "dp_shard": 2, **AC}),
+    "pp_tp_ac": Scenario({"pp": 2, "tp": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
+    "pp_fsdp_ac": Scenario({"pp": 2, "dp_shard": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
+    "pp_ddp_ac": Scenario({"pp": 2, "dp_replicate": 2, **AC, **pp_options(schedule="gpipe")}, packed=True),
 }
 
 
