@@ -16,6 +16,7 @@ from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.packing import BOUNDARIES, Boundaries, EagerPacker, LazyPacker, RowLayout
 from forge_core.api.parallel import (
     BLOCKS,
+    OUTPUT_HEAD,
     PIPELINE,
     TENSOR_PARALLEL,
     ModelFacts,
@@ -64,8 +65,8 @@ __all__ = [
     "files_fingerprint",
     "PROJECT", "hookimpl", "hookspec",
     "BOUNDARIES", "Boundaries", "EagerPacker", "LazyPacker", "RowLayout",
-    "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
-    "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
+    "BLOCKS", "OUTPUT_HEAD", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext",
+    "ParallelContract", "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "ActiveStrategy", "ChosenSource", "Plan", "Rule", "Severity", "Violation", "get_path",
     "RunContext",

@@ -16,7 +16,8 @@ The parallelism strategies know the model through :meth:`Llama.parallel_contract
 only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
 only) or ``norm`` and ``output`` (last stage only) to ``None``, and forward then takes
 hidden states ``(B, S, dim)`` instead of token ids, or returns hidden states instead of
-logits; the tensor-parallel plan is in :mod:`forge_plugins.models.llama_parallel`.
+logits; the tensor-parallel plan is in :mod:`forge_plugins.models.llama_parallel`; the
+output head is ``output`` (the chunked loss applies it itself).
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
@@ -139,6 +140,7 @@ class Llama(nn.Module):
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=tensor_parallel_plan,
+            output_head="output",
         )
 
     def forward(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_core.api import BLOCKS, DOC_IDS, OUTPUT_HEAD, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
 from forge_plugins.models.options import LlamaOptions, llama_facts
 
 
@@ -17,7 +17,7 @@ def forge_models() -> list[ModelSpec]:
             accepts={DOC_IDS, POSITIONS},
             hf_export="forge_plugins.models.hf_interop:export",
             max_seq_len_option="max_seq_len",
-            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
             facts=llama_facts,
         )
     ]
