@@ -7,12 +7,16 @@ scenario whose model must be refused at build records the error instead. ``test_
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
 
 Every scenario trains the model the way the trainer does (:mod:`forge_core.train`):
-the loss is ``loss_fn``'s token-summed cross-entropy, each data-parallel rank reads its
+the loss is the token-summed cross-entropy that ``train.loss`` names (``build_loss``:
+the full logits, or the chunked loss for the ``*_chunked`` layouts, compared with the
+full-logits single-process run), each data-parallel rank reads its
 own slice of the global batch (``pmodel.dp_rank``), back-propagates through
 ``pmodel.forward_backward`` (the gradient convention of
 :mod:`forge_core.train.parallelize`), clips with ``clip_grad_norm`` and steps plain SGD
 (so a wrong gradient scale or a wrong norm changes the next losses, which Adam would
-hide). The clipping threshold is below the gradient norm, so every step clips.
+hide). The clipping threshold is below the gradient norm, so every step clips. After
+training, the loss of the first batch is evaluated (``pmodel.evaluate``, forward only)
+where the layout offers it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
 from forge_core.train import components
-from forge_core.train.loss import loss_fn
+from forge_core.train.loss import build_loss, loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
 
 VOCAB = 64
@@ -54,6 +58,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
+#: train overrides: the chunked loss, in chunks that do not divide a microbatch's tokens.
+CHUNKED = {"loss": {"name": "chunked", "chunk_tokens": 24}}
 
 
 def pp_options(**options: Any) -> dict[str, Any]:
@@ -74,6 +80,12 @@ SCENARIOS: dict[str, tuple[Any, ...]] = {
     "tp_qknorm": ({"tp": 2}, {}, "qknorm"),
     "tp_sp_qknorm": ({"tp": 2, **SP}, {}, "qknorm"),
     "tp_uncovered": ({"tp": 2}, {}, "qknorm_undeclared"),
+    "ddp_chunked": ({"dp_replicate": 2}, CHUNKED),
+    "fsdp_chunked": ({"dp_shard": 2}, {**CHUNKED, "grad_accum": 2}),
+    "tp_chunked": ({"tp": 2}, CHUNKED),  # vocabulary-sharded: loss parallelism
+    "tp_sp_chunked": ({"tp": 2, **SP}, CHUNKED),
+    "tp_tied_chunked": ({"tp": 2}, CHUNKED, "tied"),
+    "pp_chunked": ({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, CHUNKED),  # the last stage's loss
     # four processes
     "fsdp_tp": ({"dp_shard": 2, "tp": 2}, {}),
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
@@ -82,6 +94,8 @@ SCENARIOS: dict[str, tuple[Any, ...]] = {
     "pp_ddp": ({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, {}),
     "fsdp_tp_tied": ({"dp_shard": 2, "tp": 2}, {}, "tied"),
     "fsdp_tp_qknorm": ({"dp_shard": 2, "tp": 2}, {}, "qknorm"),
+    "fsdp_tp_chunked": ({"dp_shard": 2, "tp": 2}, CHUNKED),
+    "pp_tp_chunked": ({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, CHUNKED),
 }
 
 
@@ -135,7 +149,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
         for micro in range(accum):
             part = {k: v[micro * rows:(micro + 1) * rows] for k, v in local.items()}
-            loss, _ = pmodel.forward_backward(part, loss_fn, global_tokens)
+            loss, _ = pmodel.forward_backward(part, None, global_tokens)  # the model's own loss
             loss_sum += loss.double()
         if pmodel.dp_group is not None:
             dist.all_reduce(loss_sum, group=pmodel.dp_group)
@@ -146,7 +160,20 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)
         norms.append(float(norm))
-    return {"loss": losses, "norm": norms, "time": times}
+    return {"loss": losses, "norm": norms, "time": times, "eval": evaluate(pmodel, data[0])}
+
+
+def evaluate(pmodel: Any, batch: dict[str, torch.Tensor]) -> float | None:
+    """The mean loss of ``batch`` by ``pmodel.evaluate`` (forward only, the model's own
+    loss), or ``None`` for a layout without a forward-only step."""
+    if pmodel.train_step is not None and pmodel.eval_step is None:
+        return None
+    local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
+    loss_sum, _ = pmodel.evaluate(local)
+    total = loss_sum.detach().double().reshape(1)
+    if pmodel.dp_group is not None:
+        dist.all_reduce(total, group=pmodel.dp_group)
+    return float(total) / float((batch[LABELS] != IGNORE_INDEX).sum())
 
 
 def qk_norms(pmodel: Any) -> list[float]:
@@ -154,6 +181,18 @@ def qk_norms(pmodel: Any) -> list[float]:
     return [float(v) for part in pmodel.parts for name, p in sorted(part.named_parameters())
             if name.endswith(("q_norm.weight", "k_norm.weight"))
             for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)]
+
+
+def vocab_shard(pmodel: Any) -> list[int] | None:
+    """``[first row, rows]`` of the output head's vocabulary this rank computes logits
+    for under the chunked loss (``None`` for the full loss)."""
+    from forge_core.train.chunked_loss import _vocab_shard
+
+    head = getattr(pmodel.loss_fn, "head", None)
+    if head is None:
+        return None
+    _, offset, weight, _ = _vocab_shard(head.weight, None)
+    return [offset, weight.shape[0]]
 
 
 def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
@@ -173,18 +212,20 @@ def main() -> None:
         reference = "reference" if variant == "llama" else f"reference:{variant}"
         if reference not in results and variant != "qknorm_undeclared":
             ref_plan = make_plan(registries, {}, {}, variant)
-            ref_model = single_process(build_model(ref_plan, registries))
+            ref_model = single_process(build_model(ref_plan, registries), loss_fn)
             start = qk_norms(ref_model)
             results[reference] = {**train(ref_model, ref_plan, data), "qk_start": start, "qk_norms": qk_norms(ref_model)}
         plan = make_plan(registries, parallel, train_over, variant, world)
         try:
-            pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
+            model = build_model(plan, registries)
+            pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config))
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
         got = train(pmodel, plan, data)
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel)})
+        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "qk_norms": qk_norms(pmodel),
+                                       "vocab_shard": vocab_shard(pmodel)})
         results[name] = {**got, "reference": reference, "ranks": every}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
             results[name]["probe_ids"] = data[0][INPUT_IDS][:2].tolist()
@@ -201,6 +242,12 @@ def save_checkpoint(pmodel: Any, run_dir: str) -> None:
     """Save with the trainer's checkpoint manager (DCP, each rank writes its shards)."""
     from forge_core.train.checkpoint import CheckpointManager
 
+    # FSDP keeps the root's parameters gathered after a forward until the next backward
+    # (the probe was forward only); the trainer builds its optimizers before any
+    # forward, these are built now, so shard first: they must hold the sharded ones.
+    for part in pmodel.parts:
+        if hasattr(part, "reshard"):
+            part.reshard()
     optimizers = [torch.optim.SGD(part.parameters(), lr=LR) for part in pmodel.parts]
     CheckpointManager(run_dir, keep=1, rank=dist.get_rank(), world_size=dist.get_world_size()).save(
         STEPS, pmodel.parts, optimizers, {"step": STEPS}

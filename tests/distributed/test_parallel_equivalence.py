@@ -8,6 +8,12 @@ with tied embeddings for the ``*_tied`` layouts and, for ``*_qknorm``, a third-p
 variant with per-head q/k norms its tensor-parallel plan declares ``partial``
 (:mod:`variants`); each layout is compared with a single-process run of its own model.
 
+The ``*_chunked`` layouts train with the chunked loss (``train.loss.name: chunked``,
+chunks of 24 tokens): under tp the head stays sharded along the vocabulary and the
+log-sum-exp is combined across ranks, under pp it runs on the last stage, under
+FSDP/DDP beside the data-parallel gradient sums; each is compared with the FULL-logits
+single-process run.
+
 Tolerance: everything is fp32 and the layouts compute the same sums in a different
 order (a row-wise split adds partial products per rank and then across ranks; FSDP
 reduces gradient shards; the pipeline adds microbatch losses). That moves results by a
@@ -25,13 +31,16 @@ import pytest
 import torch
 
 from harness import run_scenarios
+from scenarios import VOCAB
 
 pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
+CHUNKED_TWO = ["ddp_chunked", "fsdp_chunked", "tp_chunked", "tp_sp_chunked", "tp_tied_chunked", "pp_chunked"]
+CHUNKED_FOUR = ["fsdp_tp_chunked", "pp_tp_chunked"]
 TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "pp_1f1b", "pp_interleaved",
-       "tp_tied", "tp_qknorm", "tp_sp_qknorm"]
-FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm"]
+       "tp_tied", "tp_qknorm", "tp_sp_qknorm", *CHUNKED_TWO]
+FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "fsdp_tp_tied", "fsdp_tp_qknorm", *CHUNKED_FOUR]
 REFUSED = ["tp_uncovered"]
 
 
@@ -99,6 +108,29 @@ def test_a_parameter_outside_the_tensor_parallel_plan_is_refused_at_build(two):
     assert "model 'qknorm_undeclared'" in error
     assert "layers.0.attention.q_norm.weight" in error and "layers.3.attention.k_norm.weight" in error
     assert "replicated" in error and "partial" in error  # the fix names both ways to declare them
+
+
+@pytest.mark.parametrize("name", CHUNKED_TWO + CHUNKED_FOUR)
+def test_chunked_loss_evaluates_like_the_full_loss_of_one_process(two, four, name):
+    """``pmodel.evaluate`` (forward only, the model's own loss: chunked, vocabulary-
+    sharded under tp) after training equals the full-logits loss of the single-process
+    run; the training losses and norms are compared by the tests above. Layouts without
+    a forward-only step (pipeline) record none."""
+    results = two if name in two else four
+    got, ref = results[name], results[results[name]["reference"]]
+    # Loss parallelism: under tp each rank computes the logits of its half of the
+    # vocabulary only (pp x tp: the first stage's ranks hold no head to shard).
+    shards = {tuple(rank["vocab_shard"]) for rank in got["ranks"]}
+    halves = {(0, VOCAB // 2), (VOCAB // 2, VOCAB // 2)}
+    if "tp" not in name:
+        assert shards == {(0, VOCAB)}
+    else:
+        assert shards == (halves | {(0, VOCAB)} if name.startswith("pp") else halves)
+    if name.startswith("pp"):
+        assert got["eval"] is None
+        return
+    assert got["eval"] == pytest.approx(ref["eval"], rel=RTOL)
+    assert got["eval"] < ref["loss"][0]  # evaluated after training: a real, trained loss
 
 
 def test_reference_run_really_trains(two):
