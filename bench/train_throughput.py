@@ -15,7 +15,7 @@ precision, then where each configuration's time goes.
   1,024, a vocabulary of 32,768: byte tokens, the embedding and output layer padded to
   32,768 rows, so the output layer and the loss cost what a 32k tokenizer's do).
 - Forge uses ``train.loss.name: chunked`` where the vocabulary is 32k (the full logits
-  where it is 258: nothing to save there), its ``adamw`` plugin and its trainer step;
+  where it is 258: nothing to save there; ``--forge-loss`` overrides), its ``adamw`` plugin and its trainer step;
   transformers the step a user writes (forward, ``F.cross_entropy`` over the float
   logits, backward, ``clip_grad_norm_``, ``torch.optim.AdamW`` with the same
   hyperparameters). Both start from Forge's initial weights and read the same packed
@@ -84,9 +84,16 @@ class PaddedVocab:
                               impl="train_throughput:PaddedByteTokenizer")]
 
 
+def forge_loss(cfg: dict) -> str:
+    """``--forge-loss``; ``auto``: chunked at a 32k vocabulary, the full logits at 258."""
+    if cfg["forge_loss"] != "auto":
+        return cfg["forge_loss"]
+    return "chunked" if cfg["vocab"] else "full"
+
+
 def forge_config(cfg: dict, out_dir: str) -> dict:
     padded = cfg["vocab"] > 0
-    loss = {"name": "chunked"} if padded else {"name": "full"}
+    loss = {"name": forge_loss(cfg)}
     return {
         "run": {"name": "bench", "out_dir": out_dir, "seed": 0, "device": cfg["device"]},
         "model": {"name": "llama", "options": {"dim": cfg["dim"], "n_layers": cfg["layers"], "n_heads": cfg["heads"],
@@ -351,8 +358,8 @@ def report(results: list[dict]) -> None:
         print("| config | tokens/s | CPU s/step | peak RSS MiB | steps' peak RSS MiB (rise) | first loss | MFU |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
-            loss = "chunked" if r["framework"] == "forge" and s["vocab"] else ""
-            name = f"{r['framework']} {r['mode']}{' (chunked loss)' if loss else ''}"
+            loss = f" ({forge_loss(r)} loss)" if r["framework"] == "forge" else ""
+            name = f"{r['framework']} {r['mode']}{loss}"
             mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
             print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} | {_mib(r['peak_rss_mib'])} | "
                   f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) | {r['first_loss']:.4f} | {mfu} |")
@@ -381,6 +388,8 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
     p.add_argument("--warmup", type=int, default=2, help="steps before measuring (the first compiles)")
     p.add_argument("--steps", type=int, default=4, help="measured steps per configuration")
+    p.add_argument("--forge-loss", default="auto", choices=("auto", "full", "chunked"),
+                   help="Forge's train.loss.name (auto: chunked at the 32k vocabulary, full at 258)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default, one per core)")
     p.add_argument("--json", help="also write every configuration's results here")
@@ -405,7 +414,7 @@ def main() -> int:
                 for framework in ("forge", "hf"):
                     cfg = {**SHAPES[shape], "shape": shape, "precision": precision, "mode": mode,
                            "framework": framework, "warmup": args.warmup, "steps": args.steps,
-                           "device": args.device, "threads": args.threads}
+                           "device": args.device, "threads": args.threads, "forge_loss": args.forge_loss}
                     t0 = time.perf_counter()
                     results.append(run_config(cfg))
                     print(f"[{time.perf_counter() - started:5.0f}s] {shape} {precision} {mode} {framework}: "
