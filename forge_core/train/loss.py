@@ -12,6 +12,9 @@ the model returns (``full``), or :class:`~forge_core.train.chunked_loss.ChunkedL
 over the hidden states a model returns once the loss has taken over its output head
 (``chunked``). The trainer, :meth:`~forge_core.train.parallelize.ParallelModel.evaluate`
 and the last pipeline stage call whichever was built, through ``ParallelModel.loss_fn``.
+The choice is a ``train`` setting, not a model option: the loss is the trainer's, the
+same for every model; a model only declares where its output head is
+(``ParallelContract.output_head``), and a rule refuses ``chunked`` for one that does not.
 """
 
 from __future__ import annotations
