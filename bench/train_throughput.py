@@ -1,66 +1,135 @@
 """Training throughput: Forge's loop vs ``transformers.LlamaForCausalLM`` in a plain
-PyTorch loop, same model shape, batch, sequence length, optimizer and data.
+PyTorch loop, like with like: eager against eager, compiled against compiled
+(``train.compile`` for Forge, ``torch.compile(model)`` for transformers), at the same
+model shape, weights, batches, optimizer and precision.
 
-    python bench/train_throughput.py [--compile] [--precision bf16] [--rounds 3 --steps 4]
+    python bench/train_throughput.py [--shapes quickstart vocab32k] [--precisions fp32 bf16]
+                                     [--modes eager compiled] [--warmup 2 --steps 4]
 
-Both models live in this process and run alternately (``--rounds`` blocks of
-``--steps`` steps each, after warm-up), so machine noise hits both alike. Both start
-from the same weights (Forge's init copied into the Hugging Face model), read the same
-packed rows (stdlib corpus, byte tokenizer, ``concat`` without document isolation so
-both compute plain causal attention) and use AdamW with the same hyperparameters: the
-Hugging Face side is what a user writes (``torch.optim.AdamW(model.parameters(), ...)``,
-PyTorch's default implementation for the device), Forge's is its ``adamw`` plugin.
+Every configuration (shape x precision x mode x framework) runs in a fresh process, so
+each reports its own peak resident memory; the driver prints one table per shape and
+precision, then where each configuration's time goes.
 
-Prints tokens/s of each (median over blocks), the ratio, the first-step losses (equal
-up to float noise: same weights, same batch) and Forge's MFU against the measured matmul
-peak (``train.peak_tflops: 0``; measured once and cached in ~/.cache/forge).
+- Shapes: ``quickstart`` (dim 256, 4 layers, 4 heads / 2 kv heads, batch 16 x sequence
+  256, the byte vocabulary of 258) and ``vocab32k`` (the same blocks, batch 2 x sequence
+  1,024, a vocabulary of 32,768: byte tokens, the embedding and output layer padded to
+  32,768 rows, so the output layer and the loss cost what a 32k tokenizer's do).
+- Forge uses ``train.loss.name: chunked`` where the vocabulary is 32k (the full logits
+  where it is 258: nothing to save there; ``--forge-loss`` overrides), its ``adamw`` plugin and its trainer step;
+  transformers the step a user writes (forward, ``F.cross_entropy`` over the float
+  logits, backward, ``clip_grad_norm_``, ``torch.optim.AdamW`` with the same
+  hyperparameters). Both start from Forge's initial weights and read the same packed
+  rows in the same order (stdlib corpus, byte tokenizer, ``concat`` without document
+  isolation, so both compute plain causal attention with sdpa).
+- Per configuration: tokens/s (median step), CPU seconds per step (process time: steadier
+  than wall-clock on a shared machine), peak RSS of the whole process and of the measured
+  steps alone (``/proc/self/clear_refs`` resets the high-water mark after warm-up;
+  Linux), peak allocated memory on CUDA, the first step's loss (the same weights and batch
+  give the same loss up to rounding), Forge's MFU against the measured matmul peak.
+- The profile (one more step under ``torch.profiler``) splits self time into matmul,
+  attention, norms, loss, optimizer (clipping included), data, fused (compiled kernels
+  that are not a matmul: norms, rotary, activations fused together) and other. Ops are
+  classified by name (matmuls, attention) or by the labelled region they run in (data,
+  loss, optimizer, norms: a range around every RMSNorm in eager mode); a backward op
+  takes the category of the forward op that created it (the autograd sequence number).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, TokenizerSpec, hookimpl
+
+SHAPES = {
+    "quickstart": {"dim": 256, "layers": 4, "heads": 4, "kv_heads": 2, "seq": 256, "batch": 16, "vocab": 0},
+    "vocab32k": {"dim": 256, "layers": 4, "heads": 4, "kv_heads": 2, "seq": 1024, "batch": 2, "vocab": 32768},
+}
+CATEGORIES = ("matmul", "attention", "norms", "loss", "optimizer", "data", "fused", "other")
+LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.95), 0.1, 1.0
 
 
-def forge_config(args: argparse.Namespace, out_dir: str) -> dict:
+class PaddedByteTokenizer:
+    """The byte tokenizer with its vocabulary padded to ``vocab_size`` rows (ids above
+    257 never occur in the data; the model's embedding and output layer are that large)."""
+
+    vocab_size = 258
+
+    def __init__(self, options: Any = None) -> None:
+        from forge_plugins.tokenizers.byte import ByteTokenizer
+
+        self.inner = ByteTokenizer()
+        self.eos_id, self.pad_id = self.inner.eos_id, self.inner.pad_id
+        self.identity = f"{self.inner.identity}:padded={self.vocab_size}"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class PaddedVocab:
+    @hookimpl
+    def forge_tokenizers(self):
+        return [TokenizerSpec(name="byte_padded", summary="byte tokens, vocabulary padded",
+                              impl="train_throughput:PaddedByteTokenizer")]
+
+
+def forge_loss(cfg: dict) -> str:
+    """``--forge-loss``; ``auto``: chunked at a 32k vocabulary, the full logits at 258."""
+    if cfg["forge_loss"] != "auto":
+        return cfg["forge_loss"]
+    return "chunked" if cfg["vocab"] else "full"
+
+
+def forge_config(cfg: dict, out_dir: str) -> dict:
+    padded = cfg["vocab"] > 0
+    loss = {"name": forge_loss(cfg)}
     return {
-        "run": {"name": "bench", "out_dir": out_dir, "seed": 0, "device": "cpu"},
-        "model": {"name": "llama", "options": {"dim": args.dim, "n_layers": args.layers, "n_heads": args.heads,
-                                               "n_kv_heads": args.kv_heads, "max_seq_len": args.seq}},
-        "attention": {"backend": args.backend},
-        "data": {"source": "stdlib", "source_options": {"max_bytes": 2_000_000}, "tokenizer": "byte",
-                 "packer": "concat", "packer_options": {"isolate": args.isolate}, "seq_len": args.seq},
-        "train": {"steps": 10**6, "batch_size": args.batch, "lr": 1e-3, "warmup_steps": 0, "schedule": "constant",
-                  "optimizer": "adamw", "optimizer_options": {"weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95},
-                  "grad_clip": 1.0, "precision": args.precision, "compile": args.compile, "peak_tflops": 0.0},
+        "run": {"name": "bench", "out_dir": out_dir, "seed": 0, "device": cfg["device"]},
+        "model": {"name": "llama", "options": {"dim": cfg["dim"], "n_layers": cfg["layers"], "n_heads": cfg["heads"],
+                                               "n_kv_heads": cfg["kv_heads"], "max_seq_len": cfg["seq"]}},
+        "attention": {"backend": "sdpa"},
+        "data": {"source": "stdlib", "source_options": {"max_bytes": 2_000_000},
+                 "tokenizer": "byte_padded" if padded else "byte", "packer": "concat",
+                 "packer_options": {"isolate": False}, "seq_len": cfg["seq"]},
+        "train": {"steps": 10**6, "batch_size": cfg["batch"], "lr": LR, "warmup_steps": 0, "schedule": "constant",
+                  "optimizer": "adamw", "grad_clip": GRAD_CLIP, "precision": cfg["precision"],
+                  "optimizer_options": {"weight_decay": WEIGHT_DECAY, "beta1": BETAS[0], "beta2": BETAS[1]},
+                  "compile": cfg["mode"] == "compiled" and cfg["framework"] == "forge", "peak_tflops": 0.0,
+                  "loss": loss},
         "checkpoint": {"resume": "never"},
         "logging": {"loggers": []},
     }
 
 
-def build_forge(args: argparse.Namespace, tmp: str):
+def build_forge(cfg: dict, tmp: str):
     from forge_core.judge import judge
     from forge_core.train.distributed import setup
     from forge_core.train.trainer import Trainer
 
+    import train_throughput  # the module the tokenizer spec names (this file, imported by name)
+
+    train_throughput.PaddedByteTokenizer.vocab_size = cfg["vocab"] or 258
     path = Path(tmp) / "bench.yaml"
-    path.write_text(yaml.safe_dump(forge_config(args, str(Path(tmp) / "run"))))
-    result = judge(str(path), [], 1)
+    path.write_text(yaml.safe_dump(forge_config(cfg, str(Path(tmp) / "run"))))
+    result = judge(str(path), [], 1, extra_plugins=(("bench_vocab", PaddedVocab()),))
     assert not result.errors, result.errors
-    trainer = Trainer(result.plan, result.registries, setup("cpu"))
+    trainer = Trainer(result.plan, result.registries, setup(cfg["device"]))
     trainer.build()
     return trainer
 
 
-def build_hf(args: argparse.Namespace, trainer):
+def build_hf(trainer, compiled: bool):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -68,8 +137,9 @@ def build_hf(args: argparse.Namespace, trainer):
     from forge_plugins.models.options import ffn_hidden_size
 
     options = trainer.config.model.options
+    part = trainer.pmodel.parts[0]
     config = LlamaConfig(
-        vocab_size=int(trainer.tokenizer.vocab_size), hidden_size=options.dim,
+        vocab_size=part.vocab_size, hidden_size=options.dim,
         intermediate_size=ffn_hidden_size(options), num_hidden_layers=options.n_layers,
         num_attention_heads=options.n_heads, num_key_value_heads=options.n_kv_heads,
         max_position_embeddings=options.max_seq_len, rms_norm_eps=options.norm_eps,
@@ -77,131 +147,282 @@ def build_hf(args: argparse.Namespace, trainer):
         attention_bias=False, mlp_bias=False,
     )
     config._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(config)
-    forge_state = trainer.pmodel.parts[0].state_dict()
-    mapped = {to_hf_key(k): v.detach().clone() for k, v in forge_state.items() if not k.startswith("rope")}
+    model = LlamaForCausalLM(config).to(trainer.placement.device)
+    mapped = {to_hf_key(k): v.detach().clone() for k, v in part.state_dict().items() if not k.startswith("rope")}
     missing, unexpected = model.load_state_dict(mapped, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    return model, optimizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    return (torch.compile(model) if compiled else model), model, optimizer
 
 
-def hf_step(model, optimizer, batch, precision: str, grad_clip: float) -> tuple[float, float]:
-    """One step as a user writes it; returns (loss, seconds)."""
+def hf_step(model, params, optimizer, loader, precision: str, device) -> float:
+    """One step as a user writes it (ranges label it for the profile); returns the loss."""
     import torch
     import torch.nn.functional as F
+    from torch.profiler import record_function
 
-    t0 = time.perf_counter()
-    x, y = batch[INPUT_IDS], batch[LABELS]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with record_function("bench.data"):
+        batch = next(loader)
+        x, y = batch[INPUT_IDS].to(device), batch[LABELS].to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
         logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
+        with record_function("bench.loss"):
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    with record_function("bench.optimizer"):
+        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     value = loss.item()
-    return value, time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return value
 
 
-def profile_breakdown(name: str, fn) -> None:
-    """Where one step's CPU time goes: matmuls, attention, compiled (fused) kernels,
-    optimizer, everything else (mostly eager elementwise ops)."""
+def label_forge(trainer) -> None:
+    """Labelled ranges around Forge's data, loss and optimizer, for the profile."""
+    import forge_core.train.trainer as trainer_module
+    from torch.profiler import record_function
+
+    def labelled(name, fn):
+        def call(*args, **kwargs):
+            with record_function(name):
+                return fn(*args, **kwargs)
+        return call
+
+    loader = trainer.loader
+    trainer.loader = type("Labelled", (), {"__next__": lambda self: labelled("bench.data", loader.__next__)(),
+                                           "close": lambda self: loader.close()})()
+    trainer.pmodel.loss_fn = labelled("bench.loss", trainer.pmodel.loss_fn)
+    trainer_module.clip_grad_norm = labelled("bench.optimizer", trainer_module.clip_grad_norm)
+    for optimizer in trainer.optimizers:
+        optimizer.step = labelled("bench.optimizer", optimizer.step)
+        optimizer.zero_grad = labelled("bench.optimizer", optimizer.zero_grad)
+
+
+def label_norms(model) -> None:
+    """A ``bench.norms`` range around every RMSNorm's forward (eager only: inside a
+    compiled graph the norms are fused with their neighbours)."""
+    from torch.profiler import record_function
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            ranges: list = []
+            module.register_forward_pre_hook(lambda m, a, r=ranges: r.append(record_function("bench.norms").__enter__()))
+            module.register_forward_hook(lambda m, a, o, r=ranges: r.pop().__exit__(None, None, None))
+
+
+def _category(event, labels_by_seq: dict[int, str]) -> str:
+    name = event.name
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int8pack_mm") or \
+            name.startswith("mkldnn::") or "linear" in name and name.startswith("aten::"):
+        return "matmul"
+    if "scaled_dot_product" in name or "flash_attention" in name or "flex_attention" in name:
+        return "attention"
+    node = event
+    while node is not None:
+        if node.name.startswith("bench."):
+            return node.name[len("bench."):]
+        if node.name.startswith("autograd::engine::evaluate_function"):
+            return labels_by_seq.get(node.sequence_nr, "other")
+        if "CompiledFxGraph" in node.name or "Torch-Compiled Region" in node.name or "CompiledFunction" in node.name:
+            return "fused"
+        node = node.cpu_parent
+    return "other"
+
+
+def _forward_label(event) -> str | None:
+    node = event.cpu_parent
+    while node is not None:
+        if node.name.startswith("bench."):
+            return node.name[len("bench."):]
+        node = node.cpu_parent
+    return None
+
+
+def profile_step(step) -> dict[str, float]:
+    """Self CPU milliseconds per category for one call of ``step``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    cats: dict[str, float] = {}
-    for e in events:
-        key = e.key
-        if key in ("aten::mm", "aten::addmm", "aten::bmm"):
-            cat = "matmul"
-        elif "scaled_dot_product" in key or "flash_attention" in key:
-            cat = "attention"
-        elif "CompiledFxGraph" in key or "cpp_fused" in key:
-            cat = "compiled"
-        elif "_foreach" in key or "Optimizer" in key or "adam" in key.lower():
-            cat = "optimizer"
+        step()
+    events = list(prof.events())
+    labels_by_seq = {}
+    for event in events:
+        if event.sequence_nr >= 0 and not event.name.startswith("autograd::"):
+            label = _forward_label(event)
+            if label is not None:
+                labels_by_seq.setdefault(event.sequence_nr, label)
+    times = dict.fromkeys(CATEGORIES, 0.0)
+    for event in events:
+        times[_category(event, labels_by_seq)] += event.self_cpu_time_total / 1e3
+    return times
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def worker(cfg: dict) -> dict:
+    """Build and measure one configuration in this process."""
+    import torch
+    import transformers  # noqa: F401 - both frameworks' processes carry the same imports
+
+    if cfg["threads"] > 0:
+        torch.set_num_threads(cfg["threads"])
+    device = torch.device(cfg["device"])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_forge(cfg, tmp)
+        forge = cfg["framework"] == "forge"
+        if forge:
+            if cfg["mode"] == "eager":
+                label_norms(trainer.pmodel.parts[0])
+            step = lambda: trainer.train_step()  # noqa: E731
+            first = trainer.train_step()["loss"]
         else:
-            cat = "other"
-        cats[cat] = cats.get(cat, 0.0) + e.self_cpu_time_total
-    parts = ", ".join(f"{k} {v / total:.0%} ({v / 1e3:,.0f} ms)" for k, v in sorted(cats.items(), key=lambda kv: -kv[1]))
-    print(f"profile {name}: {total / 1e3:,.0f} ms CPU: {parts}")
+            from forge_core.data.loader import StatefulLoader
+
+            # The same batches in the same order as Forge's loader.
+            loader = StatefulLoader(trainer.loader.rows, cfg["batch"], seed=0, shuffle=True)
+            run_model, model, optimizer = build_hf(trainer, cfg["mode"] == "compiled")
+            params = list(model.parameters())
+            del trainer.pmodel, trainer.optimizers  # Forge's model is not part of this measurement
+            if cfg["mode"] == "eager":
+                label_norms(model)
+
+            def step():
+                return hf_step(run_model, params, optimizer, loader, cfg["precision"], device)
+
+            first = step()
+        for _ in range(cfg["warmup"] - 1):
+            step()
+        if forge:
+            label_forge(trainer)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS to the current RSS
+            steady = _rss_kib("VmRSS")
+        except OSError:
+            steady = None
+        walls, cpus, mfus = [], [], []
+        for _ in range(cfg["steps"]):
+            c0, t0 = time.process_time(), time.perf_counter()
+            out = step()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+            if forge:
+                mfus.append(out["mfu"])
+        steps_peak = _rss_kib("VmHWM") if steady is not None else None
+        profile = profile_step(step)
+    tokens = cfg["batch"] * cfg["seq"]
+    return {
+        **cfg,
+        "tokens_per_s": tokens / statistics.median(walls),
+        "cpu_s_per_step": statistics.median(cpus),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "steps_peak_rss_mib": None if steps_peak is None else steps_peak / 1024,
+        "steps_rss_rise_mib": None if steps_peak is None else (steps_peak - steady) / 1024,
+        "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "first_loss": float(first),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "profile_ms": profile,
+    }
+
+
+def run_config(cfg: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"configuration {cfg} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def report(results: list[dict]) -> None:
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["shape"], r["precision"]), []).append(r)
+    for (shape, precision), rows in groups.items():
+        s = SHAPES[shape]
+        print(f"\n## {shape}: dim {s['dim']}, {s['layers']} layers, batch {s['batch']} x seq {s['seq']}, vocab "
+              f"{s['vocab'] or 258}; {precision}")
+        print("| config | tokens/s | CPU s/step | peak RSS MiB | steps' peak RSS MiB (rise) | first loss | MFU |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            loss = f" ({forge_loss(r)} loss)" if r["framework"] == "forge" else ""
+            name = f"{r['framework']} {r['mode']}{loss}"
+            mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} | {_mib(r['peak_rss_mib'])} | "
+                  f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) | {r['first_loss']:.4f} | {mfu} |")
+        by = {(r["framework"], r["mode"]): r for r in rows}
+        for mode in ("eager", "compiled"):
+            forge, hf = by.get(("forge", mode)), by.get(("hf", mode))
+            if forge and hf:
+                print(f"forge/hf {mode}: {forge['tokens_per_s'] / hf['tokens_per_s']:.2f}x tokens/s, "
+                      f"{hf['cpu_s_per_step'] / forge['cpu_s_per_step']:.2f}x per CPU-second, "
+                      f"peak RSS {forge['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x, steps' peak "
+                      f"{forge['steps_peak_rss_mib'] / hf['steps_peak_rss_mib']:.2f}x"
+                      if forge["steps_peak_rss_mib"] and hf["steps_peak_rss_mib"] else "")
+    print("\n## Where a step's CPU time goes (self time, one profiled step; % of the step)")
+    print("| config | ms | " + " | ".join(CATEGORIES) + " |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " |")
+    for r in results:
+        total = sum(r["profile_ms"].values())
+        cells = " | ".join(f"{100 * r['profile_ms'][c] / total:.0f}%" for c in CATEGORIES)
+        print(f"| {r['shape']} {r['precision']} {r['framework']} {r['mode']} | {total:,.0f} | {cells} |")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--backend", default="sdpa")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--compile", action="store_true", help="train.compile: true for Forge (the HF loop stays eager)")
-    p.add_argument("--isolate", action="store_true", help="Forge isolates documents (HF cannot: it attends across)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=2, help="steps per block")
-    p.add_argument("--rounds", type=int, default=6, help="alternating blocks per framework")
-    p.add_argument("--profile", action="store_true", help="also print where one step of each spends its time")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads for both (0: PyTorch's default, one per core); 1 is steadier on a busy machine")
+    p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["quickstart", "vocab32k"])
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
+    p.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
+    p.add_argument("--warmup", type=int, default=2, help="steps before measuring (the first compiles)")
+    p.add_argument("--steps", type=int, default=4, help="measured steps per configuration")
+    p.add_argument("--forge-loss", default="auto", choices=("auto", "full", "chunked"),
+                   help="Forge's train.loss.name (auto: chunked at the 32k vocabulary, full at 258)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default, one per core)")
+    p.add_argument("--json", help="also write every configuration's results here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))), flush=True)
+        return 0
+    if args.warmup < 1 or args.steps < 1:
+        p.error("--warmup and --steps must be at least 1")
+    if "bf16" in args.precisions and args.device == "cpu":
+        from forge_core.train.precision import cpu_has_bf16
 
-    import torch
-
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_forge(args, tmp)
-        model, optimizer = build_hf(args, trainer)
-        rows = trainer.loader.rows
-        tokens_per_step = args.batch * args.seq
-        # The HF loop reads the same batches in the same order as Forge's loader.
-        from forge_core.data.loader import StatefulLoader
-
-        hf_loader = StatefulLoader(rows, args.batch, seed=0, shuffle=True)
-
-        first_forge = trainer.train_step()
-        first_hf, _ = hf_step(model, optimizer, next(hf_loader), args.precision, 1.0)
-        for _ in range(args.warmup - 1):
-            trainer.train_step()
-            hf_step(model, optimizer, next(hf_loader), args.precision, 1.0)
-
-        forge_rates, hf_rates, forge_cpu, hf_cpu, mfus = [], [], [], [], []
-        for _ in range(args.rounds):
-            c0 = time.process_time()
-            metrics = [trainer.train_step() for _ in range(args.steps)]
-            forge_cpu.append(tokens_per_step * len(metrics) / (time.process_time() - c0))
-            forge_rates.append(tokens_per_step * len(metrics) / sum(m["step_time"] for m in metrics))
-            mfus.extend(m["mfu"] for m in metrics)
-            c0 = time.process_time()
-            times = [hf_step(model, optimizer, next(hf_loader), args.precision, 1.0)[1] for _ in range(args.steps)]
-            hf_cpu.append(tokens_per_step * len(times) / (time.process_time() - c0))
-            hf_rates.append(tokens_per_step * len(times) / sum(times))
-
-        forge, hf = statistics.median(forge_rates), statistics.median(hf_rates)
-        cpu_ratio = statistics.median(forge_cpu) / statistics.median(hf_cpu)
-        params = sum(p.numel() for p in model.parameters())
-        print(f"shape: dim {args.dim}, {args.layers} layers, {args.heads} heads ({args.kv_heads} kv), "
-              f"{params / 1e6:.2f}M params; batch {args.batch} x seq {args.seq}; {args.precision}; "
-              f"attention {args.backend}{' (documents isolated)' if args.isolate else ''}; "
-              f"forge compile {args.compile}; torch threads {torch.get_num_threads()}")
-        print(f"first-step loss: forge {first_forge['loss']:.5f}  hf {first_hf:.5f}")
-        print(f"forge: {forge:,.0f} tokens/s  (blocks: {', '.join(f'{r:,.0f}' for r in forge_rates)})")
-        print(f"hf:    {hf:,.0f} tokens/s  (blocks: {', '.join(f'{r:,.0f}' for r in hf_rates)})")
-        print(f"ratio forge/hf: {forge / hf:.2f}x wall-clock; {cpu_ratio:.2f}x per CPU-second "
-              f"(forge {statistics.median(forge_cpu):,.0f}, hf {statistics.median(hf_cpu):,.0f} tokens per "
-              f"CPU-second: steadier than wall-clock on a shared machine)")
-        print(f"forge MFU: {statistics.median(mfus):.1%} of the measured matmul peak "
-              f"({trainer.peak / 1e9:,.1f} GFLOP/s)")
-        if args.profile:
-            profile_breakdown("forge", trainer.train_step)
-            profile_breakdown("hf", lambda: hf_step(model, optimizer, next(hf_loader), args.precision, 1.0))
+        if not cpu_has_bf16():
+            print("note: this CPU has no native bf16 (AVX512_BF16/AMX): bf16 skipped", file=sys.stderr)
+            args.precisions = [x for x in args.precisions if x != "bf16"]
+    results = []
+    started = time.perf_counter()
+    for shape in args.shapes:
+        for precision in args.precisions:
+            for mode in args.modes:
+                for framework in ("forge", "hf"):
+                    cfg = {**SHAPES[shape], "shape": shape, "precision": precision, "mode": mode,
+                           "framework": framework, "warmup": args.warmup, "steps": args.steps,
+                           "device": args.device, "threads": args.threads, "forge_loss": args.forge_loss}
+                    t0 = time.perf_counter()
+                    results.append(run_config(cfg))
+                    print(f"[{time.perf_counter() - started:5.0f}s] {shape} {precision} {mode} {framework}: "
+                          f"{results[-1]['tokens_per_s']:,.0f} tokens/s ({time.perf_counter() - t0:.0f}s)",
+                          file=sys.stderr, flush=True)
+    report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
 

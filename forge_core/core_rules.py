@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from forge_core.api import DOC_IDS, Plan, Rule, hookimpl
+from forge_core.api import DOC_IDS, OUTPUT_HEAD, Plan, Rule, hookimpl
 from forge_core.parallel_dims import MESH_DIMS
 
 
@@ -91,6 +91,19 @@ def check_model_supports_strategies(ctx: Plan) -> list[str]:
             f"how to split or shard it. Switch the strategy off ({off}) or choose a model that supports it"
         )
     return problems
+
+
+def check_loss_finds_head(ctx: Plan) -> str | None:
+    """The chunked loss applies the model's output head itself: the model must say where
+    it is."""
+    model = ctx.specs["model"]
+    if ctx.config.train.loss.name != "chunked" or OUTPUT_HEAD in model.supports:
+        return None
+    return (
+        f"train.loss.name: chunked computes the output projection and the cross-entropy chunk by chunk, "
+        f"so it must apply the model's output head itself, but model {model.name!r} does not declare "
+        f"{OUTPUT_HEAD} (its spec supports: {', '.join(sorted(model.supports)) or 'nothing'})"
+    )
 
 
 def check_honours_doc_ids(ctx: Plan) -> str | None:
@@ -217,6 +230,16 @@ RULES = [
         fix="Set the strategy's degree back to 1 (or drop the wrapper), or choose a model whose spec "
         "supports it. Model authors: declare the piece in ModelSpec.supports and supply it from the "
         "model's parallel_contract() (forge_core.api.ParallelContract).",
+    ),
+    Rule(
+        id="train.loss-needs-output-head",
+        severity="error",
+        paths=("train.loss.name", "model.name"),
+        summary="The chunked loss needs a model that declares its output head.",
+        check=check_loss_finds_head,
+        fix="Set train.loss.name: full, or choose a model that supports it. Model authors: declare "
+        "OUTPUT_HEAD in ModelSpec.supports and name the head in parallel_contract().output_head "
+        "(forge_core.api.ParallelContract).",
     ),
     Rule(
         id="attention.honours-doc-ids",

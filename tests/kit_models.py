@@ -16,6 +16,7 @@ from torch import nn
 from forge_core.api import (
     BLOCKS,
     DOC_IDS,
+    OUTPUT_HEAD,
     PIPELINE,
     POSITIONS,
     TENSOR_PARALLEL,
@@ -30,6 +31,7 @@ from forge_core.api import (
 FLAWS = (
     "own_attention", "prepare_without_doc_ids", "shifts_across_documents", "plan_misses_q_norm", "plan_stale_path",
     "stage_crash", "stage_drops_doc_ids", "wrong_facts", "supports_without_split", "build_forward_needs_metadata",
+    "head_not_linear",
 )
 
 
@@ -50,7 +52,8 @@ def kit_facts(options: KitOptions) -> ModelFacts:
 
 def spec(**changes) -> ModelSpec:
     fields = dict(name="kitdecoder", summary="test decoder", impl="kit_models:build", options=KitOptions,
-                  accepts={DOC_IDS, POSITIONS}, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=kit_facts)
+                  accepts={DOC_IDS, POSITIONS}, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
+                  facts=kit_facts)
     return ModelSpec(**{**fields, **changes})
 
 
@@ -126,7 +129,8 @@ class Decoder(nn.Module):
     def parallel_contract(self) -> ParallelContract:
         split = None if self.o.flaw == "supports_without_split" else PipelineSplit(first=("embed",),
                                                                                    last=("final_norm", "lm_head"))
-        return ParallelContract(blocks="stack", pipeline=split, tensor_parallel=self.plan)
+        head = "final_norm" if self.o.flaw == "head_not_linear" else "lm_head"
+        return ParallelContract(blocks="stack", pipeline=split, tensor_parallel=self.plan, output_head=head)
 
     def plan(self, *, sequence_parallel: bool) -> TensorParallelPlan:
         from torch.distributed.tensor import Replicate

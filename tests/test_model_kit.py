@@ -82,8 +82,10 @@ FLAW_MESSAGES = dict([
         ("stage_drops_doc_ids", r"2 pipeline stages run in sequence differ from the unsplit model on packed rows.*"
                                 r"Does every stage build its mask from the doc_ids keyword"),
         ("wrong_facts", r"facts\(options\) disagree with the built model: heads 8 \(the model has 4\)"),
-        ("supports_without_split", r"declares supports \['blocks', 'pipeline', 'tensor_parallel'\] but "
-                                   r"parallel_contract\(\) does not supply \['pipeline'\]"),
+        ("supports_without_split", r"declares supports \['blocks', 'output_head', 'pipeline', 'tensor_parallel'\] "
+                                   r"but parallel_contract\(\) does not supply \['pipeline'\]"),
+        ("head_not_linear", r"parallel_contract\(\).output_head is 'final_norm', which is not an attribute of the "
+                            r"model with a 2-D weight"),
 ])
 
 

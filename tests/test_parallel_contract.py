@@ -12,6 +12,7 @@ import torch
 
 from forge_core.api import (
     BLOCKS,
+    OUTPUT_HEAD,
     PIPELINE,
     TENSOR_PARALLEL,
     ForgeError,
@@ -263,11 +264,12 @@ def test_the_llama_contract():
     from forge_plugins.attention.sdpa import SdpaAttention
 
     (spec,) = forge_models()
-    assert spec.supports == {BLOCKS, TENSOR_PARALLEL, PIPELINE} and spec.facts is llama_facts
+    assert spec.supports == {BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD} and spec.facts is llama_facts
     model = Llama(LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2), 16, SdpaAttention(None))
     contract = model.parallel_contract()
     assert blocks_of(model) == list(model.layers.values())
     assert contract.pipeline.first == ("tok_embeddings",) and contract.pipeline.last == ("norm", "output")
+    assert contract.output_head == "output"
     for sequence_parallel in (False, True):
         # Every parameter of the llama is sharded or declared, with or without sequence
         # parallelism: names only, no process group needed.

@@ -18,6 +18,7 @@ from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.packing import BOUNDARIES, Boundaries, EagerPacker, LazyPacker, RowLayout
 from forge_core.api.parallel import (
     BLOCKS,
+    OUTPUT_HEAD,
     PIPELINE,
     TENSOR_PARALLEL,
     ModelFacts,
@@ -71,8 +72,8 @@ __all__ = [
     "files_fingerprint",
     "PROJECT", "hookimpl", "hookspec",
     "BOUNDARIES", "Boundaries", "EagerPacker", "LazyPacker", "RowLayout",
-    "BLOCKS", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",
-    "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
+    "BLOCKS", "OUTPUT_HEAD", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext",
+    "ParallelContract", "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
     "NamedParameter",
     "tensor_parallel_coverage", "tied_parameter_names",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",

@@ -28,8 +28,10 @@ class ParallelContext:
       ``None`` in a single process.
     - ``device``: the ``torch.device`` this process trains on.
     - ``options``: the strategy's structured options (``parallel.options.<name>``).
-    - ``loss_fn``: ``loss_fn(logits, labels) -> (loss_sum, token_count)``; a strategy that
-      takes over forward and backward (pipeline parallelism) computes the loss with it.
+    - ``loss_fn``: ``loss_fn(output, labels) -> (loss_sum, token_count)``, over what the
+      model part holding the output returns (logits, or hidden states when the chunked
+      loss took over the output head); a strategy that takes over forward and backward
+      (pipeline parallelism) computes the loss with it, or with the one its step is given.
     - ``gradient_finishers``: see :meth:`add_gradient_finisher`.
     """
 
@@ -71,6 +73,7 @@ class ModelSplit:
 BLOCKS = "blocks"  # the model names its repeated blocks
 TENSOR_PARALLEL = "tensor_parallel"  # ... supplies a tensor-parallel plan
 PIPELINE = "pipeline"  # ... supplies a pipeline split
+OUTPUT_HEAD = "output_head"  # ... names its output projection (train.loss.name: chunked)
 
 
 @attrs.frozen
@@ -139,11 +142,20 @@ class ParallelContract:
     - ``tensor_parallel``: called as ``tensor_parallel(sequence_parallel=bool)``, returns
       the :class:`TensorParallelPlan`; it builds torch styles, so it imports torch itself
       (lazily, in the model's package). ``None``: no tensor parallelism.
+    - ``output_head``: the root attribute holding the output projection, or ``None``. The
+      model promises that the head is a linear map (``weight`` of shape ``(vocab, dim)``,
+      optional ``bias``), called once on the final hidden states, and that its result is
+      the forward's output with nothing applied after it. A loss that applies the head
+      itself, chunk by chunk (``train.loss.name: chunked``), makes the head's forward the
+      identity, so the model returns the hidden states; the head stays registered where
+      it is (state-dict keys, sharding and tied weights unchanged). Declared on the spec
+      as ``OUTPUT_HEAD`` in ``supports``.
     """
 
     blocks: str
     pipeline: PipelineSplit | None = None
     tensor_parallel: Callable[..., TensorParallelPlan] | None = None
+    output_head: str | None = None
 
 
 def contract_of(module: Any) -> ParallelContract | None:

@@ -153,6 +153,24 @@ class NonFiniteSection:
 
 
 @attrs.frozen
+class LossSection:
+    name: Literal["full", "chunked"] = field(
+        "full",
+        "'full': the model returns the logits (batch x sequence x vocabulary) and the "
+        "cross-entropy is taken over them. 'chunked': the output projection and the "
+        "cross-entropy run chunk_tokens tokens at a time, forward and backward, so the full "
+        "logits never exist (at a 128k vocabulary and 32k tokens per micro-batch they are "
+        "16 GiB in fp32); under tensor parallelism each rank keeps its vocabulary shard of the "
+        "head and the log-sum-exp is combined across ranks. Same loss and gradients; the "
+        "model must declare its output head (OUTPUT_HEAD in its spec's supports).",
+    )
+    chunk_tokens: int = field(
+        1024, "Tokens per chunk for 'chunked': a chunk's fp32 logits take chunk_tokens x "
+        "vocabulary x 4 bytes (1024 x 32k: 128 MiB).", validator=at_least(1),
+    )
+
+
+@attrs.frozen
 class TrainSection:
     steps: int = field(100, "Optimizer steps to train.", validator=at_least(1))
     batch_size: int = field(
@@ -178,7 +196,12 @@ class TrainSection:
     grad_clip: float = field(
         1.0, "Clip the global gradient norm to this (0 disables).", validator=at_least(0)
     )
-    precision: Literal["fp32", "bf16"] = field("fp32", "fp32, or bf16 autocast.")
+    precision: Literal["fp32", "bf16"] = field(
+        "fp32", "fp32, or bf16 autocast: matmuls in bf16, the loss, norms and softmax in "
+        "fp32, parameters and optimizer state fp32. Needs a CUDA GPU with bf16 or a CPU with "
+        "native bf16 (AVX512_BF16 or AMX); elsewhere the run stops with an error.",
+    )
+    loss: LossSection = field(LossSection(), "The loss: full logits, or chunked.")
     compile: bool = field(False, "torch.compile the model.")
     peak_tflops: float = field(
         0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
@@ -304,6 +327,6 @@ KEYED_BLOCKS: tuple[OptionBlock, ...] = (
 
 
 for _cls in (RunSection, ModelSection, AttentionSection, SourceEntry, HeldoutSection, CacheSection, DataSection,
-             ParallelSection, NonFiniteSection,
+             ParallelSection, NonFiniteSection, LossSection,
              TrainSection, CheckpointSection, EvalSection, LoggingSection, PluginsSection, ForgeConfig):
     attrs.resolve_types(_cls)  # real types on fields, for docs generation and tests

@@ -45,6 +45,7 @@ import torch
 
 from forge_core.api import (
     BLOCKS,
+    OUTPUT_HEAD,
     PIPELINE,
     ForgeError,
     TENSOR_PARALLEL,
@@ -448,6 +449,14 @@ def _facts(model, contract, spec, options, seen, label) -> str | None:
             supplied.add(TENSOR_PARALLEL)
         if contract.pipeline is not None:
             supplied.add(PIPELINE)
+        if contract.output_head is not None:
+            weight = getattr(getattr(model, contract.output_head, None), "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                raise AssertionError(
+                    f"{label}: parallel_contract().output_head is {contract.output_head!r}, which is not an "
+                    "attribute of the model with a 2-D weight (vocab, dim): the chunked loss applies that "
+                    "weight itself")
+            supplied.add(OUTPUT_HEAD)
     missing = sorted(set(spec.supports) - supplied)
     if missing:
         raise AssertionError(

@@ -104,7 +104,7 @@ def main(args: Any) -> int:
     from forge_core.train.checkpoint import load_model, step_of
     from forge_core.train.distributed import choose_device
     from forge_core.train.evaluate import build_eval_data, run_eval
-    from forge_core.train.loss import loss_fn
+    from forge_core.train.loss import build_loss
     from forge_core.train.parallelize import single_process
     from forge_core.train.rundir import TOKENIZER, read_run_info
     from forge_core.train.view import RunView
@@ -126,11 +126,11 @@ def main(args: Any) -> int:
     model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
-    pmodel = single_process(model.to(device))
-    result = run_eval(pmodel, data, loss_fn, device=device, precision=config.train.precision,
+    pmodel = single_process(model.to(device), loss_fn=build_loss(model, config))
+    result = run_eval(pmodel, data, pmodel.loss_fn, device=device, precision=config.train.precision,
                       progress=_Progress())
     step = step_of(checkpoint)
-    view = RunView(pmodel=pmodel, step=lambda: step, loss_fn=loss_fn, device=device, tokenizer=tokenizer,
+    view = RunView(pmodel=pmodel, step=lambda: step, loss_fn=pmodel.loss_fn, device=device, tokenizer=tokenizer,
                    seq_len=config.data.seq_len,
                    heldout=lambda: heldout_documents(plan, registries, tokenizer))
     run = RunContext(config=config, out_dir=str(run_dir), start_step=step, total_steps=config.train.steps,

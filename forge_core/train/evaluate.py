@@ -243,10 +243,11 @@ def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable, *, device: torch.de
     it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
     ``progress(batches done, batches in all)`` is called after every batch."""
     from forge_core.train.distributed import all_reduce_sum
+    from forge_core.train.precision import autocast as precision_autocast
 
     t0 = time.perf_counter()
     total_batches, done = data.num_batches, 0
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    autocast = precision_autocast(precision, device)
     by_source: dict[str, tuple[float, int]] = {}
     rows, loss_total, tokens_total = 0, 0.0, 0.0
     with eval_mode([*pmodel.parts, pmodel.forward]):

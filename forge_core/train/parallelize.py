@@ -60,6 +60,10 @@ class ParallelModel:
     - ``mesh``: the DeviceMesh, or ``None`` in one process; ``pp_group`` is its pipeline
       group (``None`` without pipeline parallelism).
     - ``is_last_stage``: whether this process computes the loss (pipeline: last stage).
+    - ``loss_fn``: the loss the model was built for (:func:`forge_core.train.loss.build_loss`):
+      ``loss_fn(output, labels) -> (loss_sum, tokens)``; the default of
+      :meth:`forward_backward` and :meth:`evaluate`. With the chunked loss the model's
+      output is hidden states, so any other loss is refused there.
     - ``gradient_finishers``: what strategies registered through
       :meth:`~forge_core.api.ParallelContext.add_gradient_finisher`; the trainer calls
       :meth:`finish_gradients` once per optimizer step, after the last backward and
@@ -77,6 +81,7 @@ class ParallelModel:
     dp_group: Any = None
     pp_group: Any = None
     gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def finish_gradients(self) -> None:
         """Complete this step's gradients (after the last backward, before clipping)."""
@@ -87,17 +92,35 @@ class ParallelModel:
         for part in self.parts:
             yield from part.parameters()
 
+    def _loss(self, loss_fn: Callable | None) -> Callable:
+        """``loss_fn``, or the model's own when ``None``; a loss over logits given to a
+        model that returns hidden states (the chunked loss took over its head) is refused
+        rather than computed on the wrong tensor."""
+        own = self.loss_fn
+        if loss_fn is None or loss_fn is own:
+            if own is None:
+                raise ForgeError("no loss given and the model was built without one (parallelize(loss_fn=...))")
+            return own
+        if getattr(own, "takes_hidden_states", False) and not getattr(loss_fn, "takes_hidden_states", False):
+            raise ForgeError(
+                "this model was built for the chunked loss (train.loss.name: chunked): it returns hidden "
+                "states, not logits, so a loss over logits cannot be applied to it. Pass loss_fn=None to "
+                "use the model's own loss (ParallelModel.loss_fn)."
+            )
+        return loss_fn
+
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], loss_fn: Callable, global_tokens: float | torch.Tensor
+        self, batch: dict[str, torch.Tensor], loss_fn: Callable | None, global_tokens: float | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One micro-step with the gradient convention above: forward, ``loss_fn(logits,
+        """One micro-step with the gradient convention above: forward, ``loss_fn(output,
         labels) -> (loss_sum, tokens)``, backward of ``loss_sum / global_tokens``.
         Returns the detached ``(loss_sum, tokens)`` of this process's rows (under
         pipeline parallelism: of the pipeline's rows, on every stage).
 
         ``batch`` holds ``input_ids``, ``labels`` and any per-token metadata the model
-        accepts.
+        accepts. ``loss_fn`` ``None``: the model's own (:attr:`loss_fn`).
         """
+        loss_fn = self._loss(loss_fn)
         if self.train_step is not None:
             return self.train_step(batch, loss_fn, global_tokens)
         inputs = {k: v for k, v in batch.items() if k != LABELS}
@@ -107,10 +130,14 @@ class ParallelModel:
         return loss_sum.detach(), torch.as_tensor(tokens)
 
     @torch.no_grad()
-    def evaluate(self, batch: dict[str, torch.Tensor], loss_fn: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(
+        self, batch: dict[str, torch.Tensor], loss_fn: Callable | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward only: ``(loss_sum, tokens)`` of this process's rows (under pipeline
         parallelism: of the pipeline's rows, on every stage), no gradient kept. The
-        caller switches the parts to eval mode and back."""
+        caller switches the parts to eval mode and back. ``loss_fn`` ``None``: the
+        model's own (:attr:`loss_fn`, chunked when the run's loss is)."""
+        loss_fn = self._loss(loss_fn)
         if self.train_step is not None:
             if self.eval_step is None:
                 raise ForgeError("this parallel layout has no forward-only step for evaluation")
@@ -120,8 +147,8 @@ class ParallelModel:
         return loss_sum.detach(), torch.as_tensor(tokens)
 
 
-def single_process(model: torch.nn.Module) -> ParallelModel:
-    return ParallelModel(parts=[model], forward=model)
+def single_process(model: torch.nn.Module, loss_fn: Callable | None = None) -> ParallelModel:
+    return ParallelModel(parts=[model], forward=model, loss_fn=loss_fn)
 
 
 def compile_part(module: torch.nn.Module) -> None:
@@ -196,7 +223,7 @@ def parallelize(
     coords = dp_coords(mesh)
     pmodel = ParallelModel(
         parts=[model], forward=model, mesh=mesh, dp_rank=coords.rank, dp_size=coords.size,
-        dp_group=coords.group, pp_group=group_of(mesh, "pp"),
+        dp_group=coords.group, pp_group=group_of(mesh, "pp"), loss_fn=loss_fn,
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]

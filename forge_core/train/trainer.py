@@ -49,7 +49,7 @@ import torch
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, RunContext
 from forge_core.plugins import register
-from forge_core.train import components, flops, rundir, schedule_span
+from forge_core.train import components, flops, precision, rundir, schedule_span
 from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
@@ -58,7 +58,7 @@ from forge_core.train.checkpoint import (
     remove_stale_temporaries,
 )
 from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
-from forge_core.train.loss import loss_fn
+from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
 from forge_core.train.parallelize import clip_grad_norm, is_meta, parallelize
 from forge_core.train.run_lock import RunLock
@@ -129,6 +129,7 @@ class Trainer:
     def build(self) -> None:
         cfg, plan, reg, pl = self.config, self.plan, self.registries, self.placement
         train = cfg.train
+        precision.check_precision(train.precision, pl.device)
         seed_everything(cfg.run.seed)
         self.tokenizer = components.tokenizer(plan, reg)
         from forge_core.data.build import build_training_data
@@ -151,7 +152,9 @@ class Trainer:
 
         # Strategies (and train.compile, slotted in among them) are applied in their
         # declared order; data-parallel wrappers SUM gradients over ranks.
-        self.pmodel = parallelize(model, plan, pl.device, loss_fn=loss_fn)
+        # train.loss: the full logits, or the chunked loss (which takes over the model's
+        # output head before the strategies shard it).
+        self.pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg))
         dp = self.pmodel.dp_size
         self.micro_batch = train.batch_size // (dp * train.grad_accum)
         if self.micro_batch < 1 or self.micro_batch * dp * train.grad_accum != train.batch_size:
@@ -335,13 +338,13 @@ class Trainer:
         # Data-parallel wrappers sum gradients over ranks, so dividing every loss sum by
         # the global count gives the gradient of the mean over the whole global batch.
         normalizer = max(labelled, 1.0)
-        autocast = torch.autocast(pl.device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
+        autocast = precision.autocast(train.precision, pl.device)
         loss_total = torch.zeros((), dtype=torch.float32, device=pl.device)
         for i, batch in enumerate(micro):
             batch = _to_device(batch, pl.device)
             last = i == len(micro) - 1
             with _grad_sync(pmodel.forward, last), autocast:
-                loss_sum, _ = pmodel.forward_backward(batch, loss_fn, normalizer)
+                loss_sum, _ = pmodel.forward_backward(batch, None, normalizer)
             loss_total += loss_sum.detach().float()
         pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)
         grad_norm = float(clip_grad_norm(pmodel, train.grad_clip))
@@ -385,7 +388,7 @@ class Trainer:
         """Evaluate now (every process), tell ``forge_eval_end``; the metrics to log."""
         from forge_core.train.evaluate import run_eval
 
-        result = run_eval(self.pmodel, self.eval_data, loss_fn, device=self.placement.device,
+        result = run_eval(self.pmodel, self.eval_data, self.pmodel.loss_fn, device=self.placement.device,
                           precision=self.config.train.precision, slice_weight=self.slice_weight)
         metrics = result.metrics()
         self.pm.hook.forge_eval_end(run=run, step=self.step, metrics=dict(metrics))
@@ -395,7 +398,7 @@ class Trainer:
         from forge_core.data.build import heldout_documents
         from forge_core.train.view import RunView
 
-        return RunView(pmodel=self.pmodel, step=lambda: self.step, loss_fn=loss_fn, device=self.placement.device,
+        return RunView(pmodel=self.pmodel, step=lambda: self.step, loss_fn=self.pmodel.loss_fn, device=self.placement.device,
                        tokenizer=self.tokenizer, seq_len=self.data.seq_len, train_rows=self.data.rows,
                        heldout=lambda: heldout_documents(self.plan, self.registries, self.tokenizer,
                                                          is_main=self.placement.is_main))

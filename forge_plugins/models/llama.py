@@ -21,7 +21,8 @@ The parallelism strategies know the model through :meth:`Llama.parallel_contract
 only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
 only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
 (which covers every family's extra parameters: biases are sharded with their layer, the
-per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`.
+per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`;
+the output head is ``output`` (the chunked loss applies it itself).
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
@@ -174,6 +175,7 @@ class Llama(nn.Module):
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
+            output_head="output",
         )
 
     @property

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_core.api import BLOCKS, DOC_IDS, OUTPUT_HEAD, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
 from forge_plugins.models.options import LlamaOptions, llama_facts
 
 
@@ -20,7 +20,7 @@ def forge_models() -> list[ModelSpec]:
             max_seq_len_option="max_seq_len",
             resolve_options="forge_plugins.models.hf_config:resolve_options",
             pretrained_option="init_from_hf",
-            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
             facts=llama_facts,
         )
     ]

@@ -27,12 +27,16 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, precision: str, reshard_after_forward: bool) -> torch.nn.Module:
-    """``fully_shard`` every block, then the root (which takes what is left: embeddings,
-    final norm, head), in place; gradients summed over ``mesh``."""
+    """``fully_shard`` every block (``reshard_after_forward`` as given), then the root
+    (which takes what is left: embeddings, final norm, head), in place; gradients
+    summed over ``mesh``."""
     policy = mixed_precision(precision)
     for block in blocks_of(model):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # The root is never resharded after forward (what FSDP2 does for a root left at its
+    # default): backward would gather it again at once, and a loss that applies the
+    # output head's weight after the forward (the chunked loss) needs it gathered.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # Plain SUM collectives: the trainer normalises the loss. (A divide factor

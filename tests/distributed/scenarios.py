@@ -8,12 +8,16 @@ scenario whose model must be refused at build records the error instead. ``test_
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
 
 Every scenario trains the model the way the trainer does (:mod:`forge_core.train`):
-the loss is ``loss_fn``'s token-summed cross-entropy, each data-parallel rank reads its
+the loss is the token-summed cross-entropy that ``train.loss`` names (``build_loss``:
+the full logits, or the chunked loss for the ``*_chunked`` layouts, compared with the
+full-logits single-process run), each data-parallel rank reads its
 own slice of the global batch (``pmodel.dp_rank``), back-propagates through
 ``pmodel.forward_backward`` (the gradient convention of
 :mod:`forge_core.train.parallelize`), clips with ``clip_grad_norm`` and steps plain SGD
 (so a wrong gradient scale or a wrong norm changes the next losses, which Adam would
-hide). The clipping threshold is below the gradient norm, so every step clips.
+hide). The clipping threshold is below the gradient norm, so every step clips. After
+training, the loss of the first batch is evaluated (``pmodel.evaluate``, forward only)
+where the layout offers it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
 from forge_core.train import components
-from forge_core.train.loss import loss_fn
+from forge_core.train.loss import build_loss, loss_fn
 from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
 
 VOCAB = 64
@@ -62,6 +66,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 SP = {"options": {"tp": {"sequence_parallel": True}}}
 AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
 COMPILE = {"compile": True}
+#: train overrides: the chunked loss, in chunks that do not divide a microbatch's tokens.
+CHUNKED = {"loss": {"name": "chunked", "chunk_tokens": 24}}
 
 
 def pp_options(**options: Any) -> dict[str, Any]:
@@ -104,12 +110,14 @@ class Scenario:
         return f"reference:{self.variant}:{self.attention}:{'packed' if self.packed else 'plain'}"
 
 
-def _pp(schedule: str, wrappers: dict[str, Any] | None = None, compile: bool = False, **more: Any) -> Scenario:
+def _pp(schedule: str, wrappers: dict[str, Any] | None = None, compile: bool = False, chunked: bool = False,
+        **more: Any) -> Scenario:
     """Packed rows on 2 pipeline stages under ``schedule`` (its options in
-    :data:`PP_SCHEDULES`), with ``wrappers`` (``{"wrappers": [...]}``) and compiled if asked."""
+    :data:`PP_SCHEDULES`), with ``wrappers`` (``{"wrappers": [...]}``), compiled and with
+    the chunked loss if asked."""
     options, train = PP_SCHEDULES[schedule]
-    return Scenario({"pp": 2, **options, **(wrappers or {})}, {**train, **(COMPILE if compile else {})},
-                    packed=True, **more)
+    return Scenario({"pp": 2, **options, **(wrappers or {})},
+                    {**train, **(COMPILE if compile else {}), **(CHUNKED if chunked else {})}, packed=True, **more)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -126,6 +134,14 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_qwen2": Scenario({"tp": 2}, variant="qwen2"),
     "tp_qwen3": Scenario({"tp": 2}, variant="qwen3"),
     "tp_sp_qwen3": Scenario({"tp": 2, **SP}, variant="qwen3"),
+    # the chunked loss, compared with the full-logits single-process run
+    "ddp_chunked": Scenario({"dp_replicate": 2}, CHUNKED),
+    "fsdp_chunked": Scenario({"dp_shard": 2}, {**CHUNKED, "grad_accum": 2}),
+    "tp_chunked": Scenario({"tp": 2}, CHUNKED),  # vocabulary-sharded: loss parallelism
+    "tp_sp_chunked": Scenario({"tp": 2, **SP}, CHUNKED),
+    "tp_tied_chunked": Scenario({"tp": 2}, CHUNKED, variant="tied"),
+    "pp_chunked": Scenario({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, CHUNKED),  # the last stage's loss
+    "packed_pp_zbv_chunked": _pp("zbv_zero_bubble", chunked=True),  # the last stage on rank 0
     "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
@@ -165,6 +181,8 @@ SCENARIOS: dict[str, Scenario] = {
         packed=True),
     "fsdp_tp_tied": Scenario({"dp_shard": 2, "tp": 2}, variant="tied"),
     "fsdp_tp_qknorm": Scenario({"dp_shard": 2, "tp": 2}, variant="qknorm"),
+    "fsdp_tp_chunked": Scenario({"dp_shard": 2, "tp": 2}, CHUNKED),
+    "pp_tp_chunked": Scenario({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, CHUNKED),
     "fsdp_tp_ac": Scenario({"dp_shard": 2, "tp": 2, **AC}),
     "hsdp_ac": Scenario({"dp_replicate": 2, "dp_shard": 2, **AC}),
     "pp_tp_ac": Scenario({"pp": 2, "tp": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
@@ -247,7 +265,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
         for micro in range(accum):
             part = {k: v[micro * rows:(micro + 1) * rows] for k, v in local.items()}
-            loss, _ = pmodel.forward_backward(part, loss_fn, global_tokens)
+            loss, _ = pmodel.forward_backward(part, None, global_tokens)  # the model's own loss
             loss_sum += loss.double()
         if pmodel.dp_group is not None:
             dist.all_reduce(loss_sum, group=pmodel.dp_group)
@@ -271,7 +289,7 @@ def evaluate(pmodel: Any, batch: dict[str, torch.Tensor]) -> float:
     ]
     sums = torch.zeros(2, dtype=torch.float64)
     for piece in pieces:
-        loss_sum, tokens = pmodel.evaluate(piece, loss_fn)
+        loss_sum, tokens = pmodel.evaluate(piece)  # the model's own loss
         sums += torch.stack([loss_sum.double(), tokens.double()])
     if pmodel.dp_group is not None:
         dist.all_reduce(sums, group=pmodel.dp_group)
@@ -299,6 +317,18 @@ def qk_norms(pmodel: Any) -> list[float]:
     return [float(v) for part in pmodel.parts for name, p in sorted(part.named_parameters())
             if name.endswith(("q_norm.weight", "k_norm.weight"))
             for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)]
+
+
+def vocab_shard(pmodel: Any) -> list[int] | None:
+    """``[first row, rows]`` of the output head's vocabulary this rank computes logits
+    for under the chunked loss (``None`` for the full loss)."""
+    from forge_core.train.chunked_loss import _vocab_shard
+
+    head = getattr(pmodel.loss_fn, "head", None)
+    if head is None:
+        return None
+    _, offset, weight, _ = _vocab_shard(head.weight, None)
+    return [offset, weight.shape[0]]
 
 
 def probe_logits(pmodel: Any, data: list[dict[str, torch.Tensor]]) -> list:
@@ -329,14 +359,15 @@ def main() -> None:
             # flex compiles once per shape: the reference runs the pipelines' 2-row microbatches
             ref_train = {"grad_accum": ROWS // EVAL_ROWS} if sc.attention == "flex" else {}
             ref_plan = make_plan(registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed)
-            ref_model = single_process(build_model(ref_plan, registries))
+            ref_model = single_process(build_model(ref_plan, registries), loss_fn)
             start = qk_norms(ref_model)
             results[sc.reference] = {**train(ref_model, ref_plan, data), "qk_start": start,
                                      "qk_norms": qk_norms(ref_model), "eval_loop": run_eval_loop(sc, ref_model)}
         plan = make_plan(registries, sc.parallel, sc.train, sc.variant, world, sc.attention, sc.packed)
         began = time.perf_counter()
         try:
-            pmodel = parallelize(build_model(plan, registries), plan, torch.device("cpu"), loss_fn)
+            model = build_model(plan, registries)
+            pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config))
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
@@ -345,7 +376,8 @@ def main() -> None:
         got = {**train(pmodel, plan, data), "eval_loop": run_eval_loop(sc, pmodel)}
         every = [None] * world
         dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "eval": got["eval"],
-                                       "eval_loop": got["eval_loop"], "qk_norms": qk_norms(pmodel)})
+                                       "eval_loop": got["eval_loop"], "qk_norms": qk_norms(pmodel),
+                                       "vocab_shard": vocab_shard(pmodel)})
         results[name] = {**got, "reference": sc.reference, "ranks": every, "seconds": time.perf_counter() - began}
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
             results[name]["probe_ids"] = plain[0][INPUT_IDS][:2].tolist()
@@ -362,6 +394,12 @@ def save_checkpoint(pmodel: Any, run_dir: str) -> None:
     """Save with the trainer's checkpoint manager (DCP, each rank writes its shards)."""
     from forge_core.train.checkpoint import CheckpointManager
 
+    # FSDP keeps the root's parameters gathered after a forward until the next backward
+    # (the probe was forward only); the trainer builds its optimizers before any
+    # forward, these are built now, so shard first: they must hold the sharded ones.
+    for part in pmodel.parts:
+        if hasattr(part, "reshard"):
+            part.reshard()
     optimizers = [torch.optim.SGD(part.parameters(), lr=LR) for part in pmodel.parts]
     CheckpointManager(run_dir, keep=1, rank=dist.get_rank(), world_size=dist.get_world_size()).save(
         STEPS, pmodel.parts, optimizers, {"step": STEPS}

@@ -14,6 +14,12 @@ variant with per-head q/k norms its tensor-parallel plan declares ``partial``
 built-in plan); each layout is compared with a single-process run of its own model.
 After training, the evaluation loop (:mod:`eval_loop`) runs on each layout too.
 
+The ``*_chunked`` layouts train with the chunked loss (``train.loss.name: chunked``,
+chunks of 24 tokens): under tp the head stays sharded along the vocabulary and the
+log-sum-exp is combined across ranks, under pp it runs on the last stage, under
+FSDP/DDP beside the data-parallel gradient sums; each is compared with the FULL-logits
+single-process run.
+
 Tolerance: everything is fp32 and the layouts compute the same sums in a different
 order (a row-wise split adds partial products per rank and then across ranks; FSDP
 reduces gradient shards; the pipeline adds microbatch losses). That moves results by a
@@ -33,19 +39,22 @@ import pytest
 import torch
 
 from harness import run_scenarios
-from scenarios import ATTENTION, PP_SCHEDULES
+from scenarios import ATTENTION, PP_SCHEDULES, VOCAB
 
 pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
+CHUNKED_TWO = ["ddp_chunked", "fsdp_chunked", "tp_chunked", "tp_sp_chunked", "tp_tied_chunked", "pp_chunked",
+               "packed_pp_zbv_chunked"]
+CHUNKED_FOUR = ["fsdp_tp_chunked", "pp_tp_chunked"]
 PACKED_PP = [f"packed_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION]
 TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "tp_tied", "tp_qknorm", "tp_sp_qknorm",
        "tp_qwen2", "tp_qwen3", "tp_sp_qwen3",
        "packed_ddp", *PACKED_PP,
        # activation checkpointing composes with each strategy (compiled: see composition_rules)
        "fsdp_ac", "fsdp_ac_every2", "ddp_ac", "tp_ac", "tp_sp_ac", "pp_gpipe_ac", "pp_1f1b_ac",
-       "pp_interleaved_ac", "pp_zbv_ac", "pp_dualpipev_ac"]
-FOUR = ["fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "pp_fsdp_zbv", "fsdp_tp_tied", "fsdp_tp_qknorm",
+       "pp_interleaved_ac", "pp_zbv_ac", "pp_dualpipev_ac", *CHUNKED_TWO]
+FOUR = [*CHUNKED_FOUR, "fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "pp_fsdp_zbv", "fsdp_tp_tied", "fsdp_tp_qknorm",
         "fsdp_tp_ac", "pp_tp_ac", "pp_fsdp_ac"]
 REFUSED = ["tp_uncovered"]
 ROLLED = ["rolled_pp_gpipe", "rolled_pp_zbv_zero_bubble"]
@@ -150,6 +159,26 @@ def test_eval_loop_under_every_layout_equals_one_process(two, four, name):
     assert got["loss"] == pytest.approx(ref["loss"], rel=RTOL)
     for rank in results[name]["ranks"]:
         assert rank["eval_loop"]["loss"] == pytest.approx(got["loss"], rel=1e-12)
+
+
+@pytest.mark.parametrize("name", CHUNKED_TWO + CHUNKED_FOUR)
+def test_chunked_loss_evaluates_like_the_full_loss_of_one_process(two, four, name):
+    """``pmodel.evaluate`` (forward only, the model's own loss: chunked, vocabulary-
+    sharded under tp) after training equals the full-logits loss of the single-process
+    run; the training losses and norms are compared by the tests above. Layouts without
+    a forward-only step (pipeline) record none."""
+    results = two if name in two else four
+    got, ref = results[name], results[results[name]["reference"]]
+    # Loss parallelism: under tp each rank computes the logits of its half of the
+    # vocabulary only (pp x tp: the first stage's ranks hold no head to shard).
+    shards = {tuple(rank["vocab_shard"]) for rank in got["ranks"]}
+    halves = {(0, VOCAB // 2), (VOCAB // 2, VOCAB // 2)}
+    if "tp" not in name:
+        assert shards == {(0, VOCAB)}
+    else:
+        assert shards == (halves | {(0, VOCAB)} if name.startswith("pp") else halves)
+    assert got["eval"] == pytest.approx(ref["eval"], rel=RTOL)
+    assert got["eval"] < ref["loss"][0]  # evaluated after training: a real, trained loss
 
 
 def test_reference_run_really_trains(two):
