@@ -97,7 +97,11 @@ def train(config_path: str, overrides: Sequence[str] = (), *,
 
         placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
         try:
-            return Trainer(result.plan, result.registries, placement, stop=stop).run()
+            outcome = Trainer(result.plan, result.registries, placement, stop=stop).run()
+            # Every rank leaves its last collective before any rank closes the group: a
+            # peer that tears down gloo while another still completes work can abort it.
+            distributed.barrier()
+            return outcome
         except (ForgeError, BrokenPipeError):
             raise
         except Exception as exc:
