@@ -127,10 +127,10 @@ def main(args: Any) -> int:
     load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
     pmodel = single_process(model.to(device), loss_fn=build_loss(model, config))
-    result = run_eval(pmodel, data, pmodel.loss_fn, device=device, precision=config.train.precision,
+    result = run_eval(pmodel, data, device=device, precision=config.train.precision,
                       progress=_Progress())
     step = step_of(checkpoint)
-    view = RunView(pmodel=pmodel, step=lambda: step, loss_fn=pmodel.loss_fn, device=device, tokenizer=tokenizer,
+    view = RunView(pmodel=pmodel, step=lambda: step, device=device, tokenizer=tokenizer,
                    seq_len=config.data.seq_len,
                    heldout=lambda: heldout_documents(plan, registries, tokenizer))
     run = RunContext(config=config, out_dir=str(run_dir), start_step=step, total_steps=config.train.steps,

@@ -235,11 +235,11 @@ class eval_mode:
             m.training = mode
 
 
-def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable, *, device: torch.device,
+def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable | None = None, *, device: torch.device,
              precision: str = "fp32", slice_weight: float = 1.0,
              progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Evaluate ``pmodel`` (a :class:`~forge_core.train.parallelize.ParallelModel`) on
-    ``data`` with ``loss_fn``, the training loss function. Every process of the run calls
+    ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every process of the run calls
     it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
     ``progress(batches done, batches in all)`` is called after every batch."""
     from forge_core.train.distributed import all_reduce_sum

@@ -388,7 +388,7 @@ class Trainer:
         """Evaluate now (every process), tell ``forge_eval_end``; the metrics to log."""
         from forge_core.train.evaluate import run_eval
 
-        result = run_eval(self.pmodel, self.eval_data, self.pmodel.loss_fn, device=self.placement.device,
+        result = run_eval(self.pmodel, self.eval_data, device=self.placement.device,
                           precision=self.config.train.precision, slice_weight=self.slice_weight)
         metrics = result.metrics()
         self.pm.hook.forge_eval_end(run=run, step=self.step, metrics=dict(metrics))
@@ -398,7 +398,7 @@ class Trainer:
         from forge_core.data.build import heldout_documents
         from forge_core.train.view import RunView
 
-        return RunView(pmodel=self.pmodel, step=lambda: self.step, loss_fn=self.pmodel.loss_fn, device=self.placement.device,
+        return RunView(pmodel=self.pmodel, step=lambda: self.step, device=self.placement.device,
                        tokenizer=self.tokenizer, seq_len=self.data.seq_len, train_rows=self.data.rows,
                        heldout=lambda: heldout_documents(self.plan, self.registries, self.tokenizer,
                                                          is_main=self.placement.is_main))

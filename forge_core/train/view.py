@@ -39,12 +39,12 @@ class RunView:
       out of training (``data.heldout``), read from the run's memory-mapped tokens.
     """
 
-    __slots__ = ("_pmodel", "_step", "_loss_fn", "_device", "_tokenizer", "_seq_len", "_train_rows", "_heldout")
+    __slots__ = ("_pmodel", "_step", "_device", "_tokenizer", "_seq_len", "_train_rows", "_heldout")
 
-    def __init__(self, *, pmodel: Any, step: Callable[[], int], loss_fn: Callable, device: torch.device,
+    def __init__(self, *, pmodel: Any, step: Callable[[], int], device: torch.device,
                  tokenizer: Any, seq_len: int, train_rows: Any = None,
                  heldout: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
-        for name, value in (("_pmodel", pmodel), ("_step", step), ("_loss_fn", loss_fn), ("_device", device),
+        for name, value in (("_pmodel", pmodel), ("_step", step), ("_device", device),
                             ("_tokenizer", tokenizer), ("_seq_len", seq_len), ("_train_rows", train_rows),
                             ("_heldout", heldout)):
             object.__setattr__(self, name, value)
@@ -100,4 +100,4 @@ class RunView:
 
     def evaluate(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         with self.inference():
-            return self._pmodel.evaluate(batch, self._loss_fn)
+            return self._pmodel.evaluate(batch)

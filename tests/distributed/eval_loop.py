@@ -35,6 +35,6 @@ def heldout(vocab: int, seq: int) -> EvalData:
 def evaluate(pmodel: Any, vocab: int, seq: int) -> dict[str, Any]:
     """``{"loss", "tokens"}`` of the rows under ``pmodel``'s layout (every process calls
     it; a single-process model on every process gives the same sums, weighted 1/world)."""
-    result = run_eval(pmodel, heldout(vocab, seq), pmodel.loss_fn, device=torch.device("cpu"),
+    result = run_eval(pmodel, heldout(vocab, seq), device=torch.device("cpu"),
                       slice_weight=pmodel.dp_size / dist.get_world_size())
     return {"loss": result.loss, "tokens": result.tokens}
