@@ -94,7 +94,7 @@ CHILD = """
 import json, resource, sys, time
 t0 = float(sys.argv[2])
 from forge_core.api import hookimpl
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 
 out = {}
 
@@ -133,8 +133,9 @@ def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
     """Rows/s the loader reads from the cache (data built in this process)."""
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
-    from forge_core.judge import load_resolved, make_plan
-    from forge_core.train import components
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
+    from forge_core import components
 
     cfg, registries = load_resolved(str(cfg_path))
     plan = make_plan(cfg, registries, 1)

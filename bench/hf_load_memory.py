@@ -80,12 +80,12 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from forge_core import judge
+    from forge_core import plan as planning
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
     from forge_core.registry import load_registries
-    from forge_core.train import components
-    from forge_core.train.parallelize import parallelize
+    from forge_core import components
+    from forge_core.distributed.parallelize import parallelize
 
     dist.init_process_group("gloo")
     registries = load_registries()
@@ -94,7 +94,7 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
     config, issues = structure(raw, ForgeConfig)
     config, more = resolve_components(config, registries)
     assert not issues and not more, issues + more
-    plan = judge.make_plan(config, registries, dist.get_world_size())
+    plan = planning.make_plan(config, registries, dist.get_world_size())
     vocab = json.loads((Path(hf_dir) / "config.json").read_text())["vocab_size"]
     dist.barrier()
     baseline = status_kib("VmRSS")
@@ -105,7 +105,7 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
         import attrs
         from safetensors.torch import load_file
 
-        from forge_core.train.mesh import build_mesh
+        from forge_core.distributed.mesh import build_mesh
         from forge_plugins.models.hf_folder import weight_map
         from forge_plugins.models.hf_keys import from_hf_key
         from forge_plugins.models.llama import build

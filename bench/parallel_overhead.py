@@ -5,7 +5,7 @@ For every strategy (``ddp``, ``fsdp``, ``tp``, ``tp+sp``, ``pp`` with GPipe and 
 1F1B, and ``pp`` on rows packed with isolated documents under each of the seven
 schedules: ``doc_ids``/``positions`` go to every stage, documents of 1 to 128 tokens)
 the same llama (dim 256, 4 layers, 8 heads, vocab 256, rows of 256, 8 rows per
-step) trains a few SGD steps through :func:`forge_core.train.parallelize.parallelize`
+step) trains a few SGD steps through :func:`forge_core.distributed.parallelize.parallelize`
 exactly as the trainer drives it; the step time is the median of the timed steps after
 warm-up. The baseline is one process on the whole batch, with one thread (the same
 work per core as each of the two 1-thread processes) and with two threads (the same
@@ -72,9 +72,9 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any], packing: bool = Fa
 
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
-    from forge_core.judge import make_plan
+    from forge_core.plan import make_plan
     from forge_core.registry import load_registries
-    from forge_core.train import components
+    from forge_core import components
 
     registries = load_registries()
     raw = {
@@ -107,7 +107,7 @@ def step_fn(pmodel: Any, batch: dict) -> Any:
     import torch
 
     from forge_core.train.loss import loss_fn
-    from forge_core.train.parallelize import clip_grad_norm
+    from forge_core.distributed.parallelize import clip_grad_norm
 
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
     local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
@@ -154,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from forge_core.train.parallelize import parallelize, single_process
+    from forge_core.distributed.parallelize import parallelize, single_process
 
     dist.init_process_group("gloo")
     results = {}

@@ -53,7 +53,7 @@ def hf_model(model, tmp: str):
 
 
 def forge_cached(model, prompt: list[int], n: int) -> list[int]:
-    from forge_core.train.sample import generate
+    from forge_core.generate import generate
 
     return generate(model, prompt, n, context=len(prompt) + n, temperature=0, top_k=0)
 

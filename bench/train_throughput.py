@@ -114,7 +114,7 @@ def forge_config(cfg: dict, out_dir: str) -> dict:
 
 def build_forge(cfg: dict, tmp: str):
     from forge_core.judge import judge
-    from forge_core.train.distributed import setup
+    from forge_core.distributed.placement import setup
     from forge_core.train.trainer import Trainer
 
     import train_throughput  # the module the tokenizer spec names (this file, imported by name)

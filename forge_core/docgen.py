@@ -7,7 +7,7 @@ Six pages in ``docs/`` are produced from the code so they cannot drift from it:
 - ``configuration.md``: every config key of :mod:`forge_core.config.schema` with type,
   default and meaning, and the options of every built-in component;
 - ``cli.md``: the usage text of every ``forge-run`` command, from
-  :func:`forge_core.cli.build_parser`;
+  :func:`forge_core.cli.main.build_parser`;
 - ``reference/components.md`` and ``reference/rules.md``: ``forge-run plugins
   --markdown`` and ``forge-run rules --markdown`` for the built-in plugins only;
 - ``plugin-guide/example-package.md``: the example package of ``examples/`` (its README
@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.cli import build_parser, subcommands
+from forge_core.cli.main import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
 REGENERATE = "python -m forge_core.docgen"
@@ -683,7 +683,7 @@ _EXIT_CODES = """\
 | 128 + N | a worker (or the torchrun agent) was killed by signal N, e.g. 137 for SIGKILL (often the kernel's out-of-memory killer); the report names the rank |
 | 141 | the reader of the output went away (`forge-run rules \\| head`): stopped quietly, as a program killed by SIGPIPE |
 
-Workers started by `torchrun` itself (`python -m forge_core.train.worker`) use the same
+Workers started by `torchrun` itself (`python -m forge_core.cli.worker`) use the same
 statuses, except that a run stopped by a signal after saving exits 0, so that torchrun does
 not count a clean stop as a failure.
 """

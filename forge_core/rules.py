@@ -6,8 +6,8 @@ engine evaluates every rule over a :class:`~forge_core.api.Plan` and reports eve
 the config fields with their values, why, and how to fix it. Errors stop a run before
 any process group or tensor exists; warnings are printed and the run goes on.
 
-``Rule`` and ``RuleContext`` (now ``Plan``) moved to :mod:`forge_core.api`; the old
-names here warn for one release.
+``Rule`` and ``RuleContext`` (now ``Plan``) moved to :mod:`forge_core.api`, ``render``
+to :mod:`forge_core.cli.report`; the old names here warn for one release.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from forge_core.api.errors import show_value
 from forge_core.api.rules import Plan, Violation
 from forge_core.deprecation import moved
 
 __getattr__ = moved(__name__, {
     "Rule": "forge_core.api", "RuleContext": "forge_core.api:Plan", "Severity": "forge_core.api",
-    "get_path": "forge_core.api",
+    "get_path": "forge_core.api", "render": "forge_core.cli.report",
 })
 
 
@@ -52,19 +51,3 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
             for message in messages
         )
     return violations
-
-
-def render(violations: Iterable[Violation]) -> str:
-    """Human-readable report, errors first."""
-    ordered = sorted(violations, key=lambda v: (v.severity != "error", v.rule_id))
-    blocks = []
-    for v in ordered:
-        fields = ", ".join(f"$.{path} = {show_value(value)}" for path, value in v.fields)
-        blocks.append(
-            f"{v.severity}: [{v.rule_id}] (plugin {v.plugin!r})\n"
-            f"  fields: {fields}\n"
-            f"  why:    {v.message}\n"
-            f"  fix:    {v.fix}"
-        )
-    return "\n".join(blocks)
-

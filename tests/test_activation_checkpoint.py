@@ -12,11 +12,11 @@ import torch
 from forge_core.api import blocks_of
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.judge import make_plan
+from forge_core.plan import make_plan
 from forge_core.registry import load_registries
-from forge_core.train import components
+from forge_core import components
 from forge_core.train.loss import loss_fn
-from forge_core.train.parallelize import parallelize
+from forge_core.distributed.parallelize import parallelize
 
 TINY = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
 VOCAB, ROWS, SEQ, STEPS = 64, 4, 16, 3

@@ -115,8 +115,8 @@ OLD_PATHS = [
     ("forge_core.errors", "unknown_name", "forge_core.api", "unknown_name"),
     ("forge_core.run_context", "RunContext", "forge_core.api", "RunContext"),
     ("forge_core.train.parallel_context", "ParallelContext", "forge_core.api", "ParallelContext"),
-    ("forge_core.train.parallelize", "ModelSplit", "forge_core.api", "ModelSplit"),
-    ("forge_core.train.parallelize", "transformer_blocks", "forge_core.api", "blocks_of"),
+    ("forge_core.distributed.parallelize", "ModelSplit", "forge_core.api", "ModelSplit"),
+    ("forge_core.distributed.parallelize", "transformer_blocks", "forge_core.api", "blocks_of"),
     ("forge_core.config.validators", "at_least", "forge_core.api", "at_least"),
 ]
 

@@ -19,7 +19,7 @@ from forge_core.judge import judge
 from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.train.chunked_loss import ChunkedLoss, take_over_head
 from forge_core.train.loss import build_loss, loss_fn
-from forge_core.train.parallelize import single_process
+from forge_core.distributed.parallelize import single_process
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models.llama import Llama, build
@@ -237,7 +237,7 @@ def test_build_loss_takes_over_the_head_only_when_chunked(tmp_path):
 def test_training_with_the_chunked_loss_equals_the_full_loss(tmp_path, monkeypatch):
     """The trainer's per-step losses and gradient norms with the chunked loss equal the
     full loss's (float32, AdamW, 4 steps): rounding only, far below a step's change."""
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     calls = []
     real_call = ChunkedLoss.__call__

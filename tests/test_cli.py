@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
-from forge_core.cli import main, normalize_argv
+from forge_core.cli.main import main, normalize_argv
 from forge_core.config.schema import ForgeConfig
 
 
@@ -154,8 +154,8 @@ def test_malformed_override_values_exit_2(tmp_path, path, data):
 
 
 def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
-    from forge_core.cli import parse_args
-    from forge_core.train import launch
+    from forge_core.cli.main import parse_args
+    from forge_core.cli import train as launch
 
     path = cfg({"data": {"packer": "none"}})
     for argv in (["check", path, "--world-size", "2", "parallel.pp=2"],

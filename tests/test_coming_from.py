@@ -19,7 +19,7 @@ import pytest
 
 from doc_chapters import without_code
 from forge_core import docgen
-from forge_core.cli import build_parser
+from forge_core.cli.main import build_parser
 from forge_core.config.loader import load_config
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "coming-from.md"

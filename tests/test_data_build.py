@@ -53,7 +53,7 @@ class Packers:
 
 
 def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tmp_path, capsys):
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     cfg = tiny_config(tmp_path, "eager", data={"packer": "eager"}, train={"steps": 2})
     rec = Recorder()
@@ -66,7 +66,7 @@ def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tm
 
 def test_a_layout_that_breaks_the_spec_is_refused_before_training(tmp_path):
     from forge_core.api import ForgeError
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     cfg = tiny_config(tmp_path, "broken", data={"packer": "broken"}, train={"steps": 2})
     with pytest.raises(ForgeError, match=r"packer 'broken' .*declares that it emits doc_ids, positions .* "

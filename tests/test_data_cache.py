@@ -24,7 +24,8 @@ from forge_core.data import prepare as prepare_module
 from forge_core.data.build import build_training_data
 from forge_core.data.cache import cache_key, cached_shards
 from forge_core.data.fingerprint import source_fingerprint
-from forge_core.judge import load_resolved, make_plan
+from forge_core.plan import make_plan
+from forge_core.resolve import load_resolved
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer

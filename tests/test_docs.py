@@ -32,7 +32,7 @@ import yaml
 
 from doc_chapters import GUIDE, DocSyntaxError, code_blocks, console_steps, play, play_chapters, squash, without_code
 from forge_core import docgen
-from forge_core.cli import COMMANDS, build_parser
+from forge_core.cli.main import COMMANDS, build_parser
 from forge_core.config.loader import parse_yaml, resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 

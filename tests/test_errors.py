@@ -160,7 +160,7 @@ def test_culprit_without_a_component():
     """A helper module of a plugin that no component names is the plugin's; code of no
     plugin (the kernel, the standard library) is nobody's."""
     from forge_core.registry import load_registries
-    from forge_core.train.components import culprit
+    from forge_core.components import culprit
     from forge_plugins.models import rotary
 
     registries = load_registries()

@@ -19,9 +19,9 @@ from forge_core.data.build import heldout_documents
 from forge_core.data.packed_rows import ArrayRows, pack_documents
 from forge_core.judge import judge
 from forge_core.registry import load_registries
-from forge_core.train import components
+from forge_core import components
 from forge_core.train.evaluate import EvalData, EvalSet, build_eval_data, rank_batches, run_eval
-from forge_core.train.parallelize import single_process
+from forge_core.distributed.parallelize import single_process
 from train_helpers import tiny_config, write_config
 
 CPU = torch.device("cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forge_core.train import rundir
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from train_helpers import Recorder, SignalAt, tiny_config, write_config
 
 LR = 3e-3
@@ -110,7 +110,7 @@ def test_a_third_party_schedule_is_never_asked_past_its_span():
     from forge_core.config.schema import ForgeConfig
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
-    from forge_core.train import components
+    from forge_core import components
 
     registries = load_registries(extra=(("recording", RecordingSchedule()),))
     cfg, issues = structure({"train": {"schedule": "recording"}}, ForgeConfig)

@@ -12,7 +12,8 @@ import pytest
 from forge_core.data.build import build_training_data, heldout_documents
 from forge_core.data.heldout import heldout_mask
 from forge_core.data.pipeline import document_hashes
-from forge_core.judge import load_resolved, make_plan
+from forge_core.plan import make_plan
+from forge_core.resolve import load_resolved
 from forge_plugins.tokenizers.byte import ByteTokenizer
 
 BYTE = ByteTokenizer()

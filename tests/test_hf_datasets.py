@@ -88,7 +88,8 @@ def test_the_fingerprint_follows_the_bytes_and_the_column(saved, tmp_path):
 
 def test_a_run_reads_it_through_the_cache(saved, tmp_path):
     from forge_core.data.build import build_training_data
-    from forge_core.judge import load_resolved, make_plan
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
     root, _ = saved

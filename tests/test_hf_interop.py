@@ -23,7 +23,7 @@ import torch
 
 from forge_core.testing import assert_within_rounding, longest_sum, packed_metadata
 from forge_core.testing.isolation import check_document_isolation
-from forge_core.train.parallelize import is_meta, materialize
+from forge_core.distributed.parallelize import is_meta, materialize
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import hf_interop, hf_keys

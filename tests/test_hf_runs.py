@@ -16,7 +16,7 @@ import torch
 
 from forge_core import cli
 from forge_core.testing import assert_within_rounding, longest_sum
-from forge_core.train.sample import load_for_inference
+from forge_core.generate import load_for_inference
 from train_helpers import read_metrics, tiny_config, write_config
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ contract the model chapter and its conformance check cover):
 - a registration hook's docstring gives the call its implementation receives
   (``constructed as ``cls(options, seq_len=...)````, ``called as ``build(...)````), and
   that call is the one Forge makes: recording implementations of every kind are built
-  through the kernel's own code paths (``forge_core.train.components``, ``parallelize``,
+  through the kernel's own code paths (``forge_core.components``, ``parallelize``,
   the rule engine), and the number of positional arguments and the keyword names they
   received must be those of the documented call.
 
@@ -166,10 +166,12 @@ logging: {loggers: [rec_logger]}
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> dict[str, tuple[int, frozenset[str]]]:
     """Every kind built once, through the code the trainer runs."""
-    from forge_core.judge import judge_config, load_resolved, make_plan
-    from forge_core.train import components
+    from forge_core.judge import judge_config
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
+    from forge_core import components
     from forge_core.train.loss import loss_fn
-    from forge_core.train.parallelize import parallelize
+    from forge_core.distributed.parallelize import parallelize
 
     path = tmp_path_factory.mktemp("hooks") / "recorded.yaml"
     path.write_text(_CONFIG)

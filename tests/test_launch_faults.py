@@ -185,7 +185,7 @@ def test_the_agents_report_prints_each_message_once_and_picks_the_status(tmp_pat
     import json
     from types import SimpleNamespace
 
-    from forge_core.train.agent import WorkerWatch, report
+    from forge_core.cli.agent import WorkerWatch, report
 
     def failure(rank, code, message=None):
         path = tmp_path / f"error-{rank}-{code}.json"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from forge_core.train import memory
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from forge_core.train.memory import MemoryMeter, peak_rss_bytes
 from train_helpers import Recorder, read_metrics, tiny_config, write_config
 

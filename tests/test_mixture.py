@@ -134,7 +134,8 @@ def test_the_summary_line_reports_the_realized_mixture(tmp_path, two_corpora):
     from forge_core.data.build import build_training_data
     from train_helpers import write_config
 
-    from forge_core.judge import load_resolved, make_plan
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
     cfg, registries = load_resolved(write_config(tmp_path / "m.yaml", mixture_config(tmp_path, "m", *two_corpora)))
@@ -156,7 +157,8 @@ class _GhostSource:
 def test_check_finds_every_mixture_entry_implementation(tmp_path, two_corpora):
     from train_helpers import write_config
 
-    from forge_core.judge import IMPLEMENTATION_FOUND, judge
+    from forge_core.component_checks import IMPLEMENTATION_FOUND
+    from forge_core.judge import judge
 
     cfg = mixture_config(tmp_path, "m", *two_corpora)
     cfg["data"]["sources"][1]["name"] = "ghost"
@@ -177,7 +179,7 @@ def test_check_finds_every_mixture_entry_implementation(tmp_path, two_corpora):
 def test_a_mixture_trains_and_resumes_exactly(tmp_path, two_corpora):
     from train_helpers import Recorder, SignalAt, write_config
 
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     straight, resumed = Recorder(), Recorder()
     train(write_config(tmp_path / "s.yaml", mixture_config(tmp_path, "straight", *two_corpora)), [],

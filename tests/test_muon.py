@@ -17,10 +17,10 @@ from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge, judge_config
 from forge_core.registry import load_registries
-from forge_core.train import components
+from forge_core import components
 from forge_core.train.checkpoint import _OPTIM_OPTIONS
 from forge_core.train.loss import loss_fn
-from forge_core.train.named_params import named_parameters
+from forge_core.components.named_params import named_parameters
 from forge_plugins.optim.groups import decay_groups
 from forge_plugins.optim.muon import MuonWithAdamW, split
 from forge_plugins.optim.options import MuonOptions

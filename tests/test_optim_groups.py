@@ -15,9 +15,9 @@ from forge_core.judge import judge_config
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
 from forge_core.api import OptimizerSpec
-from forge_core.train import components
+from forge_core import components
 from forge_core.api import NamedParameter
-from forge_core.train.named_params import named_parameters
+from forge_core.components.named_params import named_parameters
 
 LLAMA = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 16, "multiple_of": 16}
 

@@ -11,7 +11,7 @@ import pytest
 from forge_core.config.loader import ConfigError
 from forge_core.judge import judge
 from forge_core.parallel_dims import active_strategies
-from forge_core.rules import render
+from forge_core.cli.report import render
 from forge_plugins.parallel import rules as R
 from forge_plugins.parallel.split import SCHEDULES, rank_of_stage, stage_layer_ranges, stages_of_rank
 

@@ -11,9 +11,9 @@ import torch
 from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.judge import make_plan
+from forge_core.plan import make_plan
 from forge_core.registry import load_registries
-from forge_core.train import parallelize as P
+from forge_core.distributed import parallelize as P
 
 CALLS: list[str] = []
 TINY = {"dim": 32, "n_layers": 5, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
@@ -82,7 +82,7 @@ def test_one_process_without_strategies_is_the_model_itself(registries):
 
 def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
     from forge_core.api import ForgeError
-    from forge_core.train.mesh import build_mesh, dp_coords
+    from forge_core.distributed.mesh import build_mesh, dp_coords
 
     degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
     assert build_mesh(degrees, torch.device("cpu")) is None  # one process: no mesh at all
@@ -143,7 +143,7 @@ def test_compile_is_in_place_and_block_by_block(monkeypatch):
 def test_pipeline_stages_chained_equal_the_whole_model(registries):
     from forge_plugins.parallel.pipeline import split_of, stage_module
     from forge_plugins.parallel.split import stage_layer_ranges
-    from forge_core.train import components
+    from forge_core import components
 
     plan = plan_with(registries, {})
     torch.manual_seed(0)

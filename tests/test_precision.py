@@ -8,7 +8,7 @@ import torch
 
 from forge_core.api import ForgeError
 from forge_core.train import precision
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from train_helpers import Recorder, tiny_config, write_config
 
 needs_bf16 = pytest.mark.skipif(not precision.cpu_has_bf16(), reason="this CPU has no native bf16 (AVX512_BF16/AMX)")

@@ -201,7 +201,8 @@ def test_damaged_shards_are_refused(text_source, tmp_path):
 
 def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
     from forge_core.data.build import build_training_data
-    from forge_core.judge import load_resolved, make_plan
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
 
     (tmp_path / "tiny.txt").write_text("hello\n\nworld!")
     config = tmp_path / "c.yaml"
@@ -218,7 +219,7 @@ def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
 def run_cli(tmp_path, *extra, tokenizer="byte", train_bpe=0):
     import argparse
 
-    from forge_core.data.prepare_cli import main
+    from forge_core.cli.prepare import main
 
     data = tmp_path / "corpus.txt"
     data.write_text("\n\n".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(200)))
@@ -260,7 +261,7 @@ def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
 def test_cli_refuses_a_mixture(tmp_path):
     import argparse
 
-    from forge_core.data.prepare_cli import main
+    from forge_core.cli.prepare import main
 
     config = tmp_path / "mix.yaml"
     config.write_text("data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from forge_plugins.loggers import profiler as profiler_module
 from train_helpers import tiny_config, write_config
 

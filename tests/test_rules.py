@@ -16,7 +16,8 @@ from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge
 from forge_core.registry import RuleEntry
-from forge_core.rules import evaluate, render
+from forge_core.cli.report import render
+from forge_core.rules import evaluate
 
 
 def errors(path, overrides=(), world_size=None, extra=()):

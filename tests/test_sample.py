@@ -10,7 +10,8 @@ from torch import nn
 
 from forge_core import cli
 from forge_core.testing import assert_within_rounding, longest_sum
-from forge_core.train.sample import StreamPrinter, choose, continuation, generate, next_token_logits
+from forge_core.cli.sample import StreamPrinter, continuation
+from forge_core.generate import choose, generate, next_token_logits
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models.llama import build

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge_core.api import hookimpl
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from train_helpers import Recorder, tiny_config, write_config
 
 

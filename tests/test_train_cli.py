@@ -83,7 +83,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
 
 
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
                       logging={"loggers": ["jsonl"]})

@@ -15,7 +15,7 @@ import torch
 from conftest import run_cli
 from forge_core import cli, hookspecs
 from forge_core.api import hookimpl
-from forge_core.train.launch import train
+from forge_core.cli.train import train
 from train_helpers import Recorder, SignalAt, read_metrics, tiny_config, write_config
 
 EVAL_KEYS = {"eval/loss", "eval/perplexity", "eval/tokens"}

@@ -13,7 +13,7 @@ import torch
 
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.train.checkpoint import find_latest, load_model, model_state
-from forge_core.train.launch import InvalidConfig, train
+from forge_core.cli.train import InvalidConfig, train
 from forge_core.train.precision import cpu_has_bf16
 from forge_core.train.trainer import NonFiniteStop
 from train_helpers import (
@@ -36,7 +36,7 @@ def run(tmp_path: Path, config: dict, *plugins, overrides=()) -> str:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from forge_core.train import components
+    from forge_core import components
     from forge_core.train.rundir import load_run_config
 
     plan, registries = load_run_config(run_dir)
@@ -129,7 +129,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     # The test has power: rows hold different numbers of labelled tokens, so a mean of
     # per-micro-batch means would differ from the global mean.
     from forge_core.data.build import build_training_data
-    from forge_core.train import components
+    from forge_core import components
     from forge_core.train.rundir import load_run_config
 
     plan, registries = load_run_config(tmp_path / "accum1")

@@ -49,7 +49,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     from transformers import LlamaForCausalLM
 
     from forge_core.testing import assert_within_rounding, longest_sum
-    from forge_core.train.sample import load_for_inference
+    from forge_core.generate import load_for_inference
 
     model, tokenizer, _, _ = load_for_inference(tmp_path / "obs")
     hf = LlamaForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
@@ -64,7 +64,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
 def test_two_processes_match_one(tmp_path):
     """--nproc 2 with data parallelism gives the single-process losses (the loss is
     normalised by the global token count; gradients are summed over ranks)."""
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     write_corpus(tmp_path / "corpus", docs=80, short=True)
     cfg = tiny_config(tmp_path, "ddp", train={"steps": 3, "batch_size": 4}, logging={"loggers": ["jsonl"]})
@@ -137,9 +137,9 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
     from transformers import AutoTokenizer
 
     from forge_core.data.bpe import train_bpe
-    from forge_core.train import export
-    from forge_core.train.launch import train
-    from forge_core.train.sample import generate, load_for_inference
+    from forge_core.cli import export
+    from forge_core.cli.train import train
+    from forge_core.generate import generate, load_for_inference
     from forge_plugins.sources.options import TextOptions
     from forge_plugins.sources.text import TextSource
 

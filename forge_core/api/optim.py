@@ -1,7 +1,7 @@
 """What an optimizer factory receives for each trainable parameter: ``NamedParameter``,
 its roles, and the weight-decay rule. The rule that assigns the roles (from the owning
 module's type and the parameter's shape, or the model's ``param_roles()``) is the
-trainer's, in ``forge_core.train.named_params``; this module stays torch-free."""
+trainer's, in ``forge_core.components.named_params``; this module stays torch-free."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class ModelSplit:
 
     Later strategies are applied to each of ``parts`` separately; once every strategy
     has been applied, ``finalize(pmodel, runners)`` is called with the
-    :class:`~forge_core.train.parallelize.ParallelModel` and, for each part, the module
+    :class:`~forge_core.distributed.parallelize.ParallelModel` and, for each part, the module
     the later strategies returned for it (a wrapper, or the part itself), and sets
     ``train_step`` and ``is_last_stage`` (and anything else it drives).
     """

@@ -708,13 +708,6 @@ def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tupl
     return _with_blocks(config, values)
 
 
-def component_options(config: ForgeConfig, section: str, name: str, registry: Any) -> Any:
-    """The structured options of a keyed component (a strategy or a logger), defaults when
-    the config gives none."""
-    given = getattr(config, section).options.get(name)
-    return given if given is not None else registry.get(name).options()
-
-
 def load_config(path: str | Path, overrides: list[str] = (), registries: Any = None) -> ForgeConfig:
     """Read, override, structure and resolve a config; raise ConfigError listing every
     problem. Without ``registries`` the option blocks stay raw mappings."""

@@ -74,7 +74,7 @@ def _labels(sources: tuple[Any, ...]) -> list[str]:
 
 def build_source(plan: Any, registries: Any, index: int) -> Any:
     """The plan's ``index``-th source, constructed; a mixture's errors say which entry."""
-    from forge_core.train import components
+    from forge_core import components
 
     chosen = plan.sources[index]
     try:
@@ -154,7 +154,7 @@ def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: 
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
-    from forge_core.train import components
+    from forge_core import components
 
     t0 = time.perf_counter()
     config = plan.config

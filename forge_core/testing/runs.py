@@ -22,7 +22,7 @@ def train_in_process(config_path: str, overrides: Sequence[str] = (),
     """Train ``config_path`` (with dotted ``overrides``) in this process, exactly as
     ``forge-run`` would on one process; returns ``"completed"`` or ``"interrupted"``
     and raises ForgeError for what ``forge-run`` reports as a user error."""
-    from forge_core.train.launch import train
+    from forge_core.cli.train import train
 
     return train(config_path, tuple(overrides), extra_plugins=tuple(extra_plugins))
 

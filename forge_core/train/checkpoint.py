@@ -65,7 +65,7 @@ from forge_core.api import ForgeError
 from forge_core.api.files import atomic_write, fsync_dir
 from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
-from forge_core.train.distributed import broadcast_object, is_distributed
+from forge_core.distributed.placement import broadcast_object, is_distributed
 
 MANIFEST = "manifest.json"
 LATEST = "latest"

@@ -13,7 +13,7 @@ of each, exactly as the training loader does, so every layout scores the same ro
 last batch that the rows do not fill is completed with copies of the last row whose
 labels are all -100: every rank keeps the same shapes (collectives and pipeline
 microbatches stay aligned) and the copies add nothing. Each batch goes through
-:meth:`~forge_core.train.parallelize.ParallelModel.evaluate` (forward only, under
+:meth:`~forge_core.distributed.parallelize.ParallelModel.evaluate` (forward only, under
 ``torch.no_grad``, the training loss function), which returns the batch's loss *sum*
 and its count of labelled tokens; only those two numbers are kept, so memory does not
 grow with the number of batches and no logits outlive the batch that made them. The
@@ -117,7 +117,7 @@ def build_eval_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool
     with nothing to read is a ForgeError saying which source and why."""
     from forge_core.data.build import heldout_documents, pack, source_shards
     from forge_core.data.shards import stream as document_stream
-    from forge_core.train import components
+    from forge_core import components
 
     config = plan.config
     data = config.data
@@ -238,11 +238,11 @@ class eval_mode:
 def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable | None = None, *, device: torch.device,
              precision: str = "fp32", slice_weight: float = 1.0,
              progress: Callable[[int, int], None] | None = None) -> EvalResult:
-    """Evaluate ``pmodel`` (a :class:`~forge_core.train.parallelize.ParallelModel`) on
+    """Evaluate ``pmodel`` (a :class:`~forge_core.distributed.parallelize.ParallelModel`) on
     ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every process of the run calls
     it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
     ``progress(batches done, batches in all)`` is called after every batch."""
-    from forge_core.train.distributed import all_reduce_sum
+    from forge_core.distributed.placement import all_reduce_sum
     from forge_core.train.precision import autocast as precision_autocast
 
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ Every loss has the signature ``loss(output, labels) -> (loss_sum, token_count)``
 :func:`build_loss` picks the one ``train.loss`` names: :func:`loss_fn` over the logits
 the model returns (``full``), or :class:`~forge_core.train.chunked_loss.ChunkedLoss`
 over the hidden states a model returns once the loss has taken over its output head
-(``chunked``). The trainer, :meth:`~forge_core.train.parallelize.ParallelModel.evaluate`
+(``chunked``). The trainer, :meth:`~forge_core.distributed.parallelize.ParallelModel.evaluate`
 and the last pipeline stage call whichever was built, through ``ParallelModel.loss_fn``.
 The choice is a ``train`` setting, not a model option: the loss is the trainer's, the
 same for every model; a model only declares where its output head is

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from forge_core.train.distributed import all_reduce_max
+from forge_core.distributed.placement import all_reduce_max
 
 GIB = float(2**30)
 RSS = "mem_rss_peak_gib"

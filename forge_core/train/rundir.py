@@ -50,7 +50,7 @@ def load_run_config(run_dir: Path) -> tuple[Any, Any]:
     ``export-hf`` build its components. A config saved before a key moved is read with
     the key at its new place (Forge wrote it, so the move is Forge's to make)."""
     from forge_core.config.loader import migrate_moved_keys, structure_config
-    from forge_core.judge import make_plan
+    from forge_core.plan import make_plan
     from forge_core.registry import load_registries
 
     path = run_dir / CONFIG

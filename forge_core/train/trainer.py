@@ -2,7 +2,7 @@
 
 It knows components only through the registries: the model with its attention backend,
 the data path (source -> tokenizer -> packer -> stateful loader), the optimizer and
-schedule, the parallelism strategies (through :mod:`forge_core.train.parallelize`) and
+schedule, the parallelism strategies (through :mod:`forge_core.distributed.parallelize`) and
 the loggers, which receive the lifecycle hooks like any third-party plugin.
 
 One optimizer step:
@@ -49,7 +49,8 @@ import torch
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, RunContext
 from forge_core.plugins import register
-from forge_core.train import components, flops, precision, rundir, schedule_span
+from forge_core import components
+from forge_core.train import flops, precision, rundir, schedule_span
 from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import (
     CheckpointManager,
@@ -57,10 +58,10 @@ from forge_core.train.checkpoint import (
     no_space_message,
     remove_stale_temporaries,
 )
-from forge_core.train.distributed import Placement, all_reduce_sum, broadcast_object
+from forge_core.distributed.placement import Placement, all_reduce_sum, broadcast_object
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
-from forge_core.train.parallelize import clip_grad_norm, is_meta, parallelize
+from forge_core.distributed.parallelize import clip_grad_norm, is_meta, parallelize
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
 

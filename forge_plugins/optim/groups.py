@@ -1,5 +1,5 @@
 """Parameter groups of the built-in optimizers: weight decay where the declared rule of
-:mod:`forge_core.train.named_params` says, none elsewhere."""
+:mod:`forge_core.components.named_params` says, none elsewhere."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Optimizer factories: AdamW (fused or foreach) and SGD. Both take the parameters as
-:class:`~forge_core.train.named_params.NamedParameter` and keep weight decay off biases,
+:class:`~forge_core.components.named_params.NamedParameter` and keep weight decay off biases,
 norms and other vectors (and off embeddings with ``decay_embeddings: false``): see
 :func:`forge_plugins.optim.groups.decay_groups`."""
 

@@ -3,7 +3,7 @@
 Every replica holds the whole model; gradients are all-reduced while backward runs and
 SUMMED (DDP's division by the number of replicas is replaced by a communication hook):
 the trainer divides each loss by the global token count, so the sum is the whole
-batch's gradient, see :mod:`forge_core.train.parallelize`.
+batch's gradient, see :mod:`forge_core.distributed.parallelize`.
 
 - Without pipeline parallelism: ``DistributedDataParallel`` (bucketed all-reduce
   overlapping backward). The wrapper is what gets called; the wrapped module stays the

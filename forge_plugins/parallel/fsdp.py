@@ -6,7 +6,7 @@ Parameters, gradients and optimizer state are sharded over ``dp_shard``; with
 replica, all-reduce across replicas). Applied after tensor parallelism, it shards the
 tensor-parallel DTensors again along the data-parallel dimension (2-D parallelism).
 Gradients are SUMMED over the data-parallel ranks (divide factor 1, not FSDP's
-default mean), the convention of :mod:`forge_core.train.parallelize`. Under ``train.precision: bf16`` parameters are
+default mean), the convention of :mod:`forge_core.distributed.parallelize`. Under ``train.precision: bf16`` parameters are
 gathered in bf16 and gradients reduced in fp32.
 """
 

@@ -19,8 +19,9 @@ import torch.distributed as dist
 
 from forge_core.data import prepare
 from forge_core.data.build import build_training_data
-from forge_core.judge import load_resolved, make_plan
-from forge_core.train import components
+from forge_core.plan import make_plan
+from forge_core.resolve import load_resolved
+from forge_core import components
 
 
 def main() -> None:

@@ -23,14 +23,14 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from forge_core import judge
+from forge_core import plan as planning
 from forge_core.api import Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
-from forge_core.train import components
+from forge_core import components
 from forge_core.train.loss import loss_fn
-from forge_core.train.parallelize import is_meta, parallelize
+from forge_core.distributed.parallelize import is_meta, parallelize
 from forge_plugins.models.hf_folder import weight_map
 from forge_plugins.models.hf_keys import to_hf_key
 
@@ -54,7 +54,7 @@ def make_plan(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> Plan:
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return judge.make_plan(config, registries, dist.get_world_size())
+    return planning.make_plan(config, registries, dist.get_world_size())
 
 
 def checkpoint_tensors(hf_dir: str) -> dict[str, torch.Tensor]:

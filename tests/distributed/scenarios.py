@@ -13,7 +13,7 @@ the full logits, or the chunked loss for the ``*_chunked`` layouts, compared wit
 full-logits single-process run), each data-parallel rank reads its
 own slice of the global batch (``pmodel.dp_rank``), back-propagates through
 ``pmodel.forward_backward`` (the gradient convention of
-:mod:`forge_core.train.parallelize`), clips with ``clip_grad_norm`` and steps plain SGD
+:mod:`forge_core.distributed.parallelize`), clips with ``clip_grad_norm`` and steps plain SGD
 (so a wrong gradient scale or a wrong norm changes the next losses, which Adam would
 hide). The clipping threshold is below the gradient norm, so every step clips. After
 training, the loss of the first batch is evaluated (``pmodel.evaluate``, forward only)
@@ -34,14 +34,14 @@ import torch.distributed as dist
 
 import eval_loop
 import variants
-from forge_core import judge
+from forge_core import plan as planning
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.registry import load_registries
-from forge_core.train import components
+from forge_core import components
 from forge_core.train.loss import build_loss, loss_fn
-from forge_core.train.parallelize import clip_grad_norm, parallelize, single_process
+from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process
 
 VOCAB = 64
 SEQ = 16
@@ -209,7 +209,7 @@ def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], 
     assert not issues, issues
     config, issues = resolve_components(config, registries)
     assert not issues, issues
-    return judge.make_plan(config, registries, world_size)
+    return planning.make_plan(config, registries, world_size)
 
 
 def packed_batches() -> list[dict[str, torch.Tensor]]:

@@ -35,7 +35,7 @@ def loaded(tmp_path_factory):
 
 
 def single_process_logits(hf_dir):
-    from forge_core.train.parallelize import materialize
+    from forge_core.distributed.parallelize import materialize
     from forge_plugins.attention.options import SdpaOptions
     from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.models.llama import build

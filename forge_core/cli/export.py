@@ -68,7 +68,7 @@ def main(args: Any) -> int:
 
     from forge_core.data.shards import move_into_place, partial_dir
     from forge_core.api import import_path
-    from forge_core.train import components
+    from forge_core import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
     from forge_core.train.run_lock import ensure_out_dir
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info

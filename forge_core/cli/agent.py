@@ -1,5 +1,5 @@
 """The torchrun agent as ``forge-run --nproc N`` runs it:
-``python -m forge_core.train.agent [torchrun options] -m forge_core.train.worker CONFIG ...``.
+``python -m forge_core.cli.agent [torchrun options] -m forge_core.cli.worker CONFIG ...``.
 
 It is torchrun itself (same options, same rendezvous, same worker environment), with:
 
@@ -41,7 +41,7 @@ from forge_core.errors import (
     traceback_text,
     where_raised,
 )
-from forge_core.train.launch import LAUNCHER_PID_ENV
+from forge_core.cli.train import LAUNCHER_PID_ENV
 from forge_core.train.signals import alive, child_pids, end_with_parent, process_state
 
 #: Set for the workers: the pid of their agent, so a worker can tell it was orphaned early.

@@ -4,7 +4,7 @@
 Dimensions of size 1 are kept, so a strategy can always slice ``mesh["tp"]`` and the
 layout is the same whatever is switched on. :func:`dp_coords` flattens the two
 data-parallel dimensions: the processes that read different batches. The process group
-must already exist (:func:`forge_core.train.distributed.setup`: gloo on CPU, nccl on
+must already exist (:func:`forge_core.distributed.placement.setup`: gloo on CPU, nccl on
 CUDA); a single process gets no mesh at all.
 """
 

@@ -212,7 +212,7 @@ def parallelize(
     :class:`ParallelModel`.
     """
     from forge_core.api import ForgeError, ParallelContext
-    from forge_core.train.mesh import build_mesh, dp_coords, group_of
+    from forge_core.distributed.mesh import build_mesh, dp_coords, group_of
 
     mesh = build_mesh(plan.degrees, device)
     steps: list[tuple[int, str, Any]] = [(s.spec.order, s.name, s) for s in plan.strategies]

@@ -11,8 +11,8 @@ This is the boundary between the kernel and plugin code: an exception raised whi
 component's implementation is imported or constructed becomes a
 :class:`~forge_core.errors.ComponentError` naming the component, the plugin that
 registered it and the original error (a ForgeError from the plugin passes unchanged).
-:func:`culprit` names the component whose code raised an exception later, while it was
-used, from the exception's traceback.
+:mod:`forge_core.components.blame` names the component whose code raised an exception
+later, while it was used.
 """
 
 from __future__ import annotations
@@ -26,23 +26,8 @@ from typing import Any
 import attrs
 
 from forge_core.api import ForgeError
+from forge_core.components.blame import describe, original_error
 from forge_core.errors import TRACEBACK_ENV, ComponentError
-
-#: Longest original message quoted in a ComponentError.
-_MAX_MESSAGE = 1000
-
-
-def describe(registries: Any, kind: str, name: str) -> str:
-    """``tokenizer 'hf' (plugin 'tokenizers')``."""
-    registry = registries[kind]
-    return f"{registry.kind.label} {name!r} (plugin {registry.plugin_of(name)!r})"
-
-
-def original_error(exc: BaseException) -> str:
-    text = str(exc)
-    if len(text) > _MAX_MESSAGE:
-        text = text[:_MAX_MESSAGE] + " ..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], spec: Any = None) -> Any:
@@ -66,51 +51,6 @@ def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], sp
             f"building {what} failed: {original_error(exc)}. The cause is in its options, the "
             f"files they name, or the plugin itself ({TRACEBACK_ENV}=1 shows where it was raised)."
         ) from exc
-
-
-def _is_kernel(module: str) -> bool:
-    return module == "forge_core" or module.startswith("forge_core.")
-
-
-def culprit(exc: BaseException, registries: Any) -> str | None:
-    """Which plugin code raised ``exc``: ``"model 'llama' (plugin 'models')"``, or
-    ``"plugin 'observer'"`` when the code belongs to a plugin but to none of its
-    components, or ``None`` when no plugin code is on the traceback.
-
-    The innermost frame in a plugin's package names the plugin. Within it, the innermost
-    frame in a component's implementation (its function or class, else its module when
-    no other component of the plugin shares it) names the component. The kernel's own
-    modules never count."""
-    packages: dict[str, str] = {}
-    for name, plugin in registries.plugins.pm.list_name_plugin():
-        module = plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
-        package = module.rpartition(".")[0] or module
-        if not _is_kernel(package):
-            packages.setdefault(package, name)
-    impls = [
-        (registry.plugin_of(component), *registry.get(component).impl.partition(":")[::2],
-         describe(registries, registry.kind.name, component))
-        for registry in registries for component in registry.names()
-    ]
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        frames.append((str(tb.tb_frame.f_globals.get("__name__", "")), getattr(code, "co_qualname", code.co_name)))
-        tb = tb.tb_next
-    owner = None
-    for module, qualname in reversed(frames):
-        if _is_kernel(module):
-            continue
-        plugin = next((p for pkg, p in packages.items() if module == pkg or module.startswith(pkg + ".")), None)
-        owner = owner or plugin
-        if owner is None or plugin != owner:
-            continue
-        here = [(attr, what) for p, mod, attr, what in impls if p == owner and mod == module]
-        exact = [what for attr, what in here if qualname == attr or qualname.startswith(attr + ".")]
-        if exact or len(here) == 1:
-            return (exact or [here[0][1]])[0]
-    return None if owner is None else f"plugin {owner!r}"
 
 
 def tokenizer(plan: Any, registries: Any) -> Any:
@@ -201,7 +141,7 @@ def optimizer(plan: Any, registries: Any, module: Any) -> Any:
     ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory written
     for the old contract (a first parameter of another name, which received a one-shot
     iterator of parameters) gets a list of the parameters, with a FutureWarning."""
-    from forge_core.train.named_params import named_parameters
+    from forge_core.components.named_params import named_parameters
 
     named = named_parameters(module)
     name = plan.config.train.optimizer
@@ -234,7 +174,7 @@ def schedule(plan: Any, registries: Any, total_steps: int) -> Any:
 
 def loggers(plan: Any, registries: Any) -> list[tuple[str, Any]]:
     """``(name, instance)`` for every logger in ``logging.loggers``."""
-    from forge_core.config.loader import component_options
+    from forge_core.plan import component_options
 
     out = []
     for name in plan.config.logging.loggers:

@@ -4,8 +4,8 @@
   size the run will have; an invalid config is refused with the same report (and the
   exact ``forge-run check`` command that prints it) before any process group or tensor
   exists. Warnings are printed and the run goes on.
-- One process by default. ``--nproc N`` starts :mod:`forge_core.train.agent` (torchrun's
-  agent, same options) which starts N :mod:`forge_core.train.worker` processes
+- One process by default. ``--nproc N`` starts :mod:`forge_core.cli.agent` (torchrun's
+  agent, same options) which starts N :mod:`forge_core.cli.worker` processes
   (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` passed through).
 - Started by ``torchrun`` directly (``RANK``/``WORLD_SIZE`` set), it trains in this
   process as one rank of the group.
@@ -66,7 +66,7 @@ def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
     """Judge the config; raise :class:`InvalidConfig` with the report on errors and print
     warnings (unless ``quiet``) otherwise."""
     from forge_core.judge import judge
-    from forge_core.rules import render
+    from forge_core.cli.report import render
 
     result = judge(config_path, list(overrides), world_size, tuple(extra_plugins))
     if result.errors:
@@ -92,7 +92,7 @@ def train(config_path: str, overrides: Sequence[str] = (), *,
         rank = int(os.environ.get("RANK", "0"))
         # Judge before importing torch: an invalid config is refused in a fraction of a second.
         result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
-        from forge_core.train import distributed
+        from forge_core.distributed import placement as distributed
         from forge_core.train.trainer import Trainer
 
         placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
@@ -117,7 +117,8 @@ def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeErr
     """A clean error for an exception that escaped the run: a collective that timed out or
     lost its peer, or plugin code (named with its component and plugin); ``None`` for the
     kernel's own failures, which are bugs."""
-    from forge_core.train import components, distributed
+    from forge_core import components
+    from forge_core.distributed import placement as distributed
 
     collective = distributed.collective_failure(exc, placement)
     if collective is not None:
@@ -152,7 +153,7 @@ def _nnodes_count(nnodes: str | None) -> int | None:
 
 def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
     """The agent's command line: torchrun's options, then the worker and its arguments."""
-    cmd = [sys.executable, "-m", "forge_core.train.agent", "--nproc-per-node", str(args.nproc)]
+    cmd = [sys.executable, "-m", "forge_core.cli.agent", "--nproc-per-node", str(args.nproc)]
     if args.nnodes is not None:
         cmd += ["--nnodes", str(args.nnodes)]
     if args.node_rank is not None:
@@ -161,7 +162,7 @@ def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
     elif args.nnodes is None:
         cmd += ["--standalone"]
-    return cmd + ["-m", "forge_core.train.worker", args.config, *overrides]
+    return cmd + ["-m", "forge_core.cli.worker", args.config, *overrides]
 
 
 def relaunch(args: Any, overrides: Sequence[str]) -> int:

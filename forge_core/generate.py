@@ -1,11 +1,12 @@
-"""``forge-run sample RUN_DIR --prompt "..." [--prompt ...]``: continuations from the
-run's latest complete checkpoint, streamed as they are sampled.
+"""Continuations from a trained model: a finished run loaded for inference, and
+token-by-token sampling.
 
-Works from the run directory alone: its ``config.yaml`` rebuilds the model and the
-tokenizer (from what the run saved in ``tokenizer/``), the checkpoint gives the
-weights, checked against its manifest's checksums and read without running code from
-it (:func:`forge_core.train.checkpoint.load_model`). The model's pretrained option is
-cleared (``ModelSpec.pretrained_option``): the checkpoint holds every weight.
+:func:`load_for_inference` works from the run directory alone: its ``config.yaml``
+rebuilds the model and the tokenizer (from what the run saved in ``tokenizer/``), the
+checkpoint gives the weights, checked against its manifest's checksums and read without
+running code from it (:func:`forge_core.train.checkpoint.load_model`). The model's
+pretrained option is cleared (``ModelSpec.pretrained_option``): the checkpoint holds
+every weight.
 
 Decoding runs the model's own forward. A model that offers a key/value cache
 (``model.new_cache(batch, max_len)`` and ``model(ids, cache=cache)``, as the built-in
@@ -14,33 +15,27 @@ re-reads the whole context every token. The context is the run's trained length
 (``data.seq_len``): with a cache, a context that fills up is cut to its second half and
 read again (one prompt pass), without, it slides by one token each step.
 
-Sampling: temperature, then top-k, then top-p (the smallest set of most likely tokens
-whose probability reaches ``top_p``), from a generator seeded with ``--seed`` for every
-prompt; temperature 0 is greedy. A continuation ends at the tokenizer's end of document,
-after ``--max-new-tokens`` or at the first ``--stop`` string (not printed). Text is
-printed as it comes, holding back only what may still turn into a stop string or the
-rest of a character.
+Sampling (:func:`choose`): temperature, then top-k, then top-p (the smallest set of most
+likely tokens whose probability reaches ``top_p``), from a generator seeded with
+``seed``; temperature 0 is greedy. A continuation ends at ``eos_id`` or after
+``max_new_tokens``.
 """
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from forge_core.api import ForgeError
-
 
 def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     """``(model in eval mode, tokenizer, config, checkpoint)`` of a run directory or a
     checkpoint directory, on the run's device (CPU without CUDA)."""
-    from forge_core.train import components
+    from forge_core import components
     from forge_core.train.checkpoint import load_model, resolve_checkpoint
-    from forge_core.train.distributed import choose_device
+    from forge_core.distributed.placement import choose_device
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
     checkpoint, run_dir = resolve_checkpoint(path)
@@ -128,77 +123,3 @@ def generate(model: Any, ids: list[int], max_new_tokens: int, *, context: int, t
     """``max_new_tokens`` sampled ids after ``ids`` (stops early at ``eos_id``)."""
     return list(sample_tokens(model, ids, max_new_tokens, context=context, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id))
-
-
-class StreamPrinter:
-    """Writes a growing text as it grows, holding back a tail that may still become one
-    of ``stops`` or is a character not yet complete (``U+FFFD`` from a cut byte
-    sequence)."""
-
-    def __init__(self, write: Callable[[str], Any], stops: list[str]) -> None:
-        self.write, self.stops, self.shown = write, stops, 0
-
-    def _held(self, text: str) -> int:
-        held = len(text) - len(text.rstrip("\ufffd"))
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:n]):
-                    held = max(held, n)
-                    break
-        return held
-
-    def update(self, text: str, final: bool = False) -> None:
-        end = len(text) if final else len(text) - self._held(text)
-        if end > self.shown:
-            self.write(text[self.shown:end])
-            self.shown = end
-
-
-def continuation(tokenizer: Any, new: list[int], stops: list[str]) -> tuple[str, bool]:
-    """``(text of new, whether a stop string ended it)``: the text is cut before the
-    first stop string."""
-    text = tokenizer.decode(new)
-    cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
-
-
-def main(args: Any) -> int:
-    if args.max_new_tokens < 0:
-        raise ForgeError("--max-new-tokens must be 0 or more")
-    if not 0 < args.top_p <= 1:
-        raise ForgeError(f"--top-p must be in (0, 1], got {args.top_p}")
-    stops = [s for s in (args.stop or []) if s]
-    model, tokenizer, config, checkpoint = load_for_inference(args.run_dir)
-    prompts = args.prompt or [""]
-    total, elapsed = 0, 0.0
-    for n, prompt in enumerate(prompts):
-        if n:
-            print()
-        prompt_ids = list(tokenizer.encode(prompt)) if prompt else []
-        # An empty prompt starts where every document starts: after an end of document.
-        start = prompt_ids or [int(tokenizer.eos_id)]
-        print(tokenizer.decode(prompt_ids), end="", flush=True)
-        printer = StreamPrinter(lambda s: print(s, end="", flush=True), stops) if args.stream else None
-        new: list[int] = []
-        text = ""
-        t0 = time.perf_counter()
-        for token in sample_tokens(model, start, args.max_new_tokens, context=config.data.seq_len,
-                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                   seed=args.seed, eos_id=int(tokenizer.eos_id)):
-            new.append(token)
-            text, stopped = continuation(tokenizer, new, stops)
-            if stopped:
-                break
-            if printer is not None:
-                printer.update(text)
-        elapsed += time.perf_counter() - t0
-        total += len(new)
-        if printer is not None:
-            printer.update(text, final=True)
-        else:
-            print(text, end="")
-        print(flush=True)
-    rate = f", {total / elapsed:.1f} tokens/s" if elapsed > 0 and total else ""
-    how = "key/value cache" if has_cache(model) else "no cache: the context is re-read every token"
-    print(f"[{checkpoint}] {total} tokens sampled{rate} ({how})", file=sys.stderr)
-    return 0

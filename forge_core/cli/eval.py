@@ -40,7 +40,7 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
     from forge_core.config.schema import ParallelSection, PluginsSection
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
-    from forge_core.rules import render
+    from forge_core.cli.report import render
     from forge_core.train.rundir import CONFIG
 
     path = run_dir / CONFIG
@@ -100,12 +100,12 @@ class _Progress:
 def main(args: Any) -> int:
     from forge_core.api import RunContext
     from forge_core.data.build import heldout_documents
-    from forge_core.train import components
+    from forge_core import components
     from forge_core.train.checkpoint import load_model, step_of
-    from forge_core.train.distributed import choose_device
+    from forge_core.distributed.placement import choose_device
     from forge_core.train.evaluate import build_eval_data, run_eval
     from forge_core.train.loss import build_loss
-    from forge_core.train.parallelize import single_process
+    from forge_core.distributed.parallelize import single_process
     from forge_core.train.rundir import TOKENIZER, read_run_info
     from forge_core.train.view import RunView
 
