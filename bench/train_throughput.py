@@ -137,7 +137,7 @@ def build_hf(trainer, compiled: bool):
     from forge_plugins.models.options import ffn_hidden_size
 
     options = trainer.config.model.options
-    part = trainer.pmodel.parts[0]
+    part = trainer.parts.pmodel.parts[0]
     config = LlamaConfig(
         vocab_size=part.vocab_size, hidden_size=options.dim,
         intermediate_size=ffn_hidden_size(options), num_hidden_layers=options.n_layers,
@@ -182,7 +182,8 @@ def hf_step(model, params, optimizer, loader, precision: str, device) -> float:
 
 def label_forge(trainer) -> None:
     """Labelled ranges around Forge's data, loss and optimizer, for the profile."""
-    import forge_core.train.trainer as trainer_module
+    import attrs
+    import forge_core.train.step as step_module
     from torch.profiler import record_function
 
     def labelled(name, fn):
@@ -191,12 +192,13 @@ def label_forge(trainer) -> None:
                 return fn(*args, **kwargs)
         return call
 
-    loader = trainer.loader
-    trainer.loader = type("Labelled", (), {"__next__": lambda self: labelled("bench.data", loader.__next__)(),
-                                           "close": lambda self: loader.close()})()
-    trainer.pmodel.loss_fn = labelled("bench.loss", trainer.pmodel.loss_fn)
-    trainer_module.clip_grad_norm = labelled("bench.optimizer", trainer_module.clip_grad_norm)
-    for optimizer in trainer.optimizers:
+    parts = trainer.parts
+    loader = parts.loader
+    trainer.parts = attrs.evolve(parts, loader=type("Labelled", (), {
+        "__next__": lambda self: labelled("bench.data", loader.__next__)(), "close": lambda self: loader.close()})())
+    parts.pmodel.loss_fn = labelled("bench.loss", parts.pmodel.loss_fn)
+    step_module.clip_grad_norm = labelled("bench.optimizer", step_module.clip_grad_norm)
+    for optimizer in parts.optimizers:
         optimizer.step = labelled("bench.optimizer", optimizer.step)
         optimizer.zero_grad = labelled("bench.optimizer", optimizer.zero_grad)
 
@@ -280,17 +282,17 @@ def worker(cfg: dict) -> dict:
         forge = cfg["framework"] == "forge"
         if forge:
             if cfg["mode"] == "eager":
-                label_norms(trainer.pmodel.parts[0])
+                label_norms(trainer.parts.pmodel.parts[0])
             step = lambda: trainer.train_step()  # noqa: E731
             first = trainer.train_step()["loss"]
         else:
             from forge_core.data.loader import StatefulLoader
 
             # The same batches in the same order as Forge's loader.
-            loader = StatefulLoader(trainer.loader.rows, cfg["batch"], seed=0, shuffle=True)
+            loader = StatefulLoader(trainer.parts.loader.rows, cfg["batch"], seed=0, shuffle=True)
             run_model, model, optimizer = build_hf(trainer, cfg["mode"] == "compiled")
             params = list(model.parameters())
-            del trainer.pmodel, trainer.optimizers  # Forge's model is not part of this measurement
+            trainer.parts = None  # Forge's model is not part of this measurement
             if cfg["mode"] == "eager":
                 label_norms(model)
 

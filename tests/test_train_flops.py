@@ -83,6 +83,25 @@ def test_attention_probe_measures_heads_times_head_dim_per_layer():
     assert probe.options is probe.inner.options  # other attributes pass through
 
 
+def test_attention_width_is_measured_on_a_meta_copy_and_the_model_keeps_its_backend(tmp_path):
+    """The MFU meter measures d_attn on a meta-device copy of the model: the model that
+    trains holds the configured backend itself, never the probe."""
+    from forge_core.judge import judge
+    from forge_core.train.mfu import attention_width
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name: llama, options: {dim: 32, n_layers: 3, n_heads: 4, n_kv_heads: 2, "
+                    "max_seq_len: 16}}\nattention: {backend: sdpa}\n")
+    result = judge(str(path))
+    assert attention_width(result.plan, result.registries, 50) == 3 * 32
+
+    from forge_core import components
+
+    model = components.model(result.plan, result.registries, 50, components.attention(result.plan, result.registries))
+    held = {type(v).__name__ for m in model.modules() for v in vars(m).values()}
+    assert "SdpaAttention" in held and "AttentionProbe" not in held
+
+
 def test_step_flops_formula():
     # 6 N per token; 12 d_attn per attended pair.
     assert flops.step_flops(1000, 64, 10, 55) == 6 * 1000 * 10 + 12 * 64 * 55

@@ -8,8 +8,8 @@ only to the earlier tokens of its own document, so a row costs ``sum_d L_d (L_d 
 pairs instead of ``S (S + 1) / 2``. Each attended pair costs ``4 * d_attn`` FLOPs forward
 (``q.k`` and ``p*v``) and three times that for forward plus backward.
 
-``d_attn`` (heads x head dim, summed over layers) is measured, not assumed: the trainer
-wraps the attention backend in :class:`AttentionProbe` for one forward and reads the
+``d_attn`` (heads x head dim, summed over layers) is measured, not assumed: one forward of
+a meta-device copy of the model around :class:`AttentionProbe` reads the
 shapes every layer passed to ``attend``.
 """
 

@@ -5,9 +5,9 @@ few timed square matmuls in the training dtype, for about a second, and cached i
 ``~/.cache/forge/peak_flops.json`` (``$FORGE_CACHE_DIR`` or ``$XDG_CACHE_HOME/forge``
 when set), keyed by device name, thread count and dtype, so later runs start at once.
 
-A figure measured while other programs competed for the cores is too low; the trainer
-notices when a step runs faster than the cached peak and raises it (``store_peak``), so
-MFU never reads above 100% for long.
+A figure measured while other programs competed for the cores is too low: MFU then
+reads above 1, and the run says so (:mod:`forge_core.train.mfu`); deleting the cache
+file (:func:`cache_file`) measures again at the next start.
 """
 
 from __future__ import annotations
@@ -20,12 +20,18 @@ from pathlib import Path
 
 import torch
 
+from forge_core.api.files import atomic_write
+
 
 def cache_dir() -> Path:
     if os.environ.get("FORGE_CACHE_DIR"):
         return Path(os.environ["FORGE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "forge"
+
+
+def cache_file() -> Path:
+    return cache_dir() / "peak_flops.json"
 
 
 def device_name(device: torch.device) -> str:
@@ -66,7 +72,7 @@ def time_matmul(device: torch.device, dtype: torch.dtype, size: int, budget_s: f
 
 def cached_peak(device: torch.device, dtype: torch.dtype) -> float | None:
     try:
-        value = json.loads((cache_dir() / "peak_flops.json").read_text()).get(cache_key(device, dtype))
+        value = json.loads((cache_file()).read_text()).get(cache_key(device, dtype))
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
@@ -74,7 +80,7 @@ def cached_peak(device: torch.device, dtype: torch.dtype) -> float | None:
 
 def store_peak(device: torch.device, dtype: torch.dtype, value: float) -> Path:
     """Write ``value`` as the cached peak for this device, thread count and dtype."""
-    path = cache_dir() / "peak_flops.json"
+    path = cache_file()
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -83,9 +89,7 @@ def store_peak(device: torch.device, dtype: torch.dtype, value: float) -> Path:
     cached[cache_key(device, dtype)] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(cached, indent=1, sort_keys=True))
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time
     return path
@@ -96,7 +100,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: floa
     """``(peak FLOP/s, where the figure came from)``."""
     if configured_tflops > 0:
         return configured_tflops * 1e12, "train.peak_tflops"
-    path = cache_dir() / "peak_flops.json"
+    path = cache_file()
     cached = cached_peak(device, dtype)
     if cached is not None:
         return cached, f"cached in {path}"

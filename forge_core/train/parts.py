@@ -1,0 +1,114 @@
+"""What one run is built of, declared: :func:`build_parts` constructs every component of
+the judged plan once, in order, and :class:`RunParts` holds them for the loop.
+
+The order matters: the tokenizer first (its vocabulary sizes the model), the data (read
+from the token cache, which one process per node fills while the others wait), the model
+with its attention backend, then the strategies (and ``train.compile``) applied in their
+declared order, with the loss ``train.loss`` names (the chunked loss takes over the
+model's output head before any strategy shards it), the optimizers (one per model part),
+the loader, evaluation data and the MFU meter.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from forge_core import components
+from forge_core.api import ForgeError
+from forge_core.distributed.parallelize import is_meta, parallelize
+from forge_core.distributed.placement import Placement
+from forge_core.train import precision
+from forge_core.train.checkpoint import CheckpointManager
+from forge_core.train.loss import build_loss
+from forge_core.train.memory import MemoryMeter
+from forge_core.train.mfu import MfuMeter, build_meter
+
+
+@attrs.frozen
+class RunParts:
+    tokenizer: Any
+    #: The training rows (``.rows``, ``.seq_len``, ``.summary``).
+    data: Any
+    #: The model with the plan's strategies applied (:class:`~forge_core.distributed.parallelize.ParallelModel`).
+    pmodel: Any
+    optimizers: list[Any]
+    loader: Any
+    checkpoints: CheckpointManager
+    memory: MemoryMeter
+    mfu: MfuMeter
+    #: Held-out data when ``eval.enabled``.
+    eval_data: Any | None
+    #: What the run records to rebuild this model (a pretrained model may keep a larger,
+    #: padded vocabulary than its tokenizer's).
+    vocab_size: int
+    n_params: int
+    #: Rows per micro-batch on each data-parallel rank.
+    micro_batch: int
+    #: A per-process count times this, summed over every process, counts each batch
+    #: once (every process of a data-parallel slice reads the same batch).
+    slice_weight: float
+    #: Input tokens a step trains on: ``train.batch_size`` full rows, whatever the packer
+    #: put in them.
+    step_inputs: int
+
+
+def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
+    micro = batch_size // (dp * grad_accum)
+    if micro < 1 or micro * dp * grad_accum != batch_size:
+        raise ForgeError(f"train.batch_size = {batch_size} does not split into {dp} data-parallel "
+                         f"ranks x {grad_accum} accumulation steps")
+    return micro
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_parts(plan: Any, registries: Any, placement: Placement, run_dir: Any,
+                log: Callable[[str], None]) -> RunParts:
+    from forge_core.data.build import build_training_data
+    from forge_core.data.loader import StatefulLoader
+
+    cfg, pl = plan.config, placement
+    train = cfg.train
+    precision.check_precision(train.precision, pl.device)
+    seed_everything(cfg.run.seed)
+    tokenizer = components.tokenizer(plan, registries)
+    data = build_training_data(plan, registries, tokenizer, is_main=pl.is_main)
+    log(data.summary)
+
+    model = components.model(plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries))
+    vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log)
+    if not is_meta(model):  # one on the meta device is materialised by parallelize
+        model.to(pl.device)
+    pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg))
+    dp = pmodel.dp_size
+    micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
+    optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]
+    loader = StatefulLoader(data.rows, micro_batch, dp_rank=pmodel.dp_rank, dp_size=dp, seed=cfg.run.seed,
+                            shuffle=cfg.data.shuffle, num_workers=cfg.data.num_workers)
+    eval_data = None
+    if cfg.eval.enabled:
+        from forge_core.train.evaluate import build_eval_data
+
+        eval_data = build_eval_data(plan, registries, tokenizer, is_main=pl.is_main)
+        log(eval_data.summary)
+    log(f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls), "
+        f"attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
+        f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})")
+    return RunParts(
+        tokenizer=tokenizer, data=data, pmodel=pmodel, optimizers=optimizers, loader=loader,
+        checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size),
+        memory=MemoryMeter(pl.device), mfu=mfu, eval_data=eval_data, vocab_size=vocab_size, n_params=n_params,
+        micro_batch=micro_batch, slice_weight=dp / pl.world_size, step_inputs=train.batch_size * data.seq_len,
+    )

@@ -1,0 +1,102 @@
+"""One optimizer step over a step's micro-batches.
+
+1. count, over every data-parallel rank, the tokens whose label is not
+   :data:`~forge_core.api.IGNORE_INDEX` and the attended pairs (one small all-reduce
+   that also carries whether any process received a stop signal);
+2. for each micro-batch, :meth:`~forge_core.distributed.parallelize.ParallelModel.forward_backward`
+   under the chosen precision, the loss sum divided by that global count (the gradient
+   convention of :mod:`forge_core.distributed.parallelize`), gradient sync only on the
+   last micro-batch;
+3. finish the gradients (what strategies reduce once per step, after the last backward),
+   clip to the global gradient norm and, when the loss and the norm are finite, step
+   every optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import attrs
+import torch
+
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS
+from forge_core.distributed.parallelize import clip_grad_norm
+from forge_core.distributed.placement import all_reduce_sum
+from forge_core.train import flops, precision
+
+
+@attrs.frozen
+class StepOutcome:
+    loss: float
+    grad_norm: float
+    #: Labelled tokens and attended pairs over the global batch.
+    tokens: float
+    pairs: float
+    #: Whether any process had received a stop signal when the step began.
+    stop_agreed: bool
+    #: Whether the optimizers stepped (the loss and the gradient norm were finite).
+    stepped: bool
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
+    """Skip data-parallel gradient sync on all but the last micro-batch: DDP's
+    ``no_sync()``, FSDP2's ``set_requires_gradient_sync``; nothing for a plain module."""
+    if module is None:
+        return contextlib.nullcontext()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if not enabled and hasattr(module, "no_sync"):
+        return module.no_sync()
+    return contextlib.nullcontext()
+
+
+def global_counts(micro: list[dict[str, torch.Tensor]], slice_weight: float, stop: bool,
+                  device: torch.device) -> tuple[float, float, float]:
+    """``(labelled tokens, attended pairs, stop requests)`` over every process. Every
+    process of a data-parallel slice reads the same batch: ``slice_weight`` counts each
+    batch once."""
+    labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
+    pairs = sum(flops.attended_pairs(b.get(DOC_IDS), *b[INPUT_IDS].shape[:2]) for b in micro)
+    w = slice_weight
+    labelled, pairs, stops = all_reduce_sum([labelled * w, pairs * w, 1.0 if stop else 0.0], device)
+    return labelled, pairs, stops
+
+
+def optimizer_step(pmodel: Any, optimizers: list[Any], micro: list[dict[str, torch.Tensor]], lr: float, *,
+                   precision_name: str, device: torch.device, slice_weight: float, grad_clip: float,
+                   stop: bool) -> StepOutcome:
+    """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
+    afterwards whether or not the optimizers stepped."""
+    labelled, pairs, stops = global_counts(micro, slice_weight, stop, device)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    normalizer = max(labelled, 1.0)
+    autocast = precision.autocast(precision_name, device)
+    loss_total = torch.zeros((), dtype=torch.float32, device=device)
+    for i, batch in enumerate(micro):
+        batch = _to_device(batch, device)
+        with _grad_sync(pmodel.forward, i == len(micro) - 1), autocast:
+            loss_sum, _ = pmodel.forward_backward(batch, None, normalizer)
+        loss_total += loss_sum.detach().float()
+    pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)
+    grad_norm = float(clip_grad_norm(pmodel, grad_clip))
+    # Every process holds its data-parallel slice's loss (pipeline ranks get it back
+    # from the last stage): weight so each slice counts once.
+    loss = all_reduce_sum([float(loss_total) * slice_weight], device)[0] / normalizer
+    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
+    if stepped:
+        for optimizer in optimizers:
+            optimizer.step()
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped)
