@@ -29,20 +29,20 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     specs = {
         block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
+    registry = registries["parallelism"]
+    options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
+    facts = model_facts(specs["model"], config.model.options, registries)
     sources = tuple(
         ChosenSource(where, registries["source"].get(entry.name), entry.options, float(entry.weight), entry.label)
         for where, entry in config.data.source_entries()
     )
     specs["source"] = sources[0].spec
-    registry = registries["parallelism"]
-    options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
     degrees = resolve_degrees(config.parallel, world_size)
     strategies = tuple(
         ActiveStrategy(spec, options[spec.name], registry.plugin_of(spec.name))
         for spec in active_strategies(registry, degrees, config.parallel.wrappers)
     )
     emitted = specs["packer"].emitted(config.data.packer_options)
-    facts = model_facts(specs["model"], config.model.options, registries)
     ev = config.eval
     eval_source = ChosenSource("eval.source", registries["source"].get(ev.source), ev.source_options) if ev.source else None
     return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source)
