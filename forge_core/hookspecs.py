@@ -123,12 +123,10 @@ def forge_models() -> list[ModelSpec]:
     """Register model families, selected by ``model.name``.
 
     Return a list of :class:`~forge_core.api.ModelSpec`. The implementation is a
-    factory the trainer calls once per process as ``build(options, vocab_size=...,
-    attention=...)``: ``options`` is the structured ``model.options`` block (an
-    instance of the spec's options class), ``vocab_size`` the tokenizer's vocabulary
-    size, and ``attention`` the constructed attention backend of ``attention.backend``,
-    wrapped by the trainer's FLOPs probe (which records the shape of ``q`` at every
-    ``attend`` and delegates everything else): call only
+    factory the trainer calls as ``build(options, vocab_size=..., attention=...)``:
+    ``options`` is the structured ``model.options`` block (an instance of the spec's
+    options class), ``vocab_size`` the tokenizer's vocabulary size, and ``attention``
+    the constructed attention backend of ``attention.backend``: call only
     ``attention.prepare(doc_ids, seq_len, device)``, once per forward, and
     ``attention.attend(q, k, v, prepared)`` with its result, ``q`` of shape ``(batch,
     heads, seq, head_dim)`` and ``k``, ``v`` of ``(batch, kv_heads, seq, head_dim)``.
@@ -136,10 +134,12 @@ def forge_models() -> list[ModelSpec]:
     positions=None)`` returns logits ``(batch, seq, vocab)``; the per-token metadata
     (``(batch, seq)`` integer tensors, the keywords the spec's ``accepts`` lists) arrive
     when the packer isolates documents: ``doc_ids`` go to ``prepare``, ``positions``
-    (restarting at every document) to the position encoding. Before any strategy is
-    applied the trainer makes one extra forward, ``model(torch.zeros(1, 4,
-    dtype=torch.long))`` without metadata under ``torch.no_grad()``, to measure the
-    FLOPs. The module may define ``param_roles() -> dict[str, str]`` (parameter name to
+    (restarting at every document) to the position encoding. To measure the FLOPs the
+    trainer builds a second copy under ``torch.device("meta")``, with the spec's
+    ``pretrained_option`` cleared and ``attention`` wrapped in a probe that records the
+    shape of ``q`` at every ``attend`` (and returns zeros instead of attending), and
+    makes one forward ``model(torch.zeros(1, 4, dtype=torch.long))`` without metadata
+    under ``torch.no_grad()``; the model that trains never holds the probe. The module may define ``param_roles() -> dict[str, str]`` (parameter name to
     role) to override the rule that decides which parameters take weight decay (see
     ``forge_optimizers``).
 
