@@ -204,6 +204,7 @@ def bench_bfd(n_docs: int, materialize_docs: int, rng: np.random.Generator) -> N
     except ImportError:
         print("  trl: not installed, skipped (pip install trl to compare with pack_dataset(strategy='bfd'))")
         return
+    # trl packs the column named "input_ids" (its convention, not a Forge batch key).
     dataset = datasets.Dataset.from_dict({"input_ids": [d.tolist() for d in docs]})
     start = time.perf_counter()
     packed = pack_dataset(dataset, SEQ_LEN, strategy="bfd")

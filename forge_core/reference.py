@@ -55,9 +55,9 @@ def annotation_as_written(cls: type, name: str) -> str:
 
 def documented_meaning(field: attrs.Attribute) -> str:
     """A field's ``doc``, followed by what its validators allow."""
-    from forge_core.api import describe
+    from forge_core.api import describe, option_doc
 
-    doc = field.metadata.get("doc", "")
+    doc = option_doc(field)
     allowed = describe(field)
     return f"{doc} Allowed: {allowed}." if allowed else doc
 

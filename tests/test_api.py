@@ -56,8 +56,8 @@ def test_every_public_name_is_exported():
     import forge_core.api as api
 
     assert sorted(api.__all__) == sorted(n for n in vars(api) if n[0] not in "_@" and n not in
-                                         {"batch", "errors", "files", "fingerprint", "hooks", "optim", "packing", "parallel",
-                                          "protocols", "rules", "run", "shards", "specs", "validators"})
+                                         {"batch", "errors", "files", "fingerprint", "hooks", "optim", "options", "packing",
+                                          "parallel", "protocols", "rules", "run", "shards", "specs", "validators"})
 
 
 def test_no_module_of_forge_or_the_example_package_uses_a_deprecated_path():
@@ -118,6 +118,8 @@ OLD_PATHS = [
     ("forge_core.distributed.parallelize", "ModelSplit", "forge_core.api", "ModelSplit"),
     ("forge_core.distributed.parallelize", "transformer_blocks", "forge_core.api", "blocks_of"),
     ("forge_core.config.validators", "at_least", "forge_core.api", "at_least"),
+    ("forge_core.config.schema", "field", "forge_core.api", "option"),
+    ("forge_plugins.optim.options", "opt", "forge_core.api", "option"),
 ]
 
 

@@ -4,10 +4,10 @@
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
 ``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``files``, ``fingerprint``,
-``parallel``, ``optim``, ``protocols``, ``shards``, ``validators``) and nothing here
-imports torch or any other part of Forge, so a plugin's registration module stays as
-light as ``forge-run check`` needs it. Trainer internals are free to move; these names
-are what Forge keeps stable.
+``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``validators``) and
+nothing here imports torch or any other part of Forge, so a plugin's registration
+module stays as light as ``forge-run check`` needs it. Trainer internals are free to
+move; these names are what Forge keeps stable.
 """
 
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
@@ -34,6 +34,7 @@ from forge_core.api.parallel import (
     tied_parameter_names,
 )
 from forge_core.api.optim import NamedParameter
+from forge_core.api.options import option, option_doc
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
@@ -75,6 +76,7 @@ __all__ = [
     "BLOCKS", "OUTPUT_HEAD", "PIPELINE", "TENSOR_PARALLEL", "ModelFacts", "ModelSplit", "ParallelContext",
     "ParallelContract", "PipelineSplit", "TensorParallelPlan", "TensorParallelScope", "blocks_of", "contract_of",
     "NamedParameter",
+    "option", "option_doc",
     "tensor_parallel_coverage", "tied_parameter_names",
     "AttentionBackend", "Packer", "ParallelModule", "Source", "Strategy", "Tokenizer",
     "ActiveStrategy", "ChosenSource", "Plan", "Rule", "Severity", "Violation", "get_path",

@@ -1,10 +1,11 @@
 """Reusable validators for config fields and component options.
 
-Each is an attrs validator (``attrs.field(validator=at_least(1))``) whose message says
-what the value must be and what it was (``must be at least 1, got 0``), and whose
-``description`` the generated configuration reference shows beside the field. The
-loader reports a failing validator at its field's path
-(``$.train.optimizer_options.beta1``), every failing field of a config at once.
+Each is an attrs validator, the third argument of :func:`~forge_core.api.option`
+(``option(128, "...", at_least(1))``), whose message says what the value must be and
+what it was (``must be at least 1, got 0``), and whose ``description`` the generated
+configuration reference shows beside the field. The loader reports a failing validator
+at its field's path (``$.train.optimizer_options.beta1``), every failing field of a
+config at once.
 
 Two checks need no validator because the loader applies them to every field: an ``int``
 must fit in 64 bits, and a ``float`` must be finite (``.nan``, ``.inf`` and ``1e999`` are
@@ -14,12 +15,12 @@ in Python.
 A plugin author uses them in an options class::
 
     import attrs
-    from forge_core.api import at_least, between
+    from forge_core.api import at_least, between, option
 
     @attrs.frozen
     class WindowOptions:
-        window: int = attrs.field(default=128, validator=at_least(1))
-        dropout: float = attrs.field(default=0.0, validator=between(0, 1, high_open=True))
+        window: int = option(128, "Tokens each query sees.", at_least(1))
+        dropout: float = option(0.0, "Share of attention weights dropped.", between(0, 1, high_open=True))
 
 Checks of the file system (does a path exist, is it a shard directory) are not
 validators: options are also built where the file system may differ (``forge-run

@@ -1,9 +1,10 @@
 """The config schema: frozen attrs classes, one per top-level section.
 
-Every field carries its meaning in ``metadata["doc"]``; ``docs/configuration.md`` is
-generated from these classes and a test keeps it current. A component is named only by
-its registered name (``model.name: llama``); its own settings live in the sibling option
-block (``model.options``), structured against the options class its spec declares.
+Every field is an :func:`~forge_core.api.option`, which carries its meaning;
+``docs/configuration.md`` is generated from these classes and a test keeps it current.
+A component is named only by its registered name (``model.name: llama``); its own
+settings live in the sibling option block (``model.options``), structured against the
+options class its spec declares.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.api import above, at_least, between, non_blank, satisfies
+from forge_core.api import above, at_least, between, non_blank, option, satisfies
+from forge_core.deprecation import moved
 
-
-def field(default: Any, doc: str, **kwargs: Any) -> Any:
-    """An attrs field with a documentation string (mutable defaults via factory)."""
-    if isinstance(default, (list, dict)):
-        value = default
-        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc}, **kwargs)
-    return attrs.field(default=default, metadata={"doc": doc}, **kwargs)
+#: ``field`` was this module's own documented-field helper; ``option`` is the one every
+#: options class uses.
+__getattr__ = moved(__name__, {"field": "forge_core.api:option"})
 
 
 #: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
@@ -29,15 +27,15 @@ _DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >
 
 @attrs.frozen
 class RunSection:
-    name: str = field("forge", "Name of the run, shown in logs.")
-    out_dir: str = field(
+    name: str = option("forge", "Name of the run, shown in logs.")
+    out_dir: str = option(
         "runs/forge", "Run directory: checkpoints, metrics, plots, tokenizer.", validator=non_blank
     )
-    seed: int = field(0, "Seed for model init, data order and dropout.", validator=at_least(0))
-    device: Literal["auto", "cpu", "cuda"] = field(
+    seed: int = option(0, "Seed for model init, data order and dropout.", validator=at_least(0))
+    device: Literal["auto", "cpu", "cuda"] = option(
         "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
     )
-    collective_timeout: float = field(
+    collective_timeout: float = option(
         0.0,
         "Seconds a collective (all-reduce, gather, barrier) waits for the other processes "
         "before the job stops with an error naming the rank that stopped answering. 0 picks "
@@ -49,26 +47,26 @@ class RunSection:
 
 @attrs.frozen
 class ModelSection:
-    name: str = field("llama", "Registered model name (`forge-run plugins` lists them).")
-    options: Any = field({}, "The model's own options, checked against its options class.")
+    name: str = option("llama", "Registered model name (`forge-run plugins` lists them).")
+    options: Any = option({}, "The model's own options, checked against its options class.")
 
 
 @attrs.frozen
 class AttentionSection:
-    backend: str = field("sdpa", "Registered attention backend: sdpa, flex, eager, ...")
-    options: Any = field({}, "The backend's own options.")
+    backend: str = option("sdpa", "Registered attention backend: sdpa, flex, eager, ...")
+    options: Any = option({}, "The backend's own options.")
 
 
 @attrs.frozen
 class SourceEntry:
-    name: str = field("", "Registered data source of this part of the mixture.", validator=non_blank)
-    weight: float = field(
+    name: str = option("", "Registered data source of this part of the mixture.", validator=non_blank)
+    weight: float = option(
         1.0, "Its share of the training rows: weights are divided by their sum, so 7 and 3 "
         "mean 70% and 30%, whatever the sources' sizes (a small source is repeated, a large "
         "one sampled).", validator=above(0),
     )
-    options: Any = field({}, "The source's own options, checked against its options class.")
-    label: str = field(
+    options: Any = option({}, "The source's own options, checked against its options class.")
+    label: str = option(
         "", "Its name in the logs and the data summary (default: the source's name, numbered "
         "when two entries share it)."
     )
@@ -76,22 +74,22 @@ class SourceEntry:
 
 @attrs.frozen
 class HeldoutSection:
-    fraction: float = field(
+    fraction: float = option(
         0.0, "Share of documents held out of training, chosen by a hash of each document's "
         "content (so a document stays on its side when the corpus grows, and identical "
         "documents share a side). 0: none.", validator=between(0, 1, high_open=True),
     )
-    seed: int = field(0, "Changes which documents are held out (not how many).", validator=at_least(0))
+    seed: int = option(0, "Changes which documents are held out (not how many).", validator=at_least(0))
 
 
 @attrs.frozen
 class CacheSection:
-    dir: str = field(
+    dir: str = option(
         "", "Where tokenized sources are cached ('' means $FORGE_CACHE_DIR/data, else "
         "$XDG_CACHE_HOME/forge/data, else ~/.cache/forge/data). Entries are keyed by the "
         "source's content, the tokenizer's identity and the format version."
     )
-    wait_s: float = field(
+    wait_s: float = option(
         3600.0, "How long a process waits for another one that is tokenizing the same source "
         "into the cache before it gives up with an error.", validator=above(0),
     )
@@ -99,23 +97,23 @@ class CacheSection:
 
 @attrs.frozen
 class DataSection:
-    source: str = field("stdlib", "Registered data source (one source; `sources` for a mixture).")
-    source_options: Any = field({}, "The source's own options.")
-    sources: list[SourceEntry] = field(
+    source: str = option("stdlib", "Registered data source (one source; `sources` for a mixture).")
+    source_options: Any = option({}, "The source's own options.")
+    sources: list[SourceEntry] = option(
         [], "A weighted mixture of sources, instead of `source`/`source_options`: a list of "
         "{name, weight, options, label}."
     )
-    tokenizer: str = field("byte", "Registered tokenizer.")
-    tokenizer_options: Any = field({}, "The tokenizer's own options.")
-    packer: str = field("concat", "Registered packer: none, concat, bfd, ...")
-    packer_options: Any = field({}, "The packer's own options.")
-    seq_len: int = field(256, "Tokens per training row.", validator=at_least(1))
-    shuffle: bool = field(True, "Shuffle rows each epoch (seeded by run.seed).")
-    num_workers: int = field(
+    tokenizer: str = option("byte", "Registered tokenizer.")
+    tokenizer_options: Any = option({}, "The tokenizer's own options.")
+    packer: str = option("concat", "Registered packer: none, concat, bfd, ...")
+    packer_options: Any = option({}, "The packer's own options.")
+    seq_len: int = option(256, "Tokens per training row.", validator=at_least(1))
+    shuffle: bool = option(True, "Shuffle rows each epoch (seeded by run.seed).")
+    num_workers: int = option(
         0, "Loader worker processes (0: load in the training process).", validator=at_least(0)
     )
-    heldout: HeldoutSection = field(HeldoutSection(), "A document-level held-out split.")
-    cache: CacheSection = field(CacheSection(), "The cache of tokenized sources.")
+    heldout: HeldoutSection = option(HeldoutSection(), "A document-level held-out split.")
+    cache: CacheSection = option(CacheSection(), "The cache of tokenized sources.")
 
     def source_entries(self) -> list[tuple[str, SourceEntry]]:
         """``(where, entry)`` for every source the run reads: each of ``sources``
@@ -128,33 +126,33 @@ class DataSection:
 
 @attrs.frozen
 class ParallelSection:
-    dp_replicate: int = field(
+    dp_replicate: int = option(
         1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).", validator=at_least(1)
     )
-    dp_shard: int = field(
+    dp_shard: int = option(
         -1, "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
         "size: 1 in one process, N under `--nproc N` with every other degree 1.",
         validator=_DP_SHARD,
     )
-    tp: int = field(1, "Tensor-parallel degree.", validator=at_least(1))
-    pp: int = field(1, "Pipeline-parallel stages.", validator=at_least(1))
-    wrappers: list[str] = field([], "Extra strategies without a mesh degree, by name.")
-    options: dict[str, Any] = field({}, "Per-strategy options, keyed by strategy name.")
+    tp: int = option(1, "Tensor-parallel degree.", validator=at_least(1))
+    pp: int = option(1, "Pipeline-parallel stages.", validator=at_least(1))
+    wrappers: list[str] = option([], "Extra strategies without a mesh degree, by name.")
+    options: dict[str, Any] = option({}, "Per-strategy options, keyed by strategy name.")
 
 
 @attrs.frozen
 class NonFiniteSection:
-    policy: Literal["skip", "stop"] = field(
+    policy: Literal["skip", "stop"] = option(
         "skip", "On a NaN/inf loss or gradient: skip the step, or stop the run."
     )
-    max_consecutive: int = field(
+    max_consecutive: int = option(
         3, "Stop after this many consecutive skipped steps.", validator=at_least(1)
     )
 
 
 @attrs.frozen
 class LossSection:
-    name: Literal["full", "chunked"] = field(
+    name: Literal["full", "chunked"] = option(
         "full",
         "'full': the model returns the logits (batch x sequence x vocabulary) and the "
         "cross-entropy is taken over them. 'chunked': the output projection and the "
@@ -164,7 +162,7 @@ class LossSection:
         "head and the log-sum-exp is combined across ranks. Same loss and gradients; the "
         "model must declare its output head (OUTPUT_HEAD in its spec's supports).",
     )
-    chunk_tokens: int = field(
+    chunk_tokens: int = option(
         1024, "Tokens per chunk for 'chunked': a chunk's fp32 logits take chunk_tokens x "
         "vocabulary x 4 bytes (1024 x 32k: 128 MiB).", validator=at_least(1),
     )
@@ -172,86 +170,86 @@ class LossSection:
 
 @attrs.frozen
 class TrainSection:
-    steps: int = field(100, "Optimizer steps to train.", validator=at_least(1))
-    batch_size: int = field(
+    steps: int = option(100, "Optimizer steps to train.", validator=at_least(1))
+    batch_size: int = option(
         8, "Global batch in rows per optimizer step (all processes).", validator=at_least(1)
     )
-    grad_accum: int = field(
+    grad_accum: int = option(
         1, "Micro-steps per optimizer step; batch_size must divide by it.", validator=at_least(1)
     )
-    lr: float = field(3e-4, "Peak learning rate.", validator=above(0))
-    optimizer: str = field("adamw", "Registered optimizer.")
-    optimizer_options: Any = field({}, "The optimizer's own options.")
-    schedule: str = field("cosine", "Registered learning-rate schedule.")
-    schedule_options: Any = field({}, "The schedule's own options.")
-    warmup_steps: int = field(
+    lr: float = option(3e-4, "Peak learning rate.", validator=above(0))
+    optimizer: str = option("adamw", "Registered optimizer.")
+    optimizer_options: Any = option({}, "The optimizer's own options.")
+    schedule: str = option("cosine", "Registered learning-rate schedule.")
+    schedule_options: Any = option({}, "The schedule's own options.")
+    warmup_steps: int = option(
         0, "Linear warmup steps (used by every built-in schedule).", validator=at_least(0)
     )
-    schedule_steps: int = field(
+    schedule_steps: int = option(
         0, "Steps the learning-rate schedule spans. 0: the train.steps the run started with, kept "
         "when a resumed run changes train.steps (past its end the learning rate stays at the "
         "schedule's final value). Set it to re-plan the schedule; on resume the log then gives "
         "the learning rate before and after.", validator=at_least(0),
     )
-    grad_clip: float = field(
+    grad_clip: float = option(
         1.0, "Clip the global gradient norm to this (0 disables).", validator=at_least(0)
     )
-    precision: Literal["fp32", "bf16"] = field(
+    precision: Literal["fp32", "bf16"] = option(
         "fp32", "fp32, or bf16 autocast: matmuls in bf16, the loss, norms and softmax in "
         "fp32, parameters and optimizer state fp32. Needs a CUDA GPU with bf16 or a CPU with "
         "native bf16 (AVX512_BF16 or AMX); elsewhere the run stops with an error.",
     )
-    loss: LossSection = field(LossSection(), "The loss: full logits, or chunked.")
-    compile: bool = field(False, "torch.compile the model.")
-    peak_tflops: float = field(
+    loss: LossSection = option(LossSection(), "The loss: full logits, or chunked.")
+    compile: bool = option(False, "torch.compile the model.")
+    peak_tflops: float = option(
         0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
         validator=at_least(0),
     )
-    nonfinite: NonFiniteSection = field(NonFiniteSection(), "What to do on a non-finite loss.")
+    nonfinite: NonFiniteSection = option(NonFiniteSection(), "What to do on a non-finite loss.")
 
 
 @attrs.frozen
 class CheckpointSection:
-    every: int = field(
+    every: int = option(
         0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).", validator=at_least(0)
     )
-    keep: int = field(
+    keep: int = option(
         2, "Complete checkpoints to keep (older ones are deleted).", validator=at_least(1)
     )
-    resume: Literal["auto", "never"] = field(
+    resume: Literal["auto", "never"] = option(
         "auto", "'auto' resumes from the run directory's latest complete checkpoint."
     )
 
 
 @attrs.frozen
 class EvalSection:
-    enabled: bool = field(
+    enabled: bool = option(
         False, "Evaluate the held-out loss and perplexity during training (every `every` steps) "
         "and when it completes (`at_end`). `forge-run eval` evaluates any run, whatever this says."
     )
-    every: int = field(
+    every: int = option(
         0, "Evaluate every N optimizer steps, counted from the start of the run, so the cadence "
         "is the same after a resume (0: only at the end).", validator=at_least(0)
     )
-    at_end: bool = field(
+    at_end: bool = option(
         True, "Also evaluate when training completes (once, if the cadence already evaluated "
         "the last step)."
     )
-    source: str = field(
+    source: str = option(
         "", "What to evaluate on: '' is the held-out split of the training data "
         "(data.heldout, every source of the run); a registered source name evaluates all of "
         "that source's documents instead."
     )
-    source_options: Any = field({}, "The eval source's own options (with `source` set).")
-    batch_size: int = field(
+    source_options: Any = option({}, "The eval source's own options (with `source` set).")
+    batch_size: int = option(
         0, "Rows per evaluation batch over all processes (0: the training micro-batch, "
         "train.batch_size / train.grad_accum). Must split evenly over data-parallel ranks.",
         validator=at_least(0),
     )
-    max_batches: int = field(
+    max_batches: int = option(
         0, "Evaluate at most this many batches (0: no limit).", validator=at_least(0)
     )
-    max_tokens: int = field(
+    max_tokens: int = option(
         0, "Evaluate at most this many tokens, counted as rows x data.seq_len and rounded up "
         "to whole rows (0: no limit). With max_batches, the tighter limit applies.",
         validator=at_least(0),
@@ -265,15 +263,15 @@ class EvalSection:
 
 @attrs.frozen
 class LoggingSection:
-    loggers: list[str] = field(["console", "jsonl"], "Registered loggers to enable.")
-    every: int = field(1, "Log every N steps.", validator=at_least(1))
-    options: dict[str, Any] = field({}, "Per-logger options, keyed by logger name.")
+    loggers: list[str] = option(["console", "jsonl"], "Registered loggers to enable.")
+    every: int = option(1, "Log every N steps.", validator=at_least(1))
+    options: dict[str, Any] = option({}, "Per-logger options, keyed by logger name.")
 
 
 @attrs.frozen
 class PluginsSection:
-    block: list[str] = field([], "Plugins not to load (names from `forge-run plugins`).")
-    prefer: dict[str, dict[str, str]] = field(
+    block: list[str] = option([], "Plugins not to load (names from `forge-run plugins`).")
+    prefer: dict[str, dict[str, str]] = option(
         {},
         "Whose component a name means when several plugins register it, by kind and name: "
         "`{schedule: {wsd: my_plugin}}`. A config can use such a name only once it is chosen "
@@ -283,16 +281,16 @@ class PluginsSection:
 
 @attrs.frozen
 class ForgeConfig:
-    run: RunSection = field(RunSection(), "Run identity and placement.")
-    model: ModelSection = field(ModelSection(), "The model.")
-    attention: AttentionSection = field(AttentionSection(), "The attention backend.")
-    data: DataSection = field(DataSection(), "Source, tokenizer, packer, loader.")
-    parallel: ParallelSection = field(ParallelSection(), "Device mesh and strategies.")
-    train: TrainSection = field(TrainSection(), "Optimization.")
-    checkpoint: CheckpointSection = field(CheckpointSection(), "Checkpointing and resume.")
-    eval: EvalSection = field(EvalSection(), "Held-out evaluation (loss and perplexity).")
-    logging: LoggingSection = field(LoggingSection(), "Loggers.")
-    plugins: PluginsSection = field(PluginsSection(), "Plugin loading.")
+    run: RunSection = option(RunSection(), "Run identity and placement.")
+    model: ModelSection = option(ModelSection(), "The model.")
+    attention: AttentionSection = option(AttentionSection(), "The attention backend.")
+    data: DataSection = option(DataSection(), "Source, tokenizer, packer, loader.")
+    parallel: ParallelSection = option(ParallelSection(), "Device mesh and strategies.")
+    train: TrainSection = option(TrainSection(), "Optimization.")
+    checkpoint: CheckpointSection = option(CheckpointSection(), "Checkpointing and resume.")
+    eval: EvalSection = option(EvalSection(), "Held-out evaluation (loss and perplexity).")
+    logging: LoggingSection = option(LoggingSection(), "Loggers.")
+    plugins: PluginsSection = option(PluginsSection(), "Plugin loading.")
 
 
 @attrs.frozen

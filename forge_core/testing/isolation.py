@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from forge_core.api import DOC_IDS, POSITIONS
 from forge_core.testing.attention import packed_metadata, spans
 from forge_core.testing.tolerance import (
     ROUNDING_FACTOR,
@@ -82,7 +83,7 @@ def _gradients(model, input_ids, doc_ids, positions, loss_fn):
 
     handles = [m.register_forward_hook(as_leaf) for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     try:
-        metadata = {} if doc_ids is None else {"doc_ids": doc_ids, "positions": positions}
+        metadata = {} if doc_ids is None else {DOC_IDS: doc_ids, POSITIONS: positions}
         logits = model(input_ids, **metadata)
     finally:
         for handle in handles:

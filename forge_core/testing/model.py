@@ -45,6 +45,7 @@ import torch
 
 from forge_core.api import (
     BLOCKS,
+    INPUT_IDS,
     OUTPUT_HEAD,
     PIPELINE,
     ForgeError,
@@ -402,7 +403,7 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
             where = (f"{label}: pipeline stage {s} of {n_stages} (blocks {kept}"
                      f"{'' if s == 0 else ', given hidden states'}"
                      f"{'' if s == n_stages - 1 else ', returning hidden states'})")
-            given = "input_ids" if s == 0 else f"hidden states {tuple(h.shape)}"
+            given = INPUT_IDS if s == 0 else f"hidden states {tuple(h.shape)}"
             try:
                 with torch.no_grad():
                     h = stage(h, doc_ids=doc_ids, positions=positions)

@@ -7,37 +7,30 @@ from typing import Literal
 
 import attrs
 
-from forge_core.api import at_least, relative_path, satisfies
-
-
-def _opt(default, doc, validator=None):
-    if isinstance(default, (list, dict)):
-        value = default
-        return attrs.field(factory=lambda: type(value)(value), metadata={"doc": doc}, validator=validator)
-    return attrs.field(default=default, metadata={"doc": doc}, validator=validator)
+from forge_core.api import at_least, option, relative_path, satisfies
 
 
 @attrs.frozen
 class ConsoleOptions:
-    bar: bool = _opt(True, "Show a tqdm progress bar; false prints one line per logged step instead.")
+    bar: bool = option(True, "Show a tqdm progress bar; false prints one line per logged step instead.")
 
 
 @attrs.frozen
 class JsonlOptions:
-    filename: str = _opt(
+    filename: str = option(
         "metrics.jsonl", "File in the run directory; one JSON object per logged step.", relative_path
     )
 
 
 @attrs.frozen
 class TensorBoardOptions:
-    log_dir: str = _opt("tensorboard", "Event directory, relative to the run directory.", relative_path)
+    log_dir: str = option("tensorboard", "Event directory, relative to the run directory.", relative_path)
 
 
 @attrs.frozen
 class PlotOptions:
-    filename: str = _opt("loss.png", "PNG written in the run directory when the run ends.", relative_path)
-    smooth: int = _opt(
+    filename: str = option("loss.png", "PNG written in the run directory when the run ends.", relative_path)
+    smooth: int = option(
         0, "Also draw a moving average over this many steps (0: off; auto when the run is long).",
         at_least(0),
     )
@@ -50,21 +43,24 @@ _ranks = satisfies("a list of process ranks (integers, 0 or more)",
 
 @attrs.frozen
 class ProfilerOptions:
-    start_step: int = _opt(3, "First step recorded (counting from 1, as the metrics do).", at_least(1))
-    steps: int = _opt(3, "Steps recorded from start_step on.", at_least(1))
-    warmup: int = _opt(
+    start_step: int = option(3, "First step recorded (counting from 1, as the metrics do).", at_least(1))
+    steps: int = option(3, "Steps recorded from start_step on.", at_least(1))
+    warmup: int = option(
         1, "Steps run under the profiler just before start_step and left out of the trace: the "
         "profiler's own start-up cost lands there.", at_least(0),
     )
-    record_shapes: bool = _opt(False, "Record the input shapes of every operator.")
-    memory: bool = _opt(
+    record_shapes: bool = option(False, "Record the input shapes of every operator.")
+    memory: bool = option(
         False, "Record memory allocations and frees in the trace; on CUDA also write a memory "
         "snapshot (allocation timeline with stacks) of the recorded steps.",
     )
-    with_stack: bool = _opt(False, "Record the Python stack of every operator (slower, larger trace).")
-    ranks: list[int] = _opt([0], "Processes that profile, each writing its own trace ([] for every process).",
-                            _ranks)
-    log_dir: str = _opt("profiler", "Directory for the traces, relative to the run directory.", relative_path)
+    with_stack: bool = option(False, "Record the Python stack of every operator (slower, larger trace).")
+    ranks: list[int] = option(
+        [0], "Processes that profile, each writing its own trace ([] for every process).", _ranks
+    )
+    log_dir: str = option(
+        "profiler", "Directory for the traces, relative to the run directory.", relative_path
+    )
 
 
 _tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
@@ -75,21 +71,21 @@ _string_map = satisfies("a mapping of strings to strings",
 
 @attrs.frozen
 class WandbOptions:
-    project: str = _opt("", "W&B project ('': run.name).")
-    entity: str = _opt("", "W&B entity (team or user; '': your default).")
-    name: str = _opt("", "Display name of the W&B run ('': run.name).")
-    group: str = _opt("", "W&B group, to gather related runs ('': none).")
-    tags: list[str] = _opt([], "W&B tags of the run.", _tags)
-    mode: Literal["", "online", "offline", "disabled"] = _opt(
+    project: str = option("", "W&B project ('': run.name).")
+    entity: str = option("", "W&B entity (team or user; '': your default).")
+    name: str = option("", "Display name of the W&B run ('': run.name).")
+    group: str = option("", "W&B group, to gather related runs ('': none).")
+    tags: list[str] = option([], "W&B tags of the run.", _tags)
+    mode: Literal["", "online", "offline", "disabled"] = option(
         "", "'offline' writes locally for `wandb sync` later; '': WANDB_MODE, else online."
     )
 
 
 @attrs.frozen
 class MlflowOptions:
-    tracking_uri: str = _opt(
+    tracking_uri: str = option(
         "", "Tracking server or store URI ('': MLFLOW_TRACKING_URI, else a SQLite store in <run>/mlflow)."
     )
-    experiment: str = _opt("", "Experiment name ('': run.name); created when missing.")
-    run_name: str = _opt("", "Name of the MLflow run ('': run.name).")
-    tags: dict[str, str] = _opt({}, "Tags of the MLflow run.", _string_map)
+    experiment: str = option("", "Experiment name ('': run.name); created when missing.")
+    run_name: str = option("", "Name of the MLflow run ('': run.name).")
+    tags: dict[str, str] = option({}, "Tags of the MLflow run.", _string_map)

@@ -23,15 +23,11 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.api import ModelFacts, Validator, above, at_least, satisfies
+from forge_core.api import ModelFacts, Validator, above, at_least, option, satisfies
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 _UNSET = "null: from init_from_hf's config.json, else "
-
-
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
 
 
 def unset_or(validator: Validator) -> Validator:
@@ -46,131 +42,99 @@ _count = unset_or(at_least(1))
 class RopeScaling:
     """Rotary scaling, as transformers' ``rope_parameters`` / ``rope_scaling`` for Llama."""
 
-    type: Literal["default", "linear", "dynamic", "yarn", "llama3"] = attrs.field(
-        default="default",
-        metadata=_doc(
-            "default: plain rotary; linear: positions divided by factor; llama3: Llama 3.1 "
-            "frequency bands; yarn: YaRN ramp and attention factor; dynamic: dynamic NTK, "
-            "accepted while max_seq_len <= original_max_position_embeddings, where it is "
-            "the plain rotary (transformers recomputes it from the longest sequence seen "
-            "beyond that, which no fixed table reproduces). longrope is refused."
-        ),
+    type: Literal["default", "linear", "dynamic", "yarn", "llama3"] = option(
+        "default",
+        "default: plain rotary; linear: positions divided by factor; llama3: Llama 3.1 "
+        "frequency bands; yarn: YaRN ramp and attention factor; dynamic: dynamic NTK, "
+        "accepted while max_seq_len <= original_max_position_embeddings, where it is "
+        "the plain rotary (transformers recomputes it from the longest sequence seen "
+        "beyond that, which no fixed table reproduces). longrope is refused.",
     )
-    factor: float = attrs.field(default=1.0, validator=above(0), metadata=_doc("Scaling factor."))
-    original_max_position_embeddings: int = attrs.field(
-        default=0,
-        validator=at_least(0),
-        metadata=_doc("Context length of pretraining (llama3, yarn, dynamic); 0: unset."),
+    factor: float = option(1.0, "Scaling factor.", above(0))
+    original_max_position_embeddings: int = option(
+        0,
+        "Context length of pretraining (llama3, yarn, dynamic); 0: unset.",
+        at_least(0),
     )
-    low_freq_factor: float = attrs.field(default=1.0, validator=above(0), metadata=_doc("llama3."))
-    high_freq_factor: float = attrs.field(default=4.0, validator=above(0), metadata=_doc("llama3."))
-    beta_fast: float = attrs.field(default=32.0, validator=above(0), metadata=_doc("yarn."))
-    beta_slow: float = attrs.field(default=1.0, validator=above(0), metadata=_doc("yarn."))
-    attention_factor: float = attrs.field(
-        default=0.0,
-        validator=at_least(0),
-        metadata=_doc("yarn: scale of cos/sin; 0 computes 0.1 * ln(factor) + 1."),
+    low_freq_factor: float = option(1.0, "llama3.", above(0))
+    high_freq_factor: float = option(4.0, "llama3.", above(0))
+    beta_fast: float = option(32.0, "yarn.", above(0))
+    beta_slow: float = option(1.0, "yarn.", above(0))
+    attention_factor: float = option(
+        0.0,
+        "yarn: scale of cos/sin; 0 computes 0.1 * ln(factor) + 1.",
+        at_least(0),
     )
-    truncate: bool = attrs.field(default=True, metadata=_doc("yarn: round the correction range."))
+    truncate: bool = option(True, "yarn: round the correction range.")
 
 
 @attrs.frozen
 class LlamaOptions:
-    family: Literal["llama", "qwen2", "qwen3", "mistral"] | None = attrs.field(
-        default=None,
-        metadata=_doc(
-            "Checkpoint family: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), "
-            "mistral (may declare a sliding window). Decides the parameters and the "
-            f"architecture export-hf writes. {_UNSET}llama."
-        ),
+    family: Literal["llama", "qwen2", "qwen3", "mistral"] | None = option(
+        None,
+        "Checkpoint family: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), "
+        "mistral (may declare a sliding window). Decides the parameters and the "
+        f"architecture export-hf writes. {_UNSET}llama.",
     )
-    dim: int | None = attrs.field(default=None, validator=_count, metadata=_doc(f"Hidden size. {_UNSET}256."))
-    n_layers: int | None = attrs.field(
-        default=None, validator=_count, metadata=_doc(f"Transformer blocks. {_UNSET}4.")
+    dim: int | None = option(None, f"Hidden size. {_UNSET}256.", _count)
+    n_layers: int | None = option(None, f"Transformer blocks. {_UNSET}4.", _count)
+    n_heads: int | None = option(None, f"Query heads. {_UNSET}8.", _count)
+    n_kv_heads: int | None = option(
+        None,
+        f"Key/value heads (grouped-query attention); must divide n_heads. {_UNSET}4.",
+        _count,
     )
-    n_heads: int | None = attrs.field(default=None, validator=_count, metadata=_doc(f"Query heads. {_UNSET}8."))
-    n_kv_heads: int | None = attrs.field(
-        default=None,
-        validator=_count,
-        metadata=_doc(f"Key/value heads (grouped-query attention); must divide n_heads. {_UNSET}4."),
+    head_dim: int | None = option(None, f"Width of a head (even: rotary). {_UNSET}dim / n_heads.", _count)
+    ffn_hidden: int | None = option(
+        None,
+        f"SwiGLU hidden size. {_UNSET}computed the Llama way (as for 0): 2/3 of 4 * dim, "
+        "rounded up to a multiple of multiple_of.",
+        unset_or(at_least(0)),
     )
-    head_dim: int | None = attrs.field(
-        default=None,
-        validator=_count,
-        metadata=_doc(f"Width of a head (even: rotary). {_UNSET}dim / n_heads."),
+    multiple_of: int = option(64, "Rounding of the computed SwiGLU hidden size.", at_least(1))
+    norm_eps: float | None = option(None, f"RMSNorm epsilon. {_UNSET}1e-5.", unset_or(above(0)))
+    rope_theta: float | None = option(None, f"Rotary embedding base. {_UNSET}10000.", unset_or(above(0)))
+    rope_scaling: RopeScaling | None = option(
+        None,
+        f"Rotary scaling (the keys below). {_UNSET}no scaling (type: default).",
     )
-    ffn_hidden: int | None = attrs.field(
-        default=None,
-        validator=unset_or(at_least(0)),
-        metadata=_doc(
-            f"SwiGLU hidden size. {_UNSET}computed the Llama way (as for 0): 2/3 of 4 * dim, "
-            "rounded up to a multiple of multiple_of."
-        ),
+    max_seq_len: int | None = option(
+        None,
+        "Longest sequence (and largest position) the rotary table covers. "
+        f"{_UNSET}2048; from a checkpoint: max_position_embeddings, or its sliding "
+        "window when that is shorter. Lower it to save the table's memory.",
+        _count,
     )
-    multiple_of: int = attrs.field(
-        default=64,
-        validator=at_least(1),
-        metadata=_doc("Rounding of the computed SwiGLU hidden size."),
+    tie_embeddings: bool | None = option(
+        None,
+        f"Share the token embedding matrix with the output projection. {_UNSET}false.",
     )
-    norm_eps: float | None = attrs.field(
-        default=None, validator=unset_or(above(0)), metadata=_doc(f"RMSNorm epsilon. {_UNSET}1e-5.")
+    attention_bias: bool | None = option(
+        None,
+        "Biases on the q/k/v/o projections (families llama, qwen3; qwen2 always has "
+        f"q/k/v biases and no o bias). {_UNSET}false.",
     )
-    rope_theta: float | None = attrs.field(
-        default=None, validator=unset_or(above(0)), metadata=_doc(f"Rotary embedding base. {_UNSET}10000.")
+    mlp_bias: bool | None = option(None, f"Biases on the SwiGLU projections (family llama). {_UNSET}false.")
+    sliding_window: int | None = option(
+        None,
+        "Sliding-window length of a mistral checkpoint; 0: none. Forge's attention "
+        "backends attend to the whole causal context, so a window shorter than "
+        f"max_seq_len is refused by a rule. {_UNSET}0.",
+        unset_or(at_least(0)),
     )
-    rope_scaling: RopeScaling | None = attrs.field(
-        default=None,
-        metadata=_doc(f"Rotary scaling (the keys below). {_UNSET}no scaling (type: default)."),
+    init_std: float = option(
+        0.02,
+        "Std of the normal init of embeddings and linear weights; the output "
+        "projections of each block (wo, w2) use init_std / sqrt(2 * n_layers).",
+        above(0),
     )
-    max_seq_len: int | None = attrs.field(
-        default=None,
-        validator=_count,
-        metadata=_doc(
-            "Longest sequence (and largest position) the rotary table covers. "
-            f"{_UNSET}2048; from a checkpoint: max_position_embeddings, or its sliding "
-            "window when that is shorter. Lower it to save the table's memory."
-        ),
-    )
-    tie_embeddings: bool | None = attrs.field(
-        default=None,
-        metadata=_doc(f"Share the token embedding matrix with the output projection. {_UNSET}false."),
-    )
-    attention_bias: bool | None = attrs.field(
-        default=None,
-        metadata=_doc(
-            "Biases on the q/k/v/o projections (families llama, qwen3; qwen2 always has "
-            f"q/k/v biases and no o bias). {_UNSET}false."
-        ),
-    )
-    mlp_bias: bool | None = attrs.field(
-        default=None, metadata=_doc(f"Biases on the SwiGLU projections (family llama). {_UNSET}false.")
-    )
-    sliding_window: int | None = attrs.field(
-        default=None,
-        validator=unset_or(at_least(0)),
-        metadata=_doc(
-            "Sliding-window length of a mistral checkpoint; 0: none. Forge's attention "
-            "backends attend to the whole causal context, so a window shorter than "
-            f"max_seq_len is refused by a rule. {_UNSET}0."
-        ),
-    )
-    init_std: float = attrs.field(
-        default=0.02,
-        validator=above(0),
-        metadata=_doc(
-            "Std of the normal init of embeddings and linear weights; the output "
-            "projections of each block (wo, w2) use init_std / sqrt(2 * n_layers)."
-        ),
-    )
-    init_from_hf: str = attrs.field(
-        default="",
-        metadata=_doc(
-            "Path to a local Hugging Face folder (config.json + safetensors, one file or "
-            "sharded) of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or "
-            "MistralForCausalLM to start from. Every unset option is read from its "
-            "config.json; an option given here that differs is an error. Each process "
-            "reads only the weights it holds. Empty: random init."
-        ),
+    init_from_hf: str = option(
+        "",
+        "Path to a local Hugging Face folder (config.json + safetensors, one file or "
+        "sharded) of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or "
+        "MistralForCausalLM to start from. Every unset option is read from its "
+        "config.json; an option given here that differs is an error. Each process "
+        "reads only the weights it holds. Empty: random init.",
     )
 
 

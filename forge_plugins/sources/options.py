@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from forge_core.api import at_least, non_blank
+from forge_core.api import at_least, non_blank, option
 
 EncodingErrors = Literal["strict", "replace"]
 
@@ -18,96 +18,76 @@ _ENCODING_DOC = (
 
 @attrs.frozen
 class TextOptions:
-    paths: list[str] = attrs.field(
-        factory=list,
-        metadata={
-            "doc": "Files or glob patterns (`**` recurses), relative to the working "
-            "directory. Patterns are read in the order given, the files each matches in "
-            "sorted order; a file matched twice is read once. A pattern that matches "
-            "nothing is an error. Files ending in `.jsonl` are JSON Lines, all others text."
-        },
+    paths: list[str] = option(
+        [],
+        "Files or glob patterns (`**` recurses), relative to the working "
+        "directory. Patterns are read in the order given, the files each matches in "
+        "sorted order; a file matched twice is read once. A pattern that matches "
+        "nothing is an error. Files ending in `.jsonl` are JSON Lines, all others text.",
     )
-    separator: str = attrs.field(
-        default="",
-        metadata={
-            "doc": "How a text file is cut into documents: '' (the default) makes each "
-            "file one document; any other string splits the file on every occurrence of "
-            "it exactly (for example \"\\n\\n\" or \"<|endoftext|>\")."
-        },
+    separator: str = option(
+        "",
+        "How a text file is cut into documents: '' (the default) makes each "
+        "file one document; any other string splits the file on every occurrence of "
+        "it exactly (for example \"\\n\\n\" or \"<|endoftext|>\").",
     )
-    text_field: str = attrs.field(
-        default="text",
-        validator=non_blank,
-        metadata={"doc": "The field of each JSON Lines record that holds the document text."},
+    text_field: str = option(
+        "text",
+        "The field of each JSON Lines record that holds the document text.",
+        non_blank,
     )
-    encoding_errors: EncodingErrors = attrs.field(
-        default="strict", metadata={"doc": _ENCODING_DOC}
-    )
+    encoding_errors: EncodingErrors = option("strict", _ENCODING_DOC)
 
 
 @attrs.frozen
 class ShardsOptions:
-    path: str = attrs.field(
-        default="",
-        metadata={
-            "doc": "Directory written by `forge-run prepare`. Its tokenizer must be the "
-            "configured `data.tokenizer` (same identity), or the run stops."
-        },
+    path: str = option(
+        "",
+        "Directory written by `forge-run prepare`. Its tokenizer must be the "
+        "configured `data.tokenizer` (same identity), or the run stops.",
     )
 
 
 @attrs.frozen
 class StdlibOptions:
-    max_files: int = attrs.field(
-        default=0,
-        validator=at_least(0),
-        metadata={"doc": "Read at most this many files (the first in sorted order); 0: no limit."},
+    max_files: int = option(
+        0,
+        "Read at most this many files (the first in sorted order); 0: no limit.",
+        at_least(0),
     )
-    max_bytes: int = attrs.field(
-        default=0,
-        validator=at_least(0),
-        metadata={
-            "doc": "Read the longest run of files, in sorted order, whose sizes add up to "
-            "at most this many bytes; 0: no limit."
-        },
+    max_bytes: int = option(
+        0,
+        "Read the longest run of files, in sorted order, whose sizes add up to "
+        "at most this many bytes; 0: no limit.",
+        at_least(0),
     )
 
 
 @attrs.frozen
 class HFDatasetsOptions:
-    path: str = attrs.field(
-        default="",
-        metadata={
-            "doc": "A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` "
-            "(read with `datasets.load_from_disk`). Give this or `data_files`."
-        },
+    path: str = option(
+        "",
+        "A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` "
+        "(read with `datasets.load_from_disk`). Give this or `data_files`.",
     )
-    data_files: list[str] = attrs.field(
-        factory=list,
-        metadata={
-            "doc": "Local files or glob patterns (`**` recurses) of one format: Parquet, JSON "
-            "Lines, Arrow, CSV or text, read with `datasets.load_dataset(format, data_files=...)`. "
-            "Patterns in the order given, the files each matches sorted."
-        },
+    data_files: list[str] = option(
+        [],
+        "Local files or glob patterns (`**` recurses) of one format: Parquet, JSON "
+        "Lines, Arrow, CSV or text, read with `datasets.load_dataset(format, data_files=...)`. "
+        "Patterns in the order given, the files each matches sorted.",
     )
-    format: Literal["", "parquet", "json", "arrow", "csv", "text"] = attrs.field(
-        default="",
-        metadata={"doc": "The `datasets` builder for `data_files`; '' infers it from the extension."},
+    format: Literal["", "parquet", "json", "arrow", "csv", "text"] = option(
+        "",
+        "The `datasets` builder for `data_files`; '' infers it from the extension.",
     )
-    split: str = attrs.field(
-        default="train",
-        validator=non_blank,
-        metadata={"doc": "The split to read (of a saved `DatasetDict`, or of `data_files`)."},
+    split: str = option(
+        "train",
+        "The split to read (of a saved `DatasetDict`, or of `data_files`).",
+        non_blank,
     )
-    text_field: str = attrs.field(
-        default="text",
-        validator=non_blank,
-        metadata={"doc": "The column that holds the document text."},
-    )
-    streaming: bool = attrs.field(
-        default=False,
-        metadata={
-            "doc": "Iterate without materializing the data set first (`streaming=True`, or "
-            "`to_iterable_dataset()` for a saved folder). The documents and their order are the same."
-        },
+    text_field: str = option("text", "The column that holds the document text.", non_blank)
+    streaming: bool = option(
+        False,
+        "Iterate without materializing the data set first (`streaming=True`, or "
+        "`to_iterable_dataset()` for a saved folder). The documents and their order are the same.",
     )
