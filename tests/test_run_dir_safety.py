@@ -23,7 +23,7 @@ from forge_core.api import ForgeError
 from forge_core.train import rundir
 from forge_core.train.run_lock import LOCK, RunLock, _process_start
 from test_train_cli import start, wait_for_line
-from train_helpers import read_metrics, tiny_config, write_config
+from train_helpers import pause_checkpoint_env, read_metrics, tiny_config, write_config
 
 
 def config_file(tmp_path, name="run", **sections):
@@ -95,7 +95,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
     half-written checkpoint and trains. The metrics file describes one run."""
     path = config_file(tmp_path, "shared", train={"steps": 4}, checkpoint={"every": 2},
                        logging={"loggers": ["jsonl"]})
-    a, a_err = start([path], tmp_path, env={"FORGE_TEST_SLOW_CHECKPOINT": "2:60"})
+    a, a_err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 2))
     try:
         wait_for_line(a, "checkpoint write in progress at step 2")
         b = run_cli(path, "train.lr=0.01")

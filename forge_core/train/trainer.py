@@ -309,7 +309,9 @@ class Trainer:
             "tokenizer_identity": str(self.tokenizer.identity),
             schedule_span.STATE_KEY: self.schedule_steps,
         }
-        path = self.checkpoints.save(self.step, self.pmodel.parts, self.optimizers, state)
+        path = self.checkpoints.save(self.step, self.pmodel.parts, self.optimizers, state,
+                                     writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(
+                                         run=run, step=self.step, path=str(tmp)))
         self.last_saved = self.step
         self.pm.hook.forge_checkpoint_saved(run=run, step=self.step, path=str(path))
 
