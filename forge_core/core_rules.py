@@ -11,10 +11,10 @@ strategy on the metadata rule).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from forge_core.api import DOC_IDS, OUTPUT_HEAD, Plan, Rule, hookimpl
+from forge_core.api.files import directory_problem
 from forge_core.parallel_dims import MESH_DIMS
 
 
@@ -118,27 +118,12 @@ def check_honours_doc_ids(ctx: Plan) -> str | None:
     )
 
 
-def out_dir_problem(out_dir: str) -> str | None:
-    """Why the run directory cannot be used (created if missing, written), or ``None``."""
-    path = Path(out_dir)
-    if path.exists():
-        if not path.is_dir():
-            return f"run.out_dir {out_dir!r} exists and is not a directory"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"run.out_dir {out_dir!r} is not writable by this user"
-        return None
-    ancestor = path.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"run.out_dir {out_dir!r} cannot be created: {str(ancestor)!r} is a file"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"run.out_dir {out_dir!r} cannot be created: {str(ancestor)!r} is not writable by this user"
-    return None
-
-
 def check_out_dir(ctx: Plan) -> str | None:
-    return out_dir_problem(ctx.config.run.out_dir)
+    """The run directory cannot be used (created if missing, written): the same answer
+    the run gives when it takes the directory (:func:`~forge_core.api.files.directory_problem`)."""
+    out_dir = ctx.config.run.out_dir
+    why = directory_problem(Path(out_dir))
+    return f"run.out_dir {out_dir!r} {why}" if why else None
 
 
 def check_model_accepts(ctx: Plan) -> str | None:

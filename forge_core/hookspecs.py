@@ -414,6 +414,34 @@ def forge_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
 
 @_hookspec
+def forge_checkpoint_writing(run: RunContext, step: int, path: str) -> None:
+    """Called on every process while the checkpoint of ``step`` is being written: the
+    model, optimizer and train state are in ``path`` (a ``str``, the temporary directory
+    ``.tmp-step-N`` that becomes the checkpoint once complete), its manifest is not
+    written yet and ``latest`` still names the previous checkpoint; ``run`` is the
+    run's :class:`~forge_core.api.RunContext`. Its return value is ignored.
+
+    Files a plugin writes directly in ``path`` are part of the checkpoint: listed in its
+    manifest with their SHA-256, verified before a resume trusts it, kept and pruned
+    with it. Give them names of your own (prefixed with the plugin's name; on several
+    processes, one per rank or written by ``run.is_main`` only), never ``.metadata``,
+    ``*.distcp``, ``train_state-*`` or ``manifest.json``; subdirectories are not covered
+    by the manifest. An exception raised here fails the save as a failed write does:
+    the partial checkpoint is removed, ``latest`` keeps naming the previous one, and
+    the run stops with the error. Every process waits for the others after this hook,
+    so a slow implementation delays the save, not the correctness of the checkpoint.
+
+    Example, the data pipeline's own position saved with the weights::
+
+        class SaveCursor:
+            @hookimpl
+            def forge_checkpoint_writing(self, run, step, path):
+                if run.is_main:
+                    Path(path, "my_cursor.json").write_text(json.dumps({"step": step}))
+    """
+
+
+@_hookspec
 def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
     """Called on every process after a checkpoint is complete and the ``latest``
     pointer has moved to ``path`` (a ``str``, the checkpoint's directory), the one of

@@ -29,7 +29,7 @@ from forge_core.testing import (
 )
 from forge_core.testing.attention import spans
 from forge_plugins.attention import eager, plugin, sdpa
-from forge_plugins.attention import flex as flex_module
+from forge_plugins.attention import flex_kernel
 from forge_plugins.attention import rules as attention_rules
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.flex import FlexAttention
@@ -235,7 +235,7 @@ def test_model_isolation_packed_logits_and_grads_equal_each_document_alone(name,
 def unfused_flex(monkeypatch):
     """FlexAttention whose kernel is PyTorch's unfused flex_attention (every dtype, same
     BlockMask semantics) instead of the compiled one."""
-    monkeypatch.setattr(flex_module, "_compiled_flex", flex_attention)
+    monkeypatch.setattr(flex_kernel, "compiled", flex_attention)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         yield FlexAttention(FlexOptions(block_size=16))

@@ -180,13 +180,14 @@ def unfused_flex(monkeypatch):
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from forge_plugins.attention import flex as flex_module
+    from forge_plugins.attention import flex_kernel
+    from forge_plugins.attention.flex import FlexAttention
     from forge_plugins.attention.options import FlexOptions
 
-    monkeypatch.setattr(flex_module, "_compiled_flex", flex_attention)
+    monkeypatch.setattr(flex_kernel, "compiled", flex_attention)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        yield flex_module.FlexAttention(FlexOptions(block_size=16))
+        yield FlexAttention(FlexOptions(block_size=16))
 
 
 @pytest.mark.numerical

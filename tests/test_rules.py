@@ -195,12 +195,12 @@ def test_run_directory_must_be_creatable(cfg, tmp_path):
 
 
 def test_run_directory_must_be_writable(cfg, tmp_path, monkeypatch):
-    import forge_core.core_rules
+    import forge_core.api.files
 
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     # Root may write anywhere, so the permission answer is the operating system's, faked.
-    monkeypatch.setattr(forge_core.core_rules.os, "access", lambda p, mode: os.fspath(p) != str(locked))
+    monkeypatch.setattr(forge_core.api.files.os, "access", lambda p, mode: os.fspath(p) != str(locked))
     found = rule_errors(cfg({"run": {"out_dir": str(locked / "run")}}))
     assert "cannot be created: " in found["run.out-dir"] and "is not writable by this user" in found["run.out-dir"]
     found = rule_errors(cfg({"run": {"out_dir": str(locked)}}))

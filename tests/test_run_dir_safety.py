@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,7 +23,7 @@ from forge_core.api import ForgeError
 from forge_core.train import rundir
 from forge_core.train.run_lock import LOCK, RunLock, _process_start
 from test_train_cli import start, wait_for_line
-from train_helpers import read_metrics, tiny_config, write_config
+from train_helpers import pause_checkpoint_env, read_metrics, tiny_config, write_config
 
 
 def config_file(tmp_path, name="run", **sections):
@@ -94,7 +95,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
     half-written checkpoint and trains. The metrics file describes one run."""
     path = config_file(tmp_path, "shared", train={"steps": 4}, checkpoint={"every": 2},
                        logging={"loggers": ["jsonl"]})
-    a, a_err = start([path], tmp_path, env={"FORGE_TEST_SLOW_CHECKPOINT": "2:60"})
+    a, a_err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 2))
     try:
         wait_for_line(a, "checkpoint write in progress at step 2")
         b = run_cli(path, "train.lr=0.01")
@@ -146,14 +147,36 @@ def test_out_dir_that_is_a_file_is_a_clean_error(tmp_path, capsys):
 
 def test_out_dir_that_is_a_file_is_refused_at_build_too(tmp_path):
     (tmp_path / "afile").write_text("not a directory")
-    with pytest.raises(ForgeError, match=r"\$\.run\.out_dir: .*afile' is an existing file, not a directory"):
+    with pytest.raises(ForgeError) as info:
         RunLock.acquire(tmp_path / "afile")
+    assert str(info.value).startswith(f"$.run.out_dir: {str(tmp_path / 'afile')!r} exists and is not a "
+                                      f"directory. Set run.out_dir to a directory you can write")
 
 
 def test_out_dir_below_a_file_is_a_clean_error(tmp_path):
     (tmp_path / "afile").write_text("")
-    with pytest.raises(ForgeError, match=r"\$\.run\.out_dir: .*afile/run.* a part of that path is a file"):
+    with pytest.raises(ForgeError) as info:
         RunLock.acquire(tmp_path / "afile/run")
+    assert str(info.value).startswith(f"$.run.out_dir: {str(tmp_path / 'afile/run')!r} cannot be created: "
+                                      f"{str(tmp_path / 'afile')!r} is a file. Set run.out_dir")
+
+
+def test_the_run_refuses_an_out_dir_for_the_reason_check_gives(tmp_path, monkeypatch):
+    """One definition of what makes a directory unusable: the lock refuses with the
+    words of the run.out-dir rule (the permission answer faked: root writes anywhere)."""
+    from forge_core.core_rules import check_out_dir
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: os.fspath(p) != str(locked))
+    plan = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(out_dir=str(locked / "run"))))
+    assert check_out_dir(plan) == (f"run.out_dir {str(locked / 'run')!r} cannot be created: {str(locked)!r} is "
+                                   f"not writable by this user")
+    with pytest.raises(ForgeError) as info:
+        RunLock.acquire(locked / "run")
+    assert str(info.value).startswith(f"$.run.out_dir: {str(locked / 'run')!r} cannot be created: "
+                                      f"{str(locked)!r} is not writable by this user. ")
+    assert not (locked / "run").exists()
 
 
 def test_unwritable_out_dir_is_a_clean_error(tmp_path, monkeypatch):
@@ -176,7 +199,8 @@ def test_read_only_out_dir_is_a_clean_error(tmp_path, capsys):
     try:
         path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "ro")}))
         assert cli.main([path]) == 2
-        assert "$.run.out_dir: cannot write in" in capsys.readouterr().err
+        # The run.out-dir rule refuses it before the run reaches the directory.
+        assert f"run.out_dir {str(tmp_path / 'ro')!r} is not writable by this user" in capsys.readouterr().err
     finally:
         (tmp_path / "ro").chmod(0o700)
 

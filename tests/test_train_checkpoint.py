@@ -10,6 +10,7 @@ import json
 import random
 import shutil
 from collections import namedtuple
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,3 +336,79 @@ def test_stale_temporaries_are_removed(tmp_path):
     removed, freed = remove_stale_temporaries(tmp_path)
     assert sorted(p.name for p in removed) == [".config.yaml.tmp77", ".latest.tmp4242", ".tmp-step-000004"]
     assert freed > 0 and (tmp_path / "keep.txt").exists() and problem_with(root / "step-000002") is None
+
+
+# --- the forge_checkpoint_writing hook ------------------------------------------------
+
+
+def test_files_added_while_writing_are_part_of_the_checkpoint(tmp_path):
+    """What ``writing`` adds to the temporary directory is listed with its checksum, so
+    damage to it makes the checkpoint unusable like damage to the weights."""
+    seen = []
+
+    def add_cursor(tmp):
+        seen.append((tmp.name, (tmp / "train_state-rank00000.json").is_file(), (tmp / MANIFEST).exists()))
+        (tmp / "my_cursor.json").write_text('{"position": 7}')
+
+    model, optimizer = model_and_optimizer()
+    manager = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1)
+    path = manager.save(4, [model], [optimizer], {"step": 4}, writing=add_cursor)
+    assert seen == [(".tmp-step-000004", True, False)]  # the state written, the manifest not yet
+    manifest = json.loads((path / MANIFEST).read_text())
+    data = b'{"position": 7}'
+    assert manifest["files"]["my_cursor.json"] == len(data)
+    assert manifest["sha256"]["my_cursor.json"] == hashlib.sha256(data).hexdigest()
+    assert problem_with(path) is None
+    (path / "my_cursor.json").write_text('{"position": 8}')
+    assert problem_with(path) == (f"my_cursor.json does not match its SHA-256 in {MANIFEST} (damaged after it "
+                                  f"was written)")
+
+
+def test_a_failure_while_writing_removes_the_partial_checkpoint(tmp_path):
+    manager, model, optimizer = save_steps(tmp_path, [2])
+    root = tmp_path / "checkpoints"
+
+    def refuse(tmp):
+        raise RuntimeError("the plugin's own state cannot be saved")
+
+    with pytest.raises(RuntimeError, match="the plugin's own state cannot be saved"):
+        manager.save(4, [model], [optimizer], {"step": 4}, writing=refuse)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002"]
+    assert (root / "latest").read_text() == "step-000002\n"
+
+
+def test_the_trainer_calls_forge_checkpoint_writing_before_the_checkpoint_is_complete(tmp_path):
+    """A plugin registered for the run sees the temporary directory of every save, with
+    ``latest`` still on the previous checkpoint, and the file it writes there is in the
+    checkpoint ``forge_checkpoint_saved`` then reports."""
+    from forge_core.api import hookimpl
+    from forge_core.train.launch import train
+    from train_helpers import tiny_config, write_config
+
+    class Cursor:
+        def __init__(self):
+            self.events = []
+
+        @hookimpl
+        def forge_checkpoint_writing(self, run, step, path):
+            latest = tmp_path / "run/checkpoints/latest"
+            named = latest.read_text().strip() if latest.exists() else None
+            self.events.append(("writing", step, path, named))
+            Path(path, "cursor.json").write_text(json.dumps({"step": step}))
+
+        @hookimpl
+        def forge_checkpoint_saved(self, run, step, path):
+            cursor = json.loads(Path(path, "cursor.json").read_text())
+            self.events.append(("saved", step, path, cursor["step"]))
+
+    plugin = Cursor()
+    cfg = tiny_config(tmp_path, "run", train={"steps": 4}, checkpoint={"every": 2})
+    train(write_config(tmp_path / "run.yaml", cfg), extra_plugins=(("cursor", plugin),))
+    root = tmp_path / "run/checkpoints"
+    assert plugin.events == [
+        ("writing", 2, str(root / ".tmp-step-000002"), None),
+        ("saved", 2, str(root / "step-000002"), 2),
+        ("writing", 4, str(root / ".tmp-step-000004"), "step-000002"),
+        ("saved", 4, str(root / "step-000004"), 4),
+    ]
+    assert "cursor.json" in json.loads((root / "step-000004" / MANIFEST).read_text())["sha256"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 from conftest import REPO, run_cli
-from train_helpers import Recorder, read_metrics, tiny_config, write_config
+from train_helpers import Recorder, pause_checkpoint_env, read_metrics, tiny_config, write_config
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
 
@@ -88,7 +88,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
                       logging={"loggers": ["jsonl"]})
     path = write_config(tmp_path / "crash.yaml", cfg)
-    proc, err = start([path], tmp_path, env={"FORGE_TEST_SLOW_CHECKPOINT": "4:60"})
+    proc, err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 4))
     wait_for_line(proc, "checkpoint write in progress at step 4")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

@@ -155,3 +155,29 @@ class NanPlugin:
     @hookimpl
     def forge_step_end(self, step):
         NanModel.next_step = step + 1
+
+
+PAUSE_PLUGIN = """
+import time
+
+from forge_core.api import hookimpl
+
+
+@hookimpl
+def forge_checkpoint_writing(run, step, path):
+    if run.is_main and step == {step}:
+        print("checkpoint write in progress at step {step}", flush=True)
+        time.sleep(60)
+"""
+
+
+def pause_checkpoint_env(tmp_path: Path, step: int) -> dict[str, str]:
+    """The environment of a ``forge-run`` subprocess whose checkpoint write of ``step``
+    pauses for 60 s (files written, manifest not yet) after printing ``checkpoint write
+    in progress at step N``, so a test can kill it there: a plugin implementing
+    ``forge_checkpoint_writing``, installed as an entry point on ``PYTHONPATH``."""
+    from conftest import make_distribution
+
+    site = make_distribution(tmp_path / f"pause-site-{step}", "forge-pause", "0.1",
+                             {"forge_pause": PAUSE_PLUGIN.format(step=step)}, {"pause": "forge_pause"})
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}

@@ -1,11 +1,28 @@
-"""Writing files so that a crash never leaves a torn one: what the trainer's run
-directory, its checkpoints and a plugin's own state files (a tracker's run id) use.
-Torch-free."""
+"""Writing to disk so that a crash never leaves a torn result, and saying plainly why a
+directory cannot be written: what the trainer's run directory, its checkpoints, the
+token shards, exports and a plugin's own files (a tracker's run id, a loss curve) use.
+
+- :func:`atomic_write`: replace one file, so a reader sees the old or the new content.
+- :func:`move_into_place`: make a directory written aside (``<out>.partial``) appear as
+  ``out`` in one step, replacing an older one only once the new one is whole.
+- :func:`directory_problem`: why a directory cannot be used to write in, without
+  creating anything (what ``forge-run check`` reports and the run refuses).
+
+Torch-free.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
+
+#: The temporary files :func:`atomic_write` writes beside their target,
+#: ``.<name>.tmp<pid>``: a crash can leave one, and whoever owns the directory may remove
+#: them (while no writer is running).
+ATOMIC_TMP_RE = re.compile(r"^\..+\.tmp\d+$")
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new file in ``path`` durable (best effort: some file systems
@@ -22,13 +39,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader sees the old or the new file, never a
-    torn one, and the new one survives a crash once this returns."""
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` (text is written as UTF-8) so a reader sees the old
+    or the new file, never a torn one, and the new one survives a crash once this
+    returns. On any failure the temporary file is removed and ``path`` is as it was."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -36,3 +56,70 @@ def atomic_write(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _sync_tree(root: Path) -> None:
+    """Flush every file and directory under ``root`` to disk, so that once it is renamed
+    no crash can leave a short file under the final name."""
+    for directory, _, names in os.walk(root):
+        for name in names:
+            file = os.path.join(directory, name)
+            if os.path.islink(file):
+                continue
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(directory))
+
+
+def move_into_place(tmp: Path, out: Path, *, replace: bool = True) -> None:
+    """Rename the complete directory ``tmp`` to ``out``, its contents flushed to disk
+    first. An existing ``out`` is moved aside to ``<out>.old`` and removed only once
+    ``tmp`` has taken its place; when that last rename fails, ``out`` is put back as it
+    was (and ``tmp`` left for the caller to remove). With ``replace=False`` an existing
+    ``out`` is not touched: the rename fails (``OSError``) unless ``out`` is an empty
+    directory."""
+    tmp, out = Path(tmp), Path(out)
+    _sync_tree(tmp)
+    old = out.with_name(out.name + ".old")
+    if replace and out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        fsync_dir(out.parent)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+
+
+def _nearest_existing(path: Path) -> Path:
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    return ancestor
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be used as a directory to write in (created when missing), as
+    words that follow the quoted path (``exists and is not a directory``), or ``None``
+    when it can. Creates nothing: ``forge-run check`` asks, the run then creates."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is not writable by this user"
+        return None
+    ancestor = _nearest_existing(path)
+    if not ancestor.is_dir():
+        return f"cannot be created: {str(ancestor)!r} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be created: {str(ancestor)!r} is not writable by this user"
+    return None

@@ -66,7 +66,8 @@ def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
 def main(args: Any) -> int:
     import torch
 
-    from forge_core.data.shards import move_into_place, partial_dir
+    from forge_core.api.files import move_into_place
+    from forge_core.api.shards import partial_dir
     from forge_core.api import import_path
     from forge_core import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint

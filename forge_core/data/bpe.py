@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
-from forge_core.data.shards import move_into_place, partial_dir
+from forge_core.api.files import move_into_place
+from forge_core.api.shards import partial_dir
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"

@@ -8,13 +8,13 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from forge_core.api import ForgeError
+from forge_core.api.files import move_into_place
 from forge_core.api.shards import (
     FORMAT,
     HASHES,
@@ -32,20 +32,7 @@ from forge_core.data.packed_rows import DocumentStream
 
 
 __all__ = ["FORMAT", "HASHES", "INDEX", "OFFSETS", "PARTIAL_SUFFIX", "TOKENIZER_DIR", "TOKENS", "VERSION",
-           "ShardWriter", "Shards", "move_into_place", "partial_dir", "read_shard_index", "stream", "token_dtype"]
-
-
-def move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the complete directory ``tmp`` to ``out``. An existing ``out`` is moved
-    aside first and removed only once ``tmp`` has taken its place."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old)
+           "ShardWriter", "Shards", "partial_dir", "read_shard_index", "stream", "token_dtype"]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -101,16 +88,14 @@ class ShardWriter:
         self.num_tokens += int(flat.size)
 
     def commit(self, source: str, replace: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Finish the files, write ``index.json`` last (with ``extra`` fields), flush
-        everything to disk, rename into place."""
-        self._tokens.flush()
-        os.fsync(self._tokens.fileno())
+        """Finish the files, write ``index.json`` last (with ``extra`` fields) and move the
+        directory into place (:func:`~forge_core.api.files.move_into_place` flushes it to
+        disk first); ``replace`` allows an existing ``out_dir`` to be replaced."""
         self._tokens.close()
         offsets = np.zeros(len(self._lengths) + 1, np.int64)
         np.cumsum(np.asarray(self._lengths, np.int64), out=offsets[1:])
-        _save_synced(self.tmp / OFFSETS, offsets)
-        hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, "<u8")
-        _save_synced(self.tmp / HASHES, hashes)
+        np.save(self.tmp / OFFSETS, offsets)
+        np.save(self.tmp / HASHES, np.concatenate(self._hashes) if self._hashes else np.zeros(0, "<u8"))
         index = {
             "format": FORMAT,
             "version": VERSION,
@@ -126,25 +111,13 @@ class ShardWriter:
         with open(self.tmp / INDEX, "w") as f:
             json.dump(index, f, indent=2, sort_keys=True)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if replace:
-            move_into_place(self.tmp, self.out_dir)
-        else:
-            os.replace(self.tmp, self.out_dir)
+        move_into_place(self.tmp, self.out_dir, replace=replace)
         return index
 
     def abort(self) -> None:
         """Remove the partial directory (after an error: nothing half-written remains)."""
         self._tokens.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _save_synced(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, array)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def stream(shards: Shards, eos_id: int, vocab_size: int, documents: np.ndarray | None = None) -> DocumentStream:

@@ -6,12 +6,14 @@ Layout of ``<run>/checkpoints``::
     step-000200/            a complete checkpoint
         .metadata, *.distcp    model and optimizer (torch.distributed.checkpoint)
         train_state-rank00000.json   step, RNG states, loader position (one per process)
+        ...                    files plugins add (the ``forge_checkpoint_writing`` hook)
         manifest.json          written last: every file with its size and SHA-256
     .tmp-step-000300/       a checkpoint being written (ignored, removed later)
     latest                  the name of the newest complete checkpoint
 
-A save writes into ``.tmp-step-N``, hashes every file into the manifest, renames the
-directory to ``step-N``, and only then moves ``latest`` (temp file + ``os.replace``).
+A save writes into ``.tmp-step-N`` (then lets plugins add files of their own there),
+hashes every file into the manifest, renames the directory to ``step-N``, and only then
+moves ``latest`` (:func:`~forge_core.api.files.atomic_write`).
 
 A checkpoint is *complete* (:func:`problem_with` says nothing) when its manifest lists
 every file with its size and SHA-256 and the files match, its ``.metadata`` parses as
@@ -43,7 +45,6 @@ import os
 import re
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +63,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from forge_core.api import ForgeError
-from forge_core.api.files import atomic_write, fsync_dir
+from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir
 from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
 from forge_core.distributed.placement import broadcast_object, is_distributed
@@ -71,23 +72,6 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 TMP_GLOB = ".tmp-step-*"
-#: ``atomic_write``'s temporary files: ``.<name>.tmp<pid>``.
-ATOMIC_TMP_RE = re.compile(r"^\..+\.tmp\d+$")
-#: Test hook: ``SECONDS`` (every save) or ``STEP:SECONDS`` (the save of that step only)
-#: to pause in the middle of a checkpoint write (files written, manifest not yet),
-#: after printing a marker line, so a test can kill the process there.
-SLOW_ENV = "FORGE_TEST_SLOW_CHECKPOINT"
-
-
-def _test_pause(step: int) -> float:
-    value = os.environ.get(SLOW_ENV, "").strip()
-    if not value:
-        return 0.0
-    at, sep, seconds = value.rpartition(":")
-    if sep and int(at) != step:
-        return 0.0
-    return float(seconds)
-
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -453,7 +437,12 @@ class CheckpointManager:
         raise ForgeError(agreed)
 
     def save(self, step: int, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-             state: dict[str, Any]) -> Path:
+             state: dict[str, Any], writing: Callable[[Path], None] | None = None) -> Path:
+        """Write the checkpoint of ``step`` and move ``latest`` to it. ``writing(tmp)`` is
+        called on every process once its own files are in the temporary directory
+        ``tmp``, before the manifest is made (the ``forge_checkpoint_writing`` hook):
+        files it adds there are part of the checkpoint; an exception it raises fails the
+        save like a failed write (partial write removed, ``latest`` unchanged)."""
         final = self.root / step_name(step)
         tmp = self.root / f".tmp-{step_name(step)}"
         full_state = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
@@ -473,10 +462,8 @@ class CheckpointManager:
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.save(full_state, checkpoint_id=str(tmp), no_dist=not is_distributed())
             train_state.write(tmp / train_state_name(self.rank), {**state, "world_size": self.world_size})
-            slow = _test_pause(step)
-            if slow > 0 and self.rank == 0:
-                print(f"forge-test: checkpoint write in progress at step {step}", flush=True)
-                time.sleep(slow)
+            if writing is not None:
+                writing(tmp)
 
         def finish() -> None:
             names = sorted(p.name for p in tmp.iterdir() if p.is_file())

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.api.files import directory_problem
 
 LOCK = "run.lock"
 OUT_DIR = "$.run.out_dir"
@@ -62,15 +63,14 @@ def describe(holder: dict[str, Any]) -> str:
 
 def ensure_out_dir(out_dir: Path, what: str = OUT_DIR, fix: str = "") -> None:
     """Create ``out_dir`` or say plainly why it cannot be (a :class:`ForgeError` naming
-    ``what``, the value and a fix)."""
+    ``what``, the value and a fix): the reasons ``forge-run check`` gives
+    (:func:`~forge_core.api.files.directory_problem`), then what creating it met."""
     fix = fix or "Set run.out_dir to a directory you can write (for example runs/NAME)."
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ForgeError(f"{what}: {str(out_dir)!r} is an existing file, not a directory. {fix}")
+    why = directory_problem(out_dir)
+    if why:
+        raise ForgeError(f"{what}: {str(out_dir)!r} {why}. {fix}")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ForgeError(f"{what}: {str(out_dir)!r} cannot be created: a part of that path is a file. "
-                         f"{fix}") from None
     except OSError as exc:
         raise ForgeError(f"{what}: {str(out_dir)!r} cannot be created ({exc.strerror or exc}). {fix}") from None
 

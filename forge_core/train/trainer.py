@@ -245,7 +245,9 @@ class Trainer:
             "tokenizer_identity": str(parts.tokenizer.identity),
             schedule_span.STATE_KEY: progress.schedule_steps,
         }
-        path = parts.checkpoints.save(progress.step, parts.pmodel.parts, parts.optimizers, state)
+        path = parts.checkpoints.save(progress.step, parts.pmodel.parts, parts.optimizers, state,
+                                      writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(
+                                          run=run, step=progress.step, path=str(tmp)))
         progress.last_saved = progress.step
         self.pm.hook.forge_checkpoint_saved(run=run, step=progress.step, path=str(path))
 

@@ -1,6 +1,7 @@
 """A backward pass for FlexAttention on CPU, where PyTorch provides none.
 
-The forward runs the compiled ``flex_attention`` kernel. The backward walks the
+The forward runs the compiled ``flex_attention`` kernel
+(:func:`~forge_plugins.attention.flex_kernel.flex_forward`). The backward walks the
 ``BlockMask``: for every query block it gathers the key blocks the mask keeps (partial
 blocks get their ``mask_mod`` evaluated on index tensors, full blocks need none),
 recomputes the scores and their log-sum-exp (CPU flex cannot return it), and applies
@@ -19,6 +20,8 @@ import math
 from typing import Any
 
 import torch
+
+from forge_plugins.attention.flex_kernel import flex_forward
 
 
 def _kept_blocks(block_mask: Any, b: int, h: int, q_block: int) -> tuple[list[int], list[int]]:
@@ -112,8 +115,6 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
 class _FlexCpu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, block_mask, scale):
-        from forge_plugins.attention.flex import flex_forward
-
         # Detached: CPU flex refuses inputs that require grad, even under no_grad.
         out = flex_forward(q.detach(), k.detach(), v.detach(), block_mask)
         ctx.save_for_backward(q, k, v, out)

@@ -3,19 +3,19 @@ with the evaluation loss (``eval/loss``) as a second curve when the run evaluate
 
 Needs matplotlib (Agg backend, no display); without it the run goes on and a warning at
 the start says so. After a resume the curve includes the earlier steps, read from the
-``jsonl`` logger's file when it exists. The PNG is written to a temporary file and moved
-into place; when it cannot be written (a full disk) the run's outcome stands and a
-warning says why."""
+``jsonl`` logger's file when it exists. The PNG replaces the previous one atomically
+(:func:`~forge_core.api.atomic_write`); when it cannot be written (a full disk) the
+run's outcome stands, the previous curve is kept and a warning says why."""
 
 from __future__ import annotations
 
+import io
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import hookimpl
+from forge_core.api import atomic_write, hookimpl
 
 
 class PlotLogger:
@@ -105,10 +105,9 @@ def write_plot(path: Path, points: dict[int, float], smooth: int, title: str,
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    image = io.BytesIO()
     try:
-        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
-        tmp.replace(path)
+        fig.savefig(image, format=path.suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, image.getvalue())
