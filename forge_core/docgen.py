@@ -86,8 +86,10 @@ def builtin_registries() -> Any:
 
 def rst_to_markdown(text: str) -> str:
     """The reStructuredText used in Forge docstrings, as Markdown: ````x```` becomes
-    ```x```, ``:class:`~a.B``` becomes ```B```, and ``Example::`` blocks become fenced
-    Python."""
+    ```x```, ``:class:`~a.B``` becomes ```B```, a link ```text <target>`_`` becomes
+    ``[text](target)`` (a target relative to the page, ``docs/hooks.md``), and
+    ``Example::`` blocks become fenced Python."""
+    text = re.sub(r"`([^`<]+?)\s+<([^>`]+)>`_", r"[\1](\2)", text)
     text = re.sub(r":\w+:`~[\w.]*?\.?(\w+)`", r"`\1`", text)
     text = re.sub(r":\w+:`([^`]+)`", r"`\1`", text)
     text = re.sub(r"``([^`]+)``", r"`\1`", text)

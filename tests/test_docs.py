@@ -246,6 +246,9 @@ def test_rst_to_markdown_converts_roles_literals_and_examples():
         "Return `PackerSpec` or `None`.\n\nExample:\n\n```python\nx = 1\ny = 2\n```\n\nAfter."
     )
     assert docgen.rst_to_markdown("See :mod:`forge_core.api` and :func:`~a.b`.") == "See `forge_core.api` and `b`."
+    assert docgen.rst_to_markdown("(`the gradient\nconvention <a.md#b>`_, ``x <y>``)") == (
+        "([the gradient\nconvention](a.md#b), `x <y>`)"
+    )
 
 
 # --- generated pages ----------------------------------------------------------------
