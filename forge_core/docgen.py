@@ -235,8 +235,8 @@ def example_markdown(root: Path = EXAMPLE_DIR, page: str = EXAMPLE_PAGE) -> str:
     for path in files:
         text = path.read_text(encoding="utf-8")
         fence = "`" * max([3, *(len(run) + 1 for run in re.findall(r"`{3,}", text))])
-        sections.append([f"### {headings[path]}", "", f"{fence}{_EXAMPLE_LANGS[path.suffix]}", text.rstrip("\n"),
-                         fence, ""])
+        lang = _EXAMPLE_LANGS[path.suffix]
+        sections.append([f"### {headings[path]}", "", f"{fence}{lang}", text.rstrip("\n"), fence, ""])
     return fill(page, {
         "title": title, "path": root.relative_to(DOCS_DIR.parent).as_posix(), "readme": body.strip(),
         "files": _join(sections),
