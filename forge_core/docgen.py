@@ -204,7 +204,8 @@ def _example_files(root: Path) -> list[Path]:
     files = [
         path for path in root.rglob("*")
         if path.suffix in _EXAMPLE_LANGS and path.is_file()
-        and not any(part in left_by_tools or part.endswith(".egg-info") for part in path.relative_to(root).parts)
+        and not any(part in left_by_tools or part.endswith(".egg-info")
+                    for part in path.relative_to(root).parts)
     ]
     return sorted(files, key=lambda path: (path.parent != root, path))
 
@@ -405,44 +406,43 @@ def option_rows(cls: type, prefix: str) -> list[tuple[str, attrs.Attribute]]:
     return rows
 
 
+def _options_prefix(kind: Any, name: str) -> str:
+    """Where the options of the component ``name`` of ``kind`` sit in a config."""
+    return f"{kind.options_path}.{name}." if kind.keyed else f"{kind.options_path}."
+
+
 def component_option_keys(registries: Any) -> list[str]:
     """The option keys of every built-in component, as config paths."""
-    from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS
+    from forge_core.kinds import KINDS
 
-    out = []
-    for block in OPTION_BLOCKS:
-        for name in registries[block.kind].names():
-            out += [path for path, _ in option_rows(registries[block.kind].get(name).options, f"{block.options_path}.")]
-    for block in KEYED_BLOCKS:
-        for name in registries[block.kind].names():
-            out += [path for path, _ in option_rows(registries[block.kind].get(name).options,
-                                                    f"{block.options_path}.{name}.")]
-    return out
+    return [
+        path
+        for kind in KINDS for name in registries[kind.name].names()
+        for path, _ in option_rows(registries[kind.name].get(name).options, _options_prefix(kind, name))
+    ]
 
 
-def _component_tables(registries: Any, kind: str, options_path: str, chooser: str, keyed: bool) -> list[str]:
-    registry = registries[kind]
+def _component_tables(registries: Any, kind: Any) -> list[str]:
+    registry = registries[kind.name]
     lines = []
     for name in registry.names():
         spec = registry.get(name)
-        fields = resolved_fields(spec.options)
-        heading = f"`{options_path}.{name}`" if keyed else f"`{chooser}: {name}`"
+        heading = f"`{kind.options_path}.{name}`" if kind.keyed else f"`{kind.name_path}: {name}`"
         lines += [f"#### {heading}", "", spec.summary.rstrip(".") + ".", ""]
-        if not fields:
+        if not resolved_fields(spec.options):
             lines += ["No options.", ""]
             continue
-        prefix = f"{options_path}.{name}." if keyed else f"{options_path}."
-        lines += [*_field_table(option_rows(spec.options, prefix)), ""]
+        lines += [*_field_table(option_rows(spec.options, _options_prefix(kind, name))), ""]
     return lines
 
 
 def config_markdown(registries: Any) -> str:
     from forge_core.api.errors import VALUE_WIDTH
     from forge_core.config.loader import MAX_DEPTH, MAX_NODES, MOVED_KEYS
-    from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
+    from forge_core.config.schema import ForgeConfig
+    from forge_core.kinds import KINDS
 
-    blocks = {b.options_path: b for b in OPTION_BLOCKS}
-    keyed_blocks = {b.options_path: b for b in KEYED_BLOCKS}
+    option_blocks = {kind.options_path: kind for kind in KINDS}
     sections = resolved_fields(ForgeConfig)
     lines: list[str] = []
     for section in sections:
@@ -455,27 +455,15 @@ def config_markdown(registries: Any) -> str:
             elif _list_item_class(f.type) is not None:
                 lines += [f"### `{path}[]`", "", f"Each entry of `{path}`: {f.metadata.get('doc', '')}", ""]
                 lines += [*_field_table(list(_walk(_list_item_class(f.type), f"{path}[]."))), ""]
-            elif path in blocks:
-                block = blocks[path]
-                lines += [
-                    f"### `{path}`",
-                    "",
-                    f"Options of the component named by `{block.name_path}`; the keys depend",
-                    "on which one is chosen. For the built-in ones:",
-                    "",
-                    *_component_tables(registries, block.kind, path, block.name_path, keyed=False),
-                ]
-            elif path in keyed_blocks:
-                kind = keyed_blocks[path].kind
-                label = registries[kind].kind.label
-                lines += [
-                    f"### `{path}`",
-                    "",
-                    f"A mapping from {label} name to that {label}'s options, for example",
-                    f"`{path}.<name>.<option>`. For the built-in ones:",
-                    "",
-                    *_component_tables(registries, kind, path, "", keyed=True),
-                ]
+            elif path in option_blocks:
+                kind = option_blocks[path]
+                if kind.keyed:
+                    intro = [f"A mapping from {kind.label} name to that {kind.label}'s options, for example",
+                             f"`{path}.<name>.<option>`. For the built-in ones:"]
+                else:
+                    intro = [f"Options of the component named by `{kind.name_path}`; the keys depend",
+                             "on which one is chosen. For the built-in ones:"]
+                lines += [f"### `{path}`", "", *intro, "", *_component_tables(registries, kind)]
     return fill("configuration.md", {
         "max_nodes": f"{MAX_NODES:,}", "max_depth": str(MAX_DEPTH), "width": str(VALUE_WIDTH),
         "section_index": "\n".join(f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}"
