@@ -74,10 +74,10 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     the model (pipeline parallelism) returns a
     :class:`forge_core.api.ModelSplit` instead: later strategies are then
     applied to each part, and its ``finalize`` sets the ``train_step(batch, loss_fn,
-    normalizer) -> (loss_sum, tokens)`` that does forward and backward. Data-parallel
-    strategies must *sum* gradients over ranks: the trainer already divides each loss
-    sum by the global count of labelled tokens. Declare in ``forwards`` which per-token
-    metadata still reaches every layer once the strategy is applied: the rule engine
+    normalizer) -> (loss_sum, tokens)`` that does forward and backward. Gradients are
+    summed over ranks, never averaged (`the gradient convention
+    <plugin-guide/parallelism.md#the-gradient-convention>`_). Declare in ``forwards``
+    which per-token metadata still reaches every layer once the strategy is applied: the rule engine
     rejects a packer whose metadata would be lost, and in ``requires`` the pieces of
     the model's parallel contract the strategy uses (a model that lacks one is refused).
     A strategy that must reduce gradients once per optimizer step, after the last

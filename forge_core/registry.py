@@ -1,4 +1,5 @@
-"""Typed registries, one per kind of component, built from the registration hooks.
+"""Typed registries, one per kind of component (:data:`forge_core.kinds.KINDS`), built
+from the registration hooks.
 
 Each hookimpl is called on its own so every spec is attributed to the plugin that
 returned it, and ``forge-run plugins`` can list what each plugin contributes.
@@ -18,37 +19,9 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import specs as S
 from forge_core.api import ForgeError, Rule, did_you_mean, unknown_name
+from forge_core.kinds import KINDS, Kind
 from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, load_plugins
-
-
-@attrs.frozen
-class Kind:
-    """One kind of component: the hook that registers it, its spec class, a label."""
-
-    name: str
-    hook: str
-    spec_cls: type
-    label: str
-    plural: str = ""
-
-    @property
-    def title(self) -> str:
-        return (self.plural or self.label + "s").capitalize()
-
-
-KINDS: tuple[Kind, ...] = (
-    Kind("model", "forge_models", S.ModelSpec, "model"),
-    Kind("attention", "forge_attention_backends", S.AttentionBackendSpec, "attention backend"),
-    Kind("source", "forge_sources", S.SourceSpec, "data source"),
-    Kind("tokenizer", "forge_tokenizers", S.TokenizerSpec, "tokenizer"),
-    Kind("packer", "forge_packers", S.PackerSpec, "packer"),
-    Kind("parallelism", "forge_parallelisms", S.ParallelismSpec, "parallelism strategy", "parallelism strategies"),
-    Kind("optimizer", "forge_optimizers", S.OptimizerSpec, "optimizer"),
-    Kind("schedule", "forge_schedules", S.ScheduleSpec, "schedule"),
-    Kind("logger", "forge_loggers", S.LoggerSpec, "logger"),
-)
 
 
 @attrs.frozen

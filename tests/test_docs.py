@@ -1,11 +1,12 @@
 """Tests that keep the documentation true.
 
-- Every hookspec is in ``docs/hooks.md`` with its exact signature and docstring.
 - The generated pages (hooks, configuration, CLI, component and rule references, the
-  example package's page) equal what ``python -m forge_core.docgen`` produces now.
-- Every config key of the schema (recursively) and every built-in component option is
-  documented in ``docs/configuration.md``; every ``forge-run`` command and option is in
-  ``docs/cli.md``; every kind of component is in ``docs/architecture.md``.
+  example package's page) equal what ``python -m forge_core.docgen`` produces now, and
+  every template under ``docs/templates/`` is filled exactly.
+- What the generator produces is complete: every hookspec (the set pluggy registers) with
+  its exact signature and docstring, every config key of the schema (recursively) and
+  every built-in component option, every ``forge-run`` command and option. The table of
+  kinds in ``docs/architecture.md`` is :data:`forge_core.kinds.KINDS`.
 - Every code block of the plugin-author guide marked runnable is executed: each chapter
   is played in its own temporary project directory, as a reader would (the grammar and
   the runner are in ``doc_chapters.py``), and the runner is shown to fail when a chapter
@@ -156,15 +157,46 @@ def test_console_steps_parse_commands_continuations_and_output():
 # --- hook reference -----------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    """What the generator writes now: the completeness checks below look at it, not at
+    the committed pages (whether those are current is one test of its own)."""
+    return docgen.generated_pages()
+
+
 def _hookspecs():
     return {f.__name__: f for f in docgen.hookspec_functions()}
 
 
-def test_hookspec_discovery_finds_every_forge_hook():
-    from forge_core import hookspecs
+def _listed_under(text: str, caption: str) -> list[str]:
+    """The names of the link list right after the line ``caption``."""
+    block = text.split(f"\n{caption}\n\n", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r"^- \[`(\w+)`\]", block, re.M)
 
-    declared = {n for n, o in vars(hookspecs).items() if n.startswith("forge_") and callable(o)}
-    assert set(_hookspecs()) == declared and len(declared) >= 14
+
+def test_hookspec_discovery_finds_every_forge_hook(pages):
+    """The hooks docgen finds are the ones pluggy registers from the hookspec module;
+    the registration hooks are exactly one per kind of component plus ``forge_rules``,
+    each implemented by a built-in plugin, and the page lists them in those two groups."""
+    import pluggy
+
+    from forge_core import hookspecs
+    from forge_core.api.hooks import PROJECT
+    from forge_core.kinds import KINDS
+
+    found = set(_hookspecs())
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(hookspecs)
+    assert found == {name for name in vars(manager.hook) if not name.startswith("_")}
+    registration = {kind.hook for kind in KINDS} | {"forge_rules"}
+    assert registration < found
+    text = pages["hooks.md"]
+    assert set(_listed_under(text, "Registration hooks:")) == registration
+    lifecycle = _listed_under(text, "Lifecycle hooks (implemented by loggers, see "
+                                    "[the logger chapter](plugin-guide/logger.md)):")
+    assert set(lifecycle) == found - registration
+    implemented = docgen.builtin_registries().plugins.pm.hook
+    assert [h for h in sorted(registration) if not getattr(implemented, h).get_hookimpls()] == []
 
 
 def hook_doc_problems(text: str, specs: dict) -> list[str]:
@@ -181,13 +213,13 @@ def hook_doc_problems(text: str, specs: dict) -> list[str]:
     return problems
 
 
-def test_every_hookspec_is_documented_with_its_exact_signature():
-    problems = hook_doc_problems((DOCS / "hooks.md").read_text(), _hookspecs())
-    assert not problems, f"docs/hooks.md: {'; '.join(problems)}. Run `{docgen.REGENERATE}`."
+def test_every_hookspec_is_documented_with_its_exact_signature(pages):
+    problems = hook_doc_problems(pages["hooks.md"], _hookspecs())
+    assert not problems, f"the hook reference: {'; '.join(problems)}"
 
 
-def test_signature_check_catches_a_renamed_hook_and_a_new_argument():
-    text = (DOCS / "hooks.md").read_text()
+def test_signature_check_catches_a_renamed_hook_and_a_new_argument(pages):
+    text = pages["hooks.md"]
     specs = _hookspecs()
 
     def forge_step_end(run: "RunContext", step: "int", metrics: "dict[str, Any]", extra: "int") -> "None":  # noqa: F821
@@ -201,17 +233,21 @@ def test_signature_check_catches_a_renamed_hook_and_a_new_argument():
     assert "documents forge_step_end, which is not a hook" in problems
 
 
-def test_every_hook_docstring_is_in_the_hook_reference():
-    text = squash((DOCS / "hooks.md").read_text())
+def test_every_hook_docstring_is_in_the_hook_reference(pages):
+    text = squash(pages["hooks.md"])
     for name, func in _hookspecs().items():
         doc = squash(docgen.rst_to_markdown(inspect.getdoc(func)).split("Example:")[0])
-        assert doc in text, f"the docstring of {name} differs from docs/hooks.md; run `{docgen.REGENERATE}`"
+        assert doc in text, f"the docstring of {name} is not in the hook reference"
 
 
 def test_rst_to_markdown_converts_roles_literals_and_examples():
     text = "Return :class:`~forge_core.specs.PackerSpec` or ``None``.\n\nExample::\n\n    x = 1\n    y = 2\n\nAfter."
     assert docgen.rst_to_markdown(text) == (
         "Return `PackerSpec` or `None`.\n\nExample:\n\n```python\nx = 1\ny = 2\n```\n\nAfter."
+    )
+    assert docgen.rst_to_markdown("See :mod:`forge_core.api`, :func:`~a.b`.") == "See `forge_core.api`, `b`."
+    assert docgen.rst_to_markdown("(`the gradient\nconvention <a.md#b>`_, ``x <y>``)") == (
+        "([the gradient\nconvention](a.md#b), `x <y>`)"
     )
 
 
@@ -226,8 +262,8 @@ def test_generated_pages_are_current():
     )
 
 
-def test_stale_check_notices_an_edit(tmp_path):
-    for rel, text in docgen.generated_pages().items():
+def test_stale_check_notices_an_edit(tmp_path, pages):
+    for rel, text in pages.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert docgen.stale_pages(tmp_path) == []
@@ -235,52 +271,92 @@ def test_stale_check_notices_an_edit(tmp_path):
     assert docgen.stale_pages(tmp_path) == ["reference/rules.md"]
 
 
-def test_reference_pages_equal_the_cli_markdown_output():
+def test_every_template_is_the_prose_of_a_generated_page(pages):
+    templates = {p.relative_to(docgen.TEMPLATES_DIR).as_posix() for p in docgen.TEMPLATES_DIR.rglob("*")
+                 if p.is_file()}
+    assert templates == {"hooks.md", "configuration.md", "cli.md", docgen.EXAMPLE_PAGE}
+    assert templates < set(pages)
+
+
+def test_a_template_must_use_exactly_the_placeholders_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(docgen, "DOCS_DIR", tmp_path / "docs")
+    monkeypatch.setattr(docgen, "TEMPLATES_DIR", tmp_path / "docs" / "templates")
+    template = tmp_path / "docs" / "templates" / "page.md"
+    template.parent.mkdir(parents=True)
+    template.write_text("{{notice}}\n\n$ forge-run {a: 1} `$.x`\n\n{{help:export-hf}}\n")
+    assert docgen.fill("page.md", {"help:export-hf": "usage"}) == (
+        f"<!-- Generated by `{docgen.REGENERATE}` from docs/templates/page.md; do not edit by hand. -->\n\n"
+        "$ forge-run {a: 1} `$.x`\n\nusage\n"
+    )
+    with pytest.raises(ValueError, match=r"^docs/templates/page.md: add the placeholders \{\{help:eval\}\}$"):
+        docgen.fill("page.md", {"help:export-hf": "usage", "help:eval": "usage"})
+    with pytest.raises(ValueError, match=r"^docs/templates/page.md: nothing fills \{\{help:export-hf\}\}$"):
+        docgen.fill("page.md", {})
+    template.write_text("{{notice}} {{ spaced }}\n")
+    with pytest.raises(ValueError, match="Invalid placeholder in string: line 1, col 13"):
+        docgen.fill("page.md", {})
+
+
+def test_reference_pages_equal_the_cli_markdown_output(pages):
     env = {k: v for k, v in os.environ.items() if k != "FORGE_BLOCK_PLUGINS"}
     env["FORGE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for command, page in (("plugins", "components.md"), ("rules", "rules.md")):
         done = subprocess.run([sys.executable, "-m", "forge_core.cli", command, "--markdown"],
                               capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert done.stdout == (DOCS / "reference" / page).read_text(), (
-            f"`forge-run {command} --markdown` differs from docs/reference/{page}; run `{docgen.REGENERATE}`"
+        assert done.stdout == pages[f"reference/{page}"], (
+            f"`forge-run {command} --markdown` differs from what docgen writes to docs/reference/{page}"
         )
 
 
-def test_every_config_key_is_documented():
-    text = (DOCS / "configuration.md").read_text()
+def test_every_config_key_is_documented(pages):
+    text = pages["configuration.md"]
     keys = docgen.config_keys()
     assert "train.nonfinite.policy" in keys and "run.out_dir" in keys
     missing = [k for k in keys if f"`{k}`" not in text]
-    assert not missing, f"config keys missing from docs/configuration.md: {missing}; run `{docgen.REGENERATE}`"
+    assert not missing, f"config keys missing from the configuration reference: {missing}"
 
 
-def test_every_builtin_component_option_is_documented():
-    text = (DOCS / "configuration.md").read_text()
+def test_every_builtin_component_option_is_documented(pages):
+    text = pages["configuration.md"]
     keys = docgen.component_option_keys(docgen.builtin_registries())
     assert "attention.options.block_size" in keys
     missing = [k for k in keys if f"`{k}`" not in text]
-    assert not missing, f"component options missing from docs/configuration.md: {missing}"
+    assert not missing, f"component options missing from the configuration reference: {missing}"
 
 
-def test_every_cli_command_is_documented():
-    text = (DOCS / "cli.md").read_text()
+def test_every_cli_command_is_documented(pages):
+    text = pages["cli.md"]
     commands = docgen.subcommands(build_parser())
     assert set(commands) == set(COMMANDS)
     for name, parser in commands.items():
-        assert f"## `forge-run {name}`" in text, f"forge-run {name} is missing from docs/cli.md"
+        assert f"## `forge-run {name}`" in text, f"forge-run {name} is missing from the CLI reference"
         for action in parser._actions:  # noqa: SLF001
             for flag in action.option_strings:
-                assert flag in text, f"forge-run {name} {flag} is missing from docs/cli.md"
+                assert flag in text, f"forge-run {name} {flag} is missing from the CLI reference"
 
 
-def test_architecture_names_every_kind_of_component():
-    from forge_core.registry import KINDS
+def test_architecture_table_is_the_kinds_of_component():
+    """The table of docs/architecture.md lists exactly the kinds, in their order, each
+    with its hook, its spec class and the config key that chooses it."""
+    from forge_core.kinds import KINDS
 
     text = (DOCS / "architecture.md").read_text()
-    for kind in KINDS:
-        row = f"| `{kind.name}` | `{kind.hook}` | `{kind.spec_cls.__name__}` |"
-        assert row in text, f"docs/architecture.md lacks the row {row}"
+    header = "| kind | hook | spec | chosen by |\n| --- | --- | --- | --- |\n"
+    table = text.split(header, 1)[1].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in table.splitlines()]
+    assert [row[:3] for row in rows] == [
+        [f"`{kind.name}`", f"`{kind.hook}`", f"`{kind.spec_cls.__name__}`"] for kind in KINDS
+    ], "the table of docs/architecture.md differs from forge_core/kinds.py"
+    for row, kind in zip(rows, KINDS):
+        assert f"`{kind.name_path}`" in row[3], f"architecture.md: {kind.name} is chosen by {kind.name_path}"
+
+
+def test_every_kind_is_chosen_and_configured_by_keys_of_the_schema():
+    from forge_core.kinds import KINDS
+
+    keys = set(docgen.config_keys())
+    assert [(k.name_path, k.options_path) for k in KINDS if not {k.name_path, k.options_path} <= keys] == []
 
 
 def test_docgen_imports_no_torch():
@@ -294,7 +370,9 @@ def test_docgen_imports_no_torch():
 
 
 def _pages() -> list[Path]:
-    return sorted(DOCS.rglob("*.md"))
+    """The pages of the site: every Markdown file of docs/ but the templates of the
+    generated ones (mkdocs.yml excludes them; their output is checked instead)."""
+    return sorted(p for p in DOCS.rglob("*.md") if not p.is_relative_to(docgen.TEMPLATES_DIR))
 
 
 def test_yaml_configs_in_the_docs_are_valid():
@@ -398,3 +476,13 @@ def test_mkdocs_nav_lists_every_page():
             yield from flatten(value) if isinstance(value, list) else [value]
 
     assert set(flatten(config["nav"])) == {p.relative_to(DOCS).as_posix() for p in _pages()}
+
+
+def test_mkdocs_publishes_the_pages_and_not_the_templates():
+    """What MkDocs itself takes for pages (``exclude_docs`` applied): the templates would
+    otherwise be published, as a strict build only notes a page missing from the nav."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
+
+    published = {f.src_uri for f in get_files(load_config(str(REPO / "mkdocs.yml"))).documentation_pages()}
+    assert published == {p.relative_to(DOCS).as_posix() for p in _pages()}

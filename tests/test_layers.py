@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The rooms of forge_core from the ground floor up; a room may import those before it.
 FLOORS = [
     {"api", "parallel_dims", "deprecation"},
+    {"kinds"},
     {"errors", "hookspecs", "config", "rules", "core_rules", "specs", "run_context"},
     {"plugins"},
     {"registry", "reference"},

@@ -15,6 +15,7 @@ import attrs
 
 from forge_core.api import above, at_least, between, non_blank, option, satisfies
 from forge_core.deprecation import moved
+from forge_core.kinds import KINDS
 
 #: ``field`` was this module's own documented-field helper; ``option`` is the one every
 #: options class uses.
@@ -303,24 +304,17 @@ class OptionBlock:
     options_path: str
 
 
-#: Every component choice in the config. ``parallel`` strategies and loggers are chosen
-#: by degree and by list and have their own keyed option maps (:data:`KEYED_BLOCKS`).
-OPTION_BLOCKS: tuple[OptionBlock, ...] = (
-    OptionBlock("model", "model.name", "model.options"),
-    OptionBlock("attention", "attention.backend", "attention.options"),
-    OptionBlock("source", "data.source", "data.source_options"),
-    OptionBlock("tokenizer", "data.tokenizer", "data.tokenizer_options"),
-    OptionBlock("packer", "data.packer", "data.packer_options"),
-    OptionBlock("optimizer", "train.optimizer", "train.optimizer_options"),
-    OptionBlock("schedule", "train.schedule", "train.schedule_options"),
+#: Every single component choice in the config (one name, one option block), from
+#: :data:`~forge_core.kinds.KINDS`.
+OPTION_BLOCKS: tuple[OptionBlock, ...] = tuple(
+    OptionBlock(k.name, k.name_path, k.options_path) for k in KINDS if not k.keyed
 )
 
 #: Option maps keyed by component name (``parallel.options.<name>``), beside the list
 #: that enables components by name (strategies with a mesh dimension are enabled by
 #: their degree instead).
-KEYED_BLOCKS: tuple[OptionBlock, ...] = (
-    OptionBlock("parallelism", "parallel.wrappers", "parallel.options"),
-    OptionBlock("logger", "logging.loggers", "logging.options"),
+KEYED_BLOCKS: tuple[OptionBlock, ...] = tuple(
+    OptionBlock(k.name, k.name_path, k.options_path) for k in KINDS if k.keyed
 )
 
 

@@ -12,11 +12,12 @@ each with its options) on a mesh of ``plan.degrees``, with ``train.compile`` slo
 at 300 (after the pipeline split and tensor parallelism, before data-parallel
 wrapping, as FSDP and DDP expect compiled blocks).
 
-Gradient convention: data-parallel strategies SUM gradients over the data-parallel
-ranks (they do not average). Each micro-batch back-propagates ``loss_sum /
-global_tokens`` (``global_tokens``: labelled tokens of the whole step, every rank and
-accumulation step), so the sum equals the single-process gradient of the whole batch
-(:mod:`forge_core.train.loss`); :meth:`ParallelModel.forward_backward` does exactly that.
+Gradient convention (docs/plugin-guide/parallelism.md#the-gradient-convention):
+data-parallel strategies SUM gradients over the data-parallel ranks, never average them,
+and each micro-batch back-propagates ``loss_sum / global_tokens`` (``global_tokens``: the
+labelled tokens of the whole step, every rank and accumulation micro-batch), so the sum
+is the single-process gradient of the whole batch. :meth:`ParallelModel.forward_backward`
+does that division.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The training loss: token cross-entropy summed, normalised by the step's global count.
 
 A step's loss is ``sum of per-token losses / number of tokens with a label`` over every
-micro-batch and every data-parallel rank. Each micro-batch therefore contributes its
-loss *sum* divided by the *global* count (known before the first backward), so gradient
-accumulation and data parallelism give the gradient of one big batch, however unevenly
-the ignored labels (-100) fall across micro-batches.
+micro-batch and every data-parallel rank; its gradient follows the gradient convention
+(docs/plugin-guide/parallelism.md#the-gradient-convention).
 
 Every loss has the signature ``loss(output, labels) -> (loss_sum, token_count)``, and
 :func:`build_loss` picks the one ``train.loss`` names: :func:`loss_fn` over the logits

@@ -4,8 +4,8 @@
    :data:`~forge_core.api.IGNORE_INDEX` and the attended pairs (one small all-reduce
    that also carries whether any process received a stop signal);
 2. for each micro-batch, :meth:`~forge_core.distributed.parallelize.ParallelModel.forward_backward`
-   under the chosen precision, the loss sum divided by that global count (the gradient
-   convention of :mod:`forge_core.distributed.parallelize`), gradient sync only on the
+   under the chosen precision with that count as its normalizer (the gradient convention,
+   docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync only on the
    last micro-batch;
 3. finish the gradients (what strategies reduce once per step, after the last backward),
    clip to the global gradient norm and, when the loss and the norm are finite, step

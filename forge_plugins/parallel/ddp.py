@@ -1,9 +1,8 @@
 """``ddp``: replicated data parallelism over the ``dp_replicate`` mesh dimension.
 
 Every replica holds the whole model; gradients are all-reduced while backward runs and
-SUMMED (DDP's division by the number of replicas is replaced by a communication hook):
-the trainer divides each loss by the global token count, so the sum is the whole
-batch's gradient, see :mod:`forge_core.distributed.parallelize`.
+summed, DDP's division by the number of replicas replaced by a communication hook (the
+gradient convention, docs/plugin-guide/parallelism.md#the-gradient-convention).
 
 - Without pipeline parallelism: ``DistributedDataParallel`` (bucketed all-reduce
   overlapping backward). The wrapper is what gets called; the wrapped module stays the

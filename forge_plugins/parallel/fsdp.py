@@ -5,9 +5,9 @@ Parameters, gradients and optimizer state are sharded over ``dp_shard``; with
 ``dp_replicate > 1`` as well the mesh is 2-D and FSDP2 runs HSDP (shard within a
 replica, all-reduce across replicas). Applied after tensor parallelism, it shards the
 tensor-parallel DTensors again along the data-parallel dimension (2-D parallelism).
-Gradients are SUMMED over the data-parallel ranks (divide factor 1, not FSDP's
-default mean), the convention of :mod:`forge_core.distributed.parallelize`. Under ``train.precision: bf16`` parameters are
-gathered in bf16 and gradients reduced in fp32.
+Gradients are summed over the data-parallel ranks, with divide factor 1 instead of FSDP's
+default mean (the gradient convention, docs/plugin-guide/parallelism.md#the-gradient-convention).
+Under ``train.precision: bf16`` parameters are gathered in bf16 and gradients reduced in fp32.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ schedule is built (``parallel.options.pp.schedule``): ``gpipe``, ``1f1b``,
 Its options are ``parallel.options.pp`` (``schedule``, ``microbatches``,
 ``virtual_stages``). The step's rows are cut into ``microbatches`` microbatches (0: one
 per stage). The last stage calls the trainer's ``loss_fn`` on each microbatch and
-back-propagates ``loss_sum / normalizer`` (the step's global token count,
-:mod:`forge_core.distributed.parallelize`), with the schedule's own division by the number of
-microbatches off, so the gradients equal a single process's on the whole batch. The
+back-propagates ``loss_sum / normalizer`` with the schedule's own division by the number
+of microbatches off (the gradient convention,
+docs/plugin-guide/parallelism.md#the-gradient-convention). The
 summed loss and token count are then broadcast from the rank holding the last stage
 (``pp - 1`` in loop placement, 0 in V placement) to the whole pipeline, so every process
 logs the same loss.
