@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake third-party distribution on a temporary path, config writers."""
+"""Shared fixtures: a fake third-party distribution on a temporary path, config writers,
+``forge-run`` in a subprocess."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def make_distribution(site: Path, dist: str, version: str, modules: dict[str, st
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``forge-run`` in a subprocess with the current interpreter."""
+    """Run ``forge-run`` in a subprocess with the current interpreter: for the one smoke
+    test per command (test_cli_smoke.py) and what needs a process of its own (torchrun,
+    a lock held by another process). Everything else runs in process through
+    ``forge_core.testing.forge_run``."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "forge_core.cli", *args],

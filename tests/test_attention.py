@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from conftest import make_distribution, run_cli
+from conftest import make_distribution
 from forge_core.api import AttentionBackendSpec, NoOptions
+from forge_core.testing import forge_run
 from forge_core.testing import (
     assert_within_rounding,
     check_attention_backend,
@@ -459,21 +460,19 @@ def forge_attention_backends():
 def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(cfg, tmp_path):
     site = make_distribution(tmp_path / "site", "forge-window", "0.1",
                              {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"})
-    env = {"PYTHONPATH": str(site)}
-    result = run_cli("check", cfg(PACKED), "attention.backend=window", env=env)
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = forge_run(["check", cfg(PACKED), "attention.backend=window"], paths=[site])
+    assert result.code == 2, result.stdout + result.stderr
     assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
     assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
     # Without isolation nothing needs honouring.
-    result = run_cli("check", cfg(PACKED), "attention.backend=window",
-                     "data.packer_options.isolate=false", env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = forge_run(["check", cfg(PACKED), "attention.backend=window", "data.packer_options.isolate=false"], paths=[site])
+    assert result.code == 0, result.stdout + result.stderr
 
 
 def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
     path = cfg(PACKED)
-    warned = run_cli("check", path, "attention.backend=sdpa", "data.seq_len=4096")
-    assert warned.returncode == 0, warned.stdout + warned.stderr
+    warned = forge_run(["check", path, "attention.backend=sdpa", "data.seq_len=4096"])
+    assert warned.code == 0, warned.stdout + warned.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in warned.stdout
     assert "4096x4096" in warned.stdout
     for overrides in (
@@ -481,6 +480,6 @@ def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
         ["data.seq_len=4096", "attention.options.dense_mask_warn_seq_len=8192"],
         ["data.seq_len=4096", "data.packer_options.isolate=false"],
     ):
-        quiet = run_cli("check", path, "attention.backend=sdpa", *overrides)
-        assert quiet.returncode == 0 and "sdpa.dense-mask-long-seq" not in quiet.stdout, overrides
-    assert "sdpa.dense-mask-long-seq" not in run_cli("check", path, "data.seq_len=4096").stdout
+        quiet = forge_run(["check", path, "attention.backend=sdpa", *overrides])
+        assert quiet.code == 0 and "sdpa.dense-mask-long-seq" not in quiet.stdout, overrides
+    assert "sdpa.dense-mask-long-seq" not in forge_run(["check", path, "data.seq_len=4096"]).stdout

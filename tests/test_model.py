@@ -14,9 +14,8 @@ import attrs
 import pytest
 import torch
 
-from conftest import run_cli
 from forge_core.api import NoOptions
-from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, longest_sum
+from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, forge_run, longest_sum
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
 from forge_core.testing import packed_metadata
@@ -304,9 +303,9 @@ def test_registration_options_and_rules_do_not_import_torch():
 
 def test_check_reports_both_head_layout_errors(cfg):
     path = cfg({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
-    result = run_cli("check", path)
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = forge_run(["check", path])
+    assert result.code == 2, result.stdout + result.stderr
     assert "error: [llama.heads-divisible] (plugin 'models')" in result.stdout
     assert "$.model.options.n_heads = 4, $.model.options.n_kv_heads = 3" in result.stdout
     assert "error: [llama.head-dim-even]" in result.stdout and "= 25 is odd" in result.stdout
-    assert run_cli("check", path, "model.options.dim=96", "model.options.n_kv_heads=2").returncode == 0
+    assert forge_run(["check", path, "model.options.dim=96", "model.options.n_kv_heads=2"]).code == 0

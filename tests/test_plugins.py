@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from conftest import REPO, make_distribution, run_cli
+from conftest import REPO, make_distribution
 from forge_core.api import AttentionBackendSpec, ForgeError, PackerSpec, hookimpl
 from forge_core.cli import main
 from forge_core.plugins import load_plugins
 from forge_core.registry import build_registries, load_registries
+from forge_core.testing import forge_run
 
 GOOD_PLUGIN = """
 from forge_core.api import PackerSpec, hookimpl
@@ -31,8 +32,8 @@ def fake_site(tmp_path):
 
 
 def test_third_party_distribution_is_found_through_entry_points(fake_site):
-    result = run_cli("plugins", "--json", env={"PYTHONPATH": str(fake_site)})
-    assert result.returncode == 0, result.stderr
+    result = forge_run(["plugins", "--json"], paths=[fake_site])
+    assert result.code == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)}
     fake = plugins["fakeplug"]
     assert (fake["distribution"], fake["version"], fake["builtin"]) == ("forge-fakeplug", "1.2.3", False)
@@ -41,21 +42,21 @@ def test_third_party_distribution_is_found_through_entry_points(fake_site):
 
 
 def test_autoload_switch_skips_third_party_but_keeps_builtins(fake_site):
-    env = {"PYTHONPATH": str(fake_site), "FORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    names = {p["name"] for p in json.loads(run_cli("plugins", "--json", env=env).stdout)}
+    env = {"FORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
     assert "fakeplug" not in names and "attention" in names
 
 
 def test_env_blocklist_skips_named_plugin(fake_site):
-    env = {"PYTHONPATH": str(fake_site), "FORGE_BLOCK_PLUGINS": "fakeplug"}
-    names = {p["name"] for p in json.loads(run_cli("plugins", "--json", env=env).stdout)}
+    env = {"FORGE_BLOCK_PLUGINS": "fakeplug"}
+    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
     assert "fakeplug" not in names
 
 
 def test_config_blocklist_skips_named_plugin(fake_site, cfg):
     path = cfg({"plugins": {"block": ["fakeplug"]}, "data": {"packer": "shuffled"}})
-    result = run_cli("check", path, env={"PYTHONPATH": str(fake_site)})
-    assert result.returncode == 2
+    result = forge_run(["check", path], paths=[fake_site])
+    assert result.code == 2
     assert "unknown packer 'shuffled'" in result.stderr
 
 
@@ -64,13 +65,13 @@ def test_plugin_that_fails_to_import_names_entry_point_distribution_and_fix(tmp_
         tmp_path / "site", "forge-broken", "0.1", {"brokenplug": "raise RuntimeError('boom at import')"},
         {"broken": "brokenplug"},
     )
-    result = run_cli("plugins", env={"PYTHONPATH": str(site)})
-    assert result.returncode == 2
+    result = forge_run(["plugins"], paths=[site])
+    assert result.code == 2
     assert "Traceback" not in result.stderr
     for needle in ("'broken'", "broken = brokenplug", "forge-broken 0.1", "boom at import", "FORGE_BLOCK_PLUGINS=broken"):
         assert needle in result.stderr
     # and the advertised fix works
-    assert run_cli("plugins", env={"PYTHONPATH": str(site), "FORGE_BLOCK_PLUGINS": "broken"}).returncode == 0
+    assert forge_run(["plugins"], paths=[site], env={"FORGE_BLOCK_PLUGINS": "broken"}).code == 0
 
 
 class _Misspelled:
@@ -134,8 +135,8 @@ def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribu
     }
     for name, (source, expected) in faults.items():
         site = make_distribution(tmp_path / name, f"forge-{name}", "0.2", {f"{name}plug": source}, {name: f"{name}plug"})
-        result = run_cli("check", str(REPO / "configs" / "quickstart.yaml"), env={"PYTHONPATH": str(site)})
-        assert result.returncode == 2, (name, result.returncode, result.stderr)
+        result = forge_run(["check", str(REPO / "configs" / "quickstart.yaml")], paths=[site])
+        assert result.code == 2, (name, result.code, result.stderr)
         assert "Traceback" not in result.stderr
         for needle in (expected, f"plugin {name!r}", f"forge-{name} 0.2", f"FORGE_BLOCK_PLUGINS={name}"):
             assert needle in result.stderr, (needle, result.stderr)
@@ -168,8 +169,8 @@ def test_kernel_rules_cannot_be_blocked_by_config_or_environment(cfg, monkeypatc
 def test_no_package_can_take_the_kernel_rules_name(tmp_path):
     site = make_distribution(tmp_path / "site", "forge-shadow", "1.0", {"shadowplug": "x = 1\n"},
                              {"core_rules": "shadowplug"})
-    result = run_cli("rules", env={"PYTHONPATH": str(site)})
-    assert result.returncode == 2
+    result = forge_run(["rules"], paths=[site])
+    assert result.code == 2
     assert "forge-shadow 1.0 declares a plugin named 'core_rules'" in result.stderr
     assert "Uninstall it (pip uninstall forge-shadow)" in result.stderr and "FORGE_BLOCK" not in result.stderr
 

@@ -11,12 +11,13 @@ import os
 
 import pytest
 
-from conftest import make_distribution, run_cli
+from conftest import make_distribution
 from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge
 from forge_core.registry import RuleEntry
 from forge_core.rules import evaluate, render
+from forge_core.testing import forge_run
 
 
 def errors(path, overrides=(), world_size=None, extra=()):
@@ -127,18 +128,17 @@ def forge_parallelisms():
 
 def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, cfg):
     site = make_distribution(tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"})
-    env = {"PYTHONPATH": str(site)}
-    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]", env=env)
-    assert result.returncode == 2
+    result = forge_run(["check", cfg({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"], paths=[site])
+    assert result.code == 2
     assert "[parallel.metadata-reaches-layers]" in result.stdout and "strategy 'lossy'" in result.stdout
-    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json")
-    assert result.returncode == 0, result.stdout
+    result = forge_run(["check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json"])
+    assert result.code == 0, result.stdout
     assert json.loads(result.stdout)["valid"] is True
 
 
 def test_world_size_comes_from_torchrun_environment(cfg):
-    result = run_cli("check", cfg({"parallel": {"tp": 2, "dp_shard": 1}}), env={"WORLD_SIZE": "4"})
-    assert result.returncode == 2 and "world size is 4" in result.stdout
+    result = forge_run(["check", cfg({"parallel": {"tp": 2, "dp_shard": 1}})], env={"WORLD_SIZE": "4"})
+    assert result.code == 2 and "world size is 4" in result.stdout
 
 
 def test_third_party_rule_is_listed_and_fires(tmp_path, cfg):
@@ -154,11 +154,10 @@ def forge_rules():
     return [Rule(id="lab.max-steps", severity="error", paths=("train.steps",),
                  summary="At most 1000 steps", check=_check, fix="Lower train.steps")]
 """}, {"strict": "strictplug"})
-    env = {"PYTHONPATH": str(site)}
-    listed = {r["id"]: r for r in json.loads(run_cli("rules", "--json", env=env).stdout)}
+    listed = {r["id"]: r for r in json.loads(forge_run(["rules", "--json"], paths=[site]).stdout)}
     assert listed["lab.max-steps"]["plugin"] == "strict"
-    result = run_cli("check", cfg({"train": {"steps": 5000}}), env=env)
-    assert result.returncode == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
+    result = forge_run(["check", cfg({"train": {"steps": 5000}})], paths=[site])
+    assert result.code == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
 
 
 class _PlainModel:

@@ -5,11 +5,11 @@ data parallelism matching one process."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from conftest import make_distribution, run_cli
+from forge_core.testing import forge_run
 from train_helpers import Recorder, read_metrics, tiny_config, write_config, write_corpus
 
 
@@ -29,22 +29,21 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     directory alone then serves sample and export-hf (loaded by transformers, same logits)."""
     site = make_distribution(tmp_path / "site", "forge-observer", "0.1", {"observer": OBSERVER},
                              {"observer": "observer"})
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cfg = tiny_config(tmp_path, "obs", train={"steps": 4}, logging={"loggers": ["jsonl"]})
     path = write_config(tmp_path / "obs.yaml", cfg)
-    result = run_cli(path, env=env)
-    assert result.returncode == 0, result.stderr
+    result = forge_run([path], paths=[site])
+    assert result.code == 0, result.stderr
     observed = (tmp_path / "obs/observed.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in observed] == [1, 2, 3, 4]
     assert [json.loads(line)["loss"] for line in observed] == [r["loss"] for r in read_metrics(tmp_path / "obs")]
 
-    sample = run_cli("sample", str(tmp_path / "obs"), "--prompt", "the quick", "--max-new-tokens", "12")
-    assert sample.returncode == 0, sample.stderr
+    sample = forge_run(["sample", tmp_path / "obs", "--prompt", "the quick", "--max-new-tokens", "12"])
+    assert sample.code == 0, sample.stderr
     assert sample.stdout.startswith("the quick") and len(sample.stdout.rstrip("\n")) > len("the quick")
 
     hf_dir = tmp_path / "hf"
-    export = run_cli("export-hf", str(tmp_path / "obs"), str(hf_dir))
-    assert export.returncode == 0, export.stderr
+    export = forge_run(["export-hf", tmp_path / "obs", hf_dir])
+    assert export.code == 0, export.stderr
     import torch
     from transformers import LlamaForCausalLM
 
