@@ -27,7 +27,7 @@ from forge_core.testing import (
     reference_attention,
 )
 from forge_core.testing.attention import spans
-from forge_plugins.attention import eager, plugin, sdpa
+from forge_plugins.attention import eager, sdpa
 from forge_plugins.attention import flex as flex_module
 from forge_plugins.attention import rules as attention_rules
 from forge_plugins.attention.eager import EagerAttention
@@ -373,16 +373,6 @@ def test_backends_refuse_head_counts_that_do_not_group(flex):
 # --- registration and rules ---------------------------------------------------------
 
 
-def test_plugin_registers_three_backends_that_honour_doc_ids():
-    specs = {spec.name: spec for spec in plugin.forge_attention_backends()}
-    assert set(specs) == {"sdpa", "flex", "eager"}
-    assert all(spec.honours == {"doc_ids"} for spec in specs.values())
-    assert specs["sdpa"].load() is SdpaAttention
-    assert specs["flex"].load() is FlexAttention
-    assert specs["eager"].load() is EagerAttention
-    assert specs["sdpa"].options is SdpaOptions and specs["flex"].options is FlexOptions
-
-
 def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
          seq_len=1024, options=None, packer="concat"):
     spec = AttentionBackendSpec(
@@ -412,18 +402,6 @@ def test_rule_sdpa_dense_mask_warns_from_the_threshold_seq_len():
     assert check(_ctx(backend="flex", seq_len=8192)) is None
     assert check(_ctx(seq_len=8192, options=SdpaOptions(dense_mask_warn_seq_len=16384))) is None
     assert check(_ctx(seq_len=2048, options=SdpaOptions(dense_mask_warn_seq_len=2048))) is not None
-
-
-def test_forge_rules_declares_the_attention_rules():
-    from forge_core.core_rules import RULES
-
-    # The doc-id rule is the kernel's: it must hold even when this plugin is blocked.
-    kernel = {rule.id: rule for rule in RULES}
-    assert kernel["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
-    rules = {rule.id: rule for rule in plugin.forge_rules()}
-    assert "attention.honours-doc-ids" not in rules
-    assert rules["sdpa.dense-mask-long-seq"].severity == "warning"
-    assert rules["sdpa.dense-mask-long-seq"].check is attention_rules.check_sdpa_dense_mask
 
 
 # --- the rules through `forge-run check` ---------------------------------------------

@@ -18,7 +18,6 @@ from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
 from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
-from forge_plugins.models import plugin
 from forge_plugins.models import rules as model_rules
 from forge_plugins.models.llama import Llama, build
 from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
@@ -268,26 +267,6 @@ def test_rule_head_dim_even():
     assert check(_ctx(LlamaOptions(dim=256, n_heads=8))) is None
     assert "= 3 is odd" in check(_ctx(LlamaOptions(dim=24, n_heads=8)))
     assert "dim=100 is not a multiple of n_heads=8" in check(_ctx(LlamaOptions(dim=100, n_heads=8)))
-
-
-def test_forge_rules_declares_the_model_rules():
-    rules = {rule.id: rule for rule in plugin.forge_rules()}
-    assert rules["llama.heads-divisible"].paths == ("model.options.n_heads", "model.options.n_kv_heads")
-    assert rules["llama.heads-divisible"].severity == "error"
-    assert rules["llama.head-dim-even"].check is model_rules.check_head_dim_even
-
-
-def test_plugin_registers_llama_with_its_capabilities():
-    (spec,) = plugin.forge_models()
-    assert spec.name == "llama" and spec.options is LlamaOptions
-    assert spec.accepts == {"doc_ids", "positions"}
-    assert spec.max_seq_len_option == "max_seq_len"
-    assert spec.load() is build
-    assert spec.hf_export == "forge_plugins.models.hf_interop:export"
-
-
-def test_every_option_is_documented():
-    assert all(f.metadata.get("doc") for f in attrs.fields(LlamaOptions))
 
 
 def test_check_reports_both_head_layout_errors(cfg):

@@ -7,13 +7,11 @@ import shutil
 import subprocess
 import sys
 
-import attrs
 import numpy as np
 import pytest
 
 from forge_core.api import ForgeError
 from forge_core.data.bpe import EOS_TOKEN, PAD_TOKEN, train_bpe
-from forge_plugins.tokenizers import plugin
 from forge_plugins.tokenizers.byte import ByteTokenizer
 from forge_plugins.tokenizers.hf import HFTokenizer
 from forge_plugins.tokenizers.options import HFOptions
@@ -184,13 +182,5 @@ def test_train_bpe_refuses_bad_input(tmp_path, trained):
     with pytest.raises(ForgeError, match="needs a text source"):
         train_bpe(ListSource([np.array([1, 2])]), 300, tmp_path / "y", progress=False)
     assert not (tmp_path / "y").exists() and not (tmp_path / "y.partial").exists()
-
-
-def test_specs_and_documented_options():
-    specs = {s.name: s for s in plugin.forge_tokenizers()}
-    assert set(specs) == {"byte", "hf"}
-    assert specs["byte"].load() is ByteTokenizer and specs["hf"].load() is HFTokenizer
-    for field in attrs.fields(HFOptions):
-        assert field.metadata.get("doc"), field.name
 
 
