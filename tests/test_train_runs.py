@@ -151,7 +151,8 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
 
     model, tokenizer, config, _ = load_for_inference(tmp_path / "hfrun")
     ids = tokenizer.encode("the quick")
-    assert len(generate(model, ids, 5, context=32, temperature=1.0, top_k=0, seed=0)) > 0
+    new = generate(model, ids, 5, context=32, temperature=1.0, top_k=0, seed=0)  # no eos_id: all 5
+    assert len(new) == 5 and all(0 <= t < tokenizer.vocab_size for t in new)
 
     out = tmp_path / "hf-out"
     export.main(argparse.Namespace(checkpoint=str(tmp_path / "hfrun"), out_dir=str(out)))
