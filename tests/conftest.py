@@ -1,5 +1,7 @@
-"""Shared fixtures: a fake third-party distribution on a temporary path, config writers,
-``forge-run`` in a subprocess."""
+"""Shared helpers: a fake third-party distribution on a temporary path, a config writer,
+``forge-run`` in a subprocess, and a private cache for the session. The fixtures a
+plugin author gets (``forge_config``, ``forge_registries``, ``forge_run``, ...) come from
+Forge's pytest plugin, :mod:`forge_core.testing.pytest_plugin`."""
 
 from __future__ import annotations
 
@@ -58,14 +60,3 @@ def private_cache(tmp_path_factory):
         os.environ.pop("FORGE_CACHE_DIR", None)
     else:
         os.environ["FORGE_CACHE_DIR"] = previous
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    """Write a config dict to a YAML file and return its path."""
-    counter = iter(range(1000))
-
-    def _write(data: dict) -> str:
-        return str(write_config(tmp_path / f"config{next(counter)}.yaml", data))
-
-    return _write

@@ -424,20 +424,20 @@ def forge_attention_backends():
 """
 
 
-def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(cfg, tmp_path):
+def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(forge_config, tmp_path):
     site = make_distribution(tmp_path / "site", "forge-window", "0.1",
                              {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"})
-    result = forge_run(["check", cfg(PACKED), "attention.backend=window"], paths=[site])
+    result = forge_run(["check", forge_config(PACKED), "attention.backend=window"], paths=[site])
     assert result.code == 2, result.stdout + result.stderr
     assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
     assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
     # Without isolation nothing needs honouring.
-    result = forge_run(["check", cfg(PACKED), "attention.backend=window", "data.packer_options.isolate=false"], paths=[site])
+    result = forge_run(["check", forge_config(PACKED), "attention.backend=window", "data.packer_options.isolate=false"], paths=[site])
     assert result.code == 0, result.stdout + result.stderr
 
 
-def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
-    path = cfg(PACKED)
+def test_check_warns_about_sdpa_dense_masks_from_the_threshold(forge_config):
+    path = forge_config(PACKED)
     warned = forge_run(["check", path, "attention.backend=sdpa", "data.seq_len=4096"])
     assert warned.code == 0, warned.stdout + warned.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in warned.stdout

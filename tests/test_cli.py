@@ -26,8 +26,8 @@ from forge_core.config.schema import ForgeConfig
 from forge_core.testing import forge_run
 
 
-def test_show_prints_the_resolved_config(cfg):
-    result = forge_run(["show", cfg({"train": {"lr": 0.01}}), "model.options.dim=64"])
+def test_show_prints_the_resolved_config(forge_config):
+    result = forge_run(["show", forge_config({"train": {"lr": 0.01}}), "model.options.dim=64"])
     assert result.code == 0, result.stderr
     shown = yaml.safe_load(result.stdout)
     assert shown["train"]["lr"] == 0.01 and shown["model"]["options"]["dim"] == 64
@@ -45,9 +45,9 @@ def test_bare_config_path_means_train_and_no_command_prints_help():
     assert result.code == 2 and "'does-not-exist.yaml' does not exist" in result.stderr
 
 
-def test_check_warns_but_passes(cfg):
+def test_check_warns_but_passes(forge_config):
     # sdpa with document isolation warns at or above dense_mask_warn_seq_len (seq_len 256).
-    result = forge_run(["check", cfg({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}})])
+    result = forge_run(["check", forge_config({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}})])
     assert result.code == 0, result.stdout + result.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in result.stdout
     assert ": valid: 0 error(s), 1 warning(s)" in result.stdout
@@ -140,11 +140,11 @@ def test_malformed_override_values_exit_2(tmp_path, path, data):
 # --- the command line people type ----------------------------------------------------
 
 
-def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
+def test_options_and_overrides_in_any_order(forge_config, capsys, monkeypatch):
     from forge_core.cli import parse_args
     from forge_core.train import launch
 
-    path = cfg({"data": {"packer": "none"}})
+    path = forge_config({"data": {"packer": "none"}})
     for argv in (["check", path, "--world-size", "2", "parallel.pp=2"],
                  ["check", "--world-size", "2", path, "parallel.pp=2"],
                  ["check", path, "parallel.pp=2", "--world-size", "2", "--json"]):
@@ -160,21 +160,21 @@ def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
     assert (args.config, args.out, args.overrides, args.train_bpe) == (path, "shards", ["data.tokenizer=hf"], 300)
 
 
-def test_check_without_world_size_says_dp_shard_resolves_at_launch(cfg, capsys):
-    assert main(["check", cfg({})]) == 0
+def test_check_without_world_size_says_dp_shard_resolves_at_launch(forge_config, capsys):
+    assert main(["check", forge_config({})]) == 0
     assert "parallel.dp_shard = -1 resolves at launch" in capsys.readouterr().out
-    assert main(["check", cfg({"train": {"batch_size": 6}}), "--world-size", "4"]) == 2  # 4 shards
+    assert main(["check", forge_config({"train": {"batch_size": 6}}), "--world-size", "4"]) == 2  # 4 shards
     assert "cannot be split evenly over 4 data-parallel ranks" in capsys.readouterr().out
 
 
-def test_refused_launch_prints_the_exact_check_command(cfg, capsys, monkeypatch):
+def test_refused_launch_prints_the_exact_check_command(forge_config, capsys, monkeypatch):
     """--nproc 2 with every degree 1: refused before any process starts, and the command
     it names (overrides quoted, world size included) prints the same report."""
     def no_child(*args, **kwargs):
         raise AssertionError(f"a process was started: {args}")
 
     monkeypatch.setattr(subprocess, "Popen", no_child)
-    path = cfg({})
+    path = forge_config({})
     assert main([path, "--nproc", "2", "parallel.dp_shard=1", "run.name=my run"]) == 2
     err = capsys.readouterr().err
     command = f"forge-run check {shlex.quote(path)} parallel.dp_shard=1 'run.name=my run' --world-size 2"

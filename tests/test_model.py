@@ -269,8 +269,8 @@ def test_rule_head_dim_even():
     assert "dim=100 is not a multiple of n_heads=8" in check(_ctx(LlamaOptions(dim=100, n_heads=8)))
 
 
-def test_check_reports_both_head_layout_errors(cfg):
-    path = cfg({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
+def test_check_reports_both_head_layout_errors(forge_config):
+    path = forge_config({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
     result = forge_run(["check", path])
     assert result.code == 2, result.stdout + result.stderr
     assert "error: [llama.heads-divisible] (plugin 'models')" in result.stdout

@@ -53,8 +53,8 @@ def test_env_blocklist_skips_named_plugin(fake_site):
     assert "fakeplug" not in names
 
 
-def test_config_blocklist_skips_named_plugin(fake_site, cfg):
-    path = cfg({"plugins": {"block": ["fakeplug"]}, "data": {"packer": "shuffled"}})
+def test_config_blocklist_skips_named_plugin(fake_site, forge_config):
+    path = forge_config({"plugins": {"block": ["fakeplug"]}, "data": {"packer": "shuffled"}})
     result = forge_run(["check", path], paths=[fake_site])
     assert result.code == 2
     assert "unknown packer 'shuffled'" in result.stderr
@@ -155,9 +155,9 @@ def test_a_plugin_calling_sys_exit_in_a_registration_hook_is_named():
 # --- the kernel's rules cannot be switched off ---------------------------------------
 
 
-def test_kernel_rules_cannot_be_blocked_by_config_or_environment(cfg, monkeypatch, capsys):
+def test_kernel_rules_cannot_be_blocked_by_config_or_environment(forge_config, monkeypatch, capsys):
     # The reproduction: blocking core_rules used to pass pp with document isolation.
-    path = cfg({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
+    path = forge_config({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
     assert main(["check", path, "--world-size", "2"]) == 2
     err = capsys.readouterr().err
     assert "plugins.block in the config names 'core_rules'" in err and "cannot be switched off" in err
@@ -175,13 +175,13 @@ def test_no_package_can_take_the_kernel_rules_name(tmp_path):
     assert "Uninstall it (pip uninstall forge-shadow)" in result.stderr and "FORGE_BLOCK" not in result.stderr
 
 
-def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(cfg, capsys):
+def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(forge_config, capsys):
     from forge_core.core_rules import RULES
 
     registries = load_registries(block=("attention", "parallel", "models", "packers"))
     kernel = [e for e in registries.rules if e.kernel]
     assert [e.rule.id for e in kernel] == [r.id for r in RULES] and {e.plugin for e in kernel} == {"core_rules"}
-    assert main(["check", cfg({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
+    assert main(["check", forge_config({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
     out = capsys.readouterr().out
     assert f"({len(RULES)} from the kernel)" in out
     assert "blocked plugins (their components and rules not loaded): loggers" in out
@@ -222,7 +222,7 @@ def test_a_clash_leaves_every_other_component_of_both_plugins_usable(wsd_site):
     assert "uninstall forge-mywsd" in message
 
 
-def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_site, cfg, capsys):
+def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_site, forge_config, capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "schedule     wsd            My own warmup-stable-decay  [also registered by 'optim']" in out
@@ -250,8 +250,8 @@ def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_si
         assert judge(quickstart, overrides).plan.specs["schedule"].summary.startswith(summary)
 
 
-def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, cfg, capsys):
-    path = cfg({"plugins": {"block": ["mywsd"], "prefer": {
+def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, forge_config, capsys):
+    path = forge_config({"plugins": {"block": ["mywsd"], "prefer": {
         "schedules": {"wsd": "mywsd"},
         "schedule": {"wsd": "mywsd", "cosin": "optim"},
         "optimizer": {"adamw": "optimm"},
@@ -307,7 +307,7 @@ def test_a_resumed_run_keeps_the_choice_its_config_made(wsd_site, tmp_path):
     assert plan.specs["schedule"] is registries["schedule"].get("wsd")  # what sample/export build
 
 
-def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(cfg):
+def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(forge_config):
     class CausalOnly:
         @hookimpl
         def forge_attention_backends(self):
@@ -315,7 +315,7 @@ def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plug
 
     from forge_core.judge import judge
 
-    path = cfg({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
+    path = forge_config({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
     result = judge(path, extra_plugins=(("causal", CausalOnly()),))
     assert [v.rule_id for v in result.errors] == ["attention.honours-doc-ids"]
     assert result.errors[0].plugin == "core_rules"

@@ -37,9 +37,9 @@ print(json.dumps({{"loaded": loaded, "codes": codes, "heavy": sorted(set(HEAVY) 
 """
 
 
-def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(cfg):
-    valid = cfg({"data": {"packer": "concat"}})
-    refused = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}})  # train refuses it before building
+def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(forge_config):
+    valid = forge_config({"data": {"packer": "concat"}})
+    refused = forge_config({"data": {"packer": "concat"}, "parallel": {"pp": 2}})  # train refuses it before building
     commands = [["check", valid], ["show", valid], ["plugins"], ["rules"], ["check", refused, "--world-size", "1"], [refused]]
     code = DRIVER.format(heavy=HEAVY, commands=commands)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
