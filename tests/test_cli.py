@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from conftest import REPO, make_distribution
 from forge_core.cli import main, normalize_argv
 from forge_core.config.schema import ForgeConfig
-from forge_core.testing import forge_run
+from forge_core.testing import CliResult, forge_run
 
 
 def test_show_prints_the_resolved_config(forge_config):
@@ -225,7 +225,7 @@ def test_the_runner_gives_what_the_process_would_and_undoes_what_the_call_set(tm
     from forge_core import __version__
 
     monkeypatch.delenv("FORGE_BLOCK_PLUGINS", raising=False)
-    assert forge_run(["--version"]) == type(forge_run([]))(code=0, stdout=f"forge-run {__version__}\n", stderr="")
+    assert forge_run(["--version"]) == CliResult(code=0, stdout=f"forge-run {__version__}\n", stderr="")
     refused = forge_run(["check"])  # argparse's own refusal: its status, not a SystemExit
     assert refused.code == 2 and "the following arguments are required: config" in refused.stderr
     # Two distributions with one module name: each call sees its own, none outlives its call.

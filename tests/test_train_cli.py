@@ -83,7 +83,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
 
 
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
-    from forge_core.train.launch import train
+    from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
                       logging={"loggers": ["jsonl"]})
@@ -104,5 +104,5 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     # The resumed run is the run that was never killed.
     rec = Recorder()
     straight = tiny_config(tmp_path, "straight", train={"steps": 6})
-    train(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
+    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
     assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [rec.metrics[s]["loss"] for s in range(1, 7)]

@@ -14,7 +14,7 @@ import torch
 
 from forge_core import cli, hookspecs
 from forge_core.api import hookimpl
-from forge_core.train.launch import train
+from forge_core.testing import train_in_process
 from train_helpers import Recorder, SignalAt, read_metrics, tiny_config, write_config
 
 EVAL_KEYS = {"eval/loss", "eval/perplexity", "eval/tokens"}
@@ -48,7 +48,7 @@ def evaluating(tmp_path: Path, name: str, **sections) -> dict:
 
 def run(tmp_path: Path, config: dict, *plugins) -> str:
     path = write_config(tmp_path / f"{config['run']['name']}.yaml", config)
-    return train(path, extra_plugins=tuple((f"test-{i}", p) for i, p in enumerate(plugins)))
+    return train_in_process(path, extra_plugins=tuple((f"test-{i}", p) for i, p in enumerate(plugins)))
 
 
 def eval_records(run_dir: Path) -> dict[int, dict]:

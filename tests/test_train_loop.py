@@ -13,7 +13,8 @@ import torch
 
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.train.checkpoint import find_latest, load_model, model_state
-from forge_core.train.launch import InvalidConfig, train
+from forge_core.testing import train_in_process
+from forge_core.train.launch import InvalidConfig
 from forge_core.train.precision import cpu_has_bf16
 from forge_core.train.trainer import NonFiniteStop
 from train_helpers import (
@@ -32,7 +33,7 @@ METRIC_KEYS = {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "step
 def run(tmp_path: Path, config: dict, *plugins, overrides=()) -> str:
     path = write_config(tmp_path / f"{config['run']['name']}.yaml", config)
     extra = tuple((f"test-{i}", p) for i, p in enumerate(plugins))
-    return train(path, list(overrides), extra_plugins=extra)
+    return train_in_process(path, list(overrides), extra_plugins=extra)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

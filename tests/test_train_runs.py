@@ -63,7 +63,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
 def test_two_processes_match_one(tmp_path):
     """--nproc 2 with data parallelism gives the single-process losses (the loss is
     normalised by the global token count; gradients are summed over ranks)."""
-    from forge_core.train.launch import train
+    from forge_core.testing import train_in_process
 
     write_corpus(tmp_path / "corpus", docs=80, short=True)
     cfg = tiny_config(tmp_path, "ddp", train={"steps": 3, "batch_size": 4}, logging={"loggers": ["jsonl"]})
@@ -71,7 +71,7 @@ def test_two_processes_match_one(tmp_path):
                      timeout=300)
     assert result.returncode == 0, result.stderr
     rec = Recorder()
-    train(write_config(tmp_path / "one.yaml", tiny_config(tmp_path, "one", train={"steps": 3, "batch_size": 4})),
+    train_in_process(write_config(tmp_path / "one.yaml", tiny_config(tmp_path, "one", train={"steps": 3, "batch_size": 4})),
           extra_plugins=(("rec", rec),))
     records = read_metrics(tmp_path / "ddp")
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -137,7 +137,7 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
 
     from forge_core.data.bpe import train_bpe
     from forge_core.train import export
-    from forge_core.train.launch import train
+    from forge_core.testing import train_in_process
     from forge_core.train.sample import generate, load_for_inference
     from forge_plugins.sources.options import TextOptions
     from forge_plugins.sources.text import TextSource
@@ -146,7 +146,7 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
     tok_dir = train_bpe(TextSource(TextOptions(paths=[glob])), 300, tmp_path / "bpe", progress=False)
     cfg = tiny_config(tmp_path, "hfrun", train={"steps": 2},
                       data={"tokenizer": "hf", "tokenizer_options": {"path": tok_dir}})
-    train(write_config(tmp_path / "hfrun.yaml", cfg))
+    train_in_process(write_config(tmp_path / "hfrun.yaml", cfg))
     shutil.rmtree(tok_dir)
 
     model, tokenizer, config, _ = load_for_inference(tmp_path / "hfrun")
