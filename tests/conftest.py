@@ -1,4 +1,7 @@
-"""Shared fixtures: a fake third-party distribution on a temporary path, config writers."""
+"""Shared helpers: a fake third-party distribution on a temporary path, a config writer,
+``forge-run`` in a subprocess, and a private cache for the session. The fixtures a
+plugin author gets (``forge_config``, ``forge_registries``, ``forge_run``, ...) come from
+Forge's pytest plugin, :mod:`forge_core.testing.pytest_plugin`."""
 
 from __future__ import annotations
 
@@ -34,7 +37,10 @@ def make_distribution(site: Path, dist: str, version: str, modules: dict[str, st
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``forge-run`` in a subprocess with the current interpreter."""
+    """Run ``forge-run`` in a subprocess with the current interpreter: for the one smoke
+    test per command (test_cli_smoke.py) and what needs a process of its own (torchrun,
+    a lock held by another process). Everything else runs in process through
+    ``forge_core.testing.forge_run``."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "forge_core.cli", *args],
@@ -54,14 +60,3 @@ def private_cache(tmp_path_factory):
         os.environ.pop("FORGE_CACHE_DIR", None)
     else:
         os.environ["FORGE_CACHE_DIR"] = previous
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    """Write a config dict to a YAML file and return its path."""
-    counter = iter(range(1000))
-
-    def _write(data: dict) -> str:
-        return str(write_config(tmp_path / f"config{next(counter)}.yaml", data))
-
-    return _write

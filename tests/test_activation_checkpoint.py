@@ -12,9 +12,8 @@ import torch
 from forge_core.api import blocks_of
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.plan import make_plan
-from forge_core.registry import load_registries
 from forge_core import components
+from forge_core.plan import make_plan
 from forge_core.train.loss import loss_fn
 from forge_core.distributed.parallelize import parallelize
 
@@ -57,17 +56,12 @@ def train(pmodel):
     return losses, grads
 
 
-@pytest.fixture(scope="module")
-def registries():
-    return load_registries()
-
-
 @pytest.mark.parametrize("every", [1, 2])
-def test_training_with_checkpointing_equals_training_without(registries, every):
+def test_training_with_checkpointing_equals_training_without(forge_registries, every):
     """float64, so that the identity is proven bit for bit: the recomputed forward is the
     same arithmetic, and the backward consumes the same tensors in the same order."""
-    plain_losses, plain_grads = train(build(registries, {}))
-    ckpt = build(registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": every}}})
+    plain_losses, plain_grads = train(build(forge_registries, {}))
+    ckpt = build(forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": every}}})
     losses, grads = train(ckpt)
     assert len(set(plain_losses)) == STEPS  # it trains: the comparison below could fail
     assert losses == plain_losses
@@ -96,13 +90,13 @@ def _forward_counts(pmodel):
 
 @pytest.mark.parametrize(("every", "expected"), [(1, [2, 2, 2, 2]), (2, [1, 2, 1, 2]), (3, [1, 1, 2, 1]),
                                                  (5, [1, 1, 1, 1])])
-def test_every_k_recomputes_the_k_th_blocks(registries, every, expected):
-    pmodel = build(registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": every}}})
+def test_every_k_recomputes_the_k_th_blocks(forge_registries, every, expected):
+    pmodel = build(forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": every}}})
     assert _forward_counts(pmodel) == expected
 
 
-def test_without_the_wrapper_nothing_is_recomputed(registries):
-    assert _forward_counts(build(registries, {})) == [1, 1, 1, 1]
+def test_without_the_wrapper_nothing_is_recomputed(forge_registries):
+    assert _forward_counts(build(forge_registries, {})) == [1, 1, 1, 1]
 
 
 def _saved_bytes(pmodel):
@@ -120,34 +114,34 @@ def _saved_bytes(pmodel):
     return total
 
 
-def test_checkpointing_keeps_far_fewer_tensors_for_the_backward(registries):
+def test_checkpointing_keeps_far_fewer_tensors_for_the_backward(forge_registries):
     """What the memory saving comes from, counted rather than timed: with every block
     checkpointed the forward keeps only each block's inputs (and the embedding and head),
     not every intermediate of attention and the feed-forward. (The recomputation's own
     tensors are saved during backward, one block at a time; only the forward's count.)"""
-    plain = _saved_bytes(build(registries, {}, torch.float32))
-    full = _saved_bytes(build(registries, {"wrappers": ["act_ckpt"]}, torch.float32))
-    half = _saved_bytes(build(registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}},
+    plain = _saved_bytes(build(forge_registries, {}, torch.float32))
+    full = _saved_bytes(build(forge_registries, {"wrappers": ["act_ckpt"]}, torch.float32))
+    half = _saved_bytes(build(forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}},
                               torch.float32))
     assert full < half < plain
     assert full < 0.35 * plain, (full, plain)
 
 
-def test_parameter_names_and_modules_are_unchanged(registries):
-    plain = build(registries, {}).parts[0]
-    ckpt = build(registries, {"wrappers": ["act_ckpt"]}).parts[0]
+def test_parameter_names_and_modules_are_unchanged(forge_registries):
+    plain = build(forge_registries, {}).parts[0]
+    ckpt = build(forge_registries, {"wrappers": ["act_ckpt"]}).parts[0]
     assert list(ckpt.state_dict()) == list(plain.state_dict())
     assert [type(m) for m in ckpt.modules()] == [type(m) for m in plain.modules()]
 
 
-def test_check_refuses_it_for_a_model_without_blocks(registries):
+def test_check_refuses_it_for_a_model_without_blocks(forge_registries):
     """A model whose spec does not declare BLOCKS: the kernel rule names the wrapper."""
     import attrs
 
     from forge_core import rules as engine
 
-    plan = plan_of(registries, {"wrappers": ["act_ckpt"]})
+    plan = plan_of(forge_registries, {"wrappers": ["act_ckpt"]})
     plan = attrs.evolve(plan, specs={**plan.specs, "model": attrs.evolve(plan.specs["model"], supports=frozenset())})
-    messages = [v.message for v in engine.evaluate(registries.rules, plan) if v.rule_id == "parallel.model-supports-strategy"]
+    messages = [v.message for v in engine.evaluate(forge_registries.rules, plan) if v.rule_id == "parallel.model-supports-strategy"]
     assert len(messages) == 1 and "'act_ckpt' needs the model to supply blocks" in messages[0]
     assert "remove 'act_ckpt' from parallel.wrappers" in messages[0]

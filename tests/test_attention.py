@@ -5,8 +5,6 @@ rules. The kit's own negative controls are in test_conformance.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from types import SimpleNamespace
 from unittest import mock
@@ -16,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from conftest import make_distribution, run_cli
+from conftest import make_distribution
 from forge_core.api import AttentionBackendSpec, NoOptions
+from forge_core.testing import forge_run
 from forge_core.testing import (
     assert_within_rounding,
     check_attention_backend,
@@ -28,8 +27,7 @@ from forge_core.testing import (
     reference_attention,
 )
 from forge_core.testing.attention import spans
-from forge_plugins.attention import eager, plugin, sdpa
-from forge_plugins.attention import flex_kernel
+from forge_plugins.attention import eager, flex_kernel, sdpa
 from forge_plugins.attention import rules as attention_rules
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.flex import FlexAttention
@@ -374,25 +372,6 @@ def test_backends_refuse_head_counts_that_do_not_group(flex):
 # --- registration and rules ---------------------------------------------------------
 
 
-def test_plugin_registers_three_backends_that_honour_doc_ids():
-    specs = {spec.name: spec for spec in plugin.forge_attention_backends()}
-    assert set(specs) == {"sdpa", "flex", "eager"}
-    assert all(spec.honours == {"doc_ids"} for spec in specs.values())
-    assert specs["sdpa"].load() is SdpaAttention
-    assert specs["flex"].load() is FlexAttention
-    assert specs["eager"].load() is EagerAttention
-    assert specs["sdpa"].options is SdpaOptions and specs["flex"].options is FlexOptions
-
-
-def test_registration_and_rule_modules_do_not_import_torch():
-    code = (
-        "import sys, forge_plugins.attention.plugin as p, forge_plugins.attention.rules as r\n"
-        "p.forge_attention_backends(); p.forge_rules()\n"
-        "assert 'torch' not in sys.modules, 'torch imported'\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
          seq_len=1024, options=None, packer="concat"):
     spec = AttentionBackendSpec(
@@ -424,18 +403,6 @@ def test_rule_sdpa_dense_mask_warns_from_the_threshold_seq_len():
     assert check(_ctx(seq_len=2048, options=SdpaOptions(dense_mask_warn_seq_len=2048))) is not None
 
 
-def test_forge_rules_declares_the_attention_rules():
-    from forge_core.core_rules import RULES
-
-    # The doc-id rule is the kernel's: it must hold even when this plugin is blocked.
-    kernel = {rule.id: rule for rule in RULES}
-    assert kernel["attention.honours-doc-ids"].paths == ("data.packer", "attention.backend")
-    rules = {rule.id: rule for rule in plugin.forge_rules()}
-    assert "attention.honours-doc-ids" not in rules
-    assert rules["sdpa.dense-mask-long-seq"].severity == "warning"
-    assert rules["sdpa.dense-mask-long-seq"].check is attention_rules.check_sdpa_dense_mask
-
-
 # --- the rules through `forge-run check` ---------------------------------------------
 
 PACKED = {
@@ -456,24 +423,22 @@ def forge_attention_backends():
 """
 
 
-def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(cfg, tmp_path):
+def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(forge_config, tmp_path):
     site = make_distribution(tmp_path / "site", "forge-window", "0.1",
                              {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"})
-    env = {"PYTHONPATH": str(site)}
-    result = run_cli("check", cfg(PACKED), "attention.backend=window", env=env)
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = forge_run(["check", forge_config(PACKED), "attention.backend=window"], paths=[site])
+    assert result.code == 2, result.stdout + result.stderr
     assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
     assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
     # Without isolation nothing needs honouring.
-    result = run_cli("check", cfg(PACKED), "attention.backend=window",
-                     "data.packer_options.isolate=false", env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = forge_run(["check", forge_config(PACKED), "attention.backend=window", "data.packer_options.isolate=false"], paths=[site])
+    assert result.code == 0, result.stdout + result.stderr
 
 
-def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
-    path = cfg(PACKED)
-    warned = run_cli("check", path, "attention.backend=sdpa", "data.seq_len=4096")
-    assert warned.returncode == 0, warned.stdout + warned.stderr
+def test_check_warns_about_sdpa_dense_masks_from_the_threshold(forge_config):
+    path = forge_config(PACKED)
+    warned = forge_run(["check", path, "attention.backend=sdpa", "data.seq_len=4096"])
+    assert warned.code == 0, warned.stdout + warned.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in warned.stdout
     assert "4096x4096" in warned.stdout
     for overrides in (
@@ -481,6 +446,6 @@ def test_check_warns_about_sdpa_dense_masks_from_the_threshold(cfg):
         ["data.seq_len=4096", "attention.options.dense_mask_warn_seq_len=8192"],
         ["data.seq_len=4096", "data.packer_options.isolate=false"],
     ):
-        quiet = run_cli("check", path, "attention.backend=sdpa", *overrides)
-        assert quiet.returncode == 0 and "sdpa.dense-mask-long-seq" not in quiet.stdout, overrides
-    assert "sdpa.dense-mask-long-seq" not in run_cli("check", path, "data.seq_len=4096").stdout
+        quiet = forge_run(["check", path, "attention.backend=sdpa", *overrides])
+        assert quiet.code == 0 and "sdpa.dense-mask-long-seq" not in quiet.stdout, overrides
+    assert "sdpa.dense-mask-long-seq" not in forge_run(["check", path, "data.seq_len=4096"]).stdout

@@ -237,7 +237,7 @@ def test_build_loss_takes_over_the_head_only_when_chunked(tmp_path):
 def test_training_with_the_chunked_loss_equals_the_full_loss(tmp_path, monkeypatch):
     """The trainer's per-step losses and gradient norms with the chunked loss equal the
     full loss's (float32, AdamW, 4 steps): rounding only, far below a step's change."""
-    from forge_core.cli.train import train
+    from forge_core.testing import train_in_process
 
     calls = []
     real_call = ChunkedLoss.__call__
@@ -246,7 +246,7 @@ def test_training_with_the_chunked_loss_equals_the_full_loss(tmp_path, monkeypat
     for name in ("full", "chunked"):
         rec = Recorder()
         config = tiny_config(tmp_path, name, train={"steps": 4, "loss": {"name": name, "chunk_tokens": 24}})
-        train(write_config(tmp_path / f"{name}.yaml", config), [], extra_plugins=(("rec", rec),))
+        train_in_process(write_config(tmp_path / f"{name}.yaml", config), [], extra_plugins=(("rec", rec),))
         records[name] = rec.metrics
     for step in range(1, 5):
         full, chunked = records["full"][step], records["chunked"][step]

@@ -1,5 +1,6 @@
-"""forge-run's inspection commands: exit codes, no traceback on bad input (property
-test), no torch import, the resolved config, and every shipped config passes check."""
+"""forge-run's inspection commands, in process: exit codes, no traceback on bad input
+(property test), the resolved config, every shipped config passes check, and the runner
+that runs them in process."""
 
 from __future__ import annotations
 
@@ -19,29 +20,15 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, run_cli
+from conftest import REPO, make_distribution
 from forge_core.cli.main import main, normalize_argv
 from forge_core.config.schema import ForgeConfig
+from forge_core.testing import CliResult, forge_run
 
 
-def test_check_show_plugins_rules_and_refusals_do_not_import_torch(cfg):
-    path = cfg({"data": {"packer": "concat"}})
-    invalid = cfg({"data": {"packer": "concat"}, "parallel": {"pp": 2}})
-    code = (
-        "import sys; from forge_core.cli import main\n"
-        f"for argv in (['check', {path!r}], ['show', {path!r}], ['plugins'], ['rules'], [{invalid!r}]):\n"
-        "    main(argv)\n"
-        "heavy = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO).stdout
-    assert "HEAVY ['numpy']" in out or "HEAVY []" in out, out
-    assert "'torch'" not in out.split("HEAVY")[1]
-
-
-def test_show_prints_the_resolved_config(cfg):
-    result = run_cli("show", cfg({"train": {"lr": 0.01}}), "model.options.dim=64")
-    assert result.returncode == 0, result.stderr
+def test_show_prints_the_resolved_config(forge_config):
+    result = forge_run(["show", forge_config({"train": {"lr": 0.01}}), "model.options.dim=64"])
+    assert result.code == 0, result.stderr
     shown = yaml.safe_load(result.stdout)
     assert shown["train"]["lr"] == 0.01 and shown["model"]["options"]["dim"] == 64
     assert shown["model"]["options"]["n_layers"] == 4  # defaults of the options class filled in
@@ -51,17 +38,17 @@ def test_bare_config_path_means_train_and_no_command_prints_help():
     assert normalize_argv(["c.yaml", "train.lr=1"]) == ["train", "c.yaml", "train.lr=1"]
     assert normalize_argv(["--nproc", "2", "c.yaml"]) == ["train", "--nproc", "2", "c.yaml"]
     assert normalize_argv(["check", "c.yaml"]) == ["check", "c.yaml"]
-    result = run_cli()
-    assert result.returncode == 2 and "usage: forge-run" in result.stdout
-    assert run_cli("check", "does-not-exist.yaml").returncode == 2
-    result = run_cli("does-not-exist.yaml")  # train judges first: the same refusal
-    assert result.returncode == 2 and "'does-not-exist.yaml' does not exist" in result.stderr
+    result = forge_run([])
+    assert result.code == 2 and "usage: forge-run" in result.stdout
+    assert forge_run(["check", "does-not-exist.yaml"]).code == 2
+    result = forge_run(["does-not-exist.yaml"])  # train judges first: the same refusal
+    assert result.code == 2 and "'does-not-exist.yaml' does not exist" in result.stderr
 
 
-def test_check_warns_but_passes(cfg):
+def test_check_warns_but_passes(forge_config):
     # sdpa with document isolation warns at or above dense_mask_warn_seq_len (seq_len 256).
-    result = run_cli("check", cfg({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}}))
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = forge_run(["check", forge_config({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}})])
+    assert result.code == 0, result.stdout + result.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in result.stdout
     assert ": valid: 0 error(s), 1 warning(s)" in result.stdout
 
@@ -71,8 +58,8 @@ def test_every_shipped_config_loads_and_passes_check(config):
     data = yaml.safe_load((REPO / "configs" / config).read_text()) or {}
     parallel = data.get("parallel", {})
     world = math.prod(max(1, parallel.get(k, 1)) for k in ("pp", "dp_replicate", "dp_shard", "tp"))
-    result = run_cli("check", f"configs/{config}", "--world-size", str(world))
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = forge_run(["check", f"configs/{config}", "--world-size", str(world)], cwd=REPO)
+    assert result.code == 0, result.stdout + result.stderr
 
 
 # --- property test: malformed input always gives exit 2, a message, no traceback -----
@@ -153,11 +140,11 @@ def test_malformed_override_values_exit_2(tmp_path, path, data):
 # --- the command line people type ----------------------------------------------------
 
 
-def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
-    from forge_core.cli.main import parse_args
+def test_options_and_overrides_in_any_order(forge_config, capsys, monkeypatch):
     from forge_core.cli import train as launch
+    from forge_core.cli.main import parse_args
 
-    path = cfg({"data": {"packer": "none"}})
+    path = forge_config({"data": {"packer": "none"}})
     for argv in (["check", path, "--world-size", "2", "parallel.pp=2"],
                  ["check", "--world-size", "2", path, "parallel.pp=2"],
                  ["check", path, "parallel.pp=2", "--world-size", "2", "--json"]):
@@ -173,21 +160,21 @@ def test_options_and_overrides_in_any_order(cfg, capsys, monkeypatch):
     assert (args.config, args.out, args.overrides, args.train_bpe) == (path, "shards", ["data.tokenizer=hf"], 300)
 
 
-def test_check_without_world_size_says_dp_shard_resolves_at_launch(cfg, capsys):
-    assert main(["check", cfg({})]) == 0
+def test_check_without_world_size_says_dp_shard_resolves_at_launch(forge_config, capsys):
+    assert main(["check", forge_config({})]) == 0
     assert "parallel.dp_shard = -1 resolves at launch" in capsys.readouterr().out
-    assert main(["check", cfg({"train": {"batch_size": 6}}), "--world-size", "4"]) == 2  # 4 shards
+    assert main(["check", forge_config({"train": {"batch_size": 6}}), "--world-size", "4"]) == 2  # 4 shards
     assert "cannot be split evenly over 4 data-parallel ranks" in capsys.readouterr().out
 
 
-def test_refused_launch_prints_the_exact_check_command(cfg, capsys, monkeypatch):
+def test_refused_launch_prints_the_exact_check_command(forge_config, capsys, monkeypatch):
     """--nproc 2 with every degree 1: refused before any process starts, and the command
     it names (overrides quoted, world size included) prints the same report."""
     def no_child(*args, **kwargs):
         raise AssertionError(f"a process was started: {args}")
 
     monkeypatch.setattr(subprocess, "Popen", no_child)
-    path = cfg({})
+    path = forge_config({})
     assert main([path, "--nproc", "2", "parallel.dp_shard=1", "run.name=my run"]) == 2
     err = capsys.readouterr().err
     command = f"forge-run check {shlex.quote(path)} parallel.dp_shard=1 'run.name=my run' --world-size 2"
@@ -221,3 +208,37 @@ def test_rules_plugins_and_check_json_into_a_closed_pipe_end_quietly(tmp_path):
                                   stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=60)
         assert proc.returncode == 141, (argv, proc.stderr)
         assert proc.stderr == "", (argv, proc.stderr)
+
+
+# --- the in-process runner -----------------------------------------------------------
+
+PACKER_PLUGIN = """
+from forge_core.api import PackerSpec, hookimpl
+
+@hookimpl
+def forge_packers():
+    return [PackerSpec(name="{name}", summary="s", impl="x:Y")]
+"""
+
+
+def test_the_runner_gives_what_the_process_would_and_undoes_what_the_call_set(tmp_path, monkeypatch):
+    from forge_core import __version__
+
+    monkeypatch.delenv("FORGE_BLOCK_PLUGINS", raising=False)
+    assert forge_run(["--version"]) == CliResult(code=0, stdout=f"forge-run {__version__}\n", stderr="")
+    refused = forge_run(["check"])  # argparse's own refusal: its status, not a SystemExit
+    assert refused.code == 2 and "the following arguments are required: config" in refused.stderr
+    # Two distributions with one module name: each call sees its own, none outlives its call.
+    sites = [make_distribution(tmp_path / name, f"forge-{name}", "1.0", {"samename": PACKER_PLUGIN.format(name=name)},
+                               {name: "samename"}) for name in ("first", "second")]
+    path_before = list(sys.path)
+    for site, name, other in ((sites[0], "first", "second"), (sites[1], "second", "first")):
+        packers = {p["name"]: p for p in json.loads(forge_run(["plugins", "--json"], paths=[site]).stdout)}
+        assert [c["name"] for c in packers[name]["components"]] == [name] and other not in packers
+        assert "samename" not in sys.modules and sys.path == path_before
+    blocked = forge_run(["plugins", "--json"], paths=[sites[0]], env={"FORGE_BLOCK_PLUGINS": "first"})
+    assert "first" not in {p["name"] for p in json.loads(blocked.stdout)}
+    assert "FORGE_BLOCK_PLUGINS" not in os.environ
+    (tmp_path / "c.yaml").write_text("train: {lr: 0.5}\n")
+    here = os.getcwd()
+    assert "lr: 0.5" in forge_run(["show", "c.yaml"], cwd=tmp_path).stdout and os.getcwd() == here

@@ -25,8 +25,8 @@ def test_sci_notation_without_a_dot_is_a_float(tmp_path):
     assert judge(str(path)).config.train.lr == 3e-4
 
 
-def test_override_values_are_parsed_as_yaml(cfg):
-    config = judge(cfg({}), ["train.lr=3e-4", "parallel.dp_shard=1", "logging.loggers=[jsonl]", "run.name=abc"]).config
+def test_override_values_are_parsed_as_yaml(forge_config):
+    config = judge(forge_config({}), ["train.lr=3e-4", "parallel.dp_shard=1", "logging.loggers=[jsonl]", "run.name=abc"]).config
     assert (config.train.lr, config.logging.loggers, config.run.name) == (3e-4, ["jsonl"], "abc")
 
 
@@ -42,37 +42,37 @@ def test_override_values_are_parsed_as_yaml(cfg):
         ("logging.loggers", "jsonl", "expected a list"),
     ],
 )
-def test_strict_scalars_name_path_and_value(cfg, path, value, expected):
+def test_strict_scalars_name_path_and_value(forge_config, path, value, expected):
     section, key = path.split(".")
-    issues, _ = issues_of(cfg({section: {key: value}}))
+    issues, _ = issues_of(forge_config({section: {key: value}}))
     assert expected in issues[f"$.{path}"]
 
 
-def test_unknown_keys_get_did_you_mean_with_path(cfg):
-    issues, _ = issues_of(cfg({"train": {"lrr": 0.1}, "trian": {}}))
+def test_unknown_keys_get_did_you_mean_with_path(forge_config):
+    issues, _ = issues_of(forge_config({"train": {"lrr": 0.1}, "trian": {}}))
     assert "unknown key 'lrr'. Did you mean 'lr'?" in issues["$.train"]
     assert "unknown key 'trian'. Did you mean 'train'?" in issues["$"]
 
 
-def test_every_error_is_reported_at_once(cfg):
-    issues, text = issues_of(cfg({"train": {"steps": 1.5, "lr": "x"}, "data": {"seq_len": "long"}}))
+def test_every_error_is_reported_at_once(forge_config):
+    issues, text = issues_of(forge_config({"train": {"steps": 1.5, "lr": "x"}, "data": {"seq_len": "long"}}))
     assert set(issues) == {"$.train.steps", "$.train.lr", "$.data.seq_len"}
     assert text.count("error: $.") == 3
 
 
-def test_literal_choices_are_listed(cfg):
-    issues, _ = issues_of(cfg({"train": {"precision": "bf61"}}))
+def test_literal_choices_are_listed(forge_config):
+    issues, _ = issues_of(forge_config({"train": {"precision": "bf61"}}))
     assert "expected one of 'fp32', 'bf16', got bf61" in issues["$.train.precision"]
 
 
-def test_unknown_component_name_and_bad_option_block(cfg):
-    issues, _ = issues_of(cfg({"attention": {"backend": "flexx"}, "model": {"options": {"dimm": 64}}}))
+def test_unknown_component_name_and_bad_option_block(forge_config):
+    issues, _ = issues_of(forge_config({"attention": {"backend": "flexx"}, "model": {"options": {"dimm": 64}}}))
     assert "unknown attention backend 'flexx'. Did you mean 'flex'?" in issues["$.attention.backend"]
     assert "unknown key 'dimm'. Did you mean 'dim'?" in issues["$.model.options"]
 
 
-def test_option_blocks_are_structured_against_component_options(cfg):
-    config = judge(cfg({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.5}}})).config
+def test_option_blocks_are_structured_against_component_options(forge_config):
+    config = judge(forge_config({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.5}}})).config
     assert type(config.train.optimizer_options).__name__ == "SGDOptions"
     assert config.train.optimizer_options.momentum == 0.5
 
@@ -132,24 +132,24 @@ def _option_issues(cfg, backend, options):
     return info.value.issues
 
 
-def test_validator_errors_in_option_blocks_are_reported_at_their_field(cfg):
-    issues = _option_issues(cfg, "window", {"window": 0})
+def test_validator_errors_in_option_blocks_are_reported_at_their_field(forge_config):
+    issues = _option_issues(forge_config, "window", {"window": 0})
     assert issues == [("$.attention.options.window", "'window' must be >= 1: 0")]
     # Every failing validator at once, not only the first that __init__ runs.
-    issues = dict(_option_issues(cfg, "window", {"window": 0, "mode": "sideways"}))
+    issues = dict(_option_issues(forge_config, "window", {"window": 0, "mode": "sideways"}))
     assert issues == {
         "$.attention.options.window": "'window' must be >= 1: 0",
         "$.attention.options.mode": "'mode' must be in ['causal', 'full'] (got 'sideways')",
     }
-    config = judge(cfg({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
+    config = judge(forge_config({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
                    extra_plugins=(("window", _WindowPlugin()),)).config
     assert config.attention.options == _WindowOptions(window=2, mode="full")
     assert attrs.validators.get_disabled() is False
 
 
-def test_errors_of_a_whole_option_block_stay_at_the_block(cfg):
+def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
     # A check across fields (__attrs_post_init__) belongs to no single field.
-    assert _option_issues(cfg, "range", {"lo": 2}) == [("$.attention.options", "ValueError: hi must be above lo")]
+    assert _option_issues(forge_config, "range", {"lo": 2}) == [("$.attention.options", "ValueError: hi must be above lo")]
 
 
 # --- values no config may hold ---------------------------------------------------------
@@ -187,17 +187,17 @@ def test_huge_values_are_cut_in_messages(tmp_path):
     assert len(text) < 500
 
 
-def test_schema_errors_and_option_block_errors_come_in_one_report(cfg):
+def test_schema_errors_and_option_block_errors_come_in_one_report(forge_config):
     # Both at once: a bad kernel value does not hide the option block's problems.
-    issues, _ = issues_of(cfg({}), ["train.lr=abc", "model.options.dimm=3"])
+    issues, _ = issues_of(forge_config({}), ["train.lr=abc", "model.options.dimm=3"])
     assert set(issues) == {"$.train.lr", "$.model.options"}
     assert "unknown key 'dimm'. Did you mean 'dim'?" in issues["$.model.options"]
     # Also with the section itself broken elsewhere, and an override that is not YAML.
-    issues, _ = issues_of(cfg({"train": {"steps": 0}}), ["train.lr=[1", "attention.options.block_size=0",
+    issues, _ = issues_of(forge_config({"train": {"steps": 0}}), ["train.lr=[1", "attention.options.block_size=0",
                                                          "attention.backend=flex"])
     assert set(issues) == {"$.train.lr", "$.train.steps", "$.attention.options.block_size"}
     # An unknown component name is reported with the schema's errors too.
-    issues, _ = issues_of(cfg({"train": {"lr": "x"}, "data": {"packer": "bfdd"}}))
+    issues, _ = issues_of(forge_config({"train": {"lr": "x"}, "data": {"packer": "bfdd"}}))
     assert set(issues) == {"$.train.lr", "$.data.packer"}
 
 
@@ -325,8 +325,8 @@ def test_a_directory_given_as_the_config_is_called_a_directory(tmp_path):
 # --- keys that moved ----------------------------------------------------------------
 
 
-def test_a_moved_key_in_a_file_is_an_error_naming_its_new_path_with_every_other_error(cfg):
-    issues, text = issues_of(cfg({"parallel": {"pp_schedule": "gpipe", "sequence_parallel": True, "tp": 0},
+def test_a_moved_key_in_a_file_is_an_error_naming_its_new_path_with_every_other_error(forge_config):
+    issues, text = issues_of(forge_config({"parallel": {"pp_schedule": "gpipe", "sequence_parallel": True, "tp": 0},
                                   "train": {"steps": "x"}}))
     assert issues["$.parallel.pp_schedule"] == (
         "moved to parallel.options.pp.schedule: set parallel.options.pp.schedule = 'gpipe' instead "
@@ -336,25 +336,25 @@ def test_a_moved_key_in_a_file_is_an_error_naming_its_new_path_with_every_other_
     assert "unknown key" not in text  # a moved key is not also an unknown one
 
 
-def test_a_moved_key_in_an_override_is_an_error_naming_its_new_path(cfg):
-    issues, _ = issues_of(cfg({}), ["parallel.pp_microbatches=4", "parallel.pp_virtual_stages=2"])
+def test_a_moved_key_in_an_override_is_an_error_naming_its_new_path(forge_config):
+    issues, _ = issues_of(forge_config({}), ["parallel.pp_microbatches=4", "parallel.pp_virtual_stages=2"])
     assert issues["$.parallel.pp_microbatches"].startswith("moved to parallel.options.pp.microbatches: ")
     assert issues["$.parallel.pp_virtual_stages"].startswith("moved to parallel.options.pp.virtual_stages: ")
 
 
-def test_moved_keys_work_at_their_new_paths_in_files_and_overrides(cfg):
-    path = cfg({"parallel": {"options": {"pp": {"schedule": "gpipe"}}}})
+def test_moved_keys_work_at_their_new_paths_in_files_and_overrides(forge_config):
+    path = forge_config({"parallel": {"options": {"pp": {"schedule": "gpipe"}}}})
     plan = judge(path, ["parallel.options.pp.microbatches=4", "parallel.options.tp.sequence_parallel=true"]).plan
     assert (plan.options_of("pp").schedule, plan.options_of("pp").microbatches) == ("gpipe", 4)
     assert plan.options_of("tp").sequence_parallel is True
     # Defaults for a strategy the config does not mention, active or not.
-    assert judge(cfg({})).plan.options_of("pp").virtual_stages == 1
+    assert judge(forge_config({})).plan.options_of("pp").virtual_stages == 1
 
 
-def test_forge_run_check_reports_a_moved_key(cfg, capsys):
+def test_forge_run_check_reports_a_moved_key(forge_config, capsys):
     from forge_core import cli
 
-    assert cli.main(["check", cfg({"parallel": {"pp_schedule": "gpipe"}})]) == 2
+    assert cli.main(["check", forge_config({"parallel": {"pp_schedule": "gpipe"}})]) == 2
     assert "error: $.parallel.pp_schedule: moved to parallel.options.pp.schedule" in capsys.readouterr().err
 
 

@@ -53,12 +53,12 @@ class Packers:
 
 
 def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tmp_path, capsys):
-    from forge_core.cli.train import train
+    from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "eager", data={"packer": "eager"}, train={"steps": 2})
     rec = Recorder()
     with pytest.warns(FutureWarning, match="eager packer contract"):
-        status = train(write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()), ("r", rec)))
+        status = train_in_process(write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()), ("r", rec)))
     assert status == "completed" and sorted(rec.metrics) == [1, 2]
     err = capsys.readouterr().err
     assert "implements only pack(documents)" in err and "Implement layout(lengths) -> RowLayout" in err
@@ -66,12 +66,12 @@ def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tm
 
 def test_a_layout_that_breaks_the_spec_is_refused_before_training(tmp_path):
     from forge_core.api import ForgeError
-    from forge_core.cli.train import train
+    from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "broken", data={"packer": "broken"}, train={"steps": 2})
     with pytest.raises(ForgeError, match=r"packer 'broken' .*declares that it emits doc_ids, positions .* "
                                          r"metadata=False"):
-        train(write_config(tmp_path / "b.yaml", cfg), [], extra_plugins=(("p", Packers()),))
+        train_in_process(write_config(tmp_path / "b.yaml", cfg), [], extra_plugins=(("p", Packers()),))
     assert not (tmp_path / "broken" / "checkpoints").exists()
 
 

@@ -2,8 +2,8 @@
 
 ``pip install --no-deps --no-build-isolation --no-index --target <tmp>`` builds a wheel
 from a copy of the package's source (so no build/ or egg-info lands in the working
-tree) and installs it into a temporary directory; the commands below run with that
-directory on ``PYTHONPATH``, so Forge finds the package only through its installed
+tree) and installs it into a temporary directory; the commands below run in process
+with that directory on the import path, so Forge finds the package only through its installed
 ``forge`` entry point, as it would any third-party distribution. Nothing is installed
 into the test environment itself, so there is nothing to uninstall.
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import REPO
+from forge_core.testing import forge_run
 
 EXAMPLE = REPO / "examples" / "forge-plugin-example"
 IGNORED = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache")
@@ -69,8 +70,8 @@ def _config(tmp_path: Path, **data_overrides) -> str:
 
 
 def test_plugins_lists_the_installed_distribution_and_its_components(installed):
-    result = run_cli("plugins", "--json", env=installed["env"])
-    assert result.returncode == 0, result.stderr
+    result = forge_run(["plugins", "--json"], paths=[installed["site"]])
+    assert result.code == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)}
     example = plugins["example"]
     assert (example["distribution"], example["version"], example["builtin"]) == ("forge-plugin-example", "0.1.0", False)
@@ -79,29 +80,29 @@ def test_plugins_lists_the_installed_distribution_and_its_components(installed):
     assert components == {("attention", "window"), ("packer", "greedy"), ("logger", "csv")}
     assert example["rules"] == ["example.window-covers-row"]
     # Without the installation on the path, the plugin is simply not there.
-    assert "example" not in {p["name"] for p in json.loads(run_cli("plugins", "--json").stdout)}
+    assert "example" not in {p["name"] for p in json.loads(forge_run(["plugins", "--json"]).stdout)}
 
 
 def test_check_judges_a_config_using_the_example_components(installed, tmp_path):
     config = _config(tmp_path)
-    ok = run_cli("check", config, "--json", env=installed["env"])
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    ok = forge_run(["check", config, "--json"], paths=[installed["site"]])
+    assert ok.code == 0, ok.stdout + ok.stderr
     assert json.loads(ok.stdout) == {"valid": True, "world_size": None, "violations": []}
 
     # The example's own rule: a window as long as the row is a warning, not an error.
-    wide = run_cli("check", config, "attention.options.window=32", "--json", env=installed["env"])
-    assert wide.returncode == 0, wide.stderr
+    wide = forge_run(["check", config, "attention.options.window=32", "--json"], paths=[installed["site"]])
+    assert wide.code == 0, wide.stderr
     (warning,) = json.loads(wide.stdout)["violations"]
     assert (warning["rule"], warning["severity"], warning["plugin"]) == ("example.window-covers-row", "warning", "example")
     assert warning["fields"] == {"attention.options.window": 32, "data.seq_len": 32}
 
     # Its options class validates: window >= 1.
-    bad = run_cli("check", config, "attention.options.window=0", env=installed["env"])
-    assert bad.returncode == 2 and "$.attention.options" in bad.stderr and "window" in bad.stderr, bad.stderr
+    bad = forge_run(["check", config, "attention.options.window=0"], paths=[installed["site"]])
+    assert bad.code == 2 and "$.attention.options" in bad.stderr and "window" in bad.stderr, bad.stderr
 
     # Its declared capabilities feed the kernel's rules: greedy emits doc_ids, which the
     # pipeline carries to every stage, so the founding rule lets them pass.
-    pp = run_cli("check", config, "parallel.pp=2", "--world-size", "2", "--json", env=installed["env"])
+    pp = forge_run(["check", config, "parallel.pp=2", "--world-size", "2", "--json"], paths=[installed["site"]])
     rules = {v["rule"]: v for v in json.loads(pp.stdout)["violations"]}
     assert "parallel.metadata-reaches-layers" not in rules, rules
 
@@ -109,8 +110,8 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
 @pytest.mark.slow
 def test_trains_a_few_steps_with_the_example_components(installed, tmp_path):
     config = _config(tmp_path)
-    result = run_cli(config, env=installed["env"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = forge_run([config], paths=[installed["site"]])
+    assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [1, 2, 3]

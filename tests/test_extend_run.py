@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forge_core.train import rundir
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from train_helpers import Recorder, SignalAt, tiny_config, write_config
 
 LR = 3e-3
@@ -21,7 +21,7 @@ def run(tmp_path: Path, name: str, steps: int, *plugins, overrides=(), **section
     cfg = tiny_config(tmp_path, name, train={"steps": steps, "lr": LR, "warmup_steps": 1}, **sections)
     path = write_config(tmp_path / f"{name}.yaml", cfg)
     extra = (("rec", rec), *((f"p{i}", p) for i, p in enumerate(plugins)))
-    train(path, list(overrides), extra_plugins=extra)
+    train_in_process(path, list(overrides), extra_plugins=extra)
     return rec
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from forge_core.train import memory
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from forge_core.train.memory import MemoryMeter, peak_rss_bytes
 from train_helpers import Recorder, read_metrics, tiny_config, write_config
 
@@ -80,7 +80,7 @@ def test_every_step_reports_memory_to_hooks_jsonl_and_console(tmp_path, monkeypa
                       logging={"loggers": ["console", "jsonl"], "every": 2,
                                "options": {"console": {"bar": False}}})
     path = write_config(tmp_path / "mem.yaml", cfg)
-    assert train(path, [], extra_plugins=(("rec", rec),)) == "completed"
+    assert train_in_process(path, [], extra_plugins=(("rec", rec),)) == "completed"
     for step, metrics in rec.metrics.items():
         assert metrics[memory.RSS] == metrics[memory.RSS + memory.MAX] > 0.01, step  # alone: max is its own
     # logged steps 2, 4 and the last; one window for the meter's start, one after each

@@ -6,22 +6,18 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import attrs
 import pytest
 import torch
 
-from conftest import run_cli
 from forge_core.api import NoOptions
-from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, longest_sum
+from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, forge_run, longest_sum
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
 from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
-from forge_plugins.models import plugin
 from forge_plugins.models import rules as model_rules
 from forge_plugins.models.llama import Llama, build
 from forge_plugins.models.options import LlamaOptions, ffn_hidden_size
@@ -273,40 +269,11 @@ def test_rule_head_dim_even():
     assert "dim=100 is not a multiple of n_heads=8" in check(_ctx(LlamaOptions(dim=100, n_heads=8)))
 
 
-def test_forge_rules_declares_the_model_rules():
-    rules = {rule.id: rule for rule in plugin.forge_rules()}
-    assert rules["llama.heads-divisible"].paths == ("model.options.n_heads", "model.options.n_kv_heads")
-    assert rules["llama.heads-divisible"].severity == "error"
-    assert rules["llama.head-dim-even"].check is model_rules.check_head_dim_even
-
-
-def test_plugin_registers_llama_with_its_capabilities():
-    (spec,) = plugin.forge_models()
-    assert spec.name == "llama" and spec.options is LlamaOptions
-    assert spec.accepts == {"doc_ids", "positions"}
-    assert spec.max_seq_len_option == "max_seq_len"
-    assert spec.load() is build
-    assert spec.hf_export == "forge_plugins.models.hf_interop:export"
-
-
-def test_every_option_is_documented():
-    assert all(f.metadata.get("doc") for f in attrs.fields(LlamaOptions))
-
-
-def test_registration_options_and_rules_do_not_import_torch():
-    code = (
-        "import sys, forge_plugins.models.plugin as p, forge_plugins.models.rules\n"
-        "p.forge_models(); p.forge_rules()\n"
-        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_check_reports_both_head_layout_errors(cfg):
-    path = cfg({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
-    result = run_cli("check", path)
-    assert result.returncode == 2, result.stdout + result.stderr
+def test_check_reports_both_head_layout_errors(forge_config):
+    path = forge_config({"model": {"name": "llama", "options": {"dim": 100, "n_heads": 4, "n_kv_heads": 3}}})
+    result = forge_run(["check", path])
+    assert result.code == 2, result.stdout + result.stderr
     assert "error: [llama.heads-divisible] (plugin 'models')" in result.stdout
     assert "$.model.options.n_heads = 4, $.model.options.n_kv_heads = 3" in result.stdout
     assert "error: [llama.head-dim-even]" in result.stdout and "= 25 is odd" in result.stdout
-    assert run_cli("check", path, "model.options.dim=96", "model.options.n_kv_heads=2").returncode == 0
+    assert forge_run(["check", path, "model.options.dim=96", "model.options.n_kv_heads=2"]).code == 0

@@ -16,7 +16,6 @@ from forge_core.api import ParallelContract
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge, judge_config
-from forge_core.registry import load_registries
 from forge_core import components
 from forge_core.train.checkpoint import _OPTIM_OPTIONS
 from forge_core.train.loss import loss_fn
@@ -29,11 +28,6 @@ from forge_plugins.optim.rules import MUON_SHARDED
 LLAMA = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 16, "multiple_of": 16}
 MATRICES = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
             "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
-
-
-@pytest.fixture(scope="module")
-def registries():
-    return load_registries()
 
 
 def plan_of(registries, tie=False, options=None):
@@ -52,11 +46,11 @@ def llama(registries, plan):
 
 
 @pytest.mark.parametrize("tie", [False, True])
-def test_muon_takes_exactly_the_matrices_inside_the_blocks(registries, tie):
+def test_muon_takes_exactly_the_matrices_inside_the_blocks(forge_registries, tie):
     """For llama: the seven projection matrices of every block go to Muon; the token
     embedding, the output head (2-D, but outside the blocks), the final norm and the
     blocks' norms go to AdamW."""
-    model = llama(registries, plan_of(registries, tie))
+    model = llama(forge_registries, plan_of(forge_registries, tie))
     muon, adamw = split(named_parameters(model))
     blocks = [f"layers.{i}.{m}.weight" for i in range(LLAMA["n_layers"]) for m in MATRICES]
     norms = [f"layers.{i}.{n}.weight" for i in range(LLAMA["n_layers"]) for n in ("attention_norm", "ffn_norm")]
@@ -87,7 +81,7 @@ def test_the_split_follows_the_contract_not_the_names():
     assert muon == []
 
 
-def test_a_model_without_matrices_in_blocks_is_refused_at_build(registries):
+def test_a_model_without_matrices_in_blocks_is_refused_at_build(forge_registries):
     from forge_core.api import ForgeError
     from forge_plugins.optim.muon import build_muon
 
@@ -110,14 +104,14 @@ def _step(model, optimizer, seed):
     return float(loss_sum.detach() / tokens)
 
 
-def test_equals_torch_muon_and_adamw_built_by_hand(registries):
+def test_equals_torch_muon_and_adamw_built_by_hand(forge_registries):
     """Two steps (so Muon's momentum and AdamW's moments are used), from the same weights
     and batches: every parameter ends bit for bit where torch's own Muon on the block
     matrices and AdamW on the rest (the declared decay groups) put it."""
-    plan = plan_of(registries)
-    ours = llama(registries, plan)
-    theirs = llama(registries, plan)
-    optimizer = components.optimizer(plan, registries, ours)
+    plan = plan_of(forge_registries)
+    ours = llama(forge_registries, plan)
+    theirs = llama(forge_registries, plan)
+    optimizer = components.optimizer(plan, forge_registries, ours)
     assert isinstance(optimizer, MuonWithAdamW)
     o = MuonOptions()
     muon_params, rest = split(named_parameters(theirs))
@@ -143,12 +137,12 @@ def test_equals_torch_muon_and_adamw_built_by_hand(registries):
         assert torch.equal(param, theirs_now[name]), name
 
 
-def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(registries):
+def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(forge_registries):
     """The trainer sets ``lr`` on every group: Muon's and AdamW's. Through DCP's optimizer
     state dict (what checkpoints save), a fresh optimizer continues exactly."""
-    plan = plan_of(registries)
-    model = llama(registries, plan)
-    optimizer = components.optimizer(plan, registries, model)
+    plan = plan_of(forge_registries)
+    model = llama(forge_registries, plan)
+    optimizer = components.optimizer(plan, forge_registries, model)
     _step(model, optimizer, 1)
     for group in optimizer.param_groups:
         group["lr"] = 5e-3
@@ -157,11 +151,11 @@ def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(re
     saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS))
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    again = llama(registries, plan)
+    again = llama(forge_registries, plan)
     with torch.no_grad():
         for name, param in again.named_parameters():
             param.copy_(weights[name])
-    restored = components.optimizer(plan, registries, again)
+    restored = components.optimizer(plan, forge_registries, again)
     set_optimizer_state_dict(again, restored, saved, options=_OPTIM_OPTIONS)
     assert any("momentum_buffer" in s for s in restored.parts[0].state.values())
     assert restored.parts[0].state is restored.state is restored.parts[1].state
@@ -190,14 +184,14 @@ def test_a_few_steps_reduce_the_loss(tmp_path):
     ({"pp": 2}, None),
     ({}, None),
 ])
-def test_the_rule_refuses_layouts_with_sharded_matrices(cfg, parallel, refused):
+def test_the_rule_refuses_layouts_with_sharded_matrices(forge_config, parallel, refused):
     data = {"model": {"name": "llama", "options": {**LLAMA, "n_layers": 4}}, "data": {"packer": "none"},
             "parallel": {"dp_shard": 1, **parallel}, "train": {"optimizer": "muon", "batch_size": 8}}
-    result = judge(cfg(data), [], None)
+    result = judge(forge_config(data), [], None)
     found = [v.message for v in result.violations if v.rule_id == MUON_SHARDED]
     if refused is None:
         assert found == []
     else:
         assert len(found) == 1 and refused in found[0] and "whole" in found[0]
     data["train"]["optimizer"] = "adamw"
-    assert not [v for v in judge(cfg(data), [], None).violations if v.rule_id == MUON_SHARDED]
+    assert not [v for v in judge(forge_config(data), [], None).violations if v.rule_id == MUON_SHARDED]

@@ -33,22 +33,17 @@ def config(registries, optimizer="adamw", options=None, tie=False):
     return judge_config(cfg, registries, 1).plan
 
 
-@pytest.fixture(scope="module")
-def registries():
-    return load_registries()
-
-
 def llama(registries, cfg):
     torch.manual_seed(0)
     return components.model(cfg, registries, 64, components.attention(cfg, registries))
 
 
-def test_llama_roles_follow_the_rule(registries):
+def test_llama_roles_follow_the_rule(forge_registries):
     """Every llama parameter, by name: the embedding is an embedding, the hand-written
     RMSNorm scales are vectors (1-D), every linear weight a matrix; nothing else."""
-    named = named_parameters(llama(registries, config(registries)))
+    named = named_parameters(llama(forge_registries, config(forge_registries)))
     roles = {p.name: p.role for p in named}
-    assert [p.name for p in named] == [n for n, _ in llama(registries, config(registries)).named_parameters()]
+    assert [p.name for p in named] == [n for n, _ in llama(forge_registries, config(forge_registries)).named_parameters()]
     expected = {"tok_embeddings.weight": "embedding", "norm.weight": "vector", "output.weight": "matrix"}
     for i in range(LLAMA["n_layers"]):
         expected[f"layers.{i}.attention_norm.weight"] = "vector"
@@ -59,8 +54,8 @@ def test_llama_roles_follow_the_rule(registries):
     assert roles == expected
 
 
-def test_tied_output_is_the_embedding_and_appears_once(registries):
-    named = named_parameters(llama(registries, config(registries, tie=True)))
+def test_tied_output_is_the_embedding_and_appears_once(forge_registries):
+    named = named_parameters(llama(forge_registries, config(forge_registries, tie=True)))
     assert "output.weight" not in {p.name for p in named}
     assert {p.name: p.role for p in named}["tok_embeddings.weight"] == "embedding"
 
@@ -107,10 +102,10 @@ def test_a_model_overrides_roles_through_param_roles():
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("decay_embeddings", [True, False])
-def test_every_builtin_optimizer_splits_decay_by_the_rule(registries, optimizer, decay_embeddings):
-    cfg = config(registries, optimizer, {"weight_decay": 0.05, "decay_embeddings": decay_embeddings})
-    model = llama(registries, cfg)
-    opt = components.optimizer(cfg, registries, model)
+def test_every_builtin_optimizer_splits_decay_by_the_rule(forge_registries, optimizer, decay_embeddings):
+    cfg = config(forge_registries, optimizer, {"weight_decay": 0.05, "decay_embeddings": decay_embeddings})
+    model = llama(forge_registries, cfg)
+    opt = components.optimizer(cfg, forge_registries, model)
     names = {id(p): n for n, p in model.named_parameters()}
     by_rate = {g["weight_decay"]: {names[id(p)] for p in g["params"]} for g in opt.param_groups}
     matrices = {n for n, _ in model.named_parameters() if n.endswith(("wq.weight", "wk.weight", "wv.weight",
@@ -121,19 +116,19 @@ def test_every_builtin_optimizer_splits_decay_by_the_rule(registries, optimizer,
     assert by_rate == {0.05: decayed, 0.0: norms | ({"tok_embeddings.weight"} - decayed)}
 
 
-def test_adamw_with_the_split_equals_a_hand_built_torch_adamw(registries):
+def test_adamw_with_the_split_equals_a_hand_built_torch_adamw(forge_registries):
     """Three steps of the built-in AdamW and of torch.optim.AdamW given the two groups
     by hand: bit-identical weights (same groups, same order, same hyperparameters)."""
-    cfg = config(registries, "adamw", {"weight_decay": 0.3, "decay_embeddings": False, "implementation": "loop"})
-    ours, theirs = llama(registries, cfg), llama(registries, cfg)
-    built = components.optimizer(cfg, registries, ours)
+    cfg = config(forge_registries, "adamw", {"weight_decay": 0.3, "decay_embeddings": False, "implementation": "loop"})
+    ours, theirs = llama(forge_registries, cfg), llama(forge_registries, cfg)
+    built = components.optimizer(cfg, forge_registries, ours)
     params = dict(theirs.named_parameters())
     no_decay = [params[n] for n in params if "norm" in n or n == "tok_embeddings.weight"]
     decay = [p for n, p in params.items() if not ("norm" in n or n == "tok_embeddings.weight")]
     by_hand = torch.optim.AdamW([{"params": decay, "weight_decay": 0.3}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=1e-2, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     # Negative control: decay on everything (no split) must end somewhere else.
-    unsplit = llama(registries, cfg)
+    unsplit = llama(forge_registries, cfg)
     everything = torch.optim.AdamW(unsplit.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
                                    weight_decay=0.3, foreach=False)
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -78,8 +78,8 @@ def judged(cfg, model, parallel, world_size):
 # --- what check judges -------------------------------------------------------------------
 
 
-def test_a_strategy_the_model_does_not_declare_is_refused_at_check(cfg):
-    found, result = judged(cfg, "blocks_only", {"tp": 2}, 2)
+def test_a_strategy_the_model_does_not_declare_is_refused_at_check(forge_config):
+    found, result = judged(forge_config, "blocks_only", {"tp": 2}, 2)
     (message,) = found["parallel.model-supports-strategy"]
     assert "strategy 'tp' needs the model to supply tensor_parallel" in message
     assert "model 'blocks_only' does not declare it (its spec supports: blocks)" in message
@@ -88,58 +88,58 @@ def test_a_strategy_the_model_does_not_declare_is_refused_at_check(cfg):
     assert "ModelSpec.supports" in violation.fix and ("model.name", "blocks_only") in violation.fields
     # The strategy's own rules stay silent: the one reason is reported once.
     assert "tp.heads-divisible" not in found
-    found, _ = judged(cfg, "blocks_only", {"pp": 2}, 2)
+    found, _ = judged(forge_config, "blocks_only", {"pp": 2}, 2)
     assert "strategy 'pp' needs the model to supply pipeline" in found["parallel.model-supports-strategy"][0]
 
 
-def test_strategies_that_require_nothing_and_models_that_support_everything_pass(cfg):
-    found, _ = judged(cfg, "blocks_only", {"dp_shard": 2}, 2)  # fsdp shards any model
+def test_strategies_that_require_nothing_and_models_that_support_everything_pass(forge_config):
+    found, _ = judged(forge_config, "blocks_only", {"dp_shard": 2}, 2)  # fsdp shards any model
     assert "parallel.model-supports-strategy" not in found
     for model in ("renamed", "llama"):
-        found, _ = judged(cfg, model, {"tp": 2}, 2)
+        found, _ = judged(forge_config, model, {"tp": 2}, 2)
         assert "parallel.model-supports-strategy" not in found, model
 
 
-def test_the_head_rule_reads_the_declared_facts_whatever_the_options_are_called(cfg):
-    found, _ = judged(cfg, "renamed", {"tp": 4}, 4)
+def test_the_head_rule_reads_the_declared_facts_whatever_the_options_are_called(forge_config):
+    found, _ = judged(forge_config, "renamed", {"tp": 4}, 4)
     assert found["tp.heads-divisible"] == [
         "model 'renamed' has 6 query heads, not divisible by parallel.tp = 4: tensor parallelism gives "
         "every rank whole attention heads (q/k/v are split by columns)",
         "model 'renamed' has 2 key/value heads, not divisible by parallel.tp = 4: tensor parallelism gives "
         "every rank whole attention heads (q/k/v are split by columns)",
     ]
-    found, _ = judged(cfg, "renamed", {"tp": 2}, 2)
+    found, _ = judged(forge_config, "renamed", {"tp": 2}, 2)
     assert "tp.heads-divisible" not in found
 
 
-def test_the_pipeline_rules_read_the_declared_facts(cfg):
-    found, _ = judged(cfg, "renamed", {"pp": 8}, 8)
+def test_the_pipeline_rules_read_the_declared_facts(forge_config):
+    found, _ = judged(forge_config, "renamed", {"pp": 8}, 8)
     assert "model 'renamed' has 4 layers, fewer than the 8 pipeline stages" in found["pp.layers"][0]
-    found, result = judged(cfg, "llama", {"pp": 2}, 2)
+    found, result = judged(forge_config, "llama", {"pp": 2}, 2)
     assert "pp.tied-embeddings" not in found
-    path = cfg({"model": {"options": {"tie_embeddings": True}}, "parallel": {"pp": 2, "dp_shard": 1},
+    path = forge_config({"model": {"options": {"tie_embeddings": True}}, "parallel": {"pp": 2, "dp_shard": 1},
                 "data": {"packer": "none"}})
     tied = {v.rule_id: v.message for v in judge(path, [], 2).errors}
     assert "model 'llama' ties its input and output embeddings" in tied["pp.tied-embeddings"]
 
 
-def test_a_model_without_facts_is_refused_where_a_rule_needs_them(cfg):
-    found, _ = judged(cfg, "factless", {"tp": 2}, 2)
+def test_a_model_without_facts_is_refused_where_a_rule_needs_them(forge_config):
+    found, _ = judged(forge_config, "factless", {"tp": 2}, 2)
     assert "model 'factless' declares no facts (ModelSpec.facts)" in found["tp.heads-divisible"][0]
-    found, _ = judged(cfg, "factless", {"pp": 2}, 2)
+    found, _ = judged(forge_config, "factless", {"pp": 2}, 2)
     assert "model 'factless' declares no facts" in found["pp.layers"][0]
-    found, _ = judged(cfg, "factless", {}, 1)  # no strategy needs them: nothing to say
+    found, _ = judged(forge_config, "factless", {}, 1)  # no strategy needs them: nothing to say
     assert not found
 
 
-def test_the_plan_carries_the_facts_once(cfg):
-    _, result = judged(cfg, "renamed", {}, 1)
+def test_the_plan_carries_the_facts_once(forge_config):
+    _, result = judged(forge_config, "renamed", {}, 1)
     assert result.plan.facts == ModelFacts(blocks=4, heads=6, kv_heads=2)
-    _, result = judged(cfg, "llama", {}, 1)
+    _, result = judged(forge_config, "llama", {}, 1)
     assert result.plan.facts == ModelFacts(blocks=4, heads=8, kv_heads=4, tied_embeddings=False)
 
 
-def test_a_facts_function_that_raises_names_its_plugin(cfg):
+def test_a_facts_function_that_raises_names_its_plugin(forge_config):
     class Broken:
         @hookimpl
         def forge_models(self):
@@ -149,7 +149,7 @@ def test_a_facts_function_that_raises_names_its_plugin(cfg):
             return [ModelSpec(name="broken", summary="facts raise", impl=IMPL, options=OtherOptions,
                               facts=facts)]
 
-    path = cfg({"model": {"name": "broken"}, "data": {"packer": "none", "seq_len": 64}})
+    path = forge_config({"model": {"name": "broken"}, "data": {"packer": "none", "seq_len": 64}})
     with pytest.raises(ForgeError, match=r"model 'broken' \(plugin 'brokenplug'\): its facts function raised RuntimeError: boom"):
         judge(path, [], 1, extra_plugins=(("brokenplug", Broken()),))
 

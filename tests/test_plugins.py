@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from conftest import REPO, make_distribution, run_cli
+from conftest import REPO, make_distribution
 from forge_core.api import AttentionBackendSpec, ForgeError, PackerSpec, hookimpl
 from forge_core.cli import main
 from forge_core.plugins import load_plugins
 from forge_core.registry import build_registries, load_registries
+from forge_core.testing import forge_run
 
 GOOD_PLUGIN = """
 from forge_core.api import PackerSpec, hookimpl
@@ -31,8 +32,8 @@ def fake_site(tmp_path):
 
 
 def test_third_party_distribution_is_found_through_entry_points(fake_site):
-    result = run_cli("plugins", "--json", env={"PYTHONPATH": str(fake_site)})
-    assert result.returncode == 0, result.stderr
+    result = forge_run(["plugins", "--json"], paths=[fake_site])
+    assert result.code == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)}
     fake = plugins["fakeplug"]
     assert (fake["distribution"], fake["version"], fake["builtin"]) == ("forge-fakeplug", "1.2.3", False)
@@ -41,21 +42,21 @@ def test_third_party_distribution_is_found_through_entry_points(fake_site):
 
 
 def test_autoload_switch_skips_third_party_but_keeps_builtins(fake_site):
-    env = {"PYTHONPATH": str(fake_site), "FORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    names = {p["name"] for p in json.loads(run_cli("plugins", "--json", env=env).stdout)}
+    env = {"FORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
     assert "fakeplug" not in names and "attention" in names
 
 
 def test_env_blocklist_skips_named_plugin(fake_site):
-    env = {"PYTHONPATH": str(fake_site), "FORGE_BLOCK_PLUGINS": "fakeplug"}
-    names = {p["name"] for p in json.loads(run_cli("plugins", "--json", env=env).stdout)}
+    env = {"FORGE_BLOCK_PLUGINS": "fakeplug"}
+    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
     assert "fakeplug" not in names
 
 
-def test_config_blocklist_skips_named_plugin(fake_site, cfg):
-    path = cfg({"plugins": {"block": ["fakeplug"]}, "data": {"packer": "shuffled"}})
-    result = run_cli("check", path, env={"PYTHONPATH": str(fake_site)})
-    assert result.returncode == 2
+def test_config_blocklist_skips_named_plugin(fake_site, forge_config):
+    path = forge_config({"plugins": {"block": ["fakeplug"]}, "data": {"packer": "shuffled"}})
+    result = forge_run(["check", path], paths=[fake_site])
+    assert result.code == 2
     assert "unknown packer 'shuffled'" in result.stderr
 
 
@@ -64,13 +65,13 @@ def test_plugin_that_fails_to_import_names_entry_point_distribution_and_fix(tmp_
         tmp_path / "site", "forge-broken", "0.1", {"brokenplug": "raise RuntimeError('boom at import')"},
         {"broken": "brokenplug"},
     )
-    result = run_cli("plugins", env={"PYTHONPATH": str(site)})
-    assert result.returncode == 2
+    result = forge_run(["plugins"], paths=[site])
+    assert result.code == 2
     assert "Traceback" not in result.stderr
     for needle in ("'broken'", "broken = brokenplug", "forge-broken 0.1", "boom at import", "FORGE_BLOCK_PLUGINS=broken"):
         assert needle in result.stderr
     # and the advertised fix works
-    assert run_cli("plugins", env={"PYTHONPATH": str(site), "FORGE_BLOCK_PLUGINS": "broken"}).returncode == 0
+    assert forge_run(["plugins"], paths=[site], env={"FORGE_BLOCK_PLUGINS": "broken"}).code == 0
 
 
 class _Misspelled:
@@ -134,8 +135,8 @@ def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribu
     }
     for name, (source, expected) in faults.items():
         site = make_distribution(tmp_path / name, f"forge-{name}", "0.2", {f"{name}plug": source}, {name: f"{name}plug"})
-        result = run_cli("check", str(REPO / "configs" / "quickstart.yaml"), env={"PYTHONPATH": str(site)})
-        assert result.returncode == 2, (name, result.returncode, result.stderr)
+        result = forge_run(["check", str(REPO / "configs" / "quickstart.yaml")], paths=[site])
+        assert result.code == 2, (name, result.code, result.stderr)
         assert "Traceback" not in result.stderr
         for needle in (expected, f"plugin {name!r}", f"forge-{name} 0.2", f"FORGE_BLOCK_PLUGINS={name}"):
             assert needle in result.stderr, (needle, result.stderr)
@@ -154,9 +155,9 @@ def test_a_plugin_calling_sys_exit_in_a_registration_hook_is_named():
 # --- the kernel's rules cannot be switched off ---------------------------------------
 
 
-def test_kernel_rules_cannot_be_blocked_by_config_or_environment(cfg, monkeypatch, capsys):
+def test_kernel_rules_cannot_be_blocked_by_config_or_environment(forge_config, monkeypatch, capsys):
     # The reproduction: blocking core_rules used to pass pp with document isolation.
-    path = cfg({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
+    path = forge_config({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
     assert main(["check", path, "--world-size", "2"]) == 2
     err = capsys.readouterr().err
     assert "plugins.block in the config names 'core_rules'" in err and "cannot be switched off" in err
@@ -168,19 +169,19 @@ def test_kernel_rules_cannot_be_blocked_by_config_or_environment(cfg, monkeypatc
 def test_no_package_can_take_the_kernel_rules_name(tmp_path):
     site = make_distribution(tmp_path / "site", "forge-shadow", "1.0", {"shadowplug": "x = 1\n"},
                              {"core_rules": "shadowplug"})
-    result = run_cli("rules", env={"PYTHONPATH": str(site)})
-    assert result.returncode == 2
+    result = forge_run(["rules"], paths=[site])
+    assert result.code == 2
     assert "forge-shadow 1.0 declares a plugin named 'core_rules'" in result.stderr
     assert "Uninstall it (pip uninstall forge-shadow)" in result.stderr and "FORGE_BLOCK" not in result.stderr
 
 
-def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(cfg, capsys):
+def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(forge_config, capsys):
     from forge_core.core_rules import RULES
 
     registries = load_registries(block=("attention", "parallel", "models", "packers"))
     kernel = [e for e in registries.rules if e.kernel]
     assert [e.rule.id for e in kernel] == [r.id for r in RULES] and {e.plugin for e in kernel} == {"core_rules"}
-    assert main(["check", cfg({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
+    assert main(["check", forge_config({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
     out = capsys.readouterr().out
     assert f"({len(RULES)} from the kernel)" in out
     assert "blocked plugins (their components and rules not loaded): loggers" in out
@@ -221,7 +222,7 @@ def test_a_clash_leaves_every_other_component_of_both_plugins_usable(wsd_site):
     assert "uninstall forge-mywsd" in message
 
 
-def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_site, cfg, capsys):
+def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_site, forge_config, capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "schedule     wsd            My own warmup-stable-decay  [also registered by 'optim']" in out
@@ -249,8 +250,8 @@ def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_si
         assert judge(quickstart, overrides).plan.specs["schedule"].summary.startswith(summary)
 
 
-def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, cfg, capsys):
-    path = cfg({"plugins": {"block": ["mywsd"], "prefer": {
+def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, forge_config, capsys):
+    path = forge_config({"plugins": {"block": ["mywsd"], "prefer": {
         "schedules": {"wsd": "mywsd"},
         "schedule": {"wsd": "mywsd", "cosin": "optim"},
         "optimizer": {"adamw": "optimm"},
@@ -306,7 +307,7 @@ def test_a_resumed_run_keeps_the_choice_its_config_made(wsd_site, tmp_path):
     assert plan.specs["schedule"] is registries["schedule"].get("wsd")  # what sample/export build
 
 
-def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(cfg):
+def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plugin_blocked(forge_config):
     class CausalOnly:
         @hookimpl
         def forge_attention_backends(self):
@@ -314,7 +315,7 @@ def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plug
 
     from forge_core.judge import judge
 
-    path = cfg({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
+    path = forge_config({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
     result = judge(path, extra_plugins=(("causal", CausalOnly()),))
     assert [v.rule_id for v in result.errors] == ["attention.honours-doc-ids"]
     assert result.errors[0].plugin == "core_rules"

@@ -8,7 +8,7 @@ import torch
 
 from forge_core.api import ForgeError
 from forge_core.train import precision
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from train_helpers import Recorder, tiny_config, write_config
 
 needs_bf16 = pytest.mark.skipif(not precision.cpu_has_bf16(), reason="this CPU has no native bf16 (AVX512_BF16/AMX)")
@@ -25,7 +25,7 @@ def test_bf16_on_a_cpu_without_it_stops_before_anything_is_built(tmp_path, monke
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
     config = tiny_config(tmp_path, "nobf16", train={"steps": 2, "precision": "bf16"})
     with pytest.raises(ForgeError, match=r"train.precision: bf16, but this CPU has no native bf16.*train.precision: fp32"):
-        train(write_config(tmp_path / "c.yaml", config), [])
+        train_in_process(write_config(tmp_path / "c.yaml", config), [])
     assert not (tmp_path / "nobf16" / "checkpoints").exists()
     precision.check_precision("fp32", torch.device("cpu"))  # fp32 needs nothing
 
@@ -59,7 +59,7 @@ def test_bf16_steps_train_with_the_loss_in_fp32(tmp_path, monkeypatch, loss):
     rec = Recorder()
     config = tiny_config(tmp_path, loss, train={"steps": 8, "precision": "bf16", "lr": 1e-2,
                                                 "loss": {"name": loss, "chunk_tokens": 40}})
-    train(write_config(tmp_path / f"{loss}.yaml", config), [], extra_plugins=(("rec", rec),))
+    train_in_process(write_config(tmp_path / f"{loss}.yaml", config), [], extra_plugins=(("rec", rec),))
     losses_seen = [rec.metrics[step]["loss"] for step in range(1, 9)]
     assert losses_seen[-1] < losses_seen[0] - 0.3, losses_seen
     assert len(dtypes) == 8 and all(d == (torch.bfloat16, torch.float32) for d in dtypes), dtypes

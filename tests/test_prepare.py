@@ -26,6 +26,7 @@ from forge_plugins.sources.options import ShardsOptions, TextOptions
 from forge_plugins.sources.shards import ShardSource
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
+from forge_core.testing import forge_run
 
 BYTE = ByteTokenizer(None)
 
@@ -216,11 +217,8 @@ def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
 # --- forge-run prepare ----------------------------------------------------------------
 
 
-def run_cli(tmp_path, *extra, tokenizer="byte", train_bpe=0):
-    import argparse
-
-    from forge_core.cli.prepare import main
-
+def prepare_command(tmp_path, *extra, tokenizer="byte", train_bpe=0):
+    """``forge-run prepare`` of a 200-document corpus into ``tmp_path/shards``."""
     data = tmp_path / "corpus.txt"
     data.write_text("\n\n".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(200)))
     config = tmp_path / "config.yaml"
@@ -228,27 +226,25 @@ def run_cli(tmp_path, *extra, tokenizer="byte", train_bpe=0):
         f"data:\n  source: text\n  source_options: {{paths: ['{data}'], separator: \"\\n\\n\"}}\n"
         f"  tokenizer: {tokenizer}\n"
     )
-    args = argparse.Namespace(
-        config=str(config), overrides=list(extra), out=str(tmp_path / "shards"), train_bpe=train_bpe
-    )
-    return main(args)
+    return forge_run(["prepare", config, "--out", tmp_path / "shards", "--train-bpe", str(train_bpe), *extra])
 
 
-def test_cli_prepares_shards_with_the_configured_tokenizer(tmp_path, capsys):
-    assert run_cli(tmp_path) == 0
+def test_cli_prepares_shards_with_the_configured_tokenizer(tmp_path):
+    done = prepare_command(tmp_path)
+    assert done.code == 0, done.stderr
     index = Shards(tmp_path / "shards").index
     assert index["num_documents"] == 200 and index["tokenizer"]["identity"] == BYTE.identity
-    assert "data.source_options: {path: " in capsys.readouterr().err
-    with pytest.raises(ForgeError, match="already exists"):
-        run_cli(tmp_path)
+    assert "data.source_options: {path: " in done.stderr
+    again = prepare_command(tmp_path)
+    assert again.code == 2 and "already exists" in again.stderr
 
 
 def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
     from forge_plugins.tokenizers.hf import HFTokenizer
 
-    with pytest.raises(ForgeError, match="--train-bpe needs a tokenizer that loads from a directory"):
-        run_cli(tmp_path, train_bpe=300)
-    assert run_cli(tmp_path, tokenizer="hf", train_bpe=300) == 0
+    refused = prepare_command(tmp_path, train_bpe=300)
+    assert refused.code == 2 and "--train-bpe needs a tokenizer that loads from a directory" in refused.stderr
+    assert prepare_command(tmp_path, tokenizer="hf", train_bpe=300).code == 0
     tok = HFTokenizer.load(str(tmp_path / "shards" / "tokenizer"))
     assert tok.vocab_size == 300
     source = ShardSource(ShardsOptions(path=str(tmp_path / "shards")))
@@ -259,12 +255,8 @@ def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
 
 
 def test_cli_refuses_a_mixture(tmp_path):
-    import argparse
-
-    from forge_core.cli.prepare import main
-
     config = tmp_path / "mix.yaml"
     config.write_text("data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n")
-    args = argparse.Namespace(config=str(config), overrides=[], out=str(tmp_path / "out"), train_bpe=0)
-    with pytest.raises(ForgeError, match=r"mixes 2 sources \(data.sources\); `forge-run prepare` tokenizes one"):
-        main(args)
+    refused = forge_run(["prepare", config, "--out", tmp_path / "out"])
+    assert refused.code == 2
+    assert "mixes 2 sources (data.sources); `forge-run prepare` tokenizes one" in refused.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from forge_plugins.loggers import profiler as profiler_module
 from train_helpers import tiny_config, write_config
 
@@ -18,7 +18,7 @@ from train_helpers import tiny_config, write_config
 def run(tmp_path: Path, name: str, steps: int, options: dict, overrides=()) -> str:
     cfg = tiny_config(tmp_path, name, train={"steps": steps},
                       logging={"loggers": ["profiler"], "options": {"profiler": options}})
-    return train(write_config(tmp_path / f"{name}.yaml", cfg), list(overrides))
+    return train_in_process(write_config(tmp_path / f"{name}.yaml", cfg), list(overrides))
 
 
 def profiled_steps(trace: Path) -> list[int]:

@@ -11,13 +11,14 @@ import os
 
 import pytest
 
-from conftest import make_distribution, run_cli
+from conftest import make_distribution
 from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge
 from forge_core.registry import RuleEntry
 from forge_core.cli.report import render
 from forge_core.rules import evaluate
+from forge_core.testing import forge_run
 
 
 def errors(path, overrides=(), world_size=None, extra=()):
@@ -39,8 +40,8 @@ class _LossyWrapper:
                                 drops_metadata_because=LOSSY_REASON)]
 
 
-def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(cfg):
-    path = cfg({"data": {"packer": "concat"}, "parallel": {"wrappers": ["lossy"]}})
+def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(forge_config):
+    path = forge_config({"data": {"packer": "concat"}, "parallel": {"wrappers": ["lossy"]}})
     found, result = errors(path, extra=[("lossyplug", _LossyWrapper())])
     violation = found["parallel.metadata-reaches-layers"]
     assert "strategy 'lossy' does not forward them to every layer" in violation.message
@@ -60,14 +61,14 @@ def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_
         ["parallel.pp=1", "data.packer=concat"],
     ],
 )
-def test_founding_rule_lets_pipeline_parallelism_carry_packed_documents(cfg, overrides):
-    found, _ = errors(cfg({}), overrides, world_size=int(overrides[0][-1]))
+def test_founding_rule_lets_pipeline_parallelism_carry_packed_documents(forge_config, overrides):
+    found, _ = errors(forge_config({}), overrides, world_size=int(overrides[0][-1]))
     assert "parallel.metadata-reaches-layers" not in found
 
 
 @pytest.mark.parametrize("packer", [["data.packer=none"], ["data.packer=concat", "data.packer_options.isolate=false"]])
-def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(cfg, packer):
-    path = cfg({"parallel": {"wrappers": ["lossy"]}})
+def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(forge_config, packer):
+    path = forge_config({"parallel": {"wrappers": ["lossy"]}})
     found, _ = errors(path, packer, extra=[("lossyplug", _LossyWrapper())])
     assert "parallel.metadata-reaches-layers" not in found
 
@@ -78,23 +79,23 @@ class _ThirdPartyPacker:
         return [PackerSpec(name="greedy", summary="third-party", impl="x.y:Z", emits={"doc_ids"})]
 
 
-def test_third_party_packer_emitting_doc_ids_is_caught(cfg):
-    path = cfg({"data": {"packer": "greedy"}, "parallel": {"wrappers": ["lossy"]}})
+def test_third_party_packer_emitting_doc_ids_is_caught(forge_config):
+    path = forge_config({"data": {"packer": "greedy"}, "parallel": {"wrappers": ["lossy"]}})
     found, _ = errors(path, extra=[("thirdparty", _ThirdPartyPacker()), ("lossyplug", _LossyWrapper())])
     assert "emits doc_ids" in found["parallel.metadata-reaches-layers"].message
 
 
-def test_world_size_rule(cfg):
-    found, _ = errors(cfg({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
+def test_world_size_rule(forge_config):
+    found, _ = errors(forge_config({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
     assert "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
-    found, result = errors(cfg({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
+    found, result = errors(forge_config({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
     assert "parallel.world-size" not in found and result.plan.degrees["dp_shard"] == 4
-    found, _ = errors(cfg({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
+    found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
     assert "not divisible" in found["parallel.world-size"].message
 
 
-def test_seq_len_within_model_maximum(cfg):
-    found, _ = errors(cfg({"data": {"seq_len": 4096}, "model": {"options": {"max_seq_len": 2048}}}))
+def test_seq_len_within_model_maximum(forge_config):
+    found, _ = errors(forge_config({"data": {"seq_len": 4096}, "model": {"options": {"max_seq_len": 2048}}}))
     assert "exceeds the model's maximum" in found["model.seq-len"].message
 
 
@@ -126,23 +127,22 @@ def forge_parallelisms():
 """
 
 
-def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, cfg):
+def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, forge_config):
     site = make_distribution(tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"})
-    env = {"PYTHONPATH": str(site)}
-    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]", env=env)
-    assert result.returncode == 2
+    result = forge_run(["check", forge_config({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"], paths=[site])
+    assert result.code == 2
     assert "[parallel.metadata-reaches-layers]" in result.stdout and "strategy 'lossy'" in result.stdout
-    result = run_cli("check", cfg({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json")
-    assert result.returncode == 0, result.stdout
+    result = forge_run(["check", forge_config({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json"])
+    assert result.code == 0, result.stdout
     assert json.loads(result.stdout)["valid"] is True
 
 
-def test_world_size_comes_from_torchrun_environment(cfg):
-    result = run_cli("check", cfg({"parallel": {"tp": 2, "dp_shard": 1}}), env={"WORLD_SIZE": "4"})
-    assert result.returncode == 2 and "world size is 4" in result.stdout
+def test_world_size_comes_from_torchrun_environment(forge_config):
+    result = forge_run(["check", forge_config({"parallel": {"tp": 2, "dp_shard": 1}})], env={"WORLD_SIZE": "4"})
+    assert result.code == 2 and "world size is 4" in result.stdout
 
 
-def test_third_party_rule_is_listed_and_fires(tmp_path, cfg):
+def test_third_party_rule_is_listed_and_fires(tmp_path, forge_config):
     site = make_distribution(tmp_path / "site", "forge-strict", "2.0", {"strictplug": """
 from forge_core.api import Rule, hookimpl
 
@@ -155,11 +155,10 @@ def forge_rules():
     return [Rule(id="lab.max-steps", severity="error", paths=("train.steps",),
                  summary="At most 1000 steps", check=_check, fix="Lower train.steps")]
 """}, {"strict": "strictplug"})
-    env = {"PYTHONPATH": str(site)}
-    listed = {r["id"]: r for r in json.loads(run_cli("rules", "--json", env=env).stdout)}
+    listed = {r["id"]: r for r in json.loads(forge_run(["rules", "--json"], paths=[site]).stdout)}
     assert listed["lab.max-steps"]["plugin"] == "strict"
-    result = run_cli("check", cfg({"train": {"steps": 5000}}), env=env)
-    assert result.returncode == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
+    result = forge_run(["check", forge_config({"train": {"steps": 5000}})], paths=[site])
+    assert result.code == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
 
 
 class _PlainModel:
@@ -170,8 +169,8 @@ class _PlainModel:
         return [ModelSpec(name="plain", summary="takes no metadata", impl="x.y:Z", max_seq_len_option=None)]
 
 
-def test_model_must_accept_what_the_packer_emits(cfg):
-    path = cfg({"model": {"name": "plain"}, "data": {"packer": "concat"}})
+def test_model_must_accept_what_the_packer_emits(forge_config):
+    path = forge_config({"model": {"name": "plain"}, "data": {"packer": "concat"}})
     found, _ = errors(path, extra=[("plainmodel", _PlainModel())])
     assert "emits doc_ids, positions, which model 'plain' does not take" in found["model.accepts-metadata"].message
     found, _ = errors(path, ["data.packer=none"], extra=[("plainmodel", _PlainModel())])
@@ -185,50 +184,50 @@ def rule_errors(path, overrides=()):
     return {v.rule_id: v.message for v in judge(path, list(overrides)).errors}
 
 
-def test_run_directory_must_be_creatable(cfg, tmp_path):
+def test_run_directory_must_be_creatable(forge_config, tmp_path):
     (tmp_path / "a-file").write_text("x")
-    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "a-file")}}))
+    found = rule_errors(forge_config({"run": {"out_dir": str(tmp_path / "a-file")}}))
     assert "exists and is not a directory" in found["run.out-dir"]
-    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "a-file" / "run")}}))
+    found = rule_errors(forge_config({"run": {"out_dir": str(tmp_path / "a-file" / "run")}}))
     assert "cannot be created" in found["run.out-dir"] and "is a file" in found["run.out-dir"]
-    assert "run.out-dir" not in rule_errors(cfg({"run": {"out_dir": str(tmp_path / "new" / "run")}}))
+    assert "run.out-dir" not in rule_errors(forge_config({"run": {"out_dir": str(tmp_path / "new" / "run")}}))
 
 
-def test_run_directory_must_be_writable(cfg, tmp_path, monkeypatch):
+def test_run_directory_must_be_writable(forge_config, tmp_path, monkeypatch):
     import forge_core.api.files
 
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     # Root may write anywhere, so the permission answer is the operating system's, faked.
     monkeypatch.setattr(forge_core.api.files.os, "access", lambda p, mode: os.fspath(p) != str(locked))
-    found = rule_errors(cfg({"run": {"out_dir": str(locked / "run")}}))
+    found = rule_errors(forge_config({"run": {"out_dir": str(locked / "run")}}))
     assert "cannot be created: " in found["run.out-dir"] and "is not writable by this user" in found["run.out-dir"]
-    found = rule_errors(cfg({"run": {"out_dir": str(locked)}}))
+    found = rule_errors(forge_config({"run": {"out_dir": str(locked)}}))
     assert found["run.out-dir"] == f"run.out_dir {str(locked)!r} is not writable by this user"
 
 
-def test_text_and_stdlib_sources_are_checked_without_reading_documents(cfg, tmp_path):
+def test_text_and_stdlib_sources_are_checked_without_reading_documents(forge_config, tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     (tmp_path / "empty.txt").write_text("")
     text = {"data": {"source": "text", "source_options": {"paths": [str(tmp_path / "*.md")]}}}
-    assert "matches no file" in rule_errors(cfg(text))["text.files-exist"]
+    assert "matches no file" in rule_errors(forge_config(text))["text.files-exist"]
     text["data"]["source_options"]["paths"] = [str(tmp_path)]
-    assert "is a directory" in rule_errors(cfg(text))["text.files-exist"]
+    assert "is a directory" in rule_errors(forge_config(text))["text.files-exist"]
     text["data"]["source_options"]["paths"] = [str(tmp_path / "empty.txt")]
-    assert "file is empty" in rule_errors(cfg(text))["text.files-exist"]
+    assert "file is empty" in rule_errors(forge_config(text))["text.files-exist"]
     text["data"]["source_options"]["paths"] = []
-    assert "paths is empty" in rule_errors(cfg(text))["text.files-exist"]
+    assert "paths is empty" in rule_errors(forge_config(text))["text.files-exist"]
     text["data"]["source_options"]["paths"] = [str(tmp_path / "a.txt")]
-    assert "text.files-exist" not in rule_errors(cfg(text))
-    found = rule_errors(cfg({"data": {"source_options": {"max_bytes": 1}}}))
+    assert "text.files-exist" not in rule_errors(forge_config(text))
+    found = rule_errors(forge_config({"data": {"source_options": {"max_bytes": 1}}}))
     assert "no file selected" in found["stdlib.files-selected"]
 
 
-def test_shard_directories_are_checked_from_their_index(cfg, tmp_path):
+def test_shard_directories_are_checked_from_their_index(forge_config, tmp_path):
     from forge_core.data.shards import ShardWriter, partial_dir
 
     def shards(path):
-        return cfg({"data": {"source": "shards", "source_options": {"path": str(path)}}})
+        return forge_config({"data": {"source": "shards", "source_options": {"path": str(path)}}})
 
     assert "path is empty" in rule_errors(shards(""))["shards.directory"]
     assert "no such shard directory" in rule_errors(shards(tmp_path / "none"))["shards.directory"]
@@ -248,9 +247,9 @@ def test_shard_directories_are_checked_from_their_index(cfg, tmp_path):
     assert "The shard is damaged" in rule_errors(path)["shards.directory"]
 
 
-def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(cfg, tmp_path):
+def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(forge_config, tmp_path):
     def hf(path):
-        return cfg({"data": {"tokenizer": "hf", "tokenizer_options": {"path": str(path)}}})
+        return forge_config({"data": {"tokenizer": "hf", "tokenizer_options": {"path": str(path)}}})
 
     (tmp_path / "empty").mkdir()
     message = rule_errors(hf(tmp_path / "empty"))["hf.tokenizer-files"]
@@ -264,16 +263,16 @@ def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(cfg, tmp_path):
     assert "hf.tokenizer-files" not in rule_errors(hf(tmp_path / "other"))
 
 
-def test_init_from_hf_lists_every_mismatch_with_both_values(cfg, tmp_path):
+def test_init_from_hf_lists_every_mismatch_with_both_values(forge_config, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
         "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 300, "rms_norm_eps": 1e-6,
     }))
     # Options left unset are read from config.json; only those given explicitly can differ.
-    unset = judge(cfg({"model": {"options": {"init_from_hf": str(tmp_path)}}}))
+    unset = judge(forge_config({"model": {"options": {"init_from_hf": str(tmp_path)}}}))
     assert unset.config.model.options.dim == 64 and unset.config.model.options.n_layers == 3
     assert not [v for v in unset.errors if v.rule_id == "llama.init-from-hf" and "model.options" in v.message]
-    path = cfg({"model": {"options": {"init_from_hf": str(tmp_path), "dim": 256, "n_layers": 4, "norm_eps": 1e-5,
+    path = forge_config({"model": {"options": {"init_from_hf": str(tmp_path), "dim": 256, "n_layers": 4, "norm_eps": 1e-5,
                                       "n_heads": 8}}})
     result = judge(path)
     messages = [v.message for v in result.errors if v.rule_id == "llama.init-from-hf"]
@@ -286,9 +285,9 @@ def test_init_from_hf_lists_every_mismatch_with_both_values(cfg, tmp_path):
     assert "config.json is not valid JSON" in rule_errors(path)["llama.init-from-hf"]
 
 
-def test_logger_outputs_and_sgd_nesterov_are_checked(cfg, tmp_path):
+def test_logger_outputs_and_sgd_nesterov_are_checked(forge_config, tmp_path):
     (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)
-    found = rule_errors(cfg({"run": {"out_dir": str(tmp_path / "run")}}))
+    found = rule_errors(forge_config({"run": {"out_dir": str(tmp_path / "run")}}))
     assert "exists and is not a file" in found["loggers.output-paths"]
-    found = rule_errors(cfg({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.0, "nesterov": True}}}))
+    found = rule_errors(forge_config({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.0, "nesterov": True}}}))
     assert "Nesterov momentum needs a momentum above 0" in found["sgd.nesterov-momentum"]

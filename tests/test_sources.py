@@ -4,15 +4,11 @@ and an error naming the file (and line) for every kind of bad input."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import sysconfig
 
-import attrs
 import pytest
 
 from forge_core.api import ForgeError
-from forge_plugins.sources import plugin
 from forge_plugins.sources.options import ShardsOptions, StdlibOptions, TextOptions
 from forge_plugins.sources.shards import ShardSource
 from forge_plugins.sources.stdlib import StdlibSource, stdlib_files
@@ -154,28 +150,6 @@ def test_shard_source_errors(tmp_path):
     (tmp_path / "half").mkdir()
     with pytest.raises(ForgeError, match=r"index\.json: missing"):
         ShardSource(ShardsOptions(path=str(tmp_path / "half")))
-
-
-# --- registration ------------------------------------------------------------------
-
-
-def test_specs_and_documented_options():
-    specs = {s.name: s for s in plugin.forge_sources()}
-    assert set(specs) == {"text", "shards", "stdlib", "hf_datasets"}
-    assert specs["shards"].pretokenized and not specs["text"].pretokenized
-    for spec in specs.values():
-        assert spec.load()  # the lazy path resolves
-        for field in attrs.fields(spec.options):
-            assert field.metadata.get("doc"), (spec.name, field.name)
-
-
-def test_plugin_module_imports_nothing_heavy():
-    code = (
-        "import sys, forge_plugins.sources.plugin as p; p.forge_sources(); "
-        "heavy = {'torch', 'transformers', 'tokenizers'} & set(sys.modules); "
-        "assert not heavy, heavy"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_binary_file_is_refused_naming_it(corpus):

@@ -7,13 +7,11 @@ import shutil
 import subprocess
 import sys
 
-import attrs
 import numpy as np
 import pytest
 
 from forge_core.api import ForgeError
 from forge_core.data.bpe import EOS_TOKEN, PAD_TOKEN, train_bpe
-from forge_plugins.tokenizers import plugin
 from forge_plugins.tokenizers.byte import ByteTokenizer
 from forge_plugins.tokenizers.hf import HFTokenizer
 from forge_plugins.tokenizers.options import HFOptions
@@ -186,18 +184,3 @@ def test_train_bpe_refuses_bad_input(tmp_path, trained):
     assert not (tmp_path / "y").exists() and not (tmp_path / "y.partial").exists()
 
 
-def test_specs_and_documented_options():
-    specs = {s.name: s for s in plugin.forge_tokenizers()}
-    assert set(specs) == {"byte", "hf"}
-    assert specs["byte"].load() is ByteTokenizer and specs["hf"].load() is HFTokenizer
-    for field in attrs.fields(HFOptions):
-        assert field.metadata.get("doc"), field.name
-
-
-def test_plugin_module_imports_nothing_heavy():
-    code = (
-        "import sys, forge_plugins.tokenizers.plugin as p; p.forge_tokenizers(); "
-        "heavy = {'torch', 'transformers', 'tokenizers'} & set(sys.modules); "
-        "assert not heavy, heavy"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge_core.api import hookimpl
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from train_helpers import Recorder, tiny_config, write_config
 
 
@@ -34,7 +34,7 @@ def run(tmp_path: Path, name: str, logger: str, steps: int, options: dict | None
     cfg = tiny_config(tmp_path, name, train={"steps": steps},
                       logging={"loggers": [logger], "every": every, "options": {logger: options or {}}})
     path = write_config(tmp_path / f"{name}.yaml", cfg)
-    assert train(path, list(overrides), extra_plugins=(("eval", EvalMetrics()), ("rec", rec))) == "completed"
+    assert train_in_process(path, list(overrides), extra_plugins=(("eval", EvalMetrics()), ("rec", rec))) == "completed"
     return rec
 
 

@@ -382,7 +382,7 @@ def test_the_trainer_calls_forge_checkpoint_writing_before_the_checkpoint_is_com
     ``latest`` still on the previous checkpoint, and the file it writes there is in the
     checkpoint ``forge_checkpoint_saved`` then reports."""
     from forge_core.api import hookimpl
-    from forge_core.train.launch import train
+    from forge_core.testing import train_in_process as train
     from train_helpers import tiny_config, write_config
 
     class Cursor:

@@ -1,11 +1,10 @@
-"""``forge-run CONFIG`` end to end, in subprocesses: refusal of invalid configs (also
-under ``--nproc``), SIGTERM, SIGKILL in the middle of a checkpoint write, and the
-quickstart config."""
+"""``forge-run CONFIG`` end to end: refusal of invalid configs (also under ``--nproc``),
+in process; SIGTERM and SIGKILL in the middle of a checkpoint write, to a real process.
+The quickstart config's subprocess run is in test_cli_smoke.py."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,7 +12,8 @@ import time
 from pathlib import Path
 
 
-from conftest import REPO, run_cli
+from conftest import REPO
+from forge_core.testing import forge_run
 from train_helpers import Recorder, pause_checkpoint_env, read_metrics, tiny_config, write_config
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
@@ -44,11 +44,11 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> 
 def test_invalid_config_is_refused_with_the_check_report(tmp_path):
     path = write_config(tmp_path / "bad.yaml", tiny_config(tmp_path, "bad", data={"seq_len": 128},
                                                            train={"batch_size": 3, "grad_accum": 2}))
-    result = run_cli(path)
+    result = forge_run([path])
     command = f"forge-run check {path} --world-size 1"  # a single process
     assert f"`{command}` prints the same report" in result.stderr
-    check = run_cli(*command.split()[1:])
-    assert check.returncode == result.returncode == 2
+    check = forge_run([*command.split()[1:]])
+    assert check.code == result.code == 2
     report = check.stdout.rsplit("\n", 2)[0]  # everything but check's verdict line
     assert "[model.seq-len]" in report and "[train.batch-divisible]" in report
     assert report in result.stderr
@@ -59,8 +59,8 @@ def test_invalid_config_is_refused_with_the_check_report(tmp_path):
 def test_nproc_is_judged_before_any_process_starts(tmp_path):
     """--nproc 2 with every degree 1: the world-size rule refuses it at once."""
     path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, parallel={"dp_shard": 1}))
-    result = run_cli("--nproc", "2", path)
-    assert result.returncode == 2
+    result = forge_run(["--nproc", "2", path])
+    assert result.code == 2
     assert "[parallel.world-size]" in result.stderr and "world size is 2" in result.stderr
     assert f"`forge-run check {path} --world-size 2` prints the same report" in result.stderr
 
@@ -83,7 +83,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
 
 
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
-    from forge_core.cli.train import train
+    from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
                       logging={"loggers": ["jsonl"]})
@@ -96,28 +96,13 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     assert (root / "latest").read_text().strip() == "step-000002"
     assert (root / ".tmp-step-000004").is_dir() and not (root / "step-000004").exists()
 
-    result = run_cli(path)
-    assert result.returncode == 0, result.stderr
+    result = forge_run([path])
+    assert result.code == 0, result.stderr
     assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
     assert (root / "latest").read_text().strip() == "step-000006"
     assert not (root / ".tmp-step-000004").exists()
     # The resumed run is the run that was never killed.
     rec = Recorder()
     straight = tiny_config(tmp_path, "straight", train={"steps": 6})
-    train(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
+    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
     assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [rec.metrics[s]["loss"] for s in range(1, 7)]
-
-
-def test_quickstart_trains_a_few_steps(tmp_path):
-    out = tmp_path / "qs"
-    result = run_cli(
-        "configs/quickstart.yaml", f"run.out_dir={out}", "train.steps=2", "train.batch_size=2",
-        "data.source_options.max_bytes=300000", "train.peak_tflops=1.0", "logging.loggers=[jsonl,plot]",
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    records = read_metrics(out)
-    assert [r["step"] for r in records] == [1, 2] and records[0]["loss"] > 4.0
-    assert (out / "loss.png").is_file() and (out / "checkpoints/latest").is_file()
-    assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
-    assert re.search(r"packer: rows [\d,]+, tokens [\d,]+, kept \d+\.\d%, fill 100\.0%", result.stdout), result.stdout

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
 from forge_core import cli, hookspecs
 from forge_core.api import hookimpl
-from forge_core.cli.train import train
+from forge_core.testing import train_in_process
 from train_helpers import Recorder, SignalAt, read_metrics, tiny_config, write_config
 
 EVAL_KEYS = {"eval/loss", "eval/perplexity", "eval/tokens"}
@@ -49,7 +48,7 @@ def evaluating(tmp_path: Path, name: str, **sections) -> dict:
 
 def run(tmp_path: Path, config: dict, *plugins) -> str:
     path = write_config(tmp_path / f"{config['run']['name']}.yaml", config)
-    return train(path, extra_plugins=tuple((f"test-{i}", p) for i, p in enumerate(plugins)))
+    return train_in_process(path, extra_plugins=tuple((f"test-{i}", p) for i, p in enumerate(plugins)))
 
 
 def eval_records(run_dir: Path) -> dict[int, dict]:
@@ -158,19 +157,6 @@ def test_forge_run_eval_refuses_bad_inputs_with_exit_2(finished, capsys, tmp_pat
     (tmp_path / "empty.txt").write_text("")
     assert "empty" in refused(finished, "eval.source=text", f"eval.source_options.paths=[{tmp_path / 'empty.txt'}]")
     assert "unknown data source 'txt'" in refused(finished, "eval.source=txt")
-
-
-def test_forge_run_eval_on_a_finished_quickstart_run(tmp_path):
-    """The command itself, in a subprocess, on a (short) quickstart run."""
-    out = tmp_path / "qs"
-    assert cli.main(["train", "configs/quickstart.yaml", f"run.out_dir={out}", "train.steps=2",
-                     "train.batch_size=2", "data.source_options.max_bytes=300000", "train.peak_tflops=1.0",
-                     "logging.loggers=[]", "data.heldout.fraction=0.2"]) == 0
-    result = run_cli("eval", str(out), "eval.max_batches=2", "--json", timeout=300)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report["step"] == 2 and report["batches"] == 2 and report["tokens"] > 0
-    assert 3.0 < report["loss"] < 6.0  # two steps in: near uniform over 258 byte ids (5.55)
 
 
 def test_every_built_in_logger_shows_the_eval_numbers(tmp_path, capsys, monkeypatch):

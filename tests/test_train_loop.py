@@ -13,7 +13,8 @@ import torch
 
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.train.checkpoint import find_latest, load_model, model_state
-from forge_core.cli.train import InvalidConfig, train
+from forge_core.cli.train import InvalidConfig
+from forge_core.testing import train_in_process
 from forge_core.train.precision import cpu_has_bf16
 from forge_core.train.trainer import NonFiniteStop
 from train_helpers import (
@@ -32,7 +33,7 @@ METRIC_KEYS = {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "step
 def run(tmp_path: Path, config: dict, *plugins, overrides=()) -> str:
     path = write_config(tmp_path / f"{config['run']['name']}.yaml", config)
     extra = tuple((f"test-{i}", p) for i, p in enumerate(plugins))
-    return train(path, list(overrides), extra_plugins=extra)
+    return train_in_process(path, list(overrides), extra_plugins=extra)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -100,13 +101,22 @@ def test_hook_plugin_sees_every_step_and_checkpoint(tmp_path):
 
 def test_tokens_metric_counts_only_labelled_tokens(tmp_path):
     """With short documents the concat packer sets -100 at every EOS: the token count
-    is rows * seq_len minus those."""
+    of a step is its rows * seq_len minus those, exactly."""
+    from forge_core.data.build import build_training_data
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
+    from forge_plugins.tokenizers.byte import ByteTokenizer
+
     write_corpus(tmp_path / "corpus", docs=60, short=True)
     rec = Recorder()
-    cfg = tiny_config(tmp_path, "tokens", train={"steps": 2, "batch_size": 4})
-    run(tmp_path, cfg, rec)
-    for metrics in rec.metrics.values():
-        assert 0 < metrics["tokens"] < 4 * 32
+    cfg = tiny_config(tmp_path, "tokens", train={"steps": 2, "batch_size": 4}, data={"shuffle": False})
+    run(tmp_path, cfg, rec)  # unshuffled: step s reads rows 4(s-1) to 4s-1
+    config, registries = load_resolved(str(tmp_path / "tokens.yaml"))
+    data = build_training_data(make_plan(config, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
+    labels = np.asarray(data.rows.read(np.arange(8))[LABELS]).reshape(2, 4 * 32)
+    ignored = (labels == IGNORE_INDEX).sum(axis=1)
+    assert ignored.min() > 0  # the rows hold EOS positions: the count has something to leave out
+    assert [rec.metrics[step]["tokens"] for step in (1, 2)] == [4 * 32 - int(n) for n in ignored]
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):

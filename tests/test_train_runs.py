@@ -5,11 +5,11 @@ data parallelism matching one process."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from conftest import make_distribution, run_cli
+from forge_core.testing import forge_run
 from train_helpers import Recorder, read_metrics, tiny_config, write_config, write_corpus
 
 
@@ -29,22 +29,21 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
     directory alone then serves sample and export-hf (loaded by transformers, same logits)."""
     site = make_distribution(tmp_path / "site", "forge-observer", "0.1", {"observer": OBSERVER},
                              {"observer": "observer"})
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cfg = tiny_config(tmp_path, "obs", train={"steps": 4}, logging={"loggers": ["jsonl"]})
     path = write_config(tmp_path / "obs.yaml", cfg)
-    result = run_cli(path, env=env)
-    assert result.returncode == 0, result.stderr
+    result = forge_run([path], paths=[site])
+    assert result.code == 0, result.stderr
     observed = (tmp_path / "obs/observed.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in observed] == [1, 2, 3, 4]
     assert [json.loads(line)["loss"] for line in observed] == [r["loss"] for r in read_metrics(tmp_path / "obs")]
 
-    sample = run_cli("sample", str(tmp_path / "obs"), "--prompt", "the quick", "--max-new-tokens", "12")
-    assert sample.returncode == 0, sample.stderr
+    sample = forge_run(["sample", tmp_path / "obs", "--prompt", "the quick", "--max-new-tokens", "12"])
+    assert sample.code == 0, sample.stderr
     assert sample.stdout.startswith("the quick") and len(sample.stdout.rstrip("\n")) > len("the quick")
 
     hf_dir = tmp_path / "hf"
-    export = run_cli("export-hf", str(tmp_path / "obs"), str(hf_dir))
-    assert export.returncode == 0, export.stderr
+    export = forge_run(["export-hf", tmp_path / "obs", hf_dir])
+    assert export.code == 0, export.stderr
     import torch
     from transformers import LlamaForCausalLM
 
@@ -64,7 +63,7 @@ def test_third_party_observer_then_sample_and_export(tmp_path):
 def test_two_processes_match_one(tmp_path):
     """--nproc 2 with data parallelism gives the single-process losses (the loss is
     normalised by the global token count; gradients are summed over ranks)."""
-    from forge_core.cli.train import train
+    from forge_core.testing import train_in_process
 
     write_corpus(tmp_path / "corpus", docs=80, short=True)
     cfg = tiny_config(tmp_path, "ddp", train={"steps": 3, "batch_size": 4}, logging={"loggers": ["jsonl"]})
@@ -72,7 +71,7 @@ def test_two_processes_match_one(tmp_path):
                      timeout=300)
     assert result.returncode == 0, result.stderr
     rec = Recorder()
-    train(write_config(tmp_path / "one.yaml", tiny_config(tmp_path, "one", train={"steps": 3, "batch_size": 4})),
+    train_in_process(write_config(tmp_path / "one.yaml", tiny_config(tmp_path, "one", train={"steps": 3, "batch_size": 4})),
           extra_plugins=(("rec", rec),))
     records = read_metrics(tmp_path / "ddp")
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -138,8 +137,8 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
 
     from forge_core.data.bpe import train_bpe
     from forge_core.cli import export
-    from forge_core.cli.train import train
     from forge_core.generate import generate, load_for_inference
+    from forge_core.testing import train_in_process
     from forge_plugins.sources.options import TextOptions
     from forge_plugins.sources.text import TextSource
 
@@ -147,12 +146,13 @@ def test_hf_tokenizer_run_is_self_contained(tmp_path):
     tok_dir = train_bpe(TextSource(TextOptions(paths=[glob])), 300, tmp_path / "bpe", progress=False)
     cfg = tiny_config(tmp_path, "hfrun", train={"steps": 2},
                       data={"tokenizer": "hf", "tokenizer_options": {"path": tok_dir}})
-    train(write_config(tmp_path / "hfrun.yaml", cfg))
+    train_in_process(write_config(tmp_path / "hfrun.yaml", cfg))
     shutil.rmtree(tok_dir)
 
     model, tokenizer, config, _ = load_for_inference(tmp_path / "hfrun")
     ids = tokenizer.encode("the quick")
-    assert len(generate(model, ids, 5, context=32, temperature=1.0, top_k=0, seed=0)) > 0
+    new = generate(model, ids, 5, context=32, temperature=1.0, top_k=0, seed=0)  # no eos_id: all 5
+    assert len(new) == 5 and all(0 <= t < tokenizer.vocab_size for t in new)
 
     out = tmp_path / "hf-out"
     export.main(argparse.Namespace(checkpoint=str(tmp_path / "hfrun"), out_dir=str(out)))

@@ -23,6 +23,9 @@
   loggers, a model's first steps); :func:`registered_spec`: a spec the installed
   plugins register; :func:`run_context`: a RunContext to call lifecycle hooks with
   (:mod:`forge_core.testing.runs`).
+- :func:`forge_run`: runs a ``forge-run`` command in the test's process and returns its
+  :class:`CliResult` (exit status, stdout, stderr), with the environment variables and
+  import paths given for the call undone afterwards (:mod:`forge_core.testing.cli_runner`).
 
 Each raises ``AssertionError`` with a specific message when the component breaks its
 contract (``ValueError`` when the kit itself is misused). The same functions are
@@ -39,6 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from forge_core.data.packed_rows import pack_documents
+from forge_core.testing.cli_runner import CliResult, forge_run
 from forge_core.testing.packers import PackerReport, check_packer, conformance_documents
 from forge_core.testing.rules import check_rule
 from forge_core.testing.runs import registered_spec, run_context, train_in_process
@@ -58,10 +62,12 @@ _ISOLATION_NAMES = ("check_document_isolation",)
 _TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "longest_sum", "ROUNDING_FACTOR")
 
 __all__ = [
+    "CliResult",
     "PackerReport",
     "check_packer",
     "check_rule",
     "conformance_documents",
+    "forge_run",
     "pack_documents",
     "registered_spec",
     "run_context",

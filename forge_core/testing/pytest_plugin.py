@@ -8,7 +8,10 @@ entry-point group, so any test suite in an environment with Forge installed gets
   (``cpu`` by default; ``auto`` adds CUDA when a GPU is visible);
 - ``forge_registries``: the registries of every installed plugin (session-scoped);
 - ``forge_config``: writes a config mapping to a YAML file under ``tmp_path`` and
-  returns its path.
+  returns its path;
+- ``forge_run``: ``forge_run(argv, env=..., paths=..., cwd=...)`` runs a ``forge-run``
+  command in the test's process and returns its exit status and output
+  (:func:`forge_core.testing.forge_run`).
 
 Importing this module imports neither Forge's registries nor torch: pytest loads it in
 every session of the environment, so it must stay cheap.
@@ -72,3 +75,12 @@ def forge_config(tmp_path: Any) -> Any:
         return str(path)
 
     return write
+
+
+@pytest.fixture
+def forge_run() -> Any:
+    """``forge_run(argv, env=None, paths=(), cwd=None) -> CliResult(code, stdout, stderr)``:
+    ``forge-run *argv`` in this process (:func:`forge_core.testing.forge_run`)."""
+    from forge_core.testing.cli_runner import forge_run
+
+    return forge_run

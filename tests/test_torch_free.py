@@ -1,0 +1,53 @@
+"""What must stay cheap stays torch-free: loading every entry point of the ``forge``
+group and calling each registration hook it implements, the kit and its pytest plugin,
+and the commands that only judge or list (``check``, ``show``, ``plugins``, ``rules``, a
+refused ``train``). One fresh interpreter does all of it, since in this process torch
+is long imported; the rest of the suite cannot see an import it should not make."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+HEAVY = ("torch", "transformers", "tokenizers")
+
+DRIVER = """
+import json, sys
+from importlib import metadata
+
+from forge_core.cli import main
+from forge_core.registry import KINDS
+from forge_core.testing import forge_run
+import forge_core.testing.pytest_plugin
+
+HEAVY = {heavy!r}
+loaded = {{}}
+for ep in sorted(metadata.entry_points(group="forge"), key=lambda ep: ep.name):
+    module = ep.load()
+    for hook in [kind.hook for kind in KINDS] + ["forge_rules"]:
+        if hasattr(module, hook):
+            getattr(module, hook)()
+            loaded.setdefault(ep.name, []).append(hook)
+    assert not set(HEAVY) & set(sys.modules), (ep.name, sorted(set(HEAVY) & set(sys.modules)))
+codes = [forge_run(argv).code for argv in {commands!r}]
+print(json.dumps({{"loaded": loaded, "codes": codes, "heavy": sorted(set(HEAVY) & set(sys.modules))}}))
+"""
+
+
+def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(forge_config):
+    valid = forge_config({"data": {"packer": "concat"}})
+    refused = forge_config({"data": {"packer": "concat"}, "parallel": {"pp": 2}})  # train refuses it before building
+    commands = [["check", valid], ["show", valid], ["plugins"], ["rules"], ["check", refused, "--world-size", "1"], [refused]]
+    code = DRIVER.format(heavy=HEAVY, commands=commands)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["heavy"] == [], report
+    assert report["codes"] == [0, 0, 0, 0, 2, 2], report
+    # Every built-in plugin was loaded and registered something: nothing was skipped.
+    assert {"attention", "models", "packers", "sources", "tokenizers", "optim", "parallel", "loggers",
+            "core_rules"} <= set(report["loaded"]), report["loaded"]
+    assert all(report["loaded"].values())
