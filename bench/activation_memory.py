@@ -36,11 +36,24 @@ REPO = Path(__file__).resolve().parent.parent
 def config(out_dir: Path, layers: int, dim: int, seq_len: int, rows: int, steps: int) -> dict:
     return {
         "run": {"name": "act-mem", "out_dir": str(out_dir), "seed": 0, "device": "cpu"},
-        "model": {"name": "llama", "options": {"dim": dim, "n_layers": layers, "n_heads": 4, "n_kv_heads": 2,
-                                               "max_seq_len": seq_len}},
+        "model": {
+            "name": "llama",
+            "options": {
+                "dim": dim,
+                "n_layers": layers,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "max_seq_len": seq_len,
+            },
+        },
         "attention": {"backend": "sdpa"},
-        "data": {"source": "stdlib", "source_options": {"max_bytes": 2_000_000}, "tokenizer": "byte",
-                 "packer": "concat", "seq_len": seq_len},
+        "data": {
+            "source": "stdlib",
+            "source_options": {"max_bytes": 2_000_000},
+            "tokenizer": "byte",
+            "packer": "concat",
+            "seq_len": seq_len,
+        },
         "train": {"steps": steps, "batch_size": rows, "lr": 1e-3, "warmup_steps": 0, "precision": "fp32"},
         "checkpoint": {"every": 0},
         "logging": {"loggers": ["jsonl"], "every": 1},
@@ -51,15 +64,23 @@ def run(work: Path, label: str, overrides: list[str], args: argparse.Namespace) 
     out = work / label
     path = work / f"{label}.yaml"
     path.write_text(yaml.safe_dump(config(out, args.layers, args.dim, args.seq_len, args.rows, args.steps)))
-    proc = subprocess.run([sys.executable, "-m", "forge_core.cli", str(path), *overrides],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "forge_core.cli", str(path), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     if proc.returncode != 0:
         sys.exit(f"{label}: forge-run exited {proc.returncode}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "mem_rss_peak_gib" in r]
     times = [r["step_time"] for r in steps[1:] if "step_time" in r]
-    return {"label": label, "peak_gib": max(r["mem_rss_peak_gib"] for r in steps),
-            "step_s": sum(times) / len(times) if times else float("nan"), "loss": steps[-1]["loss"]}
+    return {
+        "label": label,
+        "peak_gib": max(r["mem_rss_peak_gib"] for r in steps),
+        "step_s": sum(times) / len(times) if times else float("nan"),
+        "loss": steps[-1]["loss"],
+    }
 
 
 def main() -> None:
@@ -71,20 +92,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--every", default="1,2", help="comma-separated k of the checkpointed runs")
     args = parser.parse_args()
-    print(f"llama {args.layers} blocks, dim {args.dim}, {args.rows} rows x {args.seq_len} tokens, "
-          f"{args.steps} steps, fp32 on CPU")
+    print(
+        f"llama {args.layers} blocks, dim {args.dim}, {args.rows} rows x {args.seq_len} tokens, "
+        f"{args.steps} steps, fp32 on CPU"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         base = run(work, "without", [], args)
         results = [base] + [
-            run(work, f"every {k}", ["parallel.wrappers=[act_ckpt]", f"parallel.options.act_ckpt.every={k}"], args)
+            run(
+                work,
+                f"every {k}",
+                ["parallel.wrappers=[act_ckpt]", f"parallel.options.act_ckpt.every={k}"],
+                args,
+            )
             for k in (int(v) for v in args.every.split(","))
         ]
     print(f"{'run':<10} {'peak RSS':>10} {'saved':>10} {'ratio':>7} {'step':>8} {'last loss':>10}")
     for r in results:
         saved = base["peak_gib"] - r["peak_gib"]
-        print(f"{r['label']:<10} {r['peak_gib']:>8.3f} G {saved:>8.3f} G {r['peak_gib'] / base['peak_gib']:>7.3f} "
-              f"{r['step_s']:>7.2f}s {r['loss']:>10.4f}")
+        print(
+            f"{r['label']:<10} {r['peak_gib']:>8.3f} G {saved:>8.3f} G {r['peak_gib'] / base['peak_gib']:>7.3f} "
+            f"{r['step_s']:>7.2f}s {r['loss']:>10.4f}"
+        )
 
 
 if __name__ == "__main__":

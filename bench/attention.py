@@ -35,10 +35,10 @@ import time
 
 import torch
 
+from forge_core.testing import lognormal_lengths, packed_metadata
 from forge_plugins.attention.flex import FlexAttention
 from forge_plugins.attention.masks import block_mask_bytes
 from forge_plugins.attention.options import FlexOptions, SdpaOptions
-from forge_core.testing import lognormal_lengths, packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 
 
@@ -138,9 +138,22 @@ def peaks_in_subprocess(seq_len: int, args: argparse.Namespace) -> dict[str, flo
     """Run ``--peaks-for seq_len`` in a fresh process with a fixed mmap threshold."""
     if not sys.platform.startswith("linux"):
         return {}
-    argv = [sys.executable, __file__, "--peaks-for", str(seq_len), "--threads", str(args.threads),
-            "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
-            "--head-dim", str(args.head_dim), "--median-doc", str(args.median_doc)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--peaks-for",
+        str(seq_len),
+        "--threads",
+        str(args.threads),
+        "--heads",
+        str(args.heads),
+        "--kv-heads",
+        str(args.kv_heads),
+        "--head-dim",
+        str(args.head_dim),
+        "--median-doc",
+        str(args.median_doc),
+    ]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -164,7 +177,9 @@ def main() -> None:
     parser.add_argument("--median-doc", type=float, default=512)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch intra-op threads (default 1: on a shared machine more threads mostly "
         "measure the neighbours)",
     )
@@ -187,8 +202,10 @@ def main() -> None:
     summary = []
     for seq_len in args.seq_lens:
         lengths, doc_ids, q, k, v, grad = inputs(seq_len, args)
-        print(f"\nS = {seq_len}: {len(lengths)} documents (median length "
-              f"{statistics.median(lengths):.0f}, longest {max(lengths)})")
+        print(
+            f"\nS = {seq_len}: {len(lengths)} documents (median length "
+            f"{statistics.median(lengths):.0f}, longest {max(lengths)})"
+        )
         print(f"  {'':<28} {'wall':>9} {'CPU':>9} {'prepare':>9} {'mask':>11} {'peak RSS':>10}")
         results = {}
         for name, backend, isolate in backends:
@@ -220,8 +237,10 @@ def main() -> None:
     for seq_len, speed, mask_ratio in summary:
         if seq_len == 8192:
             verdict = "met" if speed >= 3 and mask_ratio >= 100 else "NOT met"
-            print(f"\ntarget at 8192 (flex >= 3x faster, mask >= 100x smaller): {verdict} "
-                  f"({speed:.1f}x, {mask_ratio:.0f}x)")
+            print(
+                f"\ntarget at 8192 (flex >= 3x faster, mask >= 100x smaller): {verdict} "
+                f"({speed:.1f}x, {mask_ratio:.0f}x)"
+            )
 
 
 if __name__ == "__main__":

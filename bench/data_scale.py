@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -79,11 +78,19 @@ def make_corpus(directory: Path, tokens: int, seed: int = 0) -> dict:
 def config(corpus: Path, cache: Path, run_dir: Path, steps: int) -> dict:
     return {
         "run": {"name": "scale", "out_dir": str(run_dir), "device": "cpu"},
-        "model": {"name": "llama", "options": {"dim": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2,
-                                               "max_seq_len": 256}},
+        "model": {
+            "name": "llama",
+            "options": {"dim": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256},
+        },
         "attention": {"backend": "sdpa"},
-        "data": {"source": "text", "source_options": {"paths": [str(corpus / "*.jsonl")]}, "tokenizer": "byte",
-                 "packer": "concat", "seq_len": 256, "cache": {"dir": str(cache)}},
+        "data": {
+            "source": "text",
+            "source_options": {"paths": [str(corpus / "*.jsonl")]},
+            "tokenizer": "byte",
+            "packer": "concat",
+            "seq_len": 256,
+            "cache": {"dir": str(cache)},
+        },
         "train": {"steps": steps, "batch_size": 16, "lr": 3e-3, "peak_tflops": 1.0},
         "checkpoint": {"every": 0, "keep": 1},
         "logging": {"loggers": []},
@@ -118,8 +125,13 @@ def run_child(cfg: dict, tmp: Path, name: str) -> dict:
     path.write_text(json.dumps(cfg))
     result = tmp / f"{name}.result.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path), repr(time.time()), str(result)],
-                          capture_output=True, text=True, env=env, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), repr(time.time()), str(result)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     out = json.loads(result.read_text())
@@ -131,15 +143,17 @@ def run_child(cfg: dict, tmp: Path, name: str) -> dict:
 
 def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
     """Rows/s the loader reads from the cache (data built in this process)."""
+    from forge_core import components
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
     from forge_core.plan import make_plan
     from forge_core.resolve import load_resolved
-    from forge_core import components
 
     cfg, registries = load_resolved(str(cfg_path))
     plan = make_plan(cfg, registries, 1)
-    data = build_training_data(plan, registries, components.tokenizer(plan, registries), report=lambda m: None)
+    data = build_training_data(
+        plan, registries, components.tokenizer(plan, registries), report=lambda m: None
+    )
     loader = StatefulLoader(data.rows, 16, seed=0, shuffle=True)
     next(loader)
     n, t0 = 0, time.perf_counter()
@@ -151,9 +165,13 @@ def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", default="/tmp/forge-data-scale", help="where corpora and caches go (not the repo)")
+    p.add_argument(
+        "--root", default="/tmp/forge-data-scale", help="where corpora and caches go (not the repo)"
+    )
     p.add_argument("--sizes", default="1e7,1e8", help="corpus sizes in tokens")
-    p.add_argument("--model-steps", type=int, default=6, help="quickstart steps timed for the consumption rate")
+    p.add_argument(
+        "--model-steps", type=int, default=6, help="quickstart steps timed for the consumption rate"
+    )
     args = p.parse_args()
     root = Path(args.root)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -164,8 +182,11 @@ def main() -> None:
         corpus = root / f"corpus-{name}"
         t = time.perf_counter()
         info = make_corpus(corpus, size)
-        print(f"{name}: {info['tokens']:,} tokens, {info['documents']:,} documents, {info['files']} files "
-              f"({time.perf_counter() - t:.1f}s to make or find)", flush=True)
+        print(
+            f"{name}: {info['tokens']:,} tokens, {info['documents']:,} documents, {info['files']} files "
+            f"({time.perf_counter() - t:.1f}s to make or find)",
+            flush=True,
+        )
         cache = root / f"cache-{name}"
         shutil.rmtree(cache, ignore_errors=True)
         tmp = root / f"runs-{name}"
@@ -175,10 +196,16 @@ def main() -> None:
         second = run_child(config(corpus, cache, tmp / "second", 1), tmp, "second")
         cfg_path = tmp / "second.json"
         results[name] = {"info": info, "first": first, "second": second, "loader": loader_rate(cfg_path)}
-        print(f"  first:  {first['to_first_step']:.1f}s to the first step (data {first['data_s']:.1f}s), "
-              f"peak RSS {first['peak_rss_mb']:.0f} MB", flush=True)
-        print(f"  second: {second['to_first_step']:.1f}s to the first step (data {second['data_s']:.2f}s), "
-              f"peak RSS {second['peak_rss_mb']:.0f} MB", flush=True)
+        print(
+            f"  first:  {first['to_first_step']:.1f}s to the first step (data {first['data_s']:.1f}s), "
+            f"peak RSS {first['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+        print(
+            f"  second: {second['to_first_step']:.1f}s to the first step (data {second['data_s']:.2f}s), "
+            f"peak RSS {second['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
         print(f"  {second['data_line']}", flush=True)
         print(f"  loader: {results[name]['loader']:,.0f} rows/s", flush=True)
 
@@ -222,8 +249,10 @@ def main() -> None:
         for run in ("first", "second"):
             grow = (rb[run]["peak_rss_mb"] - ra[run]["peak_rss_mb"]) * 2**20 / dt
             print(f"RSS growth {a} -> {b}, {run} run: {grow:.3f} bytes/token (target < 1; eager rows: ~32)")
-        print(f"second start at {b}: {rb['second']['to_first_step']:.2f} s to the first step, of which "
-              f"{rb['second']['data_s']:.2f} s data (target < 2 s)")
+        print(
+            f"second start at {b}: {rb['second']['to_first_step']:.2f} s to the first step, of which "
+            f"{rb['second']['data_s']:.2f} s data (target < 2 s)"
+        )
         print(f"loader at {b}: {rb['loader'] / consumed:,.0f}x what the model consumes (target >= 20x)")
 
 

@@ -45,15 +45,27 @@ def write_checkpoint(out: Path, dim: int, layers: int, vocab: int, shard_bytes: 
     from forge_plugins.models.options import LlamaOptions
 
     heads = max(dim // 64, 1)
-    options = LlamaOptions(family="llama", dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads,
-                           max_seq_len=2048)
+    options = LlamaOptions(
+        family="llama", dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads, max_seq_len=2048
+    )
     shapes = expected_hf_shapes(options, vocab)
     out.mkdir(parents=True)
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": dim,
-              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
-              "intermediate_size": shapes["model.layers.0.mlp.up_proj.weight"][0], "vocab_size": vocab,
-              "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "hidden_act": "silu", "dtype": "float32"}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": dim,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "intermediate_size": shapes["model.layers.0.mlp.up_proj.weight"][0],
+        "vocab_size": vocab,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "dtype": "float32",
+    }
     (out / "config.json").write_text(json.dumps(config))
     gen = torch.Generator().manual_seed(0)
     shards, current, size = [], {}, 0
@@ -71,8 +83,9 @@ def write_checkpoint(out: Path, dim: int, layers: int, vocab: int, shard_bytes: 
         save_file(tensors, str(out / name), metadata={"format": "pt"})
         weight_map.update({key: name for key in tensors})
         total += sum(t.numel() * 4 for t in tensors.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": weight_map}))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     return total
 
 
@@ -80,17 +93,22 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from forge_core import components
     from forge_core import plan as planning
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
-    from forge_core.registry import load_registries
-    from forge_core import components
     from forge_core.distributed.parallelize import parallelize
+    from forge_core.registry import load_registries
 
     dist.init_process_group("gloo")
     registries = load_registries()
-    raw = {"model": {"name": "llama", "options": {"init_from_hf": hf_dir}}, "attention": {"backend": "sdpa"},
-           "data": {"packer": "none", "seq_len": 128}, "parallel": {"dp_shard": 2}, "train": {"batch_size": 2}}
+    raw = {
+        "model": {"name": "llama", "options": {"init_from_hf": hf_dir}},
+        "attention": {"backend": "sdpa"},
+        "data": {"packer": "none", "seq_len": 128},
+        "parallel": {"dp_shard": 2},
+        "train": {"batch_size": 2},
+    }
     config, issues = structure(raw, ForgeConfig)
     config, more = resolve_components(config, registries)
     assert not issues and not more, issues + more
@@ -125,8 +143,12 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
         for param in part.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
             held += local.numel() * local.element_size()
-    report = {"rank": dist.get_rank(), "baseline_kib": baseline, "peak_kib": status_kib("VmHWM"),
-              "held_bytes": held}
+    report = {
+        "rank": dist.get_rank(),
+        "baseline_kib": baseline,
+        "peak_kib": status_kib("VmHWM"),
+        "held_bytes": held,
+    }
     every = [None, None]
     dist.all_gather_object(every, report)
     if dist.get_rank() == 0:
@@ -145,21 +167,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(args.keep) if args.keep else Path(tmp) / "hf"
         size = write_checkpoint(hf_dir, args.dim, args.layers, args.vocab, args.shard_mb * 10**6)
-        print(f"checkpoint: {size / 2**20:,.0f} MiB float32 in "
-              f"{len(list(hf_dir.glob('model-*.safetensors')))} files ({hf_dir})")
+        print(
+            f"checkpoint: {size / 2**20:,.0f} MiB float32 in "
+            f"{len(list(hf_dir.glob('model-*.safetensors')))} files ({hf_dir})"
+        )
         for mode in ("forge", "whole"):
             out = Path(tmp) / f"{mode}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(HERE), "--worker", mode, str(hf_dir), str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(HERE),
+                "--worker",
+                mode,
+                str(hf_dir),
+                str(out),
+            ]
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            )
             if proc.returncode != 0:
                 print(proc.stderr[-3000:])
                 raise SystemExit(f"{mode}: torchrun exited {proc.returncode}")
             for r in json.loads(out.read_text()):
                 cost = (r["peak_kib"] - r["baseline_kib"]) / 1024
-                print(f"  {mode:<5} rank {r['rank']}: peak RSS {r['peak_kib'] / 1024:,.0f} MiB, "
-                      f"{cost:,.0f} MiB above its baseline ({cost * 2**20 / size:.2f}x the checkpoint); "
-                      f"holds {r['held_bytes'] / 2**20:,.0f} MiB of parameters")
+                print(
+                    f"  {mode:<5} rank {r['rank']}: peak RSS {r['peak_kib'] / 1024:,.0f} MiB, "
+                    f"{cost:,.0f} MiB above its baseline ({cost * 2**20 / size:.2f}x the checkpoint); "
+                    f"holds {r['held_bytes'] / 2**20:,.0f} MiB of parameters"
+                )
 
 
 if __name__ == "__main__":

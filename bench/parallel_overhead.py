@@ -52,12 +52,18 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 }
 #: Packed rows under every pipeline schedule (two stages per rank for the multi-stage ones).
 PACKED_SCHEDULES = {
-    "gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "looped_bfs": 2, "interleaved_zero_bubble": 2,
-    "zbv_zero_bubble": 2, "dualpipev": 2,
+    "gpipe": 1,
+    "1f1b": 1,
+    "interleaved_1f1b": 2,
+    "looped_bfs": 2,
+    "interleaved_zero_bubble": 2,
+    "zbv_zero_bubble": 2,
+    "dualpipev": 2,
 }
 for _schedule, _virtual in PACKED_SCHEDULES.items():
     STRATEGIES[f"packed {_schedule}"] = {
-        "pp": 2, "options": {"pp": {"schedule": _schedule, "virtual_stages": _virtual, "microbatches": 4}},
+        "pp": 2,
+        "options": {"pp": {"schedule": _schedule, "virtual_stages": _virtual, "microbatches": 4}},
     }
 COMM_PREFIXES = ("gloo:", "nccl:")
 BLOCKING = ("c10d::", "_c10d_functional::wait_tensor", "aten::wait")
@@ -70,16 +76,24 @@ def packed(name: str) -> bool:
 def setup(args: argparse.Namespace, parallel: dict[str, Any], packing: bool = False) -> tuple[Any, Any, list]:
     import torch
 
+    from forge_core import components
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
     from forge_core.plan import make_plan
     from forge_core.registry import load_registries
-    from forge_core import components
 
     registries = load_registries()
     raw = {
-        "model": {"name": "llama", "options": {"dim": args.dim, "n_layers": args.layers, "n_heads": 8,
-                                               "n_kv_heads": 4, "max_seq_len": args.seq}},
+        "model": {
+            "name": "llama",
+            "options": {
+                "dim": args.dim,
+                "n_layers": args.layers,
+                "n_heads": 8,
+                "n_kv_heads": 4,
+                "max_seq_len": args.seq,
+            },
+        },
         "data": {"packer": "bfd" if packing else "none", "seq_len": args.seq},
         "parallel": parallel,
         "train": {"batch_size": args.rows},
@@ -106,8 +120,8 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any], packing: bool = Fa
 def step_fn(pmodel: Any, batch: dict) -> Any:
     import torch
 
-    from forge_core.train.loss import loss_fn
     from forge_core.distributed.parallelize import clip_grad_norm
+    from forge_core.train.loss import loss_fn
 
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
     local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
@@ -169,8 +183,11 @@ def worker(args: argparse.Namespace) -> None:
         dist.barrier()
         plan, _, (model, batch) = setup(args, parallel, packed(name))
         pmodel = parallelize(model, plan, torch.device("cpu"))
-        results[name] = {**measure(step_fn(pmodel, batch), args, dist.barrier),
-                         "base1": base.get(1), "base2": base.get(2)}
+        results[name] = {
+            **measure(step_fn(pmodel, batch), args, dist.barrier),
+            "base1": base.get(1),
+            "base2": base.get(2),
+        }
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(results))
     dist.barrier()
@@ -196,29 +213,61 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    shape = ["--dim", str(args.dim), "--layers", str(args.layers), "--seq", str(args.seq), "--rows",
-             str(args.rows), "--vocab", str(args.vocab), "--warmup", str(args.warmup), "--steps",
-             str(args.steps), "--profiled", str(args.profiled)]
+    shape = [
+        "--dim",
+        str(args.dim),
+        "--layers",
+        str(args.layers),
+        "--seq",
+        str(args.seq),
+        "--rows",
+        str(args.rows),
+        "--vocab",
+        str(args.vocab),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+        "--profiled",
+        str(args.profiled),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/two.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(Path(__file__).resolve()), "--worker", "--out", out, *shape]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--out",
+            out,
+            *shape,
+        ]
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"torchrun failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
         two = json.loads(Path(out).read_text())
 
-    print(f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
-          f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up")
+    print(
+        f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
+        f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up"
+    )
     print("1x1 / 1x2: one process on the whole batch with 1 / 2 threads, measured just before")
     print("packed <schedule>: pp = 2 on packed rows (baselines on the same packed rows)")
-    print(f"{'2 processes':<30} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
-          f"{'comm ms':>8} {'blocked ms':>11} {'bubble':>7}")
+    print(
+        f"{'2 processes':<30} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
+        f"{'comm ms':>8} {'blocked ms':>11} {'bubble':>7}"
+    )
     for name, r in two.items():
         bubble = f"{r['blocked'] / r['step']:7.2f}" if "pp" in STRATEGIES[name] else f"{'':>7}"
-        print(f"{name:<30} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
-              f"{r['step'] / r['base1']:7.2f} {r['step'] / r['base2']:7.2f} {r['comm'] * 1e3:8.1f} "
-              f"{r['blocked'] * 1e3:11.1f} {bubble}")
+        print(
+            f"{name:<30} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
+            f"{r['step'] / r['base1']:7.2f} {r['step'] / r['base2']:7.2f} {r['comm'] * 1e3:8.1f} "
+            f"{r['blocked'] * 1e3:11.1f} {bubble}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def forge_model(args: argparse.Namespace):
     from forge_plugins.models.options import LlamaOptions
 
     torch.manual_seed(0)
-    options = LlamaOptions(dim=args.dim, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                           max_seq_len=args.prompt_len + args.new_tokens)
+    options = LlamaOptions(
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads,
+        max_seq_len=args.prompt_len + args.new_tokens,
+    )
     return build(options, args.vocab, SdpaAttention(SdpaOptions())).eval()
 
 
@@ -49,7 +54,9 @@ def hf_model(model, tmp: str):
     from forge_plugins.models.hf_interop import export
 
     export(model.state_dict(), model.options, tmp)
-    return AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", trust_remote_code=False).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        tmp, attn_implementation="sdpa", trust_remote_code=False
+    ).eval()
 
 
 def forge_cached(model, prompt: list[int], n: int) -> list[int]:
@@ -64,15 +71,22 @@ def forge_cache_free(model, prompt: list[int], n: int) -> list[int]:
     out = list(prompt)
     for _ in range(n):
         out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
-    return out[len(prompt):]
+    return out[len(prompt) :]
 
 
 @torch.no_grad()
 def hf_generate(hf, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                      do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def main() -> None:
@@ -89,11 +103,15 @@ def main() -> None:
     args = parser.parse_args()
 
     model = forge_model(args)
-    prompt = torch.randint(0, args.vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(
+        0, args.vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     with tempfile.TemporaryDirectory() as tmp:
         hf = hf_model(model, tmp)
-    runs = {"forge (kv cache)": lambda: forge_cached(model, prompt, args.new_tokens),
-            "transformers generate": lambda: hf_generate(hf, prompt, args.new_tokens)}
+    runs = {
+        "forge (kv cache)": lambda: forge_cached(model, prompt, args.new_tokens),
+        "transformers generate": lambda: hf_generate(hf, prompt, args.new_tokens),
+    }
     if not args.skip_cache_free:
         runs["forge cache-free"] = lambda: forge_cache_free(model, prompt, args.new_tokens)
     # Warm-up: first-call allocations and kernel selection, kept out of the timings.
@@ -107,9 +125,11 @@ def main() -> None:
             best[name] = min(best[name], time.perf_counter() - start)
     rate = {name: args.new_tokens / seconds for name, seconds in best.items()}
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab} ({params / 1e6:.1f}M parameters); "
-          f"prompt {args.prompt_len} tokens, {args.new_tokens} new (greedy); {torch.get_num_threads()} threads; "
-          f"best of {args.rounds}")
+    print(
+        f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab} ({params / 1e6:.1f}M parameters); "
+        f"prompt {args.prompt_len} tokens, {args.new_tokens} new (greedy); {torch.get_num_threads()} threads; "
+        f"best of {args.rounds}"
+    )
     for name, value in rate.items():
         print(f"  {name:<24} {value:9.1f} tokens/s")
     forge = rate["forge (kv cache)"]

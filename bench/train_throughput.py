@@ -80,8 +80,13 @@ class PaddedByteTokenizer:
 class PaddedVocab:
     @hookimpl
     def forge_tokenizers(self):
-        return [TokenizerSpec(name="byte_padded", summary="byte tokens, vocabulary padded",
-                              impl="train_throughput:PaddedByteTokenizer")]
+        return [
+            TokenizerSpec(
+                name="byte_padded",
+                summary="byte tokens, vocabulary padded",
+                impl="train_throughput:PaddedByteTokenizer",
+            )
+        ]
 
 
 def forge_loss(cfg: dict) -> str:
@@ -96,28 +101,50 @@ def forge_config(cfg: dict, out_dir: str) -> dict:
     loss = {"name": forge_loss(cfg)}
     return {
         "run": {"name": "bench", "out_dir": out_dir, "seed": 0, "device": cfg["device"]},
-        "model": {"name": "llama", "options": {"dim": cfg["dim"], "n_layers": cfg["layers"], "n_heads": cfg["heads"],
-                                               "n_kv_heads": cfg["kv_heads"], "max_seq_len": cfg["seq"]}},
+        "model": {
+            "name": "llama",
+            "options": {
+                "dim": cfg["dim"],
+                "n_layers": cfg["layers"],
+                "n_heads": cfg["heads"],
+                "n_kv_heads": cfg["kv_heads"],
+                "max_seq_len": cfg["seq"],
+            },
+        },
         "attention": {"backend": "sdpa"},
-        "data": {"source": "stdlib", "source_options": {"max_bytes": 2_000_000},
-                 "tokenizer": "byte_padded" if padded else "byte", "packer": "concat",
-                 "packer_options": {"isolate": False}, "seq_len": cfg["seq"]},
-        "train": {"steps": 10**6, "batch_size": cfg["batch"], "lr": LR, "warmup_steps": 0, "schedule": "constant",
-                  "optimizer": "adamw", "grad_clip": GRAD_CLIP, "precision": cfg["precision"],
-                  "optimizer_options": {"weight_decay": WEIGHT_DECAY, "beta1": BETAS[0], "beta2": BETAS[1]},
-                  "compile": cfg["mode"] == "compiled" and cfg["framework"] == "forge", "peak_tflops": 0.0,
-                  "loss": loss},
+        "data": {
+            "source": "stdlib",
+            "source_options": {"max_bytes": 2_000_000},
+            "tokenizer": "byte_padded" if padded else "byte",
+            "packer": "concat",
+            "packer_options": {"isolate": False},
+            "seq_len": cfg["seq"],
+        },
+        "train": {
+            "steps": 10**6,
+            "batch_size": cfg["batch"],
+            "lr": LR,
+            "warmup_steps": 0,
+            "schedule": "constant",
+            "optimizer": "adamw",
+            "grad_clip": GRAD_CLIP,
+            "precision": cfg["precision"],
+            "optimizer_options": {"weight_decay": WEIGHT_DECAY, "beta1": BETAS[0], "beta2": BETAS[1]},
+            "compile": cfg["mode"] == "compiled" and cfg["framework"] == "forge",
+            "peak_tflops": 0.0,
+            "loss": loss,
+        },
         "checkpoint": {"resume": "never"},
         "logging": {"loggers": []},
     }
 
 
 def build_forge(cfg: dict, tmp: str):
-    from forge_core.judge import judge
-    from forge_core.distributed.placement import setup
-    from forge_core.train.trainer import Trainer
-
     import train_throughput  # the module the tokenizer spec names (this file, imported by name)
+
+    from forge_core.distributed.placement import setup
+    from forge_core.judge import judge
+    from forge_core.train.trainer import Trainer
 
     train_throughput.PaddedByteTokenizer.vocab_size = cfg["vocab"] or 258
     path = Path(tmp) / "bench.yaml"
@@ -139,16 +166,24 @@ def build_hf(trainer, compiled: bool):
     options = trainer.config.model.options
     part = trainer.parts.pmodel.parts[0]
     config = LlamaConfig(
-        vocab_size=part.vocab_size, hidden_size=options.dim,
-        intermediate_size=ffn_hidden_size(options), num_hidden_layers=options.n_layers,
-        num_attention_heads=options.n_heads, num_key_value_heads=options.n_kv_heads,
-        max_position_embeddings=options.max_seq_len, rms_norm_eps=options.norm_eps,
-        rope_theta=options.rope_theta, tie_word_embeddings=options.tie_embeddings,
-        attention_bias=False, mlp_bias=False,
+        vocab_size=part.vocab_size,
+        hidden_size=options.dim,
+        intermediate_size=ffn_hidden_size(options),
+        num_hidden_layers=options.n_layers,
+        num_attention_heads=options.n_heads,
+        num_key_value_heads=options.n_kv_heads,
+        max_position_embeddings=options.max_seq_len,
+        rms_norm_eps=options.norm_eps,
+        rope_theta=options.rope_theta,
+        tie_word_embeddings=options.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
     )
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config).to(trainer.placement.device)
-    mapped = {to_hf_key(k): v.detach().clone() for k, v in part.state_dict().items() if not k.startswith("rope")}
+    mapped = {
+        to_hf_key(k): v.detach().clone() for k, v in part.state_dict().items() if not k.startswith("rope")
+    }
     missing, unexpected = model.load_state_dict(mapped, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
@@ -167,8 +202,9 @@ def hf_step(model, params, optimizer, loader, precision: str, device) -> float:
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
         logits = model(input_ids=x).logits
         with record_function("bench.loss"):
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX
+            )
     loss.backward()
     with record_function("bench.optimizer"):
         torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
@@ -183,19 +219,30 @@ def hf_step(model, params, optimizer, loader, precision: str, device) -> float:
 def label_forge(trainer) -> None:
     """Labelled ranges around Forge's data, loss and optimizer, for the profile."""
     import attrs
-    import forge_core.train.step as step_module
     from torch.profiler import record_function
+
+    import forge_core.train.step as step_module
 
     def labelled(name, fn):
         def call(*args, **kwargs):
             with record_function(name):
                 return fn(*args, **kwargs)
+
         return call
 
     parts = trainer.parts
     loader = parts.loader
-    trainer.parts = attrs.evolve(parts, loader=type("Labelled", (), {
-        "__next__": lambda self: labelled("bench.data", loader.__next__)(), "close": lambda self: loader.close()})())
+    trainer.parts = attrs.evolve(
+        parts,
+        loader=type(
+            "Labelled",
+            (),
+            {
+                "__next__": lambda self: labelled("bench.data", loader.__next__)(),
+                "close": lambda self: loader.close(),
+            },
+        )(),
+    )
     parts.pmodel.loss_fn = labelled("bench.loss", parts.pmodel.loss_fn)
     step_module.clip_grad_norm = labelled("bench.optimizer", step_module.clip_grad_norm)
     for optimizer in parts.optimizers:
@@ -211,24 +258,34 @@ def label_norms(model) -> None:
     for module in model.modules():
         if type(module).__name__.endswith("RMSNorm"):
             ranges: list = []
-            module.register_forward_pre_hook(lambda m, a, r=ranges: r.append(record_function("bench.norms").__enter__()))
+            module.register_forward_pre_hook(
+                lambda m, a, r=ranges: r.append(record_function("bench.norms").__enter__())
+            )
             module.register_forward_hook(lambda m, a, o, r=ranges: r.pop().__exit__(None, None, None))
 
 
 def _category(event, labels_by_seq: dict[int, str]) -> str:
     name = event.name
-    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int8pack_mm") or \
-            name.startswith("mkldnn::") or "linear" in name and name.startswith("aten::"):
+    if (
+        name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_weight_int8pack_mm")
+        or name.startswith("mkldnn::")
+        or "linear" in name
+        and name.startswith("aten::")
+    ):
         return "matmul"
     if "scaled_dot_product" in name or "flash_attention" in name or "flex_attention" in name:
         return "attention"
     node = event
     while node is not None:
         if node.name.startswith("bench."):
-            return node.name[len("bench."):]
+            return node.name[len("bench.") :]
         if node.name.startswith("autograd::engine::evaluate_function"):
             return labels_by_seq.get(node.sequence_nr, "other")
-        if "CompiledFxGraph" in node.name or "Torch-Compiled Region" in node.name or "CompiledFunction" in node.name:
+        if (
+            "CompiledFxGraph" in node.name
+            or "Torch-Compiled Region" in node.name
+            or "CompiledFunction" in node.name
+        ):
             return "fused"
         node = node.cpu_parent
     return "other"
@@ -238,7 +295,7 @@ def _forward_label(event) -> str | None:
     node = event.cpu_parent
     while node is not None:
         if node.name.startswith("bench."):
-            return node.name[len("bench."):]
+            return node.name[len("bench.") :]
         node = node.cpu_parent
     return None
 
@@ -337,8 +394,12 @@ def worker(cfg: dict) -> dict:
 
 
 def run_config(cfg: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"configuration {cfg} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -355,25 +416,34 @@ def report(results: list[dict]) -> None:
         groups.setdefault((r["shape"], r["precision"]), []).append(r)
     for (shape, precision), rows in groups.items():
         s = SHAPES[shape]
-        print(f"\n## {shape}: dim {s['dim']}, {s['layers']} layers, batch {s['batch']} x seq {s['seq']}, vocab "
-              f"{s['vocab'] or 258}; {precision}")
-        print("| config | tokens/s | CPU s/step | peak RSS MiB | steps' peak RSS MiB (rise) | first loss | MFU |")
+        print(
+            f"\n## {shape}: dim {s['dim']}, {s['layers']} layers, batch {s['batch']} x seq {s['seq']}, vocab "
+            f"{s['vocab'] or 258}; {precision}"
+        )
+        print(
+            "| config | tokens/s | CPU s/step | peak RSS MiB | steps' peak RSS MiB (rise) | first loss | MFU |"
+        )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             loss = f" ({forge_loss(r)} loss)" if r["framework"] == "forge" else ""
             name = f"{r['framework']} {r['mode']}{loss}"
             mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
-            print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} | {_mib(r['peak_rss_mib'])} | "
-                  f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) | {r['first_loss']:.4f} | {mfu} |")
+            print(
+                f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} | {_mib(r['peak_rss_mib'])} | "
+                f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) | {r['first_loss']:.4f} | {mfu} |"
+            )
         by = {(r["framework"], r["mode"]): r for r in rows}
         for mode in ("eager", "compiled"):
             forge, hf = by.get(("forge", mode)), by.get(("hf", mode))
             if forge and hf:
-                print(f"forge/hf {mode}: {forge['tokens_per_s'] / hf['tokens_per_s']:.2f}x tokens/s, "
-                      f"{hf['cpu_s_per_step'] / forge['cpu_s_per_step']:.2f}x per CPU-second, "
-                      f"peak RSS {forge['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x, steps' peak "
-                      f"{forge['steps_peak_rss_mib'] / hf['steps_peak_rss_mib']:.2f}x"
-                      if forge["steps_peak_rss_mib"] and hf["steps_peak_rss_mib"] else "")
+                print(
+                    f"forge/hf {mode}: {forge['tokens_per_s'] / hf['tokens_per_s']:.2f}x tokens/s, "
+                    f"{hf['cpu_s_per_step'] / forge['cpu_s_per_step']:.2f}x per CPU-second, "
+                    f"peak RSS {forge['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x, steps' peak "
+                    f"{forge['steps_peak_rss_mib'] / hf['steps_peak_rss_mib']:.2f}x"
+                    if forge["steps_peak_rss_mib"] and hf["steps_peak_rss_mib"]
+                    else ""
+                )
     print("\n## Where a step's CPU time goes (self time, one profiled step; % of the step)")
     print("| config | ms | " + " | ".join(CATEGORIES) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " |")
@@ -390,10 +460,16 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
     p.add_argument("--warmup", type=int, default=2, help="steps before measuring (the first compiles)")
     p.add_argument("--steps", type=int, default=4, help="measured steps per configuration")
-    p.add_argument("--forge-loss", default="auto", choices=("auto", "full", "chunked"),
-                   help="Forge's train.loss.name (auto: chunked at the 32k vocabulary, full at 258)")
+    p.add_argument(
+        "--forge-loss",
+        default="auto",
+        choices=("auto", "full", "chunked"),
+        help="Forge's train.loss.name (auto: chunked at the 32k vocabulary, full at 258)",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default, one per core)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: PyTorch's default, one per core)"
+    )
     p.add_argument("--json", help="also write every configuration's results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -414,14 +490,26 @@ def main() -> int:
         for precision in args.precisions:
             for mode in args.modes:
                 for framework in ("forge", "hf"):
-                    cfg = {**SHAPES[shape], "shape": shape, "precision": precision, "mode": mode,
-                           "framework": framework, "warmup": args.warmup, "steps": args.steps,
-                           "device": args.device, "threads": args.threads, "forge_loss": args.forge_loss}
+                    cfg = {
+                        **SHAPES[shape],
+                        "shape": shape,
+                        "precision": precision,
+                        "mode": mode,
+                        "framework": framework,
+                        "warmup": args.warmup,
+                        "steps": args.steps,
+                        "device": args.device,
+                        "threads": args.threads,
+                        "forge_loss": args.forge_loss,
+                    }
                     t0 = time.perf_counter()
                     results.append(run_config(cfg))
-                    print(f"[{time.perf_counter() - started:5.0f}s] {shape} {precision} {mode} {framework}: "
-                          f"{results[-1]['tokens_per_s']:,.0f} tokens/s ({time.perf_counter() - t0:.0f}s)",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[{time.perf_counter() - started:5.0f}s] {shape} {precision} {mode} {framework}: "
+                        f"{results[-1]['tokens_per_s']:,.0f} tokens/s ({time.perf_counter() - t0:.0f}s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

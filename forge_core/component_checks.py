@@ -24,7 +24,9 @@ def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str,
     """``(config path, kind, spec)`` of every component the run will build: every source
     of a mixture (``data.sources[i].name``) included."""
     chosen = [(b.name_path, b.kind, ctx.specs[b.kind]) for b in OPTION_BLOCKS if b.kind != "source"]
-    chosen += [(s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources]
+    chosen += [
+        (s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources
+    ]
     if ctx.eval_source is not None:
         chosen.append(("eval.source", "source", ctx.eval_source.spec))
     chosen += [
@@ -58,15 +60,19 @@ def implementation_violations(ctx: Plan, registries: Registries) -> list[Violati
         plugin = registry.plugin_of(spec.name)
         info = registries.plugins.infos.get(plugin)
         dist = f"{info.distribution} {info.version}".strip() if info else "an unknown distribution"
-        violations.append(Violation(
-            IMPLEMENTATION_FOUND, "error", plugin,
-            f"{registry.kind.label} {spec.name!r} (plugin {plugin!r}, from {dist}) names its "
-            f"implementation {spec.impl!r}, but module {module!r} cannot be found ({why}): the run "
-            "would fail when it builds the component",
-            f"Reinstall {info.distribution if info else 'the plugin'}, or report the wrong impl path to "
-            f"its authors; or choose another {registry.kind.label} (available: {', '.join(registry.names())}).",
-            ((path, get_path(ctx.config, path)),),
-        ))
+        violations.append(
+            Violation(
+                IMPLEMENTATION_FOUND,
+                "error",
+                plugin,
+                f"{registry.kind.label} {spec.name!r} (plugin {plugin!r}, from {dist}) names its "
+                f"implementation {spec.impl!r}, but module {module!r} cannot be found ({why}): the run "
+                "would fail when it builds the component",
+                f"Reinstall {info.distribution if info else 'the plugin'}, or report the wrong impl path to "
+                f"its authors; or choose another {registry.kind.label} (available: {', '.join(registry.names())}).",
+                ((path, get_path(ctx.config, path)),),
+            )
+        )
     return violations
 
 
@@ -81,14 +87,18 @@ def shadow_violations(ctx: Plan, registries: Registries) -> list[Violation]:
             continue
         chosen = registry.plugin_of(spec.name)
         others = ", ".join(repr(e.plugin) for e in hidden)
-        violations.append(Violation(
-            COMPONENT_SHADOWED, "warning", chosen,
-            f"{registry.kind.label} {spec.name!r} is the one of plugin {chosen!r}, as plugins.prefer "
-            f"says; it shadows the one of {others}",
-            f"Nothing to do if {chosen!r} is the one you mean; plugins.prefer.{kind}.{spec.name}: "
-            f"{hidden[0].plugin} takes the other.",
-            ((path, get_path(ctx.config, path)), (f"plugins.prefer.{kind}.{spec.name}", chosen)),
-        ))
+        violations.append(
+            Violation(
+                COMPONENT_SHADOWED,
+                "warning",
+                chosen,
+                f"{registry.kind.label} {spec.name!r} is the one of plugin {chosen!r}, as plugins.prefer "
+                f"says; it shadows the one of {others}",
+                f"Nothing to do if {chosen!r} is the one you mean; plugins.prefer.{kind}.{spec.name}: "
+                f"{hidden[0].plugin} takes the other.",
+                ((path, get_path(ctx.config, path)), (f"plugins.prefer.{kind}.{spec.name}", chosen)),
+            )
+        )
     return violations
 
 

@@ -83,7 +83,11 @@ def check_model_supports_strategies(ctx: Plan) -> list[str]:
         missing = sorted(strategy.requires - model.supports)
         if not missing:
             continue
-        off = f"parallel.{strategy.mesh_dim}: 1" if strategy.mesh_dim else f"remove {strategy.name!r} from parallel.wrappers"
+        off = (
+            f"parallel.{strategy.mesh_dim}: 1"
+            if strategy.mesh_dim
+            else f"remove {strategy.name!r} from parallel.wrappers"
+        )
         problems.append(
             f"strategy {strategy.name!r} needs the model to supply {', '.join(missing)} through its parallel "
             f"contract, but model {model.name!r} does not declare {'them' if len(missing) > 1 else 'it'} "
@@ -155,8 +159,10 @@ def check_eval_heldout(ctx: Plan) -> str | None:
     cfg = ctx.config
     if not cfg.eval.enabled or cfg.eval.source or cfg.data.heldout.fraction > 0:
         return None
-    return ("evaluation reads the held-out split of the training data (eval.source: ''), but "
-            "data.heldout.fraction is 0: no document is held out, so there is nothing to evaluate on")
+    return (
+        "evaluation reads the held-out split of the training data (eval.source: ''), but "
+        "data.heldout.fraction is 0: no document is held out, so there is nothing to evaluate on"
+    )
 
 
 def check_eval_batch(ctx: Plan) -> str | None:
@@ -165,8 +171,11 @@ def check_eval_batch(ctx: Plan) -> str | None:
     rows = cfg.eval.batch_rows(cfg.train)
     if dp < 1 or rows % dp == 0:
         return None  # dp_shard unresolved: the world-size rule reports it
-    given = (f"eval.batch_size = {rows}" if cfg.eval.batch_size
-             else f"the evaluation batch (eval.batch_size: 0, the training micro-batch) = {rows} rows")
+    given = (
+        f"eval.batch_size = {rows}"
+        if cfg.eval.batch_size
+        else f"the evaluation batch (eval.batch_size: 0, the training micro-batch) = {rows} rows"
+    )
     return f"{given} cannot be split evenly over {dp} data-parallel ranks"
 
 
@@ -271,8 +280,13 @@ RULES = [
     Rule(
         id="eval.batch-divisible",
         severity="error",
-        paths=("eval.batch_size", "train.batch_size", "train.grad_accum", "parallel.dp_replicate",
-               "parallel.dp_shard"),
+        paths=(
+            "eval.batch_size",
+            "train.batch_size",
+            "train.grad_accum",
+            "parallel.dp_replicate",
+            "parallel.dp_shard",
+        ),
         summary="The evaluation batch splits evenly over data-parallel ranks.",
         check=check_eval_batch,
         fix="Make eval.batch_size a multiple of dp_replicate * dp_shard (0 takes the training micro-batch).",

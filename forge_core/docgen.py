@@ -53,7 +53,6 @@ TEMPLATES_DIR = DOCS_DIR / "templates"
 HELP_WIDTH = 88
 
 
-
 # --- helpers ------------------------------------------------------------------------
 
 
@@ -202,10 +201,13 @@ def _example_files(root: Path) -> list[Path]:
     an install or a test run leaves there."""
     left_by_tools = ("__pycache__", "build", ".pytest_cache")
     files = [
-        path for path in root.rglob("*")
-        if path.suffix in _EXAMPLE_LANGS and path.is_file()
-        and not any(part in left_by_tools or part.endswith(".egg-info")
-                    for part in path.relative_to(root).parts)
+        path
+        for path in root.rglob("*")
+        if path.suffix in _EXAMPLE_LANGS
+        and path.is_file()
+        and not any(
+            part in left_by_tools or part.endswith(".egg-info") for part in path.relative_to(root).parts
+        )
     ]
     return sorted(files, key=lambda path: (path.parent != root, path))
 
@@ -238,13 +240,19 @@ def example_markdown(root: Path = EXAMPLE_DIR, page: str = EXAMPLE_PAGE) -> str:
         fence = "`" * max([3, *(len(run) + 1 for run in re.findall(r"`{3,}", text))])
         lang = _EXAMPLE_LANGS[path.suffix]
         sections.append([f"### {headings[path]}", "", f"{fence}{lang}", text.rstrip("\n"), fence, ""])
-    return fill(page, {
-        "title": title, "path": root.relative_to(DOCS_DIR.parent).as_posix(), "readme": body.strip(),
-        "files": _join(sections),
-    })
+    return fill(
+        page,
+        {
+            "title": title,
+            "path": root.relative_to(DOCS_DIR.parent).as_posix(),
+            "readme": body.strip(),
+            "files": _join(sections),
+        },
+    )
 
 
 # --- hooks.md -----------------------------------------------------------------------
+
 
 def hook_objects() -> tuple[str, ...]:
     """Objects a plugin author builds, receives or returns, as import paths; their fields
@@ -252,9 +260,22 @@ def hook_objects() -> tuple[str, ...]:
     from forge_core.kinds import KINDS
 
     specs = [f"forge_core.api:{kind.spec_cls.__name__}" for kind in KINDS]
-    others = ("NoOptions", "RowLayout", "Rule", "Plan", "ActiveStrategy", "ChosenSource", "RunContext",
-              "NamedParameter", "ParallelContext", "ModelFacts", "ParallelContract", "PipelineSplit",
-              "TensorParallelPlan", "TensorParallelScope")
+    others = (
+        "NoOptions",
+        "RowLayout",
+        "Rule",
+        "Plan",
+        "ActiveStrategy",
+        "ChosenSource",
+        "RunContext",
+        "NamedParameter",
+        "ParallelContext",
+        "ModelFacts",
+        "ParallelContract",
+        "PipelineSplit",
+        "TensorParallelPlan",
+        "TensorParallelScope",
+    )
     return ("forge_core.api:ComponentSpec", *specs, *(f"forge_core.api:{name}" for name in others))
 
 
@@ -265,7 +286,8 @@ def hookspec_functions() -> list[Any]:
 
     marker = f"{PROJECT}_spec"
     found = [
-        obj for name, obj in vars(hookspecs).items()
+        obj
+        for name, obj in vars(hookspecs).items()
         if name.startswith("forge_") and callable(obj) and hasattr(obj, marker)
     ]
     return sorted(found, key=lambda f: f.__code__.co_firstlineno)
@@ -303,8 +325,10 @@ def _object_section(path: str) -> list[str]:
             lines.append(f"| `{f.name}` | `{_cell(tp)}` | {_cell(_python_default(f))} |")
         lines.append("")
     members = [
-        (name, value) for name, value in vars(cls).items()
-        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+        (name, value)
+        for name, value in vars(cls).items()
+        if not name.startswith("_")
+        and (callable(value) or isinstance(value, property))
         and name not in {f.name for f in fields}
     ]
     if members:
@@ -329,15 +353,18 @@ def hooks_markdown() -> str:
     lifecycle_prefixes = ("forge_train_", "forge_step_", "forge_eval_", "forge_checkpoint_")
     registration = [f for f in funcs if not f.__name__.startswith(lifecycle_prefixes)]
     lifecycle = [f for f in funcs if f.__name__.startswith(lifecycle_prefixes)]
-    return fill("hooks.md", {
-        "project": PROJECT,
-        "hookspecs_doc": rst_to_markdown(inspect.getdoc(hookspecs) or ""),
-        "registration_index": _links(f.__name__ for f in registration),
-        "lifecycle_index": _links(f.__name__ for f in lifecycle),
-        "registration_hooks": _join(_hook_section(f) for f in registration),
-        "lifecycle_hooks": _join(_hook_section(f) for f in lifecycle),
-        "objects": _join(_object_section(path) for path in hook_objects()),
-    })
+    return fill(
+        "hooks.md",
+        {
+            "project": PROJECT,
+            "hookspecs_doc": rst_to_markdown(inspect.getdoc(hookspecs) or ""),
+            "registration_index": _links(f.__name__ for f in registration),
+            "lifecycle_index": _links(f.__name__ for f in lifecycle),
+            "registration_hooks": _join(_hook_section(f) for f in registration),
+            "lifecycle_hooks": _join(_hook_section(f) for f in lifecycle),
+            "objects": _join(_object_section(path) for path in hook_objects()),
+        },
+    )
 
 
 def _hook_section(func: Any) -> list[str]:
@@ -355,6 +382,7 @@ def _hook_section(func: Any) -> list[str]:
 
 
 # --- configuration.md ---------------------------------------------------------------
+
 
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
     for f in resolved_fields(cls):
@@ -417,7 +445,8 @@ def component_option_keys(registries: Any) -> list[str]:
 
     return [
         path
-        for kind in KINDS for name in registries[kind.name].names()
+        for kind in KINDS
+        for name in registries[kind.name].names()
         for path, _ in option_rows(registries[kind.name].get(name).options, _options_prefix(kind, name))
     ]
 
@@ -458,23 +487,39 @@ def config_markdown(registries: Any) -> str:
             elif path in option_blocks:
                 kind = option_blocks[path]
                 if kind.keyed:
-                    intro = [f"A mapping from {kind.label} name to that {kind.label}'s options, for example",
-                             f"`{path}.<name>.<option>`. For the built-in ones:"]
+                    intro = [
+                        f"A mapping from {kind.label} name to that {kind.label}'s options, for example",
+                        f"`{path}.<name>.<option>`. For the built-in ones:",
+                    ]
                 else:
-                    intro = [f"Options of the component named by `{kind.name_path}`; the keys depend",
-                             "on which one is chosen. For the built-in ones:"]
+                    intro = [
+                        f"Options of the component named by `{kind.name_path}`; the keys depend",
+                        "on which one is chosen. For the built-in ones:",
+                    ]
                 lines += [f"### `{path}`", "", *intro, "", *_component_tables(registries, kind)]
-    return fill("configuration.md", {
-        "max_nodes": f"{MAX_NODES:,}", "max_depth": str(MAX_DEPTH), "width": str(VALUE_WIDTH),
-        "section_index": "\n".join(f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}"
-                                    for f in sections),
-        "sections": _join([lines]),
-        "moved_keys": "\n".join(["| old key | new key |", "| --- | --- |",
-                                 *[f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()]]),
-    })
+    return fill(
+        "configuration.md",
+        {
+            "max_nodes": f"{MAX_NODES:,}",
+            "max_depth": str(MAX_DEPTH),
+            "width": str(VALUE_WIDTH),
+            "section_index": "\n".join(
+                f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}" for f in sections
+            ),
+            "sections": _join([lines]),
+            "moved_keys": "\n".join(
+                [
+                    "| old key | new key |",
+                    "| --- | --- |",
+                    *[f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()],
+                ]
+            ),
+        },
+    )
 
 
 # --- cli.md -------------------------------------------------------------------------
+
 
 def _help_text(parser: argparse.ArgumentParser) -> str:
     parser.formatter_class = functools.partial(argparse.HelpFormatter, width=HELP_WIDTH)
@@ -484,11 +529,14 @@ def _help_text(parser: argparse.ArgumentParser) -> str:
 def cli_markdown() -> str:
     parser = build_parser()
     commands = subcommands(parser)
-    return fill("cli.md", {
-        "help": _help_text(parser),
-        "command_index": _links(f"forge-run {name}" for name in commands),
-        **{f"help:{name}": _help_text(sub) for name, sub in commands.items()},
-    })
+    return fill(
+        "cli.md",
+        {
+            "help": _help_text(parser),
+            "command_index": _links(f"forge-run {name}" for name in commands),
+            **{f"help:{name}": _help_text(sub) for name, sub in commands.items()},
+        },
+    )
 
 
 # --- all pages ----------------------------------------------------------------------

@@ -69,8 +69,10 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)
-        super().__init__(f"{signal_name(signum)} received during start-up: stopped before training; "
-                         "nothing was trained or saved")
+        super().__init__(
+            f"{signal_name(signum)} received during start-up: stopped before training; "
+            "nothing was trained or saved"
+        )
 
     @property
     def exit_code(self) -> int:
@@ -95,9 +97,11 @@ def where_raised(exc: BaseException) -> str:
 def describe_unexpected(exc: BaseException) -> str:
     """One line for an exception no Forge code anticipated: what, where, and how to see more."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return (f"error: unexpected {type(exc).__name__}{': ' + text if text else ''} "
-            f"(at {where_raised(exc)}). This is a bug in Forge or in a plugin; "
-            f"{TRACEBACK_ENV}=1 shows the traceback.")
+    return (
+        f"error: unexpected {type(exc).__name__}{': ' + text if text else ''} "
+        f"(at {where_raised(exc)}). This is a bug in Forge or in a plugin; "
+        f"{TRACEBACK_ENV}=1 shows the traceback."
+    )
 
 
 def traceback_text(exc: BaseException) -> str:
@@ -122,6 +126,8 @@ def outcome(exc: BaseException) -> tuple[str | None, int]:
     raise exc  # SystemExit and the like end the process as they mean to
 
 
-__getattr__ = moved(__name__, {
-    name: "forge_core.api" for name in ("ForgeError", "did_you_mean", "unknown_name", "show_value")
-} | {"VALUE_WIDTH": "forge_core.api.errors"})
+__getattr__ = moved(
+    __name__,
+    {name: "forge_core.api" for name in ("ForgeError", "did_you_mean", "unknown_name", "show_value")}
+    | {"VALUE_WIDTH": "forge_core.api.errors"},
+)

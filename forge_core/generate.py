@@ -34,8 +34,8 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     """``(model in eval mode, tokenizer, config, checkpoint)`` of a run directory or a
     checkpoint directory, on the run's device (CPU without CUDA)."""
     from forge_core import components
-    from forge_core.train.checkpoint import load_model, resolve_checkpoint
     from forge_core.distributed.placement import choose_device
+    from forge_core.train.checkpoint import load_model, resolve_checkpoint
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
     checkpoint, run_dir = resolve_checkpoint(path)
@@ -54,8 +54,9 @@ def has_cache(model: Any) -> bool:
     return callable(getattr(model, "new_cache", None))
 
 
-def choose(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-           generator: torch.Generator | None) -> int:
+def choose(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+) -> int:
     """One token id from next-token ``logits`` (see the module docstring)."""
     logits = logits.float()
     if temperature <= 0:
@@ -94,13 +95,23 @@ def next_token_logits(model: Any, ids: list[int], context: int) -> Iterator[torc
         if cache.length < context:
             logits = run([token], cache=cache)
         else:  # full: keep the second half and read it again
-            history = history[-max(context // 2, 1):]
+            history = history[-max(context // 2, 1) :]
             cache.clear()
             logits = run(history, cache=cache)
 
 
-def sample_tokens(model: Any, ids: list[int], max_new_tokens: int, *, context: int, temperature: float,
-                  top_k: int, top_p: float = 1.0, seed: int = 0, eos_id: int | None = None) -> Iterator[int]:
+def sample_tokens(
+    model: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    *,
+    context: int,
+    temperature: float,
+    top_k: int,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> Iterator[int]:
     """Sampled ids after ``ids``, one at a time, up to ``max_new_tokens`` (ends before
     ``eos_id``)."""
     if max_new_tokens <= 0:
@@ -118,8 +129,29 @@ def sample_tokens(model: Any, ids: list[int], max_new_tokens: int, *, context: i
             logits = steps.send(token)
 
 
-def generate(model: Any, ids: list[int], max_new_tokens: int, *, context: int, temperature: float,
-             top_k: int, top_p: float = 1.0, seed: int = 0, eos_id: int | None = None) -> list[int]:
+def generate(
+    model: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    *,
+    context: int,
+    temperature: float,
+    top_k: int,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> list[int]:
     """``max_new_tokens`` sampled ids after ``ids`` (stops early at ``eos_id``)."""
-    return list(sample_tokens(model, ids, max_new_tokens, context=context, temperature=temperature,
-                              top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id))
+    return list(
+        sample_tokens(
+            model,
+            ids,
+            max_new_tokens,
+            context=context,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            eos_id=eos_id,
+        )
+    )

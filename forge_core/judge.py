@@ -22,9 +22,13 @@ from forge_core.registry import Registries
 from forge_core.resolve import load_resolved
 from forge_core.rules import evaluate
 
-__getattr__ = moved(__name__, {
-    "IMPLEMENTATION_FOUND": "forge_core.component_checks", "COMPONENT_SHADOWED": "forge_core.component_checks",
-})
+__getattr__ = moved(
+    __name__,
+    {
+        "IMPLEMENTATION_FOUND": "forge_core.component_checks",
+        "COMPONENT_SHADOWED": "forge_core.component_checks",
+    },
+)
 
 
 @attrs.frozen

@@ -44,15 +44,27 @@ class Kind:
 
 KINDS: tuple[Kind, ...] = (
     Kind("forge_models", S.ModelSpec, "model", "model.name", "model.options"),
-    Kind("forge_attention_backends", S.AttentionBackendSpec, "attention backend",
-         "attention.backend", "attention.options"),
+    Kind(
+        "forge_attention_backends",
+        S.AttentionBackendSpec,
+        "attention backend",
+        "attention.backend",
+        "attention.options",
+    ),
     Kind("forge_sources", S.SourceSpec, "data source", "data.source", "data.source_options"),
     Kind("forge_tokenizers", S.TokenizerSpec, "tokenizer", "data.tokenizer", "data.tokenizer_options"),
     Kind("forge_packers", S.PackerSpec, "packer", "data.packer", "data.packer_options"),
     # Strategies with a mesh dimension are enabled by their degree (parallel.tp, ...),
     # wrappers by name in parallel.wrappers.
-    Kind("forge_parallelisms", S.ParallelismSpec, "parallelism strategy", "parallel.wrappers",
-         "parallel.options", keyed=True, plural="parallelism strategies"),
+    Kind(
+        "forge_parallelisms",
+        S.ParallelismSpec,
+        "parallelism strategy",
+        "parallel.wrappers",
+        "parallel.options",
+        keyed=True,
+        plural="parallelism strategies",
+    ),
     Kind("forge_optimizers", S.OptimizerSpec, "optimizer", "train.optimizer", "train.optimizer_options"),
     Kind("forge_schedules", S.ScheduleSpec, "schedule", "train.schedule", "train.schedule_options"),
     Kind("forge_loggers", S.LoggerSpec, "logger", "logging.loggers", "logging.options", keyed=True),

@@ -39,6 +39,7 @@ def active_strategies(registry: Any, degrees: dict[str, int], wrappers: list[str
     strategy it ``yields_to`` is active too; a wrapper is active when named in
     ``parallel.wrappers``.
     """
+
     def switched_on(s: Any) -> bool:
         return degrees.get(s.mesh_dim, 1) > 1 if s.mesh_dim is not None else s.name in wrappers
 

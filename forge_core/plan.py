@@ -22,7 +22,6 @@ def component_options(config: ForgeConfig, section: str, name: str, registry: An
     return given if given is not None else registry.get(name).options()
 
 
-
 def make_plan(config: ForgeConfig, registries: Registries, world_size: int | None) -> Plan:
     """The plan of a resolved config, with the degrees resolved against ``world_size``
     (``None``: unknown, left unchecked)."""
@@ -33,7 +32,9 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
     facts = model_facts(specs["model"], config.model.options, registries)
     sources = tuple(
-        ChosenSource(where, registries["source"].get(entry.name), entry.options, float(entry.weight), entry.label)
+        ChosenSource(
+            where, registries["source"].get(entry.name), entry.options, float(entry.weight), entry.label
+        )
         for where, entry in config.data.source_entries()
     )
     specs["source"] = sources[0].spec
@@ -44,7 +45,11 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     )
     emitted = specs["packer"].emitted(config.data.packer_options)
     ev = config.eval
-    eval_source = ChosenSource("eval.source", registries["source"].get(ev.source), ev.source_options) if ev.source else None
+    eval_source = (
+        ChosenSource("eval.source", registries["source"].get(ev.source), ev.source_options)
+        if ev.source
+        else None
+    )
     return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source)
 
 

@@ -125,8 +125,11 @@ def check_hook_names(plugin: Any, plugin_name: str, dist: str = "") -> None:
         except (TypeError, ValueError):
             continue  # pluggy will judge what inspect cannot read
         # What pluggy passes by name: parameters without a default, not *args/**kwargs.
-        wanted = [p.name for p in parameters if p.default is p.empty
-                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        wanted = [
+            p.name
+            for p in parameters
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         unknown = [name for name in wanted if name not in offered]
         if unknown:
             raise ForgeError(
@@ -155,15 +158,20 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str = "") -
     except pluggy.PluginValidationError as exc:
         detail = " ".join(str(exc).split())
         where = f" (distribution {dist})" if dist else ""
-        raise ForgeError(f"plugin {name!r}{where} does not fit the hook contract: {detail}. {_fix(name, dist)}") from None
+        raise ForgeError(
+            f"plugin {name!r}{where} does not fit the hook contract: {detail}. {_fix(name, dist)}"
+        ) from None
 
 
 def _import_plugin(ep: metadata.EntryPoint, dist: str) -> Any:
     try:
         return ep.load()
     except (Exception, SystemExit) as exc:  # SystemExit: sys.exit() at import time
-        what = (f"called sys.exit({exc.code!r}) while being imported" if isinstance(exc, SystemExit)
-                else f"failed to import: {type(exc).__name__}: {exc}")
+        what = (
+            f"called sys.exit({exc.code!r}) while being imported"
+            if isinstance(exc, SystemExit)
+            else f"failed to import: {type(exc).__name__}: {exc}"
+        )
         raise ForgeError(
             f"plugin {ep.name!r} (entry point '{ep.name} = {ep.value}' in group "
             f"{ENTRY_POINT_GROUP!r} of distribution {dist}) {what}. {_fix(ep.name, dist)}"

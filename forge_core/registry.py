@@ -156,11 +156,19 @@ def _clash(plugins: LoadedPlugins, kind: Kind, name: str, entries: tuple[Entry, 
         "other components of each stay available."
     )
     if third_party:
-        dists = sorted({plugins.infos[o].distribution for o in third_party
-                        if o in plugins.infos and not plugins.infos[o].distribution.startswith("<")})
+        dists = sorted(
+            {
+                plugins.infos[o].distribution
+                for o in third_party
+                if o in plugins.infos and not plugins.infos[o].distribution.startswith("<")
+            }
+        )
         skip = " or ".join(f"FORGE_BLOCK_PLUGINS={o}" for o in third_party)
-        ways = [f"skip the third-party plugin with {skip} (everything it registers goes with it)",
-                *([f"uninstall {' or '.join(dists)}"] if dists else []), "ask its authors to rename the component"]
+        ways = [
+            f"skip the third-party plugin with {skip} (everything it registers goes with it)",
+            *([f"uninstall {' or '.join(dists)}"] if dists else []),
+            "ask its authors to rename the component",
+        ]
         message += f" Or {', '.join(ways[:-1])}, or {ways[-1]}."
     return Clash(entries, message)
 
@@ -190,9 +198,13 @@ def _apply_preferences(
     issues: list[tuple[str, str]] = []
     for name, plugin in prefer.items():
         if name not in candidates:
-            issues.append((f"$.plugins.prefer.{kind.name}.{name}", unknown_name(kind.label, name, candidates)))
+            issues.append(
+                (f"$.plugins.prefer.{kind.name}.{name}", unknown_name(kind.label, name, candidates))
+            )
     for name, found in candidates.items():
-        chosen, problem = _preferred(plugins, kind, name, found, prefer[name]) if name in prefer else (None, None)
+        chosen, problem = (
+            _preferred(plugins, kind, name, found, prefer[name]) if name in prefer else (None, None)
+        )
         if problem:
             issues.append((f"$.plugins.prefer.{kind.name}.{name}", problem))
         if chosen is not None:
@@ -212,7 +224,11 @@ def build_registries(plugins: LoadedPlugins, prefer: dict[str, dict[str, str]] |
     component name -> plugin) says whose component a clashing name means."""
     prefer = prefer or {}
     kinds = {kind.name for kind in KINDS}
-    issues = [(f"$.plugins.prefer.{k}", unknown_name("kind of component", k, kinds)) for k in prefer if k not in kinds]
+    issues = [
+        (f"$.plugins.prefer.{k}", unknown_name("kind of component", k, kinds))
+        for k in prefer
+        if k not in kinds
+    ]
     by_kind: dict[str, Registry] = {}
     for kind in KINDS:
         candidates: dict[str, list[Entry]] = {}

@@ -18,10 +18,16 @@ from typing import Any
 from forge_core.api.rules import Plan, Violation
 from forge_core.deprecation import moved
 
-__getattr__ = moved(__name__, {
-    "Rule": "forge_core.api", "RuleContext": "forge_core.api:Plan", "Severity": "forge_core.api",
-    "get_path": "forge_core.api", "render": "forge_core.cli.report",
-})
+__getattr__ = moved(
+    __name__,
+    {
+        "Rule": "forge_core.api",
+        "RuleContext": "forge_core.api:Plan",
+        "Severity": "forge_core.api",
+        "get_path": "forge_core.api",
+        "render": "forge_core.cli.report",
+    },
+)
 
 
 def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
@@ -41,13 +47,18 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
                 f"FORGE_BLOCK_PLUGINS={entry.plugin} (its components and rules go with it)"
             )
             violations.append(
-                Violation(rule.id, "error", entry.plugin,
-                          f"the rule itself failed: {type(exc).__name__}: {exc}", fix, fields)
+                Violation(
+                    rule.id,
+                    "error",
+                    entry.plugin,
+                    f"the rule itself failed: {type(exc).__name__}: {exc}",
+                    fix,
+                    fields,
+                )
             )
             continue
         messages = [result] if isinstance(result, str) else list(result or [])
         violations.extend(
-            Violation(rule.id, rule.severity, entry.plugin, message, rule.fix, fields)
-            for message in messages
+            Violation(rule.id, rule.severity, entry.plugin, message, rule.fix, fields) for message in messages
         )
     return violations

@@ -4,11 +4,25 @@ Kept for one release; every name warns and names its new home."""
 
 from forge_core.deprecation import moved
 
-__getattr__ = moved(__name__, {
-    name: "forge_core.api"
-    for name in (
-        "ComponentSpec", "AttentionBackendSpec", "ParallelismSpec", "PackerSpec", "ModelSpec",
-        "SourceSpec", "TokenizerSpec", "OptimizerSpec", "ScheduleSpec", "LoggerSpec", "NoOptions",
-        "import_path", "DOC_IDS", "POSITIONS",
-    )
-})
+__getattr__ = moved(
+    __name__,
+    {
+        name: "forge_core.api"
+        for name in (
+            "ComponentSpec",
+            "AttentionBackendSpec",
+            "ParallelismSpec",
+            "PackerSpec",
+            "ModelSpec",
+            "SourceSpec",
+            "TokenizerSpec",
+            "OptimizerSpec",
+            "ScheduleSpec",
+            "LoggerSpec",
+            "NoOptions",
+            "import_path",
+            "DOC_IDS",
+            "POSITIONS",
+        )
+    },
+)

@@ -24,9 +24,17 @@ from typing import Any
 #: The flags every start uses: no sandbox (CI runs as root), no GPU, and nothing that
 #: reaches for the network (there is none), in a profile of its own.
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
 )
 INSTALL_HINT = "apt-get install -y chromium"
 
@@ -62,7 +70,10 @@ class Browser:
         argv = [executable, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"]
         self._process = subprocess.Popen(
             ["bash", "-c", f'exec "$@" 3<&{child_r} 4>&{child_w} {child_r}<&- {child_w}>&-', "bash", *argv],
-            pass_fds=(child_r, child_w), stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
+            pass_fds=(child_r, child_w),
+            stdin=subprocess.DEVNULL,
+            stdout=self._stderr,
+            stderr=self._stderr,
         )
         os.close(child_r)
         os.close(child_w)
@@ -73,8 +84,14 @@ class Browser:
             target = self.call("Target.createTarget", url="about:blank")["targetId"]
             self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
             self.call("Page.enable", session=True)
-            self.call("Emulation.setDeviceMetricsOverride", session=True,
-                      width=width, height=height, deviceScaleFactor=1, mobile=False)
+            self.call(
+                "Emulation.setDeviceMetricsOverride",
+                session=True,
+                width=width,
+                height=height,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
         except BaseException:
             self.close()
             raise
@@ -89,7 +106,9 @@ class Browser:
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._from_browser], [], [], left)[0]:
-                raise BrowserError(f"chromium did not answer within {self.timeout:.0f} s; its log:\n{self._log()}")
+                raise BrowserError(
+                    f"chromium did not answer within {self.timeout:.0f} s; its log:\n{self._log()}"
+                )
             chunk = os.read(self._from_browser, 1 << 20)
             if not chunk:
                 raise BrowserError(f"chromium exited ({self._process.poll()}); its log:\n{self._log()}")
@@ -121,8 +140,9 @@ class Browser:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (JSON-serialisable values)."""
-        result = self.call("Runtime.evaluate", session=True, expression=expression,
-                           returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise BrowserError(f"JavaScript failed: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -142,8 +162,9 @@ class Browser:
         """A PNG of the whole page, not only the window, written to ``path``."""
         size = self.call("Page.getLayoutMetrics", session=True)["cssContentSize"]
         clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-        data = self.call("Page.captureScreenshot", session=True, format="png",
-                         captureBeyondViewport=True, clip=clip)["data"]
+        data = self.call(
+            "Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True, clip=clip
+        )["data"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))
         return path

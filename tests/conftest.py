@@ -22,7 +22,9 @@ def write_config(path: Path, data: dict) -> Path:
     return path
 
 
-def make_distribution(site: Path, dist: str, version: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
+def make_distribution(
+    site: Path, dist: str, version: str, modules: dict[str, str], entry_points: dict[str, str]
+) -> Path:
     """A minimal installed distribution: modules plus a dist-info with ``forge`` entry points,
     found by importlib.metadata when ``site`` is on sys.path."""
     site.mkdir(parents=True, exist_ok=True)
@@ -36,7 +38,9 @@ def make_distribution(site: Path, dist: str, version: str, modules: dict[str, st
     return site
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run ``forge-run`` in a subprocess with the current interpreter: for the one smoke
     test per command (test_cli_smoke.py) and what needs a process of its own (torchrun,
     a lock held by another process). Everything else runs in process through
@@ -44,7 +48,11 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "forge_core.cli", *args],
-        capture_output=True, text=True, env=full_env, cwd=cwd or REPO, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        timeout=timeout,
     )
 
 

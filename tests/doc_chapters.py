@@ -42,7 +42,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import tomllib
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any
 
 import attrs
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 GUIDE = REPO / "docs" / "plugin-guide"
@@ -96,7 +96,7 @@ def code_blocks(markdown: str, where: str = "<markdown>") -> list[Block]:
                 f"(an info string is one language word); write `<!-- {marker} -->` on the line before "
                 f"a plain ```{words[0]} fence"
             )
-        before = markdown[:m.start()]
+        before = markdown[: m.start()]
         previous = before[:-1].rpartition("\n")[2] if before.endswith("\n") else ""
         mark = _MARK.fullmatch(previous)
         marked = mark.group(1).split() if mark else []
@@ -186,7 +186,11 @@ def play_chapters(chapters: dict[str, str], root: Path) -> dict[str, str | None]
     (root / ".chapters.json").write_text(json.dumps(chapters))
     done = subprocess.run(
         [sys.executable, __file__, "--play", str(root / ".chapters.json")],
-        cwd=root, env=chapter_env(root), capture_output=True, text=True, timeout=1800,
+        cwd=root,
+        env=chapter_env(root),
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     results = root / ".results.json"
     if not results.is_file():
@@ -324,8 +328,9 @@ def play_here(markdown: str, project: Path, where: str) -> None:
                     args = shlex.split(command)[3:]
                     rc, output = _in_process(lambda: int(pytest.main(args)))
                 else:
-                    done = subprocess.run(["bash", "-c", command], cwd=project, capture_output=True,
-                                          text=True, timeout=600)
+                    done = subprocess.run(
+                        ["bash", "-c", command], cwd=project, capture_output=True, text=True, timeout=600
+                    )
                     rc, output = done.returncode, done.stdout + done.stderr
                 assert rc == expected_rc, f"{at}: `{command}` exited {rc}, expected {expected_rc}:\n{output}"
                 for line in shown:

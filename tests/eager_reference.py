@@ -125,8 +125,6 @@ def lay_out(
     return out
 
 
-
-
 class _Base:
     def __init__(self, seq_len: int, eos_id: int, pad_id: int, isolate: bool = True) -> None:
         self.seq_len, self.eos_id, self.pad_id, self.isolate = seq_len, eos_id, pad_id, isolate

@@ -29,8 +29,16 @@ from forge_core.api import (
 )
 
 FLAWS = (
-    "own_attention", "prepare_without_doc_ids", "shifts_across_documents", "plan_misses_q_norm", "plan_stale_path",
-    "stage_crash", "stage_drops_doc_ids", "wrong_facts", "supports_without_split", "build_forward_needs_metadata",
+    "own_attention",
+    "prepare_without_doc_ids",
+    "shifts_across_documents",
+    "plan_misses_q_norm",
+    "plan_stale_path",
+    "stage_crash",
+    "stage_drops_doc_ids",
+    "wrong_facts",
+    "supports_without_split",
+    "build_forward_needs_metadata",
     "head_not_linear",
 )
 
@@ -47,13 +55,21 @@ class KitOptions:
 
 def kit_facts(options: KitOptions) -> ModelFacts:
     heads = options.heads * (2 if options.flaw == "wrong_facts" else 1)
-    return ModelFacts(blocks=options.blocks, heads=heads, kv_heads=options.kv_heads, tied_embeddings=options.tied)
+    return ModelFacts(
+        blocks=options.blocks, heads=heads, kv_heads=options.kv_heads, tied_embeddings=options.tied
+    )
 
 
 def spec(**changes) -> ModelSpec:
-    fields = dict(name="kitdecoder", summary="test decoder", impl="kit_models:build", options=KitOptions,
-                  accepts={DOC_IDS, POSITIONS}, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
-                  facts=kit_facts)
+    fields = dict(
+        name="kitdecoder",
+        summary="test decoder",
+        impl="kit_models:build",
+        options=KitOptions,
+        accepts={DOC_IDS, POSITIONS},
+        supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
+        facts=kit_facts,
+    )
     return ModelSpec(**{**fields, **changes})
 
 
@@ -127,8 +143,11 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def parallel_contract(self) -> ParallelContract:
-        split = None if self.o.flaw == "supports_without_split" else PipelineSplit(first=("embed",),
-                                                                                   last=("final_norm", "lm_head"))
+        split = (
+            None
+            if self.o.flaw == "supports_without_split"
+            else PipelineSplit(first=("embed",), last=("final_norm", "lm_head"))
+        )
         head = "final_norm" if self.o.flaw == "head_not_linear" else "lm_head"
         return ParallelContract(blocks="stack", pipeline=split, tensor_parallel=self.plan, output_head=head)
 
@@ -136,15 +155,25 @@ class Decoder(nn.Module):
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-        block = {"mix.wq": ColwiseParallel(), "mix.wk": ColwiseParallel(), "mix.wv": ColwiseParallel(),
-                 "mix.wo": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+        block = {
+            "mix.wq": ColwiseParallel(),
+            "mix.wk": ColwiseParallel(),
+            "mix.wv": ColwiseParallel(),
+            "mix.wo": RowwiseParallel(),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(),
+        }
         if self.o.flaw == "plan_stale_path":
             block["attention.wq"] = block.pop("mix.wq")
         partial = () if self.o.flaw == "plan_misses_q_norm" else ("mix.q_norm",)
         return TensorParallelPlan(
-            root=TensorParallelScope(styles={"embed": RowwiseParallel(input_layouts=Replicate()),
-                                             "lm_head": ColwiseParallel(output_layouts=Replicate())},
-                                     replicated=("final_norm",)),
+            root=TensorParallelScope(
+                styles={
+                    "embed": RowwiseParallel(input_layouts=Replicate()),
+                    "lm_head": ColwiseParallel(output_layouts=Replicate()),
+                },
+                replicated=("final_norm",),
+            ),
             block=TensorParallelScope(styles=block, replicated=("norm1", "norm2"), partial=partial),
         )
 
@@ -161,7 +190,9 @@ class Decoder(nn.Module):
         if positions is None:
             positions = torch.arange(s, device=h.device).expand(b, s)
         ids = doc_ids
-        if self.o.flaw == "prepare_without_doc_ids" or (self.o.flaw == "stage_drops_doc_ids" and self.embed is None):
+        if self.o.flaw == "prepare_without_doc_ids" or (
+            self.o.flaw == "stage_drops_doc_ids" and self.embed is None
+        ):
             ids = None
         prepared = self.attention.prepare(ids, s, h.device)
         for layer in self.stack.values():

@@ -9,20 +9,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+from forge_core import components
 from forge_core.api import blocks_of
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core import components
+from forge_core.distributed.parallelize import parallelize
 from forge_core.plan import make_plan
 from forge_core.train.loss import loss_fn
-from forge_core.distributed.parallelize import parallelize
 
 TINY = {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
 VOCAB, ROWS, SEQ, STEPS = 64, 4, 16, 3
 
 
 def plan_of(registries, parallel):
-    raw = {"model": {"name": "llama", "options": TINY}, "attention": {"backend": "sdpa"}, "parallel": parallel}
+    raw = {
+        "model": {"name": "llama", "options": TINY},
+        "attention": {"backend": "sdpa"},
+        "parallel": parallel,
+    }
     config, issues = structure(raw, ForgeConfig)
     assert not issues, issues
     config, issues = resolve_components(config, registries)
@@ -88,8 +92,9 @@ def _forward_counts(pmodel):
     return counts
 
 
-@pytest.mark.parametrize(("every", "expected"), [(1, [2, 2, 2, 2]), (2, [1, 2, 1, 2]), (3, [1, 1, 2, 1]),
-                                                 (5, [1, 1, 1, 1])])
+@pytest.mark.parametrize(
+    ("every", "expected"), [(1, [2, 2, 2, 2]), (2, [1, 2, 1, 2]), (3, [1, 1, 2, 1]), (5, [1, 1, 1, 1])]
+)
 def test_every_k_recomputes_the_k_th_blocks(forge_registries, every, expected):
     pmodel = build(forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": every}}})
     assert _forward_counts(pmodel) == expected
@@ -121,8 +126,11 @@ def test_checkpointing_keeps_far_fewer_tensors_for_the_backward(forge_registries
     tensors are saved during backward, one block at a time; only the forward's count.)"""
     plain = _saved_bytes(build(forge_registries, {}, torch.float32))
     full = _saved_bytes(build(forge_registries, {"wrappers": ["act_ckpt"]}, torch.float32))
-    half = _saved_bytes(build(forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}},
-                              torch.float32))
+    half = _saved_bytes(
+        build(
+            forge_registries, {"wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}}, torch.float32
+        )
+    )
     assert full < half < plain
     assert full < 0.35 * plain, (full, plain)
 
@@ -141,7 +149,13 @@ def test_check_refuses_it_for_a_model_without_blocks(forge_registries):
     from forge_core import rules as engine
 
     plan = plan_of(forge_registries, {"wrappers": ["act_ckpt"]})
-    plan = attrs.evolve(plan, specs={**plan.specs, "model": attrs.evolve(plan.specs["model"], supports=frozenset())})
-    messages = [v.message for v in engine.evaluate(forge_registries.rules, plan) if v.rule_id == "parallel.model-supports-strategy"]
+    plan = attrs.evolve(
+        plan, specs={**plan.specs, "model": attrs.evolve(plan.specs["model"], supports=frozenset())}
+    )
+    messages = [
+        v.message
+        for v in engine.evaluate(forge_registries.rules, plan)
+        if v.rule_id == "parallel.model-supports-strategy"
+    ]
     assert len(messages) == 1 and "'act_ckpt' needs the model to supply blocks" in messages[0]
     assert "remove 'act_ckpt' from parallel.wrappers" in messages[0]

@@ -12,7 +12,6 @@ import sys
 import warnings
 
 import pytest
-
 from conftest import REPO
 
 API_DIR = REPO / "forge_core" / "api"
@@ -31,7 +30,9 @@ def test_api_imports_neither_torch_nor_the_rest_of_forge():
     )
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout)
-    assert all(m == "forge_core" or m == "forge_core.api" or m.startswith("forge_core.api.") for m in loaded), loaded
+    assert all(
+        m == "forge_core" or m == "forge_core.api" or m.startswith("forge_core.api.") for m in loaded
+    ), loaded
 
 
 def test_api_source_imports_only_api_modules():
@@ -46,18 +47,41 @@ def test_api_source_imports_only_api_modules():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            outside += [f"{path.name}: {n}" for n in names
-                        if n.split(".")[0] in ("forge_core", "forge_plugins", "torch")
-                        and not n.startswith("forge_core.api")]
+            outside += [
+                f"{path.name}: {n}"
+                for n in names
+                if n.split(".")[0] in ("forge_core", "forge_plugins", "torch")
+                and not n.startswith("forge_core.api")
+            ]
     assert not outside
 
 
 def test_every_public_name_is_exported():
     import forge_core.api as api
 
-    assert sorted(api.__all__) == sorted(n for n in vars(api) if n[0] not in "_@" and n not in
-                                         {"batch", "errors", "files", "fingerprint", "hooks", "optim", "options", "packing",
-                                          "parallel", "protocols", "rules", "run", "shards", "specs", "validators"})
+    assert sorted(api.__all__) == sorted(
+        n
+        for n in vars(api)
+        if n[0] not in "_@"
+        and n
+        not in {
+            "batch",
+            "errors",
+            "files",
+            "fingerprint",
+            "hooks",
+            "optim",
+            "options",
+            "packing",
+            "parallel",
+            "protocols",
+            "rules",
+            "run",
+            "shards",
+            "specs",
+            "validators",
+        }
+    )
 
 
 def test_no_module_of_forge_or_the_example_package_uses_a_deprecated_path():
@@ -95,9 +119,13 @@ def test_built_in_plugins_and_the_example_package_import_only_the_api_from_the_k
     roots = [REPO / "forge_plugins", EXAMPLE]
     files = [f for root in roots for f in sorted(root.rglob("*.py")) if ".venv" not in f.parts]
     assert len(files) > 40
-    inside = [f"{f.relative_to(REPO)}: {name}" for f in files for name in _forge_imports(f)
-              if name.split(".")[0] == "forge_core"
-              and not name.startswith(("forge_core.api", "forge_core.testing"))]
+    inside = [
+        f"{f.relative_to(REPO)}: {name}"
+        for f in files
+        for name in _forge_imports(f)
+        if name.split(".")[0] == "forge_core"
+        and not name.startswith(("forge_core.api", "forge_core.testing"))
+    ]
     assert not inside
 
 
@@ -123,8 +151,9 @@ OLD_PATHS = [
 ]
 
 
-@pytest.mark.parametrize(("module", "name", "new_module", "new_name"), OLD_PATHS,
-                         ids=[f"{m}.{n}" for m, n, _, _ in OLD_PATHS])
+@pytest.mark.parametrize(
+    ("module", "name", "new_module", "new_name"), OLD_PATHS, ids=[f"{m}.{n}" for m, n, _, _ in OLD_PATHS]
+)
 def test_old_path_warns_and_names_the_new_one(module, name, new_module, new_name):
     old = importlib.import_module(module)
     with warnings.catch_warnings(record=True) as caught:

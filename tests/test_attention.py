@@ -12,16 +12,16 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_distribution
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from conftest import make_distribution
 from forge_core.api import AttentionBackendSpec, NoOptions
-from forge_core.testing import forge_run
 from forge_core.testing import (
     assert_within_rounding,
     check_attention_backend,
     check_document_isolation,
     doc_ids_from_lengths,
+    forge_run,
     lognormal_lengths,
     packed_metadata,
     reference_attention,
@@ -70,7 +70,11 @@ STANDALONE = {"eager": "exact", "sdpa": "exact", "flex": "prefix"}
 #: The dtypes each backend is checked in: float64 proves, float32 is what trains. CPU
 #: FlexAttention compiles for fp32/fp16/bf16 only; its BlockMask is proved in float64
 #: through PyTorch's unfused flex_attention below.
-DTYPES = {"eager": (torch.float64, torch.float32), "sdpa": (torch.float64, torch.float32), "flex": (torch.float32,)}
+DTYPES = {
+    "eager": (torch.float64, torch.float32),
+    "sdpa": (torch.float64, torch.float32),
+    "flex": (torch.float32,),
+}
 
 
 def tiny_llama(backend):
@@ -79,8 +83,11 @@ def tiny_llama(backend):
     from forge_plugins.models.options import LlamaOptions
 
     torch.manual_seed(0)
-    return build(LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, init_std=0.3),
-                 vocab_size=61, attention=backend)
+    return build(
+        LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, init_std=0.3),
+        vocab_size=61,
+        attention=backend,
+    )
 
 
 # --- packed-row helpers -------------------------------------------------------------
@@ -132,14 +139,18 @@ def _tables(block_mask):
     """Block tables with the unused tail of every index row cut off, for comparison."""
     out = {}
     for num, idx in (
-        ("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
-        ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices"),
+        ("kv_num_blocks", "kv_indices"),
+        ("full_kv_num_blocks", "full_kv_indices"),
+        ("q_num_blocks", "q_indices"),
+        ("full_q_num_blocks", "full_q_indices"),
     ):
         counts, indices = getattr(block_mask, num), getattr(block_mask, idx)
         out[num] = counts.tolist()
         out[idx] = [
             indices[b, h, r, : counts[b, h, r]].tolist()
-            for b in range(counts.shape[0]) for h in range(counts.shape[1]) for r in range(counts.shape[2])
+            for b in range(counts.shape[0])
+            for h in range(counts.shape[1])
+            for r in range(counts.shape[2])
         ]
     return out
 
@@ -166,9 +177,7 @@ def test_causal_block_mask_equals_create_block_mask():
 def test_block_mask_falls_back_for_decreasing_doc_ids():
     doc_ids = torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2] * 20])  # 160 tokens, ids go back down
     ours = document_block_mask(doc_ids, 160, "cpu", 16)
-    reference = create_block_mask(
-        document_mask_mod(doc_ids), 1, None, 160, 160, device="cpu", BLOCK_SIZE=16
-    )
+    reference = create_block_mask(document_mask_mod(doc_ids), 1, None, 160, 160, device="cpu", BLOCK_SIZE=16)
     assert _tables(ours) == _tables(reference)
 
 
@@ -186,9 +195,11 @@ def test_sdpa_without_doc_ids_takes_the_is_causal_path_with_no_mask():
     q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
     prepared = backend.prepare(None, 6, "cpu")
     assert prepared is None
-    with mock.patch.object(sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention) as spy:
+    with mock.patch.object(
+        sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention
+    ) as spy:
         backend.attend(q, k, v, prepared)
-    (args, kwargs), = spy.call_args_list
+    ((args, kwargs),) = spy.call_args_list
     assert kwargs["is_causal"] is True
     assert kwargs.get("attn_mask") is None and len(args) == 3
     assert kwargs["enable_gqa"] is True
@@ -199,9 +210,11 @@ def test_sdpa_with_doc_ids_passes_the_shared_dense_mask():
     doc_ids, _ = packed_metadata([(2, 4)])
     q = k = v = torch.randn(1, 2, 6, 8)
     prepared = backend.prepare(doc_ids, 6, "cpu")
-    with mock.patch.object(sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention) as spy:
+    with mock.patch.object(
+        sdpa.F, "scaled_dot_product_attention", wraps=sdpa.F.scaled_dot_product_attention
+    ) as spy:
         backend.attend(q, k, v, prepared)
-    (_, kwargs), = spy.call_args_list
+    ((_, kwargs),) = spy.call_args_list
     assert kwargs["attn_mask"] is prepared and not kwargs.get("is_causal", False)
     assert kwargs["enable_gqa"] is False
 
@@ -217,14 +230,19 @@ def test_backend_passes_the_kit_on_multi_block_rows(name):
     # that span several 16-token flex blocks; in float32 and, where the backend has a
     # float64 kernel, in float64.
     options = {"block_size": 16} if name == "flex" else None
-    check_attention_backend(name, options=options, layouts=MULTI_BLOCK_ROWS, float64=torch.float64 in DTYPES[name])
+    check_attention_backend(
+        name, options=options, layouts=MULTI_BLOCK_ROWS, float64=torch.float64 in DTYPES[name]
+    )
 
 
 @pytest.mark.numerical
 @pytest.mark.parametrize("name", BACKENDS)
 def test_model_isolation_packed_logits_and_grads_equal_each_document_alone(name, flex):
     worst = check_document_isolation(
-        tiny_llama(_backend(name, flex)), rows=MULTI_BLOCK_ROWS, standalone=STANDALONE[name], dtypes=DTYPES[name]
+        tiny_llama(_backend(name, flex)),
+        rows=MULTI_BLOCK_ROWS,
+        standalone=STANDALONE[name],
+        dtypes=DTYPES[name],
     )
     assert set(worst) == set(DTYPES[name]) and max(worst.values()) < 1
 
@@ -281,7 +299,9 @@ class _CausalBackward(torch.autograd.Function):
     def backward(ctx, grad):
         leaves = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         with torch.enable_grad():
-            out = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=leaves[0].shape[1] != leaves[1].shape[1])
+            out = F.scaled_dot_product_attention(
+                *leaves, is_causal=True, enable_gqa=leaves[0].shape[1] != leaves[1].shape[1]
+            )
         return (*torch.autograd.grad(out, leaves, grad), None)
 
 
@@ -297,27 +317,41 @@ class _LeaksOnlyInBackward(SdpaAttention):
 @pytest.mark.numerical
 @pytest.mark.parametrize("standalone", ["exact", "prefix"])
 def test_model_check_catches_a_backend_that_ignores_doc_ids(standalone):
-    with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ"):
+    with pytest.raises(
+        AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ"
+    ):
         check_document_isolation(tiny_llama(_IgnoresDocIds(SdpaOptions())), standalone=standalone)
-    with pytest.raises(AssertionError, match=r"^float32: row 0 document 1 \(tokens 5:6\): packed logits differ"):
-        check_document_isolation(tiny_llama(_IgnoresDocIds(SdpaOptions())), standalone=standalone, dtypes=(torch.float32,))
+    with pytest.raises(
+        AssertionError, match=r"^float32: row 0 document 1 \(tokens 5:6\): packed logits differ"
+    ):
+        check_document_isolation(
+            tiny_llama(_IgnoresDocIds(SdpaOptions())), standalone=standalone, dtypes=(torch.float32,)
+        )
 
 
 @pytest.mark.numerical
 def test_model_check_catches_a_leak_below_float32_rounding():
     backend = _MixesInOtherDocuments(SdpaOptions())
     # float64: the logits themselves give it away (~1e-8 of a row against ~1e-14).
-    with pytest.raises(AssertionError, match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ .*exceeds the rounding tolerance of float64"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ .*exceeds the rounding tolerance of float64",
+    ):
         check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS)
     # float32: the logits agree within rounding; the gradient on other documents, which
     # must be exactly 0, does not.
-    with pytest.raises(AssertionError, match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens \(embedding output 0\): \d+ entries are not exactly 0"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens \(embedding output 0\): \d+ entries are not exactly 0",
+    ):
         check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS, dtypes=(torch.float32,))
 
 
 @pytest.mark.numerical
 def test_model_check_catches_a_leak_in_the_backward_only():
-    with pytest.raises(AssertionError, match=r"^float64: the loss of document 6:17 has gradient on other documents' tokens"):
+    with pytest.raises(
+        AssertionError, match=r"^float64: the loss of document 6:17 has gradient on other documents' tokens"
+    ):
         check_document_isolation(tiny_llama(_LeaksOnlyInBackward(SdpaOptions())), rows=MULTI_BLOCK_ROWS)
 
 
@@ -341,12 +375,19 @@ def test_eager_in_float64_is_a_float64_reference():
         out = backend.attend(q, k, v, backend.prepare(doc_ids, 34, "cpu"))
         assert out.dtype == torch.float64
         # About 1e-14 of each row: a float32 softmax inside would be off by ~1e-7.
-        assert_within_rounding(out, reference_attention(q, k, v, doc_ids), dtype=torch.float64, terms=34, what="eager")
+        assert_within_rounding(
+            out, reference_attention(q, k, v, doc_ids), dtype=torch.float64, terms=34, what="eager"
+        )
 
 
 @pytest.mark.parametrize(
     ("dtype", "softmax_dtype"),
-    [(torch.float64, torch.float64), (torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float32)],
+    [
+        (torch.float64, torch.float64),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+    ],
 )
 def test_eager_softmax_follows_the_input_dtype_but_never_below_fp32(dtype, softmax_dtype):
     q = k = v = torch.randn(1, 2, 4, 8).to(dtype)
@@ -372,8 +413,14 @@ def test_backends_refuse_head_counts_that_do_not_group(flex):
 # --- registration and rules ---------------------------------------------------------
 
 
-def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
-         seq_len=1024, options=None, packer="concat"):
+def _ctx(
+    backend="sdpa",
+    honours=("doc_ids",),
+    emitted=("doc_ids", "positions"),
+    seq_len=1024,
+    options=None,
+    packer="concat",
+):
     spec = AttentionBackendSpec(
         name=backend, summary="s", impl="m:X", options=SdpaOptions, honours=set(honours)
     )
@@ -386,6 +433,7 @@ def _ctx(backend="sdpa", honours=("doc_ids",), emitted=("doc_ids", "positions"),
 
 def test_rule_backend_must_honour_emitted_doc_ids():
     from forge_core.core_rules import check_honours_doc_ids as check
+
     message = check(_ctx(backend="window", honours=()))
     assert "'concat' emits doc_ids" in message and "'window' does not honour" in message
     assert check(_ctx(backend="window", honours=(), emitted=())) is None
@@ -406,8 +454,10 @@ def test_rule_sdpa_dense_mask_warns_from_the_threshold_seq_len():
 # --- the rules through `forge-run check` ---------------------------------------------
 
 PACKED = {
-    "model": {"name": "llama", "options": {"dim": 64, "n_layers": 2, "n_heads": 4,
-                                           "n_kv_heads": 2, "max_seq_len": 8192}},
+    "model": {
+        "name": "llama",
+        "options": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 8192},
+    },
     "attention": {"backend": "flex"},
     "data": {"packer": "concat", "packer_options": {"isolate": True}, "seq_len": 512},
 }
@@ -424,14 +474,18 @@ def forge_attention_backends():
 
 
 def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(forge_config, tmp_path):
-    site = make_distribution(tmp_path / "site", "forge-window", "0.1",
-                             {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"})
+    site = make_distribution(
+        tmp_path / "site", "forge-window", "0.1", {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"}
+    )
     result = forge_run(["check", forge_config(PACKED), "attention.backend=window"], paths=[site])
     assert result.code == 2, result.stdout + result.stderr
     assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
     assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
     # Without isolation nothing needs honouring.
-    result = forge_run(["check", forge_config(PACKED), "attention.backend=window", "data.packer_options.isolate=false"], paths=[site])
+    result = forge_run(
+        ["check", forge_config(PACKED), "attention.backend=window", "data.packer_options.isolate=false"],
+        paths=[site],
+    )
     assert result.code == 0, result.stdout + result.stderr
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from test_train_checkpoint import model_and_optimizer, rewrite, save_steps
+from train_helpers import tiny_config, write_config
 
 from forge_core import cli
 from forge_core.train.checkpoint import CheckpointManager, find_latest, load_model
 from forge_core.train.checkpoint_reader import ALLOWED_GLOBALS, UnsafeCheckpoint, read_metadata
-from test_train_checkpoint import model_and_optimizer, rewrite, save_steps
-from train_helpers import tiny_config, write_config
 
 
 class Command:
@@ -85,8 +85,17 @@ def test_allow_list_is_what_dcp_writes():
     """The unpickler allows DCP's metadata types and a few value types; nothing that
     executes, imports or reads files."""
     flat = {f"{m}.{n}" for m, names in ALLOWED_GLOBALS.items() for n in names}
-    for dangerous in ("posix.system", "os.system", "builtins.eval", "builtins.exec", "builtins.getattr",
-                      "builtins.__import__", "operator.getitem", "subprocess.Popen", "torch.load"):
+    for dangerous in (
+        "posix.system",
+        "os.system",
+        "builtins.eval",
+        "builtins.exec",
+        "builtins.getattr",
+        "builtins.__import__",
+        "operator.getitem",
+        "subprocess.Popen",
+        "torch.load",
+    ):
         assert dangerous not in flat
     assert "torch.distributed.checkpoint.metadata.Metadata" in flat
 
@@ -110,10 +119,16 @@ def test_crafted_metadata_runs_under_plain_dcp_and_is_refused_by_forge(tmp_path,
     marker.unlink()
 
     model, _ = model_and_optimizer()
-    for attempt in (lambda: read_metadata(checkpoint), lambda: find_latest(tmp_path / "checkpoints"),
-                    lambda: load_model(checkpoint, [model])):
-        with pytest.raises(UnsafeCheckpoint, match=r"refusing to load .*step-000001/\.metadata.*"
-                                                    r"(posix|_operator)\.(system|getitem)"):
+    for attempt in (
+        lambda: read_metadata(checkpoint),
+        lambda: find_latest(tmp_path / "checkpoints"),
+        lambda: load_model(checkpoint, [model]),
+    ):
+        with pytest.raises(
+            UnsafeCheckpoint,
+            match=r"refusing to load .*step-000001/\.metadata.*"
+            r"(posix|_operator)\.(system|getitem)",
+        ):
             attempt()
     assert not marker.exists()
 
@@ -163,8 +178,12 @@ def test_every_command_refuses_a_crafted_metadata(trained, tmp_path, capsys, wra
     marker = tmp_path / "executed"
     rewrite(checkpoint, ".metadata", crafted_metadata(checkpoint, marker, wrap), manifest_too=True)
     capsys.readouterr()
-    for argv in ([config], ["sample", str(run_dir), "--max-new-tokens", "2"],
-                 ["sample", str(checkpoint)], ["export-hf", str(run_dir), str(tmp_path / "hf")]):
+    for argv in (
+        [config],
+        ["sample", str(run_dir), "--max-new-tokens", "2"],
+        ["sample", str(checkpoint)],
+        ["export-hf", str(run_dir), str(tmp_path / "hf")],
+    ):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert f"refusing to load {checkpoint / '.metadata'}" in err and "Traceback" not in err, argv

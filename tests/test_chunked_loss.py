@@ -13,18 +13,18 @@ import attrs
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from train_helpers import Recorder, tiny_config, write_config
 
 from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, ModelSpec, hookimpl
+from forge_core.distributed.parallelize import single_process
 from forge_core.judge import judge
 from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.train.chunked_loss import ChunkedLoss, take_over_head
 from forge_core.train.loss import build_loss, loss_fn
-from forge_core.distributed.parallelize import single_process
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models.llama import Llama, build
 from forge_plugins.models.options import LlamaOptions
-from train_helpers import Recorder, tiny_config, write_config
 
 VOCAB = 97
 OPTIONS = LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32, init_std=0.2)
@@ -192,26 +192,40 @@ class HeadlessModels:
 
     @hookimpl
     def forge_models(self):
-        return [ModelSpec(name="headless", summary="llama without a declared head", impl="forge_plugins.models.llama:build",
-                          options=LlamaOptions, supports=set())]
+        return [
+            ModelSpec(
+                name="headless",
+                summary="llama without a declared head",
+                impl="forge_plugins.models.llama:build",
+                options=LlamaOptions,
+                supports=set(),
+            )
+        ]
 
 
 def test_check_refuses_the_chunked_loss_for_a_model_without_a_declared_head(tmp_path):
     config = tiny_config(tmp_path, model={"name": "headless"}, train={"loss": {"name": "chunked"}})
-    result = judge(write_config(tmp_path / "c.yaml", config), [], 1, extra_plugins=(("headless", HeadlessModels()),))
+    result = judge(
+        write_config(tmp_path / "c.yaml", config), [], 1, extra_plugins=(("headless", HeadlessModels()),)
+    )
     found = [v for v in result.violations if v.rule_id == "train.loss-needs-output-head"]
     assert len(found) == 1 and found[0].severity == "error"
     assert "model 'headless' does not declare output_head" in found[0].message
     assert "train.loss.name: full" in found[0].fix
     config["train"]["loss"] = {"name": "full"}
-    result = judge(write_config(tmp_path / "d.yaml", config), [], 1, extra_plugins=(("headless", HeadlessModels()),))
+    result = judge(
+        write_config(tmp_path / "d.yaml", config), [], 1, extra_plugins=(("headless", HeadlessModels()),)
+    )
     assert not [v for v in result.violations if v.rule_id == "train.loss-needs-output-head"]
 
 
 def test_the_loss_config_is_checked(tmp_path):
     from forge_core.config.loader import ConfigError
 
-    for loss, path in (({"name": "fused"}, "$.train.loss.name"), ({"chunk_tokens": 0}, "$.train.loss.chunk_tokens")):
+    for loss, path in (
+        ({"name": "fused"}, "$.train.loss.name"),
+        ({"chunk_tokens": 0}, "$.train.loss.chunk_tokens"),
+    ):
         config = tiny_config(tmp_path, train={"loss": loss})
         with pytest.raises(ConfigError) as info:
             judge(write_config(tmp_path / "bad.yaml", config), [], 1)
@@ -225,8 +239,15 @@ def test_build_loss_takes_over_the_head_only_when_chunked(tmp_path):
     config, issues = structure({"train": {"loss": {"name": "chunked", "chunk_tokens": 3}}}, ForgeConfig)
     assert not issues
     full, chunked, _ = model_pair()
-    assert build_loss(full, attrs.evolve(config, train=attrs.evolve(config.train, loss=attrs.evolve(
-        config.train.loss, name="full")))) is loss_fn
+    assert (
+        build_loss(
+            full,
+            attrs.evolve(
+                config, train=attrs.evolve(config.train, loss=attrs.evolve(config.train.loss, name="full"))
+            ),
+        )
+        is loss_fn
+    )
     loss = build_loss(chunked, config)
     assert isinstance(loss, ChunkedLoss) and loss.chunk_tokens == 3 and loss.head is chunked.output
     hidden = chunked(batch()[INPUT_IDS])

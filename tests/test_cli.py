@@ -17,10 +17,10 @@ from pathlib import Path
 import attrs
 import pytest
 import yaml
+from conftest import REPO, make_distribution
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, make_distribution
 from forge_core.cli.main import main, normalize_argv
 from forge_core.config.schema import ForgeConfig
 from forge_core.testing import CliResult, forge_run
@@ -47,7 +47,12 @@ def test_bare_config_path_means_train_and_no_command_prints_help():
 
 def test_check_warns_but_passes(forge_config):
     # sdpa with document isolation warns at or above dense_mask_warn_seq_len (seq_len 256).
-    result = forge_run(["check", forge_config({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}})])
+    result = forge_run(
+        [
+            "check",
+            forge_config({"attention": {"backend": "sdpa", "options": {"dense_mask_warn_seq_len": 128}}}),
+        ]
+    )
     assert result.code == 0, result.stdout + result.stderr
     assert "warning: [sdpa.dense-mask-long-seq]" in result.stdout
     assert ": valid: 0 error(s), 1 warning(s)" in result.stdout
@@ -72,8 +77,12 @@ SCHEMA_FIELDS = {
 }
 
 _junk = st.one_of(
-    st.text(max_size=8), st.floats(allow_nan=True), st.booleans(), st.none(),
-    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.text(max_size=8),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 
 
@@ -98,20 +107,43 @@ def malformed_configs(draw):
     if kind == "unknown_key":
         section = draw(st.sampled_from(["train", "data", "model", "parallel", "run"]))
         key = draw(st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=10))
-        assume(key not in {f.split(".")[1] for f in SCHEMA_FIELDS if f.startswith(section + ".")} | {"options", "source_options", "tokenizer_options", "packer_options", "optimizer_options", "schedule_options", "nonfinite", "wrappers", "loggers"})
+        assume(
+            key
+            not in {f.split(".")[1] for f in SCHEMA_FIELDS if f.startswith(section + ".")}
+            | {
+                "options",
+                "source_options",
+                "tokenizer_options",
+                "packer_options",
+                "optimizer_options",
+                "schedule_options",
+                "nonfinite",
+                "wrappers",
+                "loggers",
+            }
+        )
         return f"{section}:\n  {key}: 1\n"
-    text = draw(st.text(alphabet=st.sampled_from(list("{}[]:-,'\"\n\t &*!|>%@`#abc123")), min_size=1, max_size=40))
+    text = draw(
+        st.text(alphabet=st.sampled_from(list("{}[]:-,'\"\n\t &*!|>%@`#abc123")), min_size=1, max_size=40)
+    )
     try:
         parsed = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
     assume(parsed not in (None, {}))
     if isinstance(parsed, dict):
-        assume(not set(map(str, parsed)) <= {"run", "model", "attention", "data", "parallel", "train", "checkpoint", "logging", "plugins"})
+        assume(
+            not set(map(str, parsed))
+            <= {"run", "model", "attention", "data", "parallel", "train", "checkpoint", "logging", "plugins"}
+        )
     return text
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(text=malformed_configs())
 def test_malformed_input_exits_2_with_a_message_never_a_traceback(tmp_path, text):
     path = Path(tmp_path) / "fuzz.yaml"
@@ -145,19 +177,28 @@ def test_options_and_overrides_in_any_order(forge_config, capsys, monkeypatch):
     from forge_core.cli.main import parse_args
 
     path = forge_config({"data": {"packer": "none"}})
-    for argv in (["check", path, "--world-size", "2", "parallel.pp=2"],
-                 ["check", "--world-size", "2", path, "parallel.pp=2"],
-                 ["check", path, "parallel.pp=2", "--world-size", "2", "--json"]):
+    for argv in (
+        ["check", path, "--world-size", "2", "parallel.pp=2"],
+        ["check", "--world-size", "2", path, "parallel.pp=2"],
+        ["check", path, "parallel.pp=2", "--world-size", "2", "--json"],
+    ):
         assert main(argv) == 0, argv
         out = capsys.readouterr().out
         assert ("world size 2" in out) or json.loads(out)["world_size"] == 2, argv
     launched = []
-    monkeypatch.setattr(launch, "relaunch", lambda args, overrides: launched.append((args.nproc, overrides)) or 0)
+    monkeypatch.setattr(
+        launch, "relaunch", lambda args, overrides: launched.append((args.nproc, overrides)) or 0
+    )
     for flag in ("--nproc", "--nproc-per-node", "--nproc_per_node"):
         assert main([path, flag, "2", "parallel.dp_shard=2"]) == 0
     assert launched == [(2, ["parallel.dp_shard=2"])] * 3
     args = parse_args(["prepare", path, "--out", "shards", "data.tokenizer=hf", "--train-bpe", "300"])[1]
-    assert (args.config, args.out, args.overrides, args.train_bpe) == (path, "shards", ["data.tokenizer=hf"], 300)
+    assert (args.config, args.out, args.overrides, args.train_bpe) == (
+        path,
+        "shards",
+        ["data.tokenizer=hf"],
+        300,
+    )
 
 
 def test_check_without_world_size_says_dp_shard_resolves_at_launch(forge_config, capsys):
@@ -170,6 +211,7 @@ def test_check_without_world_size_says_dp_shard_resolves_at_launch(forge_config,
 def test_refused_launch_prints_the_exact_check_command(forge_config, capsys, monkeypatch):
     """--nproc 2 with every degree 1: refused before any process starts, and the command
     it names (overrides quoted, world size included) prints the same report."""
+
     def no_child(*args, **kwargs):
         raise AssertionError(f"a process was started: {args}")
 
@@ -204,8 +246,14 @@ def test_rules_plugins_and_check_json_into_a_closed_pipe_end_quietly(tmp_path):
         read, write = os.pipe()
         os.close(read)
         with open(write, "w") as out:
-            proc = subprocess.run([sys.executable, "-m", "forge_core.cli", *argv], stdout=out,
-                                  stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=60)
+            proc = subprocess.run(
+                [sys.executable, "-m", "forge_core.cli", *argv],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+                timeout=60,
+            )
         assert proc.returncode == 141, (argv, proc.stderr)
         assert proc.stderr == "", (argv, proc.stderr)
 
@@ -229,8 +277,16 @@ def test_the_runner_gives_what_the_process_would_and_undoes_what_the_call_set(tm
     refused = forge_run(["check"])  # argparse's own refusal: its status, not a SystemExit
     assert refused.code == 2 and "the following arguments are required: config" in refused.stderr
     # Two distributions with one module name: each call sees its own, none outlives its call.
-    sites = [make_distribution(tmp_path / name, f"forge-{name}", "1.0", {"samename": PACKER_PLUGIN.format(name=name)},
-                               {name: "samename"}) for name in ("first", "second")]
+    sites = [
+        make_distribution(
+            tmp_path / name,
+            f"forge-{name}",
+            "1.0",
+            {"samename": PACKER_PLUGIN.format(name=name)},
+            {name: "samename"},
+        )
+        for name in ("first", "second")
+    ]
     path_before = list(sys.path)
     for site, name, other in ((sites[0], "first", "second"), (sites[1], "second", "first")):
         packers = {p["name"]: p for p in json.loads(forge_run(["plugins", "--json"], paths=[site]).stdout)}

@@ -12,7 +12,6 @@ import re
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
 from train_helpers import read_metrics
 
@@ -24,9 +23,15 @@ def quickstart(tmp_path_factory):
     """``forge-run configs/quickstart.yaml`` for two steps, with a held-out split to evaluate."""
     out = tmp_path_factory.mktemp("smoke") / "qs"
     result = run_cli(
-        "configs/quickstart.yaml", f"run.out_dir={out}", "train.steps=2", "train.batch_size=2",
-        "data.source_options.max_bytes=300000", "train.peak_tflops=1.0", "logging.loggers=[jsonl,plot]",
-        "data.heldout.fraction=0.2", timeout=300,
+        "configs/quickstart.yaml",
+        f"run.out_dir={out}",
+        "train.steps=2",
+        "train.batch_size=2",
+        "data.source_options.max_bytes=300000",
+        "train.peak_tflops=1.0",
+        "logging.loggers=[jsonl,plot]",
+        "data.heldout.fraction=0.2",
+        timeout=300,
     )
     return out, result
 
@@ -44,7 +49,9 @@ def test_train(quickstart):
     assert [r["step"] for r in records] == [1, 2] and records[0]["loss"] > 4.0
     assert (out / "loss.png").is_file() and (out / "checkpoints/latest").is_file()
     assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
-    assert re.search(r"packer: rows [\d,]+, tokens [\d,]+, kept \d+\.\d%, fill 100\.0%", result.stdout), result.stdout
+    assert re.search(r"packer: rows [\d,]+, tokens [\d,]+, kept \d+\.\d%, fill 100\.0%", result.stdout), (
+        result.stdout
+    )
 
 
 def test_sample(quickstart):
@@ -74,9 +81,14 @@ def test_eval(quickstart):
 def test_check():
     result = run_cli("check", "configs/quickstart.yaml", "parallel.dp_shard=2", "--world-size", "1")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "[parallel.world-size]" in result.stdout and "configs/quickstart.yaml: invalid: 1 error(s)" in result.stdout
+    assert (
+        "[parallel.world-size]" in result.stdout
+        and "configs/quickstart.yaml: invalid: 1 error(s)" in result.stdout
+    )
     valid = run_cli("check", "configs/quickstart.yaml", "--world-size", "1")
-    assert valid.returncode == 0 and "configs/quickstart.yaml: valid: 0 error(s)" in valid.stdout, valid.stdout
+    assert valid.returncode == 0 and "configs/quickstart.yaml: valid: 0 error(s)" in valid.stdout, (
+        valid.stdout
+    )
 
 
 def test_plugins():
@@ -101,7 +113,9 @@ def test_prepare(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"document {i}" for i in range(50)))
     config = tmp_path / "c.yaml"
-    config.write_text(f"data:\n  source: text\n  source_options: {{paths: ['{corpus}'], separator: \"\\n\\n\"}}\n")
+    config.write_text(
+        f"data:\n  source: text\n  source_options: {{paths: ['{corpus}'], separator: \"\\n\\n\"}}\n"
+    )
     result = run_cli("prepare", str(config), "--out", str(tmp_path / "shards"), cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "shards/index.json").read_text())["num_documents"] == 50

@@ -16,8 +16,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from doc_chapters import without_code
+
 from forge_core import docgen
 from forge_core.cli.main import build_parser
 from forge_core.config.loader import load_config
@@ -25,7 +25,9 @@ from forge_core.config.loader import load_config
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "coming-from.md"
 SECTIONS = ("run", "model", "attention", "data", "parallel", "train", "checkpoint", "logging", "plugins")
 #: A Forge key in a span; a file name such as ``train.yaml`` is not one.
-_KEY = re.compile(rf"(?<![\w.\-/])((?:{'|'.join(SECTIONS)})\.[A-Za-z_][\w.]*\w)(?<!\.yaml)(?<!\.yml)(?<!\.py)(?![\w.])")
+_KEY = re.compile(
+    rf"(?<![\w.\-/])((?:{'|'.join(SECTIONS)})\.[A-Za-z_][\w.]*\w)(?<!\.yaml)(?<!\.yml)(?<!\.py)(?![\w.])"
+)
 _SETTING = re.compile(rf"^((?:{'|'.join(SECTIONS)})\.[\w.]+)(?:=|: )(.+)$")
 
 
@@ -53,8 +55,11 @@ def _flag_problems(span: str, parser_of: dict) -> list[str]:
     words = shlex.split(span)[1:]
     command = words[0] if words and words[0] in parser_of else "train"
     known = {flag for action in parser_of[command]._actions for flag in action.option_strings}  # noqa: SLF001
-    return [f"`{span}`: forge-run {command} has no option {w.split('=')[0]}"
-            for w in words if w.startswith("--") and w.split("=")[0] not in known]
+    return [
+        f"`{span}`: forge-run {command} has no option {w.split('=')[0]}"
+        for w in words
+        if w.startswith("--") and w.split("=")[0] not in known
+    ]
 
 
 def page_problems(markdown: str, tmp: Path) -> list[str]:
@@ -90,8 +95,15 @@ def test_every_forge_key_value_and_option_on_the_page_exists(tmp_path):
     markdown = PAGE.read_text()
     groups = forge_spans(markdown)
     named = {key for spans in groups for span in spans for key in _KEY.findall(span)}
-    assert {"train.steps", "train.batch_size", "train.grad_accum", "checkpoint.every", "train.grad_clip",
-            "train.lr", "train.warmup_steps"} <= named
+    assert {
+        "train.steps",
+        "train.batch_size",
+        "train.grad_accum",
+        "checkpoint.every",
+        "train.grad_clip",
+        "train.lr",
+        "train.warmup_steps",
+    } <= named
     problems = page_problems(markdown, tmp_path)
     assert not problems, "docs/coming-from.md:\n" + "\n".join(problems)
 
@@ -103,7 +115,10 @@ def test_every_forge_key_value_and_option_on_the_page_exists(tmp_path):
         ("| `bf16=True` | `train.precision: fp16` | |", "train.precision=fp16"),
         ("| `lr` | `train.schedule: cosine`, `train.schedule_options.decay_shape: sqrt` | |", "decay_shape"),
         ("Launch with `forge-run --gpus 2 x.yaml`.", "forge-run train has no option --gpus"),
-        ("Sample with `forge-run sample run --prompt x --num-beams 4`.", "forge-run sample has no option --num-beams"),
+        (
+            "Sample with `forge-run sample run --prompt x --num-beams 4`.",
+            "forge-run sample has no option --num-beams",
+        ),
         ("Train with `forge-run train.yaml train.stpes=5`.", "train.stpes is not a Forge setting"),
     ],
 )

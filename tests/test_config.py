@@ -26,7 +26,9 @@ def test_sci_notation_without_a_dot_is_a_float(tmp_path):
 
 
 def test_override_values_are_parsed_as_yaml(forge_config):
-    config = judge(forge_config({}), ["train.lr=3e-4", "parallel.dp_shard=1", "logging.loggers=[jsonl]", "run.name=abc"]).config
+    config = judge(
+        forge_config({}), ["train.lr=3e-4", "parallel.dp_shard=1", "logging.loggers=[jsonl]", "run.name=abc"]
+    ).config
     assert (config.train.lr, config.logging.loggers, config.run.name) == (3e-4, ["jsonl"], "abc")
 
 
@@ -66,13 +68,17 @@ def test_literal_choices_are_listed(forge_config):
 
 
 def test_unknown_component_name_and_bad_option_block(forge_config):
-    issues, _ = issues_of(forge_config({"attention": {"backend": "flexx"}, "model": {"options": {"dimm": 64}}}))
+    issues, _ = issues_of(
+        forge_config({"attention": {"backend": "flexx"}, "model": {"options": {"dimm": 64}}})
+    )
     assert "unknown attention backend 'flexx'. Did you mean 'flex'?" in issues["$.attention.backend"]
     assert "unknown key 'dimm'. Did you mean 'dim'?" in issues["$.model.options"]
 
 
 def test_option_blocks_are_structured_against_component_options(forge_config):
-    config = judge(forge_config({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.5}}})).config
+    config = judge(
+        forge_config({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.5}}})
+    ).config
     assert type(config.train.optimizer_options).__name__ == "SGDOptions"
     assert config.train.optimizer_options.momentum == 0.5
 
@@ -80,7 +86,9 @@ def test_option_blocks_are_structured_against_component_options(forge_config):
 def test_overrides_errors():
     with pytest.raises(ConfigError, match="not of the form section.key=value"):
         apply_overrides({}, ["train.lr"])
-    with pytest.raises(ConfigError, match=r"\$\.train\.lr: override 'train.lr.x=1' goes inside \$\.train\.lr"):
+    with pytest.raises(
+        ConfigError, match=r"\$\.train\.lr: override 'train.lr.x=1' goes inside \$\.train\.lr"
+    ):
         apply_overrides({"train": {"lr": 1.0}}, ["train.lr.x=1"])
 
 
@@ -128,7 +136,10 @@ class _WindowPlugin:
 
 def _option_issues(cfg, backend, options):
     with pytest.raises(ConfigError) as info:
-        judge(cfg({"attention": {"backend": backend, "options": options}}), extra_plugins=(("window", _WindowPlugin()),))
+        judge(
+            cfg({"attention": {"backend": backend, "options": options}}),
+            extra_plugins=(("window", _WindowPlugin()),),
+        )
     return info.value.issues
 
 
@@ -141,15 +152,19 @@ def test_validator_errors_in_option_blocks_are_reported_at_their_field(forge_con
         "$.attention.options.window": "'window' must be >= 1: 0",
         "$.attention.options.mode": "'mode' must be in ['causal', 'full'] (got 'sideways')",
     }
-    config = judge(forge_config({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
-                   extra_plugins=(("window", _WindowPlugin()),)).config
+    config = judge(
+        forge_config({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
+        extra_plugins=(("window", _WindowPlugin()),),
+    ).config
     assert config.attention.options == _WindowOptions(window=2, mode="full")
     assert attrs.validators.get_disabled() is False
 
 
 def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
     # A check across fields (__attrs_post_init__) belongs to no single field.
-    assert _option_issues(forge_config, "range", {"lo": 2}) == [("$.attention.options", "ValueError: hi must be above lo")]
+    assert _option_issues(forge_config, "range", {"lo": 2}) == [
+        ("$.attention.options", "ValueError: hi must be above lo")
+    ]
 
 
 # --- values no config may hold ---------------------------------------------------------
@@ -164,11 +179,23 @@ def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
         ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf"),
         ("train:\n  steps: -5\n", "$.train.steps", "must be at least 1, got -5"),
         ("train:\n  steps: 0\n", "$.train.steps", "must be at least 1, got 0"),
-        (f"train:\n  steps: {10**40}\n", "$.train.steps", f"expected an integer from -2**63 to 2**63-1, got {10**40}"),
-        ("train:\n  optimizer_options: {beta1: 1.5}\n", "$.train.optimizer_options.beta1", "must be in [0, 1), got 1.5"),
+        (
+            f"train:\n  steps: {10**40}\n",
+            "$.train.steps",
+            f"expected an integer from -2**63 to 2**63-1, got {10**40}",
+        ),
+        (
+            "train:\n  optimizer_options: {beta1: 1.5}\n",
+            "$.train.optimizer_options.beta1",
+            "must be in [0, 1), got 1.5",
+        ),
         ("run:\n  out_dir: ''\n", "$.run.out_dir", "must be a non-empty string, got ''"),
         ("parallel:\n  dp_shard: 0\n", "$.parallel.dp_shard", "must be at least 1, or -1, got 0"),
-        ("data:\n  source_options: {max_files: -1}\n", "$.data.source_options.max_files", "must be at least 0, got -1"),
+        (
+            "data:\n  source_options: {max_files: -1}\n",
+            "$.data.source_options.max_files",
+            "must be at least 0, got -1",
+        ),
     ],
 )
 def test_values_outside_their_meaning_are_refused_at_their_path(tmp_path, text, path, expected):
@@ -193,8 +220,10 @@ def test_schema_errors_and_option_block_errors_come_in_one_report(forge_config):
     assert set(issues) == {"$.train.lr", "$.model.options"}
     assert "unknown key 'dimm'. Did you mean 'dim'?" in issues["$.model.options"]
     # Also with the section itself broken elsewhere, and an override that is not YAML.
-    issues, _ = issues_of(forge_config({"train": {"steps": 0}}), ["train.lr=[1", "attention.options.block_size=0",
-                                                         "attention.backend=flex"])
+    issues, _ = issues_of(
+        forge_config({"train": {"steps": 0}}),
+        ["train.lr=[1", "attention.options.block_size=0", "attention.backend=flex"],
+    )
     assert set(issues) == {"$.train.lr", "$.train.steps", "$.attention.options.block_size"}
     # An unknown component name is reported with the schema's errors too.
     issues, _ = issues_of(forge_config({"train": {"lr": "x"}, "data": {"packer": "bfdd"}}))
@@ -205,7 +234,7 @@ def test_schema_errors_and_option_block_errors_come_in_one_report(forge_config):
 
 #: 448 bytes that expand to 9**9 (387 million) strings, over 900 million values with the lists.
 ALIAS_BOMB = "\n".join(
-    [f'a: &a [{", ".join(["lol-lol"] * 9)}]']
+    [f"a: &a [{', '.join(['lol-lol'] * 9)}]"]
     + [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
     + ["train: {lr: *i}", ""]
 )
@@ -238,24 +267,34 @@ def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path, monkeypatch):
     count = _Counting(monkeypatch)
     with pytest.raises(ConfigError) as info:
         load_config(config)
-    assert info.value.issues == [("$", (
-        "the YAML expands to 926,177,117 values, more than the 100,000 a config may have (anchors "
-        "and aliases, &name and *name, repeat what they name): write the values out"))]
+    assert info.value.issues == [
+        (
+            "$",
+            (
+                "the YAML expands to 926,177,117 values, more than the 100,000 a config may have (anchors "
+                "and aliases, &name and *name, repeat what they name): write the values out"
+            ),
+        )
+    ]
     assert count.constructed == 0 and count.composed < 200  # the document's own nodes only
 
 
 def test_an_alias_bomb_as_an_override_is_refused_too(tmp_path, monkeypatch):
     flow = "[" + ", ".join(ALIAS_BOMB.splitlines()[:-1][i].split(": ", 1)[1] for i in range(9)) + "]"
     count = _Counting(monkeypatch)
-    with pytest.raises(ConfigError, match=r"\$\.train\.lr: the YAML expands to [\d,]+ values, more than the 100,000"):
+    with pytest.raises(
+        ConfigError, match=r"\$\.train\.lr: the YAML expands to [\d,]+ values, more than the 100,000"
+    ):
         apply_overrides({}, [f"train.lr={flow}"])
     assert count.constructed == 0
 
 
 def test_aliases_within_bounds_work_and_an_override_changes_one_place_only(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("logging:\n  options:\n    jsonl: &f {filename: m.jsonl}\n    plot: {<<: *f, filename: p.png}\n"
-                      "parallel:\n  options: {ddp: &d {bucket_cap_mb: 5.0}, fsdp: {}}\n")
+    config.write_text(
+        "logging:\n  options:\n    jsonl: &f {filename: m.jsonl}\n    plot: {<<: *f, filename: p.png}\n"
+        "parallel:\n  options: {ddp: &d {bucket_cap_mb: 5.0}, fsdp: {}}\n"
+    )
     raw = loader.read_config_file(config)
     assert raw["logging"]["options"]["plot"] == {"filename": "p.png"}
     shared = apply_overrides({"a": (inner := {"x": 1}), "b": inner}, ["a.x=2"])
@@ -274,8 +313,12 @@ def test_deep_nesting_is_a_clean_error_in_files_and_overrides(tmp_path, monkeypa
     with pytest.raises(ConfigError) as info:
         load_config(config)
     assert info.value.issues[0][0] == "$" and "nested more than 64 levels deep" in info.value.issues[0][1]
-    assert count.composed <= 2 * loader.MAX_DEPTH + 2  # stopped at the limit (keys count too), whatever the depth
-    with pytest.raises(ConfigError, match=r"\$\.train\.x: invalid YAML \(line 1, column \d+\): nested more than 64"):
+    assert (
+        count.composed <= 2 * loader.MAX_DEPTH + 2
+    )  # stopped at the limit (keys count too), whatever the depth
+    with pytest.raises(
+        ConfigError, match=r"\$\.train\.x: invalid YAML \(line 1, column \d+\): nested more than 64"
+    ):
         apply_overrides({}, [f"train.x={value}"])
     with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
         apply_overrides({}, [".".join(["a"] * depth) + "=1"])
@@ -287,9 +330,18 @@ def test_keys_that_are_not_strings_are_refused_in_files_and_overrides(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(config)
     assert info.value.issues == [
-        ("$", 'key 1 (line 1) is an integer, not a string: config keys are names; quote it ("1") if it is one'),
-        ("$.train", 'key 2.5 (line 4) is a number, not a string: config keys are names; quote it ("2.5") if it is one'),
-        ("$.train", 'key yes (line 5) is a boolean, not a string: config keys are names; quote it ("yes") if it is one'),
+        (
+            "$",
+            'key 1 (line 1) is an integer, not a string: config keys are names; quote it ("1") if it is one',
+        ),
+        (
+            "$.train",
+            'key 2.5 (line 4) is a number, not a string: config keys are names; quote it ("2.5") if it is one',
+        ),
+        (
+            "$.train",
+            'key yes (line 5) is a boolean, not a string: config keys are names; quote it ("yes") if it is one',
+        ),
     ]
     with pytest.raises(ConfigError, match=r"\$\.train: key 1 \(line 1\) is an integer"):
         apply_overrides({}, ["train={1: a, lr: 2}"])
@@ -301,8 +353,14 @@ def test_duplicate_keys_and_sections_are_refused_with_both_lines(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(config)
     assert info.value.issues == [
-        ("$", "key 'train' is given twice (lines 1 and 5): the second would silently replace the first; merge them into one"),
-        ("$.train", "key 'lr' is given twice (lines 2 and 3): the second would silently replace the first; merge them into one"),
+        (
+            "$",
+            "key 'train' is given twice (lines 1 and 5): the second would silently replace the first; merge them into one",
+        ),
+        (
+            "$.train",
+            "key 'lr' is given twice (lines 2 and 3): the second would silently replace the first; merge them into one",
+        ),
     ]
 
 
@@ -326,11 +384,18 @@ def test_a_directory_given_as_the_config_is_called_a_directory(tmp_path):
 
 
 def test_a_moved_key_in_a_file_is_an_error_naming_its_new_path_with_every_other_error(forge_config):
-    issues, text = issues_of(forge_config({"parallel": {"pp_schedule": "gpipe", "sequence_parallel": True, "tp": 0},
-                                  "train": {"steps": "x"}}))
+    issues, text = issues_of(
+        forge_config(
+            {
+                "parallel": {"pp_schedule": "gpipe", "sequence_parallel": True, "tp": 0},
+                "train": {"steps": "x"},
+            }
+        )
+    )
     assert issues["$.parallel.pp_schedule"] == (
         "moved to parallel.options.pp.schedule: set parallel.options.pp.schedule = 'gpipe' instead "
-        "(override: parallel.options.pp.schedule='gpipe')")
+        "(override: parallel.options.pp.schedule='gpipe')"
+    )
     assert issues["$.parallel.sequence_parallel"].startswith("moved to parallel.options.tp.sequence_parallel")
     assert "$.parallel.tp" in issues and "$.train.steps" in issues  # reported together
     assert "unknown key" not in text  # a moved key is not also an unknown one
@@ -344,7 +409,9 @@ def test_a_moved_key_in_an_override_is_an_error_naming_its_new_path(forge_config
 
 def test_moved_keys_work_at_their_new_paths_in_files_and_overrides(forge_config):
     path = forge_config({"parallel": {"options": {"pp": {"schedule": "gpipe"}}}})
-    plan = judge(path, ["parallel.options.pp.microbatches=4", "parallel.options.tp.sequence_parallel=true"]).plan
+    plan = judge(
+        path, ["parallel.options.pp.microbatches=4", "parallel.options.tp.sequence_parallel=true"]
+    ).plan
     assert (plan.options_of("pp").schedule, plan.options_of("pp").microbatches) == ("gpipe", 4)
     assert plan.options_of("tp").sequence_parallel is True
     # Defaults for a strategy the config does not mention, active or not.
@@ -361,9 +428,21 @@ def test_forge_run_check_reports_a_moved_key(forge_config, capsys):
 def test_a_run_directory_written_before_the_move_still_loads():
     """Forge's own config.yaml of an earlier run: its moved keys are put at their new
     paths (a user's config gets the error instead)."""
-    saved = {"parallel": {"pp": 2, "pp_schedule": "gpipe", "pp_microbatches": 0, "sequence_parallel": False,
-                          "options": {"pp": {"virtual_stages": 1}}}}
+    saved = {
+        "parallel": {
+            "pp": 2,
+            "pp_schedule": "gpipe",
+            "pp_microbatches": 0,
+            "sequence_parallel": False,
+            "options": {"pp": {"virtual_stages": 1}},
+        }
+    }
     migrated = loader.migrate_moved_keys(saved)
-    assert migrated["parallel"] == {"pp": 2, "options": {
-        "pp": {"virtual_stages": 1, "schedule": "gpipe", "microbatches": 0}, "tp": {"sequence_parallel": False}}}
+    assert migrated["parallel"] == {
+        "pp": 2,
+        "options": {
+            "pp": {"virtual_stages": 1, "schedule": "gpipe", "microbatches": 0},
+            "tp": {"sequence_parallel": False},
+        },
+    }
     assert saved["parallel"]["pp_schedule"] == "gpipe"  # the input is left alone

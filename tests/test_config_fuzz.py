@@ -60,7 +60,9 @@ def numeric_fields() -> dict[str, tuple[type, dict]]:
                     found[path] = (_numeric(f.type), {block.name_path: name})
     for block in KEYED_BLOCKS:
         for name in REGISTRIES[block.kind].names():
-            for path, f in option_rows(REGISTRIES[block.kind].get(name).options, f"{block.options_path}.{name}."):
+            for path, f in option_rows(
+                REGISTRIES[block.kind].get(name).options, f"{block.options_path}.{name}."
+            ):
                 if _numeric(f.type):
                     found[path] = (_numeric(f.type), {})
     return found
@@ -71,10 +73,20 @@ FIELDS = numeric_fields()
 
 def test_the_introspection_finds_kernel_and_component_fields():
     # A negative control for the generator: fields of each origin are there.
-    for path in ("train.lr", "train.steps", "train.nonfinite.max_consecutive", "parallel.dp_shard",
-                 "train.optimizer_options.beta1", "model.options.norm_eps", "model.options.rope_scaling.factor", "attention.options.block_size",
-                 "data.source_options.max_bytes", "parallel.options.ddp.bucket_cap_mb",
-                 "logging.options.plot.smooth", "train.schedule_options.decay_fraction"):
+    for path in (
+        "train.lr",
+        "train.steps",
+        "train.nonfinite.max_consecutive",
+        "parallel.dp_shard",
+        "train.optimizer_options.beta1",
+        "model.options.norm_eps",
+        "model.options.rope_scaling.factor",
+        "attention.options.block_size",
+        "data.source_options.max_bytes",
+        "parallel.options.ddp.bucket_cap_mb",
+        "logging.options.plot.smooth",
+        "train.schedule_options.decay_fraction",
+    ):
         assert path in FIELDS, path
     assert len(FIELDS) >= 40
 
@@ -110,8 +122,25 @@ def test_non_finite_and_overflowing_values_are_refused_at_their_path(path):
 
 
 _values = st.one_of(
-    st.sampled_from([0, 1, -1, 2, 0.5, -0.5, 1.0, 1e-320, 1e308, -1e308, INT_MAX, INT_MIN, 2**53 + 1,
-                     *NEVER_VALID[int], *NEVER_VALID[float]]),
+    st.sampled_from(
+        [
+            0,
+            1,
+            -1,
+            2,
+            0.5,
+            -0.5,
+            1.0,
+            1e-320,
+            1e308,
+            -1e308,
+            INT_MAX,
+            INT_MIN,
+            2**53 + 1,
+            *NEVER_VALID[int],
+            *NEVER_VALID[float],
+        ]
+    ),
     st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
 )

@@ -28,7 +28,6 @@ from forge_core.testing import (  # noqa: E402
     rounding_tolerance,
 )
 
-
 # --- attention backends -----------------------------------------------------------------
 
 
@@ -55,7 +54,9 @@ class _Masked(_Causal):
         return (causal & (doc_ids[:, :, None] == doc_ids[:, None, :]))[:, None]
 
     def attend(self, q, k, v, prepared):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=prepared, enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=prepared, enable_gqa=q.shape[1] != k.shape[1]
+        )
 
 
 class _WrongGqaHeads(_Masked):
@@ -63,7 +64,9 @@ class _WrongGqaHeads(_Masked):
 
     def attend(self, q, k, v, prepared):
         group = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), attn_mask=prepared)
+        return F.scaled_dot_product_attention(
+            q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), attn_mask=prepared
+        )
 
 
 class _FirstRowMask(_Masked):
@@ -151,7 +154,9 @@ class _NoFloat64(_Masked):
 
 @pytest.mark.numerical
 def test_backend_ignoring_doc_ids_fails_document_isolation():
-    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 .*attend across documents"):
+    with pytest.raises(
+        AssertionError, match=r"document isolation broken at row 0, document 1 .*attend across documents"
+    ):
         check_attention_backend(_Causal)
 
 
@@ -169,7 +174,10 @@ def test_reference_agreement_with_doc_ids_catches_ignored_doc_ids_on_its_own():
 
 @pytest.mark.numerical
 def test_kit_catches_a_small_numerical_error():
-    with pytest.raises(AssertionError, match=r"causal without doc_ids: forward \(no_grad, call 1 .* differs from the reference"):
+    with pytest.raises(
+        AssertionError,
+        match=r"causal without doc_ids: forward \(no_grad, call 1 .* differs from the reference",
+    ):
         check_attention_backend(_WrongScale)
 
 
@@ -179,26 +187,45 @@ def test_a_leak_below_float32_rounding_is_caught_in_float64_and_by_the_exact_zer
 
     doc_ids = doc_ids_from_lengths(LAYOUTS, 16)
     # float32: outputs agree with each document alone within rounding...
-    case = _Case(_MixesInOtherDocuments(None), "cpu", torch.float32, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS)
+    case = _Case(
+        _MixesInOtherDocuments(None), "cpu", torch.float32, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS
+    )
     case.isolates_documents(doc_ids)
     # ...but the gradient reaching other documents is not exactly 0.
-    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 \(positions 5\.\.5 of 16\): the gradient of its outputs reaches the [qkv] of position [0-4] \(document 0, head \d\) .* must be exactly 0"):
+    with pytest.raises(
+        AssertionError,
+        match=r"document isolation broken at row 0, document 1 \(positions 5\.\.5 of 16\): the gradient of its outputs reaches the [qkv] of position [0-4] \(document 0, head \d\) .* must be exactly 0",
+    ):
         case.gradient_stays_in_document(doc_ids)
     # float64 sees it in the outputs themselves.
-    case = _Case(_MixesInOtherDocuments(None), "cpu", torch.float64, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS)
-    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 1 .*output differs .*rounding tolerance of float64"):
+    case = _Case(
+        _MixesInOtherDocuments(None), "cpu", torch.float64, 4, 2, 0, None, ROUNDING_FACTOR, "mixes", LAYOUTS
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"document isolation broken at row 0, document 1 .*output differs .*rounding tolerance of float64",
+    ):
         case.isolates_documents(doc_ids)
     # The whole kit, float32 first: the exact-zero gradient check is what fails.
-    with pytest.raises(AssertionError, match=r"float32, 4 query / 2 key-value heads: document isolation broken at row 0, document 1 .*must be exactly 0"):
+    with pytest.raises(
+        AssertionError,
+        match=r"float32, 4 query / 2 key-value heads: document isolation broken at row 0, document 1 .*must be exactly 0",
+    ):
         check_attention_backend(_MixesInOtherDocuments)
 
 
 @pytest.mark.numerical
 def test_float64_run_requires_a_backend_that_follows_its_input_dtype():
     check_attention_backend(_Float32Softmax, float64=False)  # fine within float32 rounding
-    with pytest.raises(AssertionError, match=r"float64, 4 query / 2 key-value heads, causal without doc_ids: forward .* exceeds the rounding tolerance of float64"):
+    with pytest.raises(
+        AssertionError,
+        match=r"float64, 4 query / 2 key-value heads, causal without doc_ids: forward .* exceeds the rounding tolerance of float64",
+    ):
         check_attention_backend(_Float32Softmax)
-    with pytest.raises(AssertionError, match=r"on cpu, float64, .*failed on float64 inputs \(NotImplementedError: no float64 kernel\).*float64=False"):
+    with pytest.raises(
+        AssertionError,
+        match=r"on cpu, float64, .*failed on float64 inputs \(NotImplementedError: no float64 kernel\).*float64=False",
+    ):
         check_attention_backend(_NoFloat64)
     check_attention_backend(_NoFloat64, float64=False)
 
@@ -218,11 +245,21 @@ def test_rounding_tolerance_follows_dtype_sum_length_and_row_size():
     tol = rounding_tolerance(want, torch.float32, terms=16)
     eps32 = torch.finfo(torch.float32).eps
     rms = (25 / 2) ** 0.5  # a row that cancels to 0 gets the typical row's size
-    assert torch.allclose(tol, torch.tensor([[5.0], [rms]], dtype=torch.float64) * ROUNDING_FACTOR * eps32 * 4)
-    assert torch.allclose(rounding_tolerance(want, torch.float64, 16) / tol, torch.tensor(torch.finfo(torch.float64).eps / eps32, dtype=torch.float64))
-    assert torch.allclose(rounding_tolerance(want, torch.float32, 64) / tol, torch.tensor(2.0, dtype=torch.float64))
+    assert torch.allclose(
+        tol, torch.tensor([[5.0], [rms]], dtype=torch.float64) * ROUNDING_FACTOR * eps32 * 4
+    )
+    assert torch.allclose(
+        rounding_tolerance(want, torch.float64, 16) / tol,
+        torch.tensor(torch.finfo(torch.float64).eps / eps32, dtype=torch.float64),
+    )
+    assert torch.allclose(
+        rounding_tolerance(want, torch.float32, 64) / tol, torch.tensor(2.0, dtype=torch.float64)
+    )
     # A result smaller than its terms (cancellation) is held to the size of the terms.
-    assert torch.allclose(rounding_tolerance(want, torch.float32, 16, scale=50.0), tol.new_tensor(50.0) * ROUNDING_FACTOR * eps32 * 4)
+    assert torch.allclose(
+        rounding_tolerance(want, torch.float32, 16, scale=50.0),
+        tol.new_tensor(50.0) * ROUNDING_FACTOR * eps32 * 4,
+    )
     # Half precision: results rounded to bf16, sums accumulated in fp32.
     half = rounding_tolerance(want[:1], torch.bfloat16, 16)
     expected = ROUNDING_FACTOR * (torch.finfo(torch.bfloat16).eps + eps32 * 4) * 5
@@ -241,10 +278,15 @@ def test_assert_within_rounding_passes_rounding_and_names_a_real_difference():
     assert 0 < ratio < 1
     wrong = want.clone()
     wrong[1, 2] += 1e-4 * want[1].norm()
-    with pytest.raises(AssertionError, match=r"off: max \|difference\| .* exceeds the rounding tolerance of float32 .* first mismatch at \[token 1, dim 2\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"off: max \|difference\| .* exceeds the rounding tolerance of float32 .* first mismatch at \[token 1, dim 2\]",
+    ):
         assert_within_rounding(wrong, want, dtype=torch.float32, terms=1, what="off", dims=("token", "dim"))
     with pytest.raises(AssertionError, match="non-finite value nan"):
-        assert_within_rounding(torch.full((2, 2), float("nan")), torch.zeros(2, 2), dtype=torch.float32, terms=1, what="x")
+        assert_within_rounding(
+            torch.full((2, 2), float("nan")), torch.zeros(2, 2), dtype=torch.float32, terms=1, what="x"
+        )
 
 
 @pytest.mark.numerical
@@ -252,14 +294,19 @@ def test_assert_exactly_zero_counts_what_is_not():
     assert_exactly_zero(torch.zeros(2, 3), "zeros")
     grad = torch.zeros(2, 3)
     grad[1, 2] = 1e-30
-    with pytest.raises(AssertionError, match=r"leak: 1 entries are not exactly 0 \(largest \|value\| 1e-30\); first at \[row 1, dim 2\]"):
+    with pytest.raises(
+        AssertionError,
+        match=r"leak: 1 entries are not exactly 0 \(largest \|value\| 1e-30\); first at \[row 1, dim 2\]",
+    ):
         assert_exactly_zero(grad, "leak", ("row", "dim"))
 
 
 @pytest.mark.numerical
 def test_layouts_reach_the_checks():
     check_attention_backend(_LeaksAfterFirstBlock)  # default rows are 16 tokens: no leak
-    with pytest.raises(AssertionError, match=r"document isolation broken at row 0, document 3 \(positions 12\.\.22 of 24\)"):
+    with pytest.raises(
+        AssertionError, match=r"document isolation broken at row 0, document 3 \(positions 12\.\.22 of 24\)"
+    ):
         check_attention_backend(_LeaksAfterFirstBlock, layouts=((5, 1, 6, 11, 1), (1, 9, 14)))
     with pytest.raises(ValueError, match=r"document lengths \(4,\) must be positive and add up to seq_len 5"):
         check_attention_backend("eager", layouts=((3, 2), (4,)))
@@ -285,7 +332,10 @@ def test_backend_that_declares_no_doc_ids_is_checked_causally_only():
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        (_WrongGqaHeads, r"4 query / 2 key-value heads, causal without doc_ids: forward .* differs from the reference"),
+        (
+            _WrongGqaHeads,
+            r"4 query / 2 key-value heads, causal without doc_ids: forward .* differs from the reference",
+        ),
         (_NotCausal, r"causal without doc_ids: forward .* differs from the reference"),
         (_FirstRowMask, r"document isolation broken at row 1, document 1"),
         (_Detached, "carries no gradient"),
@@ -309,7 +359,9 @@ def test_reference_attention_matches_sdpa_and_masks_documents():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert_within_rounding(reference_attention(q, k, v), sdpa, dtype=torch.float64, terms=6, what="reference vs sdpa")
+    assert_within_rounding(
+        reference_attention(q, k, v), sdpa, dtype=torch.float64, terms=6, what="reference vs sdpa"
+    )
     doc_ids = torch.tensor([[0, 0, 0, 1, 1, 1]])
     out = reference_attention(q, k, v, doc_ids)
     # The second document alone is the same as the packed row's second half.
@@ -328,7 +380,9 @@ def test_reference_attention_matches_the_builtin_eager_backend_with_gqa_and_doc_
     eager = EagerAttention(None)
     for ids in (None, doc_ids):
         got = eager.attend(q, k, v, eager.prepare(ids, 16, "cpu"))
-        assert_within_rounding(got, reference_attention(q, k, v, ids), dtype=torch.float64, terms=16, what="eager")
+        assert_within_rounding(
+            got, reference_attention(q, k, v, ids), dtype=torch.float64, terms=16, what="eager"
+        )
 
 
 def test_unavailable_device_is_a_usage_error():
@@ -381,7 +435,14 @@ def _park(cls, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=N
     attr = f"m{len(vars(_MUTANTS))}"
     setattr(_MUTANTS, attr, cls)
     kwargs = {"options": options} if options is not None else {}
-    return PackerSpec(name="mutant", summary="s", impl=f"{__name__}:_MUTANTS.{attr}", emits=emits, emits_when=emits_when, **kwargs)
+    return PackerSpec(
+        name="mutant",
+        summary="s",
+        impl=f"{__name__}:_MUTANTS.{attr}",
+        emits=emits,
+        emits_when=emits_when,
+        **kwargs,
+    )
 
 
 def _lazy_mutant(base: str, change):
@@ -457,20 +518,43 @@ def _no_labels(out):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (_mutating(BFD, _drop(DOC_IDS, POSITIONS)), r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids, positions"),
-        (_mutating(BFD, lambda out: None, emits=frozenset()), "rows carry doc_ids, positions, which the spec does not declare"),
-        (_mutating(BFD, lambda out: None, emits_when="isolate", options=_Switch), r"with isolate=False: its rows carry doc_ids"),
+        (
+            _mutating(BFD, _drop(DOC_IDS, POSITIONS)),
+            r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids, positions",
+        ),
+        (
+            _mutating(BFD, lambda out: None, emits=frozenset()),
+            "rows carry doc_ids, positions, which the spec does not declare",
+        ),
+        (
+            _mutating(BFD, lambda out: None, emits_when="isolate", options=_Switch),
+            r"with isolate=False: its rows carry doc_ids",
+        ),
         (_mutating(CONCAT, _eos_labels_cross), "label must not cross a document boundary"),
         (_mutating(BFD, _merge_documents), "spans two documents"),
-        (_mutating(CONCAT, _eos_opens_the_next_document), r"spans two documents \(an EOS of unknown document then document \d+ token 0\)"),
+        (
+            _mutating(CONCAT, _eos_opens_the_next_document),
+            r"spans two documents \(an EOS of unknown document then document \d+ token 0\)",
+        ),
         (_mutating(BFD, _positions_never_restart), "a new document starts .* not 0"),
         (_mutating(BFD, _duplicate_first_row), "appears twice"),
         (_mutating(BFD, _int32), "'input_ids' has dtype int32"),
         (_mutating(BFD, _no_labels), "label is -100 although the next token of the same document"),
         (_mutating(BFD, _set_row_labels), "is not the next token of the input's document"),
     ],
-    ids=["declared-not-emitted", "emitted-not-declared", "emits_when-ignored", "label-crosses",
-         "merged-doc-ids", "eos-in-next-doc", "positions", "duplicate", "dtype", "no-labels", "wrong-labels"],
+    ids=[
+        "declared-not-emitted",
+        "emitted-not-declared",
+        "emits_when-ignored",
+        "label-crosses",
+        "merged-doc-ids",
+        "eos-in-next-doc",
+        "positions",
+        "duplicate",
+        "dtype",
+        "no-labels",
+        "wrong-labels",
+    ],
 )
 @pytest.mark.filterwarnings("ignore:.*eager packer contract:FutureWarning")
 def test_broken_packers_fail_with_a_specific_message(spec, message):
@@ -501,16 +585,27 @@ def _changes_every_call(layout, lengths):
     per_row = np.diff(layout.row_ptr)
     row = np.repeat(np.arange(layout.rows), per_row)
     order = np.lexsort((np.arange(layout.num_pieces), -row))
-    return attrs.evolve(layout, starts=layout.starts[order], lengths=layout.lengths[order],
-                        row_ptr=np.concatenate([[0], np.cumsum(per_row[::-1])]))
+    return attrs.evolve(
+        layout,
+        starts=layout.starts[order],
+        lengths=layout.lengths[order],
+        row_ptr=np.concatenate([[0], np.cumsum(per_row[::-1])]),
+    )
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    (_lazy_mutant(BFD, _overlap), "layout\\(\\) broke the packer contract: pieces overlap"),
-    (_lazy_mutant(BFD, _no_metadata), r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids"),
-    (_lazy_mutant(BFD, _mutates_lengths), "layout\\(\\) modified the lengths it was given"),
-    (_lazy_mutant(BFD, _changes_every_call), "twice gave different results"),
-], ids=["overlap", "metadata-off", "mutates-lengths", "nondeterministic"])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (_lazy_mutant(BFD, _overlap), "layout\\(\\) broke the packer contract: pieces overlap"),
+        (
+            _lazy_mutant(BFD, _no_metadata),
+            r"declares that it emits \{doc_ids, positions\}.*rows have no doc_ids",
+        ),
+        (_lazy_mutant(BFD, _mutates_lengths), "layout\\(\\) modified the lengths it was given"),
+        (_lazy_mutant(BFD, _changes_every_call), "twice gave different results"),
+    ],
+    ids=["overlap", "metadata-off", "mutates-lengths", "nondeterministic"],
+)
 def test_broken_lazy_packers_fail_with_a_specific_message(spec, message):
     with pytest.raises(AssertionError, match=message):
         check_packer(spec)
@@ -518,7 +613,9 @@ def test_broken_lazy_packers_fail_with_a_specific_message(spec, message):
 
 def test_an_eager_only_packer_still_passes_with_a_warning_naming_the_lazy_contract():
     spec = _mutating(BFD, lambda out: None)
-    with pytest.warns(FutureWarning, match=r"eager packer contract \(deprecated\).*Implement layout\(lengths\) -> RowLayout"):
+    with pytest.warns(
+        FutureWarning, match=r"eager packer contract \(deprecated\).*Implement layout\(lengths\) -> RowLayout"
+    ):
         report = check_packer(spec, lossless=True)
     assert report.emitted == {DOC_IDS, POSITIONS}
 
@@ -546,14 +643,25 @@ def test_builtin_rules_pass_the_kit():
     class Lossy:  # a third-party wrapper that declares it forwards no metadata
         @hookimpl
         def forge_parallelisms(self):
-            return [ParallelismSpec(name="lossy", summary="drops metadata", impl="x.y:Z", mesh_dim=None,
-                                    order=350, forwards=frozenset())]
+            return [
+                ParallelismSpec(
+                    name="lossy",
+                    summary="drops metadata",
+                    impl="x.y:Z",
+                    mesh_dim=None,
+                    order=350,
+                    forwards=frozenset(),
+                )
+            ]
 
     messages = check_rule(
         "parallel.metadata-reaches-layers",
         violating={"parallel": {"wrappers": ["lossy"]}, "data": {"packer": "concat"}},
         passing=[
-            {"parallel": {"wrappers": ["lossy"]}, "data": {"packer": "concat", "packer_options": {"isolate": False}}},
+            {
+                "parallel": {"wrappers": ["lossy"]},
+                "data": {"packer": "concat", "packer_options": {"isolate": False}},
+            },
             {"parallel": {"pp": 2}, "data": {"packer": "concat"}},  # the pipeline carries the metadata
             {"data": {"packer": "bfd"}},
         ],
@@ -562,7 +670,10 @@ def test_builtin_rules_pass_the_kit():
     assert "doc_ids" in messages[0] and "'lossy'" in messages[0]
     check_rule("model.seq-len", violating=({}, ["data.seq_len=1000000"]), passing={})
     check_rule(
-        "parallel.world-size", violating={"parallel": {"dp_shard": 3}}, passing={"parallel": {"dp_shard": 2}}, world_size=2
+        "parallel.world-size",
+        violating={"parallel": {"dp_shard": 3}},
+        passing={"parallel": {"dp_shard": 2}},
+        world_size=2,
     )
 
 
@@ -589,7 +700,9 @@ def _rule(check, paths=("data.seq_len",), fix="Lower data.seq_len."):
 
 
 def test_rule_object_is_checked_on_both_configs():
-    messages = check_rule(_rule(_window_too_big), violating={"data": {"seq_len": 256}}, passing={"data": {"seq_len": 64}})
+    messages = check_rule(
+        _rule(_window_too_big), violating={"data": {"seq_len": 256}}, passing={"data": {"seq_len": 64}}
+    )
     assert messages == ["data.seq_len = 256 is above 128"]
 
 
@@ -599,7 +712,10 @@ def test_rule_object_is_checked_on_both_configs():
         (_rule(_never), "on the violating config .*did not fire"),
         (_rule(_always), "on the passing config .*fired although the config is fine: always wrong"),
         (_rule(_raises), "the rule raised KeyError"),
-        (_rule(_window_too_big, paths=("data.seqlen",)), "names the field 'data.seqlen', which the config does not have"),
+        (
+            _rule(_window_too_big, paths=("data.seqlen",)),
+            "names the field 'data.seqlen', which the config does not have",
+        ),
         (_rule(_window_too_big, fix=" "), "has an empty fix"),
         (_rule(lambda ctx: [""]), "every message must be a non-empty string"),
     ],
@@ -620,13 +736,28 @@ class _WindowPlugin:
 
     @hookimpl
     def forge_attention_backends(self):
-        return [AttentionBackendSpec(name="kitwin", summary="s", impl=f"{__name__}:_Masked", options=_WinOptions, honours={DOC_IDS})]
+        return [
+            AttentionBackendSpec(
+                name="kitwin", summary="s", impl=f"{__name__}:_Masked", options=_WinOptions, honours={DOC_IDS}
+            )
+        ]
 
     @hookimpl
     def forge_rules(self):
-        return [Rule(id="kitwin.small", severity="warning", paths=("attention.options.window",), summary="s",
-                     check=lambda ctx: "too big" if ctx.specs["attention"].name == "kitwin" and ctx.config.attention.options.window > 8 else None,
-                     fix="f")]
+        return [
+            Rule(
+                id="kitwin.small",
+                severity="warning",
+                paths=("attention.options.window",),
+                summary="s",
+                check=lambda ctx: (
+                    "too big"
+                    if ctx.specs["attention"].name == "kitwin" and ctx.config.attention.options.window > 8
+                    else None
+                ),
+                fix="f",
+            )
+        ]
 
 
 @attrs.frozen
@@ -654,4 +785,6 @@ def test_pytest_plugin_fixtures(forge_conformance, forge_registries, forge_confi
     assert forge_conformance.check_packer is check_packer
     assert "bfd" in forge_registries["packer"]
     assert forge_devices == ("cpu",)
-    forge_conformance.check_rule("model.seq-len", violating=forge_config({"data": {"seq_len": 10**6}}), passing=forge_config({}))
+    forge_conformance.check_rule(
+        "model.seq-len", violating=forge_config({"data": {"seq_len": 10**6}}), passing=forge_config({})
+    )

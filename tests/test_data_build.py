@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from train_helpers import Recorder, tiny_config, write_config
 
 from forge_core import cli
 from forge_core.api import DOC_IDS, POSITIONS, PackerSpec, hookimpl
-from train_helpers import Recorder, tiny_config, write_config
 
 
 class EagerBfd:
@@ -46,10 +46,20 @@ class NoMetadataBfd:
 class Packers:
     @hookimpl
     def forge_packers(self):
-        return [PackerSpec(name="eager", summary="old contract", impl="test_data_build:EagerBfd",
-                           emits={DOC_IDS, POSITIONS}),
-                PackerSpec(name="broken", summary="drops metadata", impl="test_data_build:NoMetadataBfd",
-                           emits={DOC_IDS, POSITIONS})]
+        return [
+            PackerSpec(
+                name="eager",
+                summary="old contract",
+                impl="test_data_build:EagerBfd",
+                emits={DOC_IDS, POSITIONS},
+            ),
+            PackerSpec(
+                name="broken",
+                summary="drops metadata",
+                impl="test_data_build:NoMetadataBfd",
+                emits={DOC_IDS, POSITIONS},
+            ),
+        ]
 
 
 def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tmp_path, capsys):
@@ -58,7 +68,9 @@ def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tm
     cfg = tiny_config(tmp_path, "eager", data={"packer": "eager"}, train={"steps": 2})
     rec = Recorder()
     with pytest.warns(FutureWarning, match="eager packer contract"):
-        status = train_in_process(write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()), ("r", rec)))
+        status = train_in_process(
+            write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()), ("r", rec))
+        )
     assert status == "completed" and sorted(rec.metrics) == [1, 2]
     err = capsys.readouterr().err
     assert "implements only pack(documents)" in err and "Implement layout(lengths) -> RowLayout" in err
@@ -69,16 +81,22 @@ def test_a_layout_that_breaks_the_spec_is_refused_before_training(tmp_path):
     from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "broken", data={"packer": "broken"}, train={"steps": 2})
-    with pytest.raises(ForgeError, match=r"packer 'broken' .*declares that it emits doc_ids, positions .* "
-                                         r"metadata=False"):
+    with pytest.raises(
+        ForgeError,
+        match=r"packer 'broken' .*declares that it emits doc_ids, positions .* "
+        r"metadata=False",
+    ):
         train_in_process(write_config(tmp_path / "b.yaml", cfg), [], extra_plugins=(("p", Packers()),))
     assert not (tmp_path / "broken" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a NUL byte"),
-    (b"caf\xe9 au lait", "invalid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a NUL byte"),
+        (b"caf\xe9 au lait", "invalid UTF-8"),
+    ],
+)
 def test_bad_input_stops_the_run_with_exit_2_and_the_file_name(tmp_path, capsys, content, message):
     bad = tmp_path / "corpus" / "bad.txt"
     bad.parent.mkdir()
@@ -93,10 +111,15 @@ def test_one_source_and_a_mixture_are_two_forms_of_one_setting(tmp_path, capsys)
     cfg = tiny_config(tmp_path, "both")
     cfg["data"]["sources"] = [{"name": "text", "options": cfg["data"]["source_options"]}]
     assert cli.main(["check", write_config(tmp_path / "both.yaml", cfg)]) == 2
-    assert "$.data.source: give one source with data.source (and data.source_options), or a mixture" in capsys.readouterr().err
+    assert (
+        "$.data.source: give one source with data.source (and data.source_options), or a mixture"
+        in capsys.readouterr().err
+    )
     del cfg["data"]["source"], cfg["data"]["source_options"]
     assert cli.main(["check", write_config(tmp_path / "mix.yaml", cfg)]) == 0
-    cfg["data"]["sources"].append({"name": "text", "weight": 2, "options": {"paths": [str(tmp_path / "none/*.txt")]}})
+    cfg["data"]["sources"].append(
+        {"name": "text", "weight": 2, "options": {"paths": [str(tmp_path / "none/*.txt")]}}
+    )
     assert cli.main(["check", write_config(tmp_path / "bad.yaml", cfg)]) == 2
     assert "data.sources[1]: data.source_options.paths: pattern" in capsys.readouterr().out
     json.dumps(cfg)  # the config is plain data

@@ -51,8 +51,16 @@ def text_source(corpus):
 
 
 def build(corpus, root, tokenizer=BYTE, notes=None):
-    return cached_shards(text_source(corpus), tokenizer, root=root, wait_s=5, label="text",
-                         progress=False, report=(notes or []).append, announce=(notes or []).append)
+    return cached_shards(
+        text_source(corpus),
+        tokenizer,
+        root=root,
+        wait_s=5,
+        label="text",
+        progress=False,
+        report=(notes or []).append,
+        announce=(notes or []).append,
+    )
 
 
 @pytest.fixture
@@ -101,9 +109,12 @@ def test_another_tokenizer_gets_its_own_entry_and_a_copied_entry_is_refused(corp
     # An entry placed under another tokenizer's key (copied by hand) is refused, not reused.
     shutil.rmtree(other.path)
     shutil.copytree(byte.path, other.path)
-    with pytest.raises(ForgeError, match=r"index\.json: refusing this token cache entry: .*tokenizer identity "
-                                         r"'byte:utf-8:eos=256:pad=257', the configured tokenizer has "
-                                         r"'byte:utf-8:eos=256:pad=257:other'"):
+    with pytest.raises(
+        ForgeError,
+        match=r"index\.json: refusing this token cache entry: .*tokenizer identity "
+        r"'byte:utf-8:eos=256:pad=257', the configured tokenizer has "
+        r"'byte:utf-8:eos=256:pad=257:other'",
+    ):
         build(corpus, tmp_path / "cache", OtherByte())
     assert len(counted) == 2
 
@@ -112,8 +123,11 @@ def test_an_entry_of_another_format_version_is_refused(corpus, tmp_path):
     shards, _ = build(corpus, tmp_path / "cache")
     index = json.loads((shards.path / "index.json").read_text())
     (shards.path / "index.json").write_text(json.dumps({**index, "version": 1}))
-    with pytest.raises(ForgeError, match=r"the token cache entry .* is unusable: .*shard format version 1, this "
-                                         r"Forge reads version 2.*Delete that directory"):
+    with pytest.raises(
+        ForgeError,
+        match=r"the token cache entry .* is unusable: .*shard format version 1, this "
+        r"Forge reads version 2.*Delete that directory",
+    ):
         build(corpus, tmp_path / "cache")
 
 
@@ -180,10 +194,20 @@ def test_a_waiting_process_reports_the_holder_and_gives_up_after_wait_s(corpus, 
         held.write("pid 4242 on elsewhere since 2030-01-01 00:00:00\n")
         held.flush()
         notes = []
-        with pytest.raises(ForgeError, match=r"gave up after \d+ s waiting for pid 4242 on elsewhere .* "
-                                             r"\(data.cache.wait_s: 0.5\)"):
-            cached_shards(text_source(corpus), BYTE, root=root, wait_s=0.5, label="text", progress=False,
-                          report=notes.append)
+        with pytest.raises(
+            ForgeError,
+            match=r"gave up after \d+ s waiting for pid 4242 on elsewhere .* "
+            r"\(data.cache.wait_s: 0.5\)",
+        ):
+            cached_shards(
+                text_source(corpus),
+                BYTE,
+                root=root,
+                wait_s=0.5,
+                label="text",
+                progress=False,
+                report=notes.append,
+            )
     assert notes and notes[0].startswith("waiting for pid 4242 on elsewhere")
     shards, _ = build(corpus, root)  # released: the next build goes ahead
     assert shards.num_documents == 6
@@ -208,8 +232,19 @@ def test_a_source_without_fingerprint_is_fingerprinted_by_its_documents(tmp_path
 
 def test_a_training_build_reads_through_the_cache_and_says_so(corpus, tmp_path, counted):
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"data": {"source": "text", "source_options": {"paths": [str(corpus / "*.txt")]},
-                                           "tokenizer": "byte", "seq_len": 32, "cache": {"dir": str(tmp_path / "c")}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "data": {
+                    "source": "text",
+                    "source_options": {"paths": [str(corpus / "*.txt")]},
+                    "tokenizer": "byte",
+                    "seq_len": 32,
+                    "cache": {"dir": str(tmp_path / "c")},
+                }
+            }
+        )
+    )
     cfg, registries = load_resolved(str(config))
     plan = make_plan(cfg, registries, 1)
     first = build_training_data(plan, registries, BYTE, report=lambda m: None)

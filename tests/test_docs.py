@@ -30,8 +30,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_chapters import (
+    GUIDE,
+    DocSyntaxError,
+    code_blocks,
+    console_steps,
+    play,
+    play_chapters,
+    squash,
+    without_code,
+)
 
-from doc_chapters import GUIDE, DocSyntaxError, code_blocks, console_steps, play, play_chapters, squash, without_code
 from forge_core import docgen
 from forge_core.cli.main import COMMANDS, build_parser
 from forge_core.config.loader import parse_yaml, resolve_components, structure
@@ -42,16 +51,22 @@ DOCS = REPO / "docs"
 
 # --- the plugin guide's chapters -------------------------------------------------
 
-CHAPTERS = sorted(p.name for p in GUIDE.glob("*.md") if any(b.runnable for b in code_blocks(p.read_text(), p.name)))
+CHAPTERS = sorted(
+    p.name for p in GUIDE.glob("*.md") if any(b.runnable for b in code_blocks(p.read_text(), p.name))
+)
 
 
 @pytest.fixture(scope="session")
 def chapter_failures(request, tmp_path_factory):
     """Every selected chapter, played in one runner process."""
-    wanted = sorted({
-        item.callspec.params["chapter"] for item in request.session.items
-        if getattr(item, "originalname", "") == "test_plugin_guide_chapter_runs" and hasattr(item, "callspec")
-    })
+    wanted = sorted(
+        {
+            item.callspec.params["chapter"]
+            for item in request.session.items
+            if getattr(item, "originalname", "") == "test_plugin_guide_chapter_runs"
+            and hasattr(item, "callspec")
+        }
+    )
     chapters = {f"docs/plugin-guide/{name}": (GUIDE / name).read_text() for name in wanted}
     return play_chapters(chapters, tmp_path_factory.mktemp("chapters"))
 
@@ -63,9 +78,21 @@ def test_plugin_guide_chapter_runs(chapter, chapter_failures):
 
 
 def test_every_worked_chapter_has_runnable_blocks():
-    expected = {"attention-backend.md", "packer.md", "parallelism.md", "rule.md", "logger.md",
-                "capabilities.md", "packaging.md", "testing.md", "model.md", "source.md", "tokenizer.md",
-                "optimizer.md", "schedule.md"}
+    expected = {
+        "attention-backend.md",
+        "packer.md",
+        "parallelism.md",
+        "rule.md",
+        "logger.md",
+        "capabilities.md",
+        "packaging.md",
+        "testing.md",
+        "model.md",
+        "source.md",
+        "tokenizer.md",
+        "optimizer.md",
+        "schedule.md",
+    }
     assert expected <= set(CHAPTERS), f"chapters without runnable blocks: {sorted(expected - set(CHAPTERS))}"
 
 
@@ -110,8 +137,11 @@ def test_harness_installs_and_checks_output(tmp_path):
         ("packer       fakepack       Fake", "packer fakepack Something else", "did not print"),
         ("<!-- runnable -->\n```console", "<!-- runnable exit=2 -->\n```console", "expected 2"),
         # The old form, which MkDocs renders as a paragraph, is refused with the new one named.
-        ("<!-- runnable file=fake_plugin.py -->\n```python", "```python runnable file=fake_plugin.py",
-         "write `<!-- runnable file=fake_plugin.py -->` on the line before a plain ```python fence"),
+        (
+            "<!-- runnable file=fake_plugin.py -->\n```python",
+            "```python runnable file=fake_plugin.py",
+            "write `<!-- runnable file=fake_plugin.py -->` on the line before a plain ```python fence",
+        ),
         ("return [PackerSpec", "assert False\n    return [PackerSpec", "exited 2, expected 0"),
     ],
 )
@@ -121,8 +151,10 @@ def test_harness_fails_when_the_doc_is_wrong(tmp_path, old, new, complaint):
 
 
 def test_markers_give_flags_and_options_to_the_fence_below():
-    blocks = code_blocks("<!-- runnable exit=2 -->\n```console\n$ ls\n```\n\n```python\nx = 1\n```\n"
-                         "<!-- fragment -->\n```yaml\na: 1\n```\n")
+    blocks = code_blocks(
+        "<!-- runnable exit=2 -->\n```console\n$ ls\n```\n\n```python\nx = 1\n```\n"
+        "<!-- fragment -->\n```yaml\na: 1\n```\n"
+    )
     assert [(b.lang, b.runnable, b.options, b.flags, b.line) for b in blocks] == [
         ("console", True, {"exit": "2"}, frozenset({"runnable"}), 2),
         ("python", False, {}, frozenset(), 6),
@@ -134,7 +166,10 @@ def test_markers_give_flags_and_options_to_the_fence_below():
 @pytest.mark.parametrize(
     ("markdown", "complaint"),
     [
-        ("<!-- runnable -->\n\n```python\nx = 1\n```\n", r"page.md:1: `<!-- runnable -->` is not on the line right"),
+        (
+            "<!-- runnable -->\n\n```python\nx = 1\n```\n",
+            r"page.md:1: `<!-- runnable -->` is not on the line right",
+        ),
         ("Text.\n<!-- runnable file=a.py -->\nMore text.\n", r"page.md:2: `<!-- runnable file=a.py -->`"),
         ("```yaml fragment\na: 1\n```\n", r"page.md:1: the fence ```yaml fragment is not rendered as code"),
     ],
@@ -192,8 +227,9 @@ def test_hookspec_discovery_finds_every_forge_hook(pages):
     assert registration < found
     text = pages["hooks.md"]
     assert set(_listed_under(text, "Registration hooks:")) == registration
-    lifecycle = _listed_under(text, "Lifecycle hooks (implemented by loggers, see "
-                                    "[the logger chapter](plugin-guide/logger.md)):")
+    lifecycle = _listed_under(
+        text, "Lifecycle hooks (implemented by loggers, see [the logger chapter](plugin-guide/logger.md)):"
+    )
     assert set(lifecycle) == found - registration
     implemented = docgen.builtin_registries().plugins.pm.hook
     assert [h for h in sorted(registration) if not getattr(implemented, h).get_hookimpls()] == []
@@ -272,8 +308,9 @@ def test_stale_check_notices_an_edit(tmp_path, pages):
 
 
 def test_every_template_is_the_prose_of_a_generated_page(pages):
-    templates = {p.relative_to(docgen.TEMPLATES_DIR).as_posix() for p in docgen.TEMPLATES_DIR.rglob("*")
-                 if p.is_file()}
+    templates = {
+        p.relative_to(docgen.TEMPLATES_DIR).as_posix() for p in docgen.TEMPLATES_DIR.rglob("*") if p.is_file()
+    }
     assert templates == {"hooks.md", "configuration.md", "cli.md", docgen.EXAMPLE_PAGE}
     assert templates < set(pages)
 
@@ -301,8 +338,14 @@ def test_reference_pages_equal_the_cli_markdown_output(pages):
     env = {k: v for k, v in os.environ.items() if k != "FORGE_BLOCK_PLUGINS"}
     env["FORGE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for command, page in (("plugins", "components.md"), ("rules", "rules.md")):
-        done = subprocess.run([sys.executable, "-m", "forge_core.cli", command, "--markdown"],
-                              capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "forge_core.cli", command, "--markdown"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout == pages[f"reference/{page}"], (
             f"`forge-run {command} --markdown` differs from what docgen writes to docs/reference/{page}"
@@ -360,8 +403,10 @@ def test_every_kind_is_chosen_and_configured_by_keys_of_the_schema():
 
 
 def test_docgen_imports_no_torch():
-    code = ("import sys, forge_core.docgen as d; d.generated_pages(); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, forge_core.docgen as d; d.generated_pages(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -445,7 +490,9 @@ def test_relative_links_stay_in_the_docs_and_resolve_with_their_anchors():
 def test_link_check_notices_what_breaks_a_link(tmp_path):
     docs = tmp_path / "docs"
     (docs / "guide").mkdir(parents=True)
-    (docs / "guide" / "a.md").write_text("# A page\n\n## Its limits, as rules\n\n```text\n# Not a heading\n```\n")
+    (docs / "guide" / "a.md").write_text(
+        "# A page\n\n## Its limits, as rules\n\n```text\n# Not a heading\n```\n"
+    )
     page = docs / "guide" / "b.md"
     page.write_text(
         "[fine](a.md#its-limits-as-rules) [also fine](#b) `[code](nowhere.md)`\n\n# B\n\n"

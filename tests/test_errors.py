@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import make_distribution
-from forge_core.cli import main
 from train_helpers import tiny_config, write_config
+
+from forge_core.cli import main
 
 FAULTS = """
 import os
@@ -79,8 +79,9 @@ def forge_loggers():
 
 @pytest.fixture
 def faults(tmp_path, monkeypatch):
-    site = make_distribution(tmp_path / "site", "forge-faults", "0.1", {"forge_faults": FAULTS},
-                             {"faults": "forge_faults"})
+    site = make_distribution(
+        tmp_path / "site", "forge-faults", "0.1", {"forge_faults": FAULTS}, {"faults": "forge_faults"}
+    )
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delenv("FORGE_TRACEBACK", raising=False)
 
@@ -100,14 +101,19 @@ def run(capsys, path: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model, original", [
-    ("raises", "ValueError: dim 30 does not split into 4 heads"),
-    ("oldsig", "TypeError: model_old_signature() got an unexpected keyword argument"),
-])
+@pytest.mark.parametrize(
+    "model, original",
+    [
+        ("raises", "ValueError: dim 30 does not split into 4 heads"),
+        ("oldsig", "TypeError: model_old_signature() got an unexpected keyword argument"),
+    ],
+)
 def test_a_component_that_fails_to_build_names_itself_and_its_plugin(faults, capsys, model, original):
     code, err = run(capsys, faults(model={"name": model, "options": {}}))
     assert code == 2
-    assert error_line(err).startswith(f"error: building model {model!r} (plugin 'faults') failed: {original}"), err
+    assert error_line(err).startswith(
+        f"error: building model {model!r} (plugin 'faults') failed: {original}"
+    ), err
     assert "Traceback" not in err
 
 
@@ -121,13 +127,18 @@ def test_file_errors_and_missing_modules_of_components_exit_2(faults, capsys, tm
     # The check that precedes every run looks the module up without importing it.
     assert "[component.implementation-found]" in err
     assert "model 'absent' (plugin 'faults', from" in err and "'forge_faults_gone:build'" in err
-    assert "module 'forge_faults_gone' cannot be found" in err and not (tmp_path / "run" / "checkpoints").exists()
+    assert (
+        "module 'forge_faults_gone' cannot be found" in err
+        and not (tmp_path / "run" / "checkpoints").exists()
+    )
 
 
 def test_a_component_failing_while_training_is_named(faults, capsys):
     code, err = run(capsys, faults(logging={"loggers": ["bomb"]}))
     assert code == 2 and "Traceback" not in err
-    assert error_line(err).startswith("error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"), err
+    assert error_line(err).startswith(
+        "error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"
+    ), err
     assert "forge_faults.py" in err and "in forge_step_end" in err
 
 
@@ -159,8 +170,8 @@ def test_system_exit_and_keyboard_interrupt_from_plugins_are_not_wrapped(faults,
 def test_culprit_without_a_component():
     """A helper module of a plugin that no component names is the plugin's; code of no
     plugin (the kernel, the standard library) is nobody's."""
-    from forge_core.registry import load_registries
     from forge_core.components import culprit
+    from forge_core.registry import load_registries
     from forge_plugins.models import rotary
 
     registries = load_registries()
@@ -175,7 +186,10 @@ def test_culprit_without_a_component():
 def test_init_from_hf_folder_that_needs_its_own_code_is_refused(tmp_path):
     from forge_plugins.models.hf_folder import read_hf_config
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}
+        )
+    )
     with pytest.raises(ValueError, match="names custom model code .*never runs code from model folders"):
         read_hf_config(tmp_path)

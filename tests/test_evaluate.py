@@ -13,24 +13,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from train_helpers import tiny_config, write_config
 
+from forge_core import components
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError
 from forge_core.data.build import heldout_documents
 from forge_core.data.packed_rows import ArrayRows, pack_documents
+from forge_core.distributed.parallelize import single_process
 from forge_core.judge import judge
 from forge_core.registry import load_registries
-from forge_core import components
 from forge_core.train.evaluate import EvalData, EvalSet, build_eval_data, rank_batches, run_eval
-from forge_core.distributed.parallelize import single_process
-from train_helpers import tiny_config, write_config
 
 CPU = torch.device("cpu")
 
 
 def loss64(logits, labels):
     """The training loss's convention (sum over labelled tokens, their count) in float64."""
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), labels.reshape(-1),
-                            ignore_index=IGNORE_INDEX, reduction="sum")
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).double(),
+        labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
     return total, (labels != IGNORE_INDEX).sum()
 
 
@@ -45,7 +49,9 @@ def heldout_run(tmp_path: Path, **sections):
     plan, registries = result.plan, result.registries
     tokenizer = components.tokenizer(plan, registries)
     torch.manual_seed(0)
-    model = components.model(plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries))
+    model = components.model(
+        plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries)
+    )
     return plan, registries, tokenizer, model.double()
 
 
@@ -87,7 +93,9 @@ def test_limits_cut_whole_rows_and_batches(tmp_path):
     loss_sum, tokens = by_hand(model, data.sets[0].rows.read(np.arange(3)))
     assert (result.rows, result.batches, result.tokens) == (3, 2, tokens)
     assert result.loss == pytest.approx(loss_sum / tokens, rel=1e-12)
-    plan, registries, tokenizer, _ = heldout_run(tmp_path, eval={"batch_size": 2, "max_tokens": 70, "max_batches": 1})
+    plan, registries, tokenizer, _ = heldout_run(
+        tmp_path, eval={"batch_size": 2, "max_tokens": 70, "max_batches": 1}
+    )
     assert build_eval_data(plan, registries, tokenizer).max_rows == 2
 
 
@@ -95,9 +103,13 @@ def test_every_rank_reads_its_slice_and_filler_rows_carry_no_label():
     rows = ArrayRows({INPUT_IDS: np.arange(5 * 4).reshape(5, 4), LABELS: np.arange(5 * 4).reshape(5, 4)})
     per_rank = [list(rank_batches(rows, 5, 4, rank, 2)) for rank in range(2)]
     assert [len(b) for b in per_rank] == [2, 2]
-    assert per_rank[0][0][INPUT_IDS][:, 0].tolist() == [0, 4] and per_rank[1][0][INPUT_IDS][:, 0].tolist() == [8, 12]
+    assert per_rank[0][0][INPUT_IDS][:, 0].tolist() == [0, 4] and per_rank[1][0][INPUT_IDS][
+        :, 0
+    ].tolist() == [8, 12]
     assert per_rank[0][1][INPUT_IDS][:, 0].tolist() == [16, 16]  # row 4, then a copy of it
-    assert per_rank[0][1][LABELS][1].eq(IGNORE_INDEX).all() and per_rank[0][1][LABELS][0].ne(IGNORE_INDEX).all()
+    assert (
+        per_rank[0][1][LABELS][1].eq(IGNORE_INDEX).all() and per_rank[0][1][LABELS][0].ne(IGNORE_INDEX).all()
+    )
     assert per_rank[1][1][LABELS].eq(IGNORE_INDEX).all()
     with pytest.raises(ForgeError, match="eval.batch_size"):
         next(rank_batches(rows, 5, 3, 0, 2))
@@ -236,15 +248,21 @@ def test_an_eval_source_is_evaluated_whole(tmp_path):
     from train_helpers import write_corpus
 
     other = write_corpus(tmp_path / "other", docs=5, seed=3)
-    plan, registries, tokenizer, _ = heldout_run(tmp_path, eval={"source": "text", "source_options": {"paths": [other]}})
+    plan, registries, tokenizer, _ = heldout_run(
+        tmp_path, eval={"source": "text", "source_options": {"paths": [other]}}
+    )
     data = build_eval_data(plan, registries, tokenizer)
     assert data.sets[0].documents == 5 and "source 'text'" in data.what
 
 
 def test_nothing_to_evaluate_is_a_clear_error(tmp_path):
-    plan, registries, tokenizer, _ = heldout_run(tmp_path, data={"heldout": {"fraction": 0.0}, "seq_len": 32},
-                                                  eval={"enabled": False})
-    with pytest.raises(ForgeError, match=r"nothing to evaluate on in the held-out split: data.heldout.fraction 0.0 \(seed 0\) holds out no document"):
+    plan, registries, tokenizer, _ = heldout_run(
+        tmp_path, data={"heldout": {"fraction": 0.0}, "seq_len": 32}, eval={"enabled": False}
+    )
+    with pytest.raises(
+        ForgeError,
+        match=r"nothing to evaluate on in the held-out split: data.heldout.fraction 0.0 \(seed 0\) holds out no document",
+    ):
         build_eval_data(plan, registries, tokenizer)
 
 
@@ -256,10 +274,16 @@ def violations(tmp_path, world_size=None, **sections):
 def test_check_judges_the_eval_section(tmp_path):
     found = violations(tmp_path, eval={"enabled": True})
     assert "data.heldout.fraction is 0" in found["eval.heldout-available"].message
-    assert "eval.heldout-available" not in violations(tmp_path, eval={"enabled": True, "source": "text",
-                                                                      "source_options": {"paths": ["x"]}})
-    found = violations(tmp_path, 2, parallel={"dp_shard": 2}, data={"heldout": {"fraction": 0.1}},
-                       eval={"enabled": True, "batch_size": 3})
+    assert "eval.heldout-available" not in violations(
+        tmp_path, eval={"enabled": True, "source": "text", "source_options": {"paths": ["x"]}}
+    )
+    found = violations(
+        tmp_path,
+        2,
+        parallel={"dp_shard": 2},
+        data={"heldout": {"fraction": 0.1}},
+        eval={"enabled": True, "batch_size": 3},
+    )
     assert found["eval.batch-divisible"].severity == "error"
     assert "2 data-parallel ranks" in found["eval.batch-divisible"].message
     found = violations(tmp_path, data={"heldout": {"fraction": 0.1}}, eval={"enabled": True, "at_end": False})
@@ -270,9 +294,13 @@ def test_check_judges_the_eval_section(tmp_path):
 def test_eval_source_names_and_options_are_checked_like_any_source(tmp_path):
     from forge_core.config.loader import ConfigError
 
-    with pytest.raises(ConfigError, match=r"\$\.eval\.source: unknown data source 'textt'. Did you mean 'text'"):
+    with pytest.raises(
+        ConfigError, match=r"\$\.eval\.source: unknown data source 'textt'. Did you mean 'text'"
+    ):
         violations(tmp_path, eval={"source": "textt"})
     with pytest.raises(ConfigError, match=r"\$\.eval\.source_options: unknown key 'nope'"):
         violations(tmp_path, eval={"source": "text", "source_options": {"nope": 1}})
-    with pytest.raises(ConfigError, match=r"\$\.eval\.source_options: options for an eval source, but eval.source is ''"):
+    with pytest.raises(
+        ConfigError, match=r"\$\.eval\.source_options: options for an eval source, but eval.source is ''"
+    ):
         violations(tmp_path, eval={"source_options": {"paths": ["x"]}})

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from forge_core.testing import forge_run
 
 EXAMPLE = REPO / "examples" / "forge-plugin-example"
@@ -37,9 +37,23 @@ def installed(tmp_path_factory) -> dict:
     source, site = root / "src", root / "site"
     shutil.copytree(EXAMPLE, source, ignore=IGNORED)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--quiet", "--disable-pip-version-check", "--target", str(site), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
@@ -55,11 +69,26 @@ def _config(tmp_path: Path, **data_overrides) -> str:
         (corpus / f"doc{i:02d}.txt").write_text(text)
     config = {
         "run": {"name": "example", "out_dir": str(tmp_path / "run"), "seed": 0, "device": "cpu"},
-        "model": {"name": "llama", "options": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                                               "max_seq_len": 64, "multiple_of": 16}},
+        "model": {
+            "name": "llama",
+            "options": {
+                "dim": 32,
+                "n_layers": 2,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "max_seq_len": 64,
+                "multiple_of": 16,
+            },
+        },
         "attention": {"backend": "window", "options": {"window": 8}},
-        "data": {"source": "text", "source_options": {"paths": [str(corpus / "*.txt")]},
-                 "tokenizer": "byte", "packer": "greedy", "seq_len": 32, **data_overrides},
+        "data": {
+            "source": "text",
+            "source_options": {"paths": [str(corpus / "*.txt")]},
+            "tokenizer": "byte",
+            "packer": "greedy",
+            "seq_len": 32,
+            **data_overrides,
+        },
         "train": {"steps": 3, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "peak_tflops": 1.0},
         "checkpoint": {"every": 0, "keep": 1},
         "logging": {"loggers": ["csv", "jsonl"]},
@@ -74,7 +103,11 @@ def test_plugins_lists_the_installed_distribution_and_its_components(installed):
     assert result.code == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)}
     example = plugins["example"]
-    assert (example["distribution"], example["version"], example["builtin"]) == ("forge-plugin-example", "0.1.0", False)
+    assert (example["distribution"], example["version"], example["builtin"]) == (
+        "forge-plugin-example",
+        "0.1.0",
+        False,
+    )
     assert example["module"] == "forge_plugin_example.plugin"
     components = {(c["kind"], c["name"]) for c in example["components"]}
     assert components == {("attention", "window"), ("packer", "greedy"), ("logger", "csv")}
@@ -93,7 +126,11 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
     wide = forge_run(["check", config, "attention.options.window=32", "--json"], paths=[installed["site"]])
     assert wide.code == 0, wide.stderr
     (warning,) = json.loads(wide.stdout)["violations"]
-    assert (warning["rule"], warning["severity"], warning["plugin"]) == ("example.window-covers-row", "warning", "example")
+    assert (warning["rule"], warning["severity"], warning["plugin"]) == (
+        "example.window-covers-row",
+        "warning",
+        "example",
+    )
     assert warning["fields"] == {"attention.options.window": 32, "data.seq_len": 32}
 
     # Its options class validates: window >= 1.
@@ -102,7 +139,9 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
 
     # Its declared capabilities feed the kernel's rules: greedy emits doc_ids, which the
     # pipeline carries to every stage, so the founding rule lets them pass.
-    pp = forge_run(["check", config, "parallel.pp=2", "--world-size", "2", "--json"], paths=[installed["site"]])
+    pp = forge_run(
+        ["check", config, "parallel.pp=2", "--world-size", "2", "--json"], paths=[installed["site"]]
+    )
     rules = {v["rule"]: v for v in json.loads(pp.stdout)["violations"]}
     assert "parallel.metadata-reaches-layers" not in rules, rules
 
@@ -118,9 +157,11 @@ def test_trains_a_few_steps_with_the_example_components(installed, tmp_path):
     assert all(math.isfinite(float(r["loss"])) for r in rows)
     assert (tmp_path / "run" / "metrics.jsonl").is_file()  # the built-in logger ran beside it
     resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert (resolved["attention"]["backend"], resolved["attention"]["options"], resolved["data"]["packer"]) == (
-        "window", {"window": 8}, "greedy"
-    )
+    assert (
+        resolved["attention"]["backend"],
+        resolved["attention"]["options"],
+        resolved["data"]["packer"],
+    ) == ("window", {"window": 8}, "greedy")
 
 
 @pytest.mark.slow
@@ -129,8 +170,22 @@ def test_the_example_test_suite_passes_through_the_forge_pytest_plugin(installed
     fixtures, on components found through the entry point."""
     tests = installed["source"] / "tests"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", str(installed["source"])],
-        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **installed["env"]}, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(tests),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(installed["source"]),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **installed["env"]},
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary = result.stdout.strip().splitlines()[-1]

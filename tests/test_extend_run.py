@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from forge_core.train import rundir
-from forge_core.testing import train_in_process
 from train_helpers import Recorder, SignalAt, tiny_config, write_config
+
+from forge_core.testing import train_in_process
+from forge_core.train import rundir
 
 LR = 3e-3
 
@@ -39,10 +39,12 @@ def test_raising_steps_keeps_the_schedule_and_holds_its_final_value(tmp_path, ca
     assert lrs(extended) == {7: final, 8: final, 9: final, 10: final}  # no jump back up
     err = capsys.readouterr().err
     ten = run(tmp_path, "ten", 10)  # the schedule re-planned over 10 steps, for the numbers
-    assert (f"train.steps is 10, the learning-rate schedule spans the 6 steps the run started with "
-            f"(train.schedule_steps: 0): steps 7-10 continue at its final learning rate {final:.2e}. To stretch "
-            f"the schedule over 10 steps instead, set train.schedule_steps=10 (the learning rate at step 7 goes "
-            f"from {final:.2e} to {ten.metrics[7]['lr']:.2e})." in " ".join(err.split()))
+    assert (
+        f"train.steps is 10, the learning-rate schedule spans the 6 steps the run started with "
+        f"(train.schedule_steps: 0): steps 7-10 continue at its final learning rate {final:.2e}. To stretch "
+        f"the schedule over 10 steps instead, set train.schedule_steps=10 (the learning rate at step 7 goes "
+        f"from {final:.2e} to {ten.metrics[7]['lr']:.2e})." in " ".join(err.split())
+    )
     assert "different config" not in err  # train.steps is reported above, not as a changed setting
 
 
@@ -64,9 +66,11 @@ def test_schedule_steps_re_plans_and_says_from_what_to_what(tmp_path, capsys):
     replanned = run(tmp_path, "replan", 10, overrides=["train.steps=10", "train.schedule_steps=10"])
     assert lrs(replanned) == {s: ten.metrics[s]["lr"] for s in range(4, 11)}
     err = " ".join(capsys.readouterr().err.split())
-    assert (f"the learning-rate schedule now spans 10 steps (train.schedule_steps), not the 6 it spanned when "
-            f"this checkpoint was saved: the learning rate at step 4 goes from {before:.2e} to "
-            f"{ten.metrics[4]['lr']:.2e}") in err
+    assert (
+        f"the learning-rate schedule now spans 10 steps (train.schedule_steps), not the 6 it spanned when "
+        f"this checkpoint was saved: the learning rate at step 4 goes from {before:.2e} to "
+        f"{ten.metrics[4]['lr']:.2e}"
+    ) in err
     # The re-planned span is what the next checkpoint carries: no notice on the next resume.
     capsys.readouterr()
     run(tmp_path, "replan", 10, overrides=["train.steps=10", "train.schedule_steps=10"])
@@ -80,10 +84,12 @@ def test_lowering_steps_stops_early_on_the_same_schedule(tmp_path, capsys):
     lowered = run(tmp_path, "low", 4, overrides=["train.steps=4"])
     assert lrs(lowered) == {3: straight.metrics[3]["lr"], 4: straight.metrics[4]["lr"]}
     err = " ".join(capsys.readouterr().err.split())
-    assert (f"train.steps is 4, below the 6 steps the learning-rate schedule spans (those the run started "
-            f"with): the run stops at step 4 with the learning rate at {straight.metrics[4]['lr']:.2e}, before "
-            f"the schedule's final {straight.metrics[6]['lr']:.2e}. To end the schedule at step 4, set "
-            f"train.schedule_steps=4") in err
+    assert (
+        f"train.steps is 4, below the 6 steps the learning-rate schedule spans (those the run started "
+        f"with): the run stops at step 4 with the learning rate at {straight.metrics[4]['lr']:.2e}, before "
+        f"the schedule's final {straight.metrics[6]['lr']:.2e}. To end the schedule at step 4, set "
+        f"train.schedule_steps=4"
+    ) in err
 
 
 ASKED: list[tuple[int, int]] = []
@@ -101,16 +107,19 @@ class RecordingSchedule:
     def forge_schedules(self):
         from forge_core.api import ScheduleSpec
 
-        return [ScheduleSpec(name="recording", summary="records its calls",
-                             impl="test_extend_run:recording_schedule")]
+        return [
+            ScheduleSpec(
+                name="recording", summary="records its calls", impl="test_extend_run:recording_schedule"
+            )
+        ]
 
 
 def test_a_third_party_schedule_is_never_asked_past_its_span():
+    from forge_core import components
     from forge_core.config.loader import resolve_components, structure
     from forge_core.config.schema import ForgeConfig
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
-    from forge_core import components
 
     registries = load_registries(extra=(("recording", RecordingSchedule()),))
     cfg, issues = structure({"train": {"schedule": "recording"}}, ForgeConfig)
@@ -123,15 +132,31 @@ def test_a_third_party_schedule_is_never_asked_past_its_span():
     assert values[4:] == [pytest.approx(0.2)] * 4  # the final value, held
 
 
-@pytest.mark.parametrize("path, matters", [
-    ("train.lr", True), ("model.options.dim", True), ("data.seq_len", True), ("run.seed", True),
-    ("attention.backend", True), ("train.nonfinite.policy", True),
-    ("logging.every", False), ("logging.loggers", False), ("logging.options.wandb.project", False),
-    ("checkpoint.every", False), ("checkpoint.keep", False), ("run.name", False), ("run.out_dir", False),
-    ("data.num_workers", False), ("train.peak_tflops", False), ("train.steps", False),
-    ("train.schedule_steps", False), ("parallel.dp_shard", False), ("train.compile", False),
-    ("run.seedling", False),
-])
+@pytest.mark.parametrize(
+    "path, matters",
+    [
+        ("train.lr", True),
+        ("model.options.dim", True),
+        ("data.seq_len", True),
+        ("run.seed", True),
+        ("attention.backend", True),
+        ("train.nonfinite.policy", True),
+        ("logging.every", False),
+        ("logging.loggers", False),
+        ("logging.options.wandb.project", False),
+        ("checkpoint.every", False),
+        ("checkpoint.keep", False),
+        ("run.name", False),
+        ("run.out_dir", False),
+        ("data.num_workers", False),
+        ("train.peak_tflops", False),
+        ("train.steps", False),
+        ("train.schedule_steps", False),
+        ("parallel.dp_shard", False),
+        ("train.compile", False),
+        ("run.seedling", False),
+    ],
+)
 def test_which_settings_change_results(path, matters):
     assert rundir.affects_results(path) is matters
 
@@ -140,8 +165,19 @@ def test_changed_config_warning_ignores_logging_only_keys(tmp_path, capsys):
     run(tmp_path, "cfg", 4, checkpoint={"every": 2})
     shutil_cut(tmp_path / "cfg", 2)
     capsys.readouterr()
-    run(tmp_path, "cfg", 4, overrides=["logging.every=2", "checkpoint.every=1", "checkpoint.keep=5",
-                                       "run.name=renamed", "logging.loggers=[jsonl]", "data.num_workers=1"])
+    run(
+        tmp_path,
+        "cfg",
+        4,
+        overrides=[
+            "logging.every=2",
+            "checkpoint.every=1",
+            "checkpoint.keep=5",
+            "run.name=renamed",
+            "logging.loggers=[jsonl]",
+            "data.num_workers=1",
+        ],
+    )
     assert "different config" not in capsys.readouterr().err
     shutil_cut(tmp_path / "cfg", 2)
     run(tmp_path, "cfg", 4, overrides=["train.lr=1e-3", "logging.every=3"])

@@ -52,9 +52,21 @@ def config(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(400)))
     path = tmp_path / "c.yaml"
-    path.write_text(json.dumps({"data": {
-        "source": "text", "source_options": {"paths": [str(docs)]}, "tokenizer": "byte", "packer": "bfd",
-        "seq_len": 64, "heldout": {"fraction": 0.25, "seed": 7}, "cache": {"dir": str(tmp_path / "cache")}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "data": {
+                    "source": "text",
+                    "source_options": {"paths": [str(docs)]},
+                    "tokenizer": "byte",
+                    "packer": "bfd",
+                    "seq_len": 64,
+                    "heldout": {"fraction": 0.25, "seed": 7},
+                    "cache": {"dir": str(tmp_path / "cache")},
+                }
+            }
+        )
+    )
     cfg, registries = load_resolved(str(path))
     return make_plan(cfg, registries, 1), registries
 

@@ -23,8 +23,15 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     for family in ("llama", "qwen2", "mistral"):
         config = transformers.AutoConfig.for_model(
-            family, vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+            family,
+            vocab_size=260,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        )
         torch.manual_seed(0)
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / family)
     return root
@@ -75,8 +82,9 @@ def wrong_shape(hf):
 
 
 def lost_shard(hf):
-    (hf / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}))
+    (hf / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}})
+    )
     (hf / "model.safetensors").unlink()
 
 
@@ -88,40 +96,125 @@ def pickle_only(hf):
 CASES = {
     "missing-folder": (None, {}, None, "llama.init-from-hf", ["the folder does not exist"]),
     "no-config": ({"drop": ["config.json"]}, {}, None, "llama.init-from-hf", ["no config.json there"]),
-    "config-not-json": ({"config": "{not json"}, {}, None, "llama.init-from-hf", ["config.json is not valid JSON"]),
-    "custom-code": ({"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}, {}, None, "llama.init-from-hf",
-                    ["names custom model code", "never runs code from model folders"]),
-    "no-weights": ({"drop": ["model.safetensors"]}, {}, None, "llama.init-from-hf",
-                   ["no model.safetensors (or sharded model.safetensors.index.json)"]),
-    "pickle-weights": ({}, {}, pickle_only, "llama.init-from-hf",
-                       ["found pytorch_model.bin: not read, pickles can run code"]),
-    "lost-shard": ({}, {}, lost_shard, "llama.init-from-hf",
-                   ["model.safetensors.index.json names model-00002-of-00002.safetensors, which are not there"]),
-    "other-model-type": ({"model_type": "gpt2"}, {}, None, "llama.init-from-hf",
-                         ["config.json model_type is 'gpt2'", "LlamaForCausalLM"]),
-    "head-less-architecture": ({"architectures": ["LlamaForSequenceClassification"]}, {}, None,
-                               "llama.init-from-hf", ["config.json architectures is ['LlamaForSequenceClassification']"]),
-    "longrope": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, {}, None,
-                 "llama.init-from-hf", ["rope type 'longrope' is not supported"]),
-    "qwen-sliding-window": ({"family": "qwen2", "use_sliding_window": True}, {}, None, "llama.init-from-hf",
-                            ["use_sliding_window=true"]),
+    "config-not-json": (
+        {"config": "{not json"},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["config.json is not valid JSON"],
+    ),
+    "custom-code": (
+        {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["names custom model code", "never runs code from model folders"],
+    ),
+    "no-weights": (
+        {"drop": ["model.safetensors"]},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["no model.safetensors (or sharded model.safetensors.index.json)"],
+    ),
+    "pickle-weights": (
+        {},
+        {},
+        pickle_only,
+        "llama.init-from-hf",
+        ["found pytorch_model.bin: not read, pickles can run code"],
+    ),
+    "lost-shard": (
+        {},
+        {},
+        lost_shard,
+        "llama.init-from-hf",
+        ["model.safetensors.index.json names model-00002-of-00002.safetensors, which are not there"],
+    ),
+    "other-model-type": (
+        {"model_type": "gpt2"},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["config.json model_type is 'gpt2'", "LlamaForCausalLM"],
+    ),
+    "head-less-architecture": (
+        {"architectures": ["LlamaForSequenceClassification"]},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["config.json architectures is ['LlamaForSequenceClassification']"],
+    ),
+    "longrope": (
+        {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["rope type 'longrope' is not supported"],
+    ),
+    "qwen-sliding-window": (
+        {"family": "qwen2", "use_sliding_window": True},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["use_sliding_window=true"],
+    ),
     "activation": ({"hidden_act": "gelu"}, {}, None, "llama.init-from-hf", ["hidden_act='gelu'"]),
-    "no-hidden-size": ({"hidden_size": None}, {}, None, "llama.init-from-hf", ["config.json has no integer 'hidden_size'"]),
-    "explicit-mismatch": ({}, {"dim": 32, "n_kv_heads": 2}, None, "llama.init-from-hf",
-                          ["model.options.dim=32 but config.json hidden_size=16",
-                           "model.options.n_kv_heads=2 but config.json num_key_value_heads=1"]),
-    "weights-do-not-fit": ({}, {}, wrong_shape, "llama.init-from-hf",
-                           ["model.layers.0.mlp.up_proj.weight has shape [8, 16], the options need [32, 16]",
-                            "weights missing for 1 tensors: model.layers.0.mlp.down_proj.weight"]),
-    "unread-tensor": ({}, {}, extra_tensor, "llama.init-from-hf",
-                      ["1 tensors of the checkpoint have no place in the model: model.layers.0.self_attn.q_proj.bias"]),
-    "short-sliding-window": ({"family": "mistral", "sliding_window": 16}, {"max_seq_len": 64}, None,
-                             "llama.sliding-window", ["sliding_window=16 is shorter than max_seq_len=64"]),
-    "dynamic-beyond-context": ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
-                               {"max_seq_len": 128}, None, "llama.rope-scaling",
-                               ["max_seq_len=128 beyond original_max_position_embeddings=64"]),
-    "bias-outside-family": ({"family": "qwen2"}, {"attention_bias": True}, None, "llama.family-options",
-                            ["attention_bias=true with family 'qwen2'"]),
+    "no-hidden-size": (
+        {"hidden_size": None},
+        {},
+        None,
+        "llama.init-from-hf",
+        ["config.json has no integer 'hidden_size'"],
+    ),
+    "explicit-mismatch": (
+        {},
+        {"dim": 32, "n_kv_heads": 2},
+        None,
+        "llama.init-from-hf",
+        [
+            "model.options.dim=32 but config.json hidden_size=16",
+            "model.options.n_kv_heads=2 but config.json num_key_value_heads=1",
+        ],
+    ),
+    "weights-do-not-fit": (
+        {},
+        {},
+        wrong_shape,
+        "llama.init-from-hf",
+        [
+            "model.layers.0.mlp.up_proj.weight has shape [8, 16], the options need [32, 16]",
+            "weights missing for 1 tensors: model.layers.0.mlp.down_proj.weight",
+        ],
+    ),
+    "unread-tensor": (
+        {},
+        {},
+        extra_tensor,
+        "llama.init-from-hf",
+        ["1 tensors of the checkpoint have no place in the model: model.layers.0.self_attn.q_proj.bias"],
+    ),
+    "short-sliding-window": (
+        {"family": "mistral", "sliding_window": 16},
+        {"max_seq_len": 64},
+        None,
+        "llama.sliding-window",
+        ["sliding_window=16 is shorter than max_seq_len=64"],
+    ),
+    "dynamic-beyond-context": (
+        {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+        {"max_seq_len": 128},
+        None,
+        "llama.rope-scaling",
+        ["max_seq_len=128 beyond original_max_position_embeddings=64"],
+    ),
+    "bias-outside-family": (
+        {"family": "qwen2"},
+        {"attention_bias": True},
+        None,
+        "llama.family-options",
+        ["attention_bias=true with family 'qwen2'"],
+    ),
 }
 
 
@@ -164,6 +257,8 @@ def test_parallel_rules_judge_the_checkpoint_shapes(checkpoints, tmp_path, capsy
         code = cli.main(["check", str(path), "--world-size", "2", override])
         out = capsys.readouterr().out
         assert code == 2 and phrase in out, out
-    code = cli.main(["check", str(path), "--world-size", "2", "parallel.tp=2", "model.options.init_from_hf=''"])
+    code = cli.main(
+        ["check", str(path), "--world-size", "2", "parallel.tp=2", "model.options.init_from_hf=''"]
+    )
     out = capsys.readouterr().out
     assert code == 0, out  # the same config without the checkpoint: default shapes divide

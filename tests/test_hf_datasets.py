@@ -12,7 +12,9 @@ import json
 import numpy as np
 import pytest
 
-datasets = pytest.importorskip("datasets", reason="the hf_datasets source needs `datasets`: pip install 'forge-trainer[datasets]'")
+datasets = pytest.importorskip(
+    "datasets", reason="the hf_datasets source needs `datasets`: pip install 'forge-trainer[datasets]'"
+)
 
 from forge_core.api import ForgeError  # noqa: E402
 from forge_plugins.sources.hf_datasets import HFDatasetsSource  # noqa: E402
@@ -79,8 +81,18 @@ def test_bad_input_names_what_is_wrong(saved, tmp_path):
 def test_the_fingerprint_follows_the_bytes_and_the_column(saved, tmp_path):
     root, _ = saved
     a = HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")])).fingerprint()
-    assert a == HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], streaming=True)).fingerprint()
-    assert a != HFDatasetsSource(HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], text_field="id")).fingerprint()
+    assert (
+        a
+        == HFDatasetsSource(
+            HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], streaming=True)
+        ).fingerprint()
+    )
+    assert (
+        a
+        != HFDatasetsSource(
+            HFDatasetsOptions(data_files=[str(root / "rows.jsonl")], text_field="id")
+        ).fingerprint()
+    )
     copy = tmp_path / "rows.jsonl"
     copy.write_bytes((root / "rows.jsonl").read_bytes().replace(b"row 1:", b"row X:"))
     assert a != HFDatasetsSource(HFDatasetsOptions(data_files=[str(copy)])).fingerprint()
@@ -94,10 +106,23 @@ def test_a_run_reads_it_through_the_cache(saved, tmp_path):
 
     root, _ = saved
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"data": {"source": "hf_datasets", "source_options": {"path": str(root / "saved")},
-                                           "packer": "bfd", "seq_len": 64, "cache": {"dir": str(tmp_path / "cache")}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "data": {
+                    "source": "hf_datasets",
+                    "source_options": {"path": str(root / "saved")},
+                    "packer": "bfd",
+                    "seq_len": 64,
+                    "cache": {"dir": str(tmp_path / "cache")},
+                }
+            }
+        )
+    )
     cfg, registries = load_resolved(str(config))
-    data = build_training_data(make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
+    data = build_training_data(
+        make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None
+    )
     rows = data.rows.read(np.arange(data.rows.num_rows))
     tokens = int((rows["input_ids"] != 257).sum())
     assert tokens == sum(len(t.encode()) + 1 for t in TEXTS[:-1])

@@ -21,9 +21,9 @@ import json
 import pytest
 import torch
 
+from forge_core.distributed.parallelize import is_meta, materialize
 from forge_core.testing import assert_within_rounding, longest_sum, packed_metadata
 from forge_core.testing.isolation import check_document_isolation
-from forge_core.distributed.parallelize import is_meta, materialize
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import hf_interop, hf_keys
@@ -34,27 +34,48 @@ from forge_plugins.models.options import LlamaOptions, RopeScaling
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 67
-SHAPES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=500.0,
-              initializer_range=0.2)
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+SHAPES = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_theta=500.0,
+    initializer_range=0.2,
+)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 #: One checkpoint per family and per rope scaling Forge implements, each with what sets
 #: it apart (biases, per-head norms, a head width other than dim / n_heads, ties).
 CHECKPOINTS = {
     "llama": ("llama", {}),
     "llama-bias-llama3": ("llama", {"attention_bias": True, "mlp_bias": True, "rope_scaling": LLAMA3}),
-    "llama-yarn": ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                              "original_max_position_embeddings": 16}}),
-    "llama-linear-tied": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
-                                    "tie_word_embeddings": True}),
+    "llama-yarn": (
+        "llama",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}},
+    ),
+    "llama-linear-tied": (
+        "llama",
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "tie_word_embeddings": True},
+    ),
     "llama-dynamic": ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"head_dim": 16}),
     "mistral": ("mistral", {"sliding_window": 64}),
 }
-ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-        "mistral": "MistralForCausalLM"}
+ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 
 
 def perturb(model) -> None:
@@ -78,6 +99,7 @@ def random_hf(path, family: str = "llama", vocab: int = VOCAB, **config):
 
 def float64_norms(model) -> None:
     """transformers' RMSNorm with its float32 round trip removed (module docstring)."""
+
     def forward(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
@@ -87,7 +109,9 @@ def float64_norms(model) -> None:
 
 
 def forge_from(path, vocab: int = VOCAB, backend=None, **options):
-    model = build(LlamaOptions(init_from_hf=str(path), **options), vocab, backend or SdpaAttention(SdpaOptions()))
+    model = build(
+        LlamaOptions(init_from_hf=str(path), **options), vocab, backend or SdpaAttention(SdpaOptions())
+    )
     materialize(model, "cpu")
     return model.eval()
 
@@ -97,7 +121,9 @@ def tokens(seq=24, vocab=VOCAB):
 
 
 def same_logits(actual, expected, model, dtype=torch.float32, what="Forge logits against transformers'"):
-    assert_within_rounding(actual, expected, dtype=dtype, terms=longest_sum(model, actual.shape[1]), what=what)
+    assert_within_rounding(
+        actual, expected, dtype=dtype, terms=longest_sum(model, actual.shape[1]), what=what
+    )
 
 
 @pytest.mark.numerical
@@ -113,7 +139,8 @@ def test_a_checkpoint_imports_with_no_shape_typed_and_transformers_logits(tmp_pa
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
         same_logits(forge32, hf(ids).logits, model, what=f"{name}: float32")
         hf64 = transformers.AutoModelForCausalLM.from_pretrained(
-            tmp_path, dtype=torch.float64, attn_implementation="sdpa", trust_remote_code=False).eval()
+            tmp_path, dtype=torch.float64, attn_implementation="sdpa", trust_remote_code=False
+        ).eval()
         float64_norms(hf64)
         same_logits(model.double()(ids), hf64(ids).logits, model, torch.float64, f"{name}: float64")
 
@@ -137,8 +164,17 @@ def test_an_exported_model_loads_as_its_family_in_transformers_with_equal_logits
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_a_random_forge_model_exports_as_a_llama(tmp_path, tie):
-    opts = LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, init_std=0.2,
-                        norm_eps=1e-6, rope_theta=500.0, tie_embeddings=tie)
+    opts = LlamaOptions(
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=64,
+        init_std=0.2,
+        norm_eps=1e-6,
+        rope_theta=500.0,
+        tie_embeddings=tie,
+    )
     torch.manual_seed(0)
     model = build(opts, VOCAB, SdpaAttention(SdpaOptions()))
     perturb(model)
@@ -205,12 +241,14 @@ def test_every_attention_backend_runs_an_imported_family(tmp_path, backend, name
     attention = {"eager": EagerAttention(NoOptions()), "flex": unfused_flex}[backend]
     model = forge_from(tmp_path, backend=attention).double()
     hf64 = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float64, attn_implementation="sdpa", trust_remote_code=False).eval()
+        tmp_path, dtype=torch.float64, attn_implementation="sdpa", trust_remote_code=False
+    ).eval()
     float64_norms(hf64)  # and sdpa: transformers' eager attention takes its softmax in float32
     with torch.no_grad():
         same_logits(model(tokens()), hf64(tokens()).logits, model, torch.float64, f"{name} through {backend}")
-    worst = check_document_isolation(model, rows=((5, 1, 11, 7), (24,)), standalone="prefix",
-                                     dtypes=(torch.float64,))
+    worst = check_document_isolation(
+        model, rows=((5, 1, 11, 7), (24,)), standalone="prefix", dtypes=(torch.float64,)
+    )
     assert max(worst.values()) < 1
 
 
@@ -249,8 +287,11 @@ def test_a_pipeline_part_loads_only_its_own_layers(tmp_path):
 def test_mismatched_explicit_options_list_every_difference_with_both_values(tmp_path):
     random_hf(tmp_path, tie_word_embeddings=True)
     with pytest.raises(ValueError) as info:
-        build(LlamaOptions(dim=64, norm_eps=1e-5, tie_embeddings=False, init_from_hf=str(tmp_path)), VOCAB,
-              SdpaAttention(SdpaOptions()))
+        build(
+            LlamaOptions(dim=64, norm_eps=1e-5, tie_embeddings=False, init_from_hf=str(tmp_path)),
+            VOCAB,
+            SdpaAttention(SdpaOptions()),
+        )
     message = str(info.value)
     assert "model.options.dim=64 but config.json hidden_size=32: remove dim from model.options" in message
     assert "model.options.norm_eps=1e-05 but config.json rms_norm_eps=1e-06" in message
@@ -273,14 +314,23 @@ def test_rope_scaling_is_read_from_either_config_format(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = forge_from(tmp_path)
     assert model.options.rope_theta == 500.0
-    assert model.options.rope_scaling == RopeScaling(type="llama3", factor=8.0, original_max_position_embeddings=16)
+    assert model.options.rope_scaling == RopeScaling(
+        type="llama3", factor=8.0, original_max_position_embeddings=16
+    )
     assert check_hf_compatible(model.options, tmp_path) == VOCAB
 
 
 def test_key_mapping_round_trips_for_every_parameter_of_every_family(tmp_path):
-    for family, extra in (("llama", {"attention_bias": True, "mlp_bias": True}), ("qwen2", {}), ("qwen3", {})):
-        model = build(LlamaOptions(family=family, dim=32, n_layers=1, n_heads=4, **extra), VOCAB,
-                      SdpaAttention(SdpaOptions()))
+    for family, extra in (
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("qwen2", {}),
+        ("qwen3", {}),
+    ):
+        model = build(
+            LlamaOptions(family=family, dim=32, n_layers=1, n_heads=4, **extra),
+            VOCAB,
+            SdpaAttention(SdpaOptions()),
+        )
         shapes = hf_keys.forge_shapes(model.options, VOCAB)
         assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == shapes
         for key in shapes:
@@ -302,5 +352,10 @@ def test_weights_are_written_in_shards_with_an_index(tmp_path):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert [f.name for f in files] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     assert index["metadata"]["total_size"] == 5 * 1024
-    assert index["weight_map"] == {"t0": files[0].name, "t1": files[0].name, "t2": files[1].name,
-                                   "t3": files[1].name, "t4": files[2].name}
+    assert index["weight_map"] == {
+        "t0": files[0].name,
+        "t1": files[0].name,
+        "t2": files[1].name,
+        "t3": files[1].name,
+        "t4": files[2].name,
+    }

@@ -13,26 +13,49 @@ import shutil
 
 import pytest
 import torch
+from train_helpers import read_metrics, tiny_config, write_config
 
 from forge_core import cli
-from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.generate import load_for_inference
-from train_helpers import read_metrics, tiny_config, write_config
+from forge_core.testing import assert_within_rounding, longest_sum
 
 transformers = pytest.importorskip("transformers")
 
-ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-        "mistral": "MistralForCausalLM"}
-EXTRA = {"llama": {"rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
-         "qwen2": {}, "qwen3": {"head_dim": 16}, "mistral": {"sliding_window": 4096}}
+ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+EXTRA = {
+    "llama": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+    },
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "mistral": {"sliding_window": 4096},
+}
 
 
 def checkpoint(path, family):
     # 260 tokens: the byte tokenizer's 258, padded as checkpoints often are.
     config = transformers.AutoConfig.for_model(
-        family, vocab_size=260, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **EXTRA[family])
+        family,
+        vocab_size=260,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **EXTRA[family],
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
 
@@ -54,8 +77,13 @@ def logits_agree(model, tokenizer, hf_dir, dtype=torch.float32):
     ids = torch.tensor([tokenizer.encode("the lazy dog jumps")])
     with torch.no_grad():
         expected = model(ids)
-        assert_within_rounding(hf(ids).logits.float(), expected, dtype=dtype, terms=longest_sum(model, ids.shape[1]),
-                               what="the exported model's logits in transformers")
+        assert_within_rounding(
+            hf(ids).logits.float(),
+            expected,
+            dtype=dtype,
+            terms=longest_sum(model, ids.shape[1]),
+            what="the exported model's logits in transformers",
+        )
     return hf
 
 
@@ -104,7 +132,8 @@ def test_export_options_users_expect(tmp_path, capsys):
     text = "the quick brown fox, déjà vu ✓"
     assert hf_tokenizer.encode(text, add_special_tokens=False) == tokenizer.encode(text)
     assert hf_tokenizer.eos_token_id == tokenizer.eos_id
-    generate = transformers.pipeline("text-generation", model=str(out), tokenizer=str(out), device="cpu",
-                                     trust_remote_code=False)
+    generate = transformers.pipeline(
+        "text-generation", model=str(out), tokenizer=str(out), device="cpu", trust_remote_code=False
+    )
     result = generate("the quick", max_new_tokens=5, do_sample=False)
     assert result[0]["generated_text"].startswith("the quick")

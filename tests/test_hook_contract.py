@@ -146,12 +146,33 @@ def _recorder_plugin() -> types.SimpleNamespace:
 
     @hookimpl
     def forge_rules():
-        return [Rule(id="rec.rule", severity="warning", paths=("train.lr",), summary="records its call",
-                     check=recording_check, fix="nothing to fix")]
+        return [
+            Rule(
+                id="rec.rule",
+                severity="warning",
+                paths=("train.lr",),
+                summary="records its call",
+                check=recording_check,
+                fix="nothing to fix",
+            )
+        ]
 
-    return types.SimpleNamespace(**{f.__name__: f for f in (
-        forge_attention_backends, forge_packers, forge_sources, forge_tokenizers, forge_optimizers,
-        forge_schedules, forge_loggers, forge_parallelisms, forge_rules)})
+    return types.SimpleNamespace(
+        **{
+            f.__name__: f
+            for f in (
+                forge_attention_backends,
+                forge_packers,
+                forge_sources,
+                forge_tokenizers,
+                forge_optimizers,
+                forge_schedules,
+                forge_loggers,
+                forge_parallelisms,
+                forge_rules,
+            )
+        }
+    )
 
 
 _CONFIG = """
@@ -166,12 +187,12 @@ logging: {loggers: [rec_logger]}
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> dict[str, tuple[int, frozenset[str]]]:
     """Every kind built once, through the code the trainer runs."""
+    from forge_core import components
+    from forge_core.distributed.parallelize import parallelize
     from forge_core.judge import judge_config
     from forge_core.plan import make_plan
     from forge_core.resolve import load_resolved
-    from forge_core import components
     from forge_core.train.loss import loss_fn
-    from forge_core.distributed.parallelize import parallelize
 
     path = tmp_path_factory.mktemp("hooks") / "recorded.yaml"
     path.write_text(_CONFIG)
@@ -230,13 +251,19 @@ def contract_problems(func: Any, recorded: dict[str, tuple[int, frozenset[str]]]
     said = documented_call(doc)
     made = recorded.get(name)
     if said is None:
-        problems.append(f"{name}: its docstring does not give the implementation's call "
-                        "(``constructed as ``cls(...)```` or ``called as ``f(...)````)")
+        problems.append(
+            f"{name}: its docstring does not give the implementation's call "
+            "(``constructed as ``cls(...)```` or ``called as ``f(...)````)"
+        )
     elif made is None:
-        problems.append(f"{name}: no recorded call; add a recording implementation to tests/test_hook_contract.py")
+        problems.append(
+            f"{name}: no recorded call; add a recording implementation to tests/test_hook_contract.py"
+        )
     elif said != made:
-        problems.append(f"{name}: the docstring gives a call with {said[0]} positional argument(s) and keywords "
-                        f"{sorted(said[1])}, Forge makes one with {made[0]} and {sorted(made[1])}")
+        problems.append(
+            f"{name}: the docstring gives a call with {said[0]} positional argument(s) and keywords "
+            f"{sorted(said[1])}, Forge makes one with {made[0]} and {sorted(made[1])}"
+        )
     return problems
 
 
@@ -269,12 +296,21 @@ def _doctored(func: Any, doc: str) -> Any:
 @pytest.mark.parametrize(
     ("old", "new", "complaint"),
     [
-        ("constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``",
-         "constructed as ``cls(options, seq_len=..., eos_id=...)``",
-         "keywords ['eos_id', 'seq_len'], Forge makes one with 1 and ['eos_id', 'pad_id', 'seq_len']"),
-        ("constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``", "constructed somehow",
-         "does not give the implementation's call"),
-        ("Return a list of :class:`~forge_core.api.PackerSpec`", "Return specs", "does not say what it returns"),
+        (
+            "constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``",
+            "constructed as ``cls(options, seq_len=..., eos_id=...)``",
+            "keywords ['eos_id', 'seq_len'], Forge makes one with 1 and ['eos_id', 'pad_id', 'seq_len']",
+        ),
+        (
+            "constructed as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``",
+            "constructed somehow",
+            "does not give the implementation's call",
+        ),
+        (
+            "Return a list of :class:`~forge_core.api.PackerSpec`",
+            "Return specs",
+            "does not say what it returns",
+        ),
     ],
 )
 def test_a_docstring_that_lies_or_is_silent_is_caught(recorded, old, new, complaint):
@@ -292,4 +328,3 @@ def test_a_lifecycle_argument_left_unnamed_is_caught(recorded):
     doc = inspect.getdoc(forge_checkpoint_saved).replace("``path``", "the path")
     problems = contract_problems(_doctored(forge_checkpoint_saved, doc), recorded)
     assert "forge_checkpoint_saved: its docstring does not name its argument ``path``" in problems
-

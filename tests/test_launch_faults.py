@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, make_distribution
-from forge_core.train.signals import alive, child_pids
 from train_helpers import read_metrics, tiny_config, write_config
+
+from forge_core.train.signals import alive, child_pids
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
 
@@ -51,8 +51,13 @@ def forge_sources():
 
 def start(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, Path, Path]:
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    proc = subprocess.Popen([*CLI, *args], stdout=open(out, "w"), stderr=open(err, "w"), cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        stdout=open(out, "w"),
+        stderr=open(err, "w"),
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
     return proc, out, err
 
 
@@ -110,19 +115,29 @@ def two_process_run(tmp_path: Path, name: str, *overrides: str):
 def test_sigterm_during_start_up_stops_cleanly(tmp_path, nproc):
     """SIGTERM while the data is being built (before the training loop exists): one
     notice, status 143, nothing written as a checkpoint, no traceback."""
-    site = make_distribution(tmp_path / "site", "forge-slow", "0.1", {"forge_slow": SLOW_SOURCE},
-                             {"slow": "forge_slow"})
+    site = make_distribution(
+        tmp_path / "site", "forge-slow", "0.1", {"forge_slow": SLOW_SOURCE}, {"slow": "forge_slow"}
+    )
     markers = tmp_path / "markers"
     markers.mkdir()
     cfg = tiny_config(tmp_path, "slow", data={"source": "slow", "source_options": {}})
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FORGE_TEST_MARKERS": str(markers)}
-    proc, out, err = start(tmp_path, write_config(tmp_path / "slow.yaml", cfg), "--nproc", str(nproc), env=env)
+    env = {
+        "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "FORGE_TEST_MARKERS": str(markers),
+    }
+    proc, out, err = start(
+        tmp_path, write_config(tmp_path / "slow.yaml", cfg), "--nproc", str(nproc), env=env
+    )
     wait_until(lambda: len(list(markers.iterdir())) == nproc, proc, err)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, err.read_text()
     stderr = err.read_text()
-    assert stderr.count("SIGTERM received during start-up: stopped before training; nothing was trained "
-                        "or saved") == 1, stderr
+    assert (
+        stderr.count(
+            "SIGTERM received during start-up: stopped before training; nothing was trained or saved"
+        )
+        == 1
+    ), stderr
     assert "Traceback" not in stderr
     assert not (tmp_path / "slow" / "checkpoints").exists()
 
@@ -140,7 +155,10 @@ def test_a_worker_that_stops_answering_ends_the_job_naming_it(tmp_path):
             os.kill(workers[1], signal.SIGCONT)
     stderr = err.read_text()
     assert code == 124, stderr
-    assert "rank 0: a collective got no answer within run.collective_timeout = 3 s: rank 1 stopped answering" in stderr
+    assert (
+        "rank 0: a collective got no answer within run.collective_timeout = 3 s: rank 1 stopped answering"
+        in stderr
+    )
     assert f"rank 1 (pid {workers[1]}) had been stopped (SIGSTOP, or a debugger)" in stderr
     assert "Traceback" not in stderr and "ChildFailedError" not in stderr
     assert wait_gone([agent, *workers.values()]) == []
@@ -205,8 +223,15 @@ def test_the_agents_report_prints_each_message_once_and_picks_the_status(tmp_pat
     assert report({0: failure(0, 1, "error: a"), 1: failure(1, 1, "error: b")}, watch) == 1
     assert capsys.readouterr().err == "[rank 0] error: a\n[rank 1] error: b\n"
     watch.stopped_since[1001] = time.time()
-    assert report({0: failure(0, 124, "error: rank 0: a collective got no answer"), 1: failure(1, -9)}, watch) == 124
+    assert (
+        report({0: failure(0, 124, "error: rank 0: a collective got no answer"), 1: failure(1, -9)}, watch)
+        == 124
+    )
     err = capsys.readouterr().err
     assert "rank 1 (pid 1001) had been stopped" in err and "killed" not in err
-    assert report({0: failure(0, 143, "forge: SIGTERM received during start-up"), 1: failure(1, -15)},
-                  WorkerWatch()) == 143
+    assert (
+        report(
+            {0: failure(0, 143, "forge: SIGTERM received during start-up"), 1: failure(1, -15)}, WorkerWatch()
+        )
+        == 143
+    )

@@ -80,7 +80,9 @@ def test_every_room_of_the_kernel_has_a_floor():
 
 def upward(graph: dict[str, set[str]]) -> list[str]:
     return [
-        f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+        f"{m} -> {t}"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
         if room(m) and room(t) and room(m) != room(t) and FLOOR[room(t)] > FLOOR[room(m)]
     ]
 

@@ -11,8 +11,8 @@ import zlib
 
 import numpy as np
 import pytest
-
 from eager_reference import EagerBfd, EagerConcat, EagerNone
+
 from forge_core.api import ForgeError, RowLayout
 from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout, pack_documents
 from forge_plugins.packers.bfd import BfdPacker
@@ -34,7 +34,10 @@ def pairs(seq_len, eos, pad):
     return {
         "none": (NonePacker(None, **kw), EagerNone(seq_len, eos, pad)),
         "concat": (ConcatPacker(ConcatOptions(), **kw), EagerConcat(seq_len, eos, pad)),
-        "concat-plain": (ConcatPacker(ConcatOptions(isolate=False), **kw), EagerConcat(seq_len, eos, pad, isolate=False)),
+        "concat-plain": (
+            ConcatPacker(ConcatOptions(isolate=False), **kw),
+            EagerConcat(seq_len, eos, pad, isolate=False),
+        ),
         "bfd": (BfdPacker(None, **kw), EagerBfd(seq_len, eos, pad)),
     }
 
@@ -88,9 +91,18 @@ def test_stream_appends_eos_and_checks_the_vocabulary(tmp_path):
     tokens, last = stream.gather(np.arange(6))
     assert tokens.tolist() == [1, 2, EOS, EOS, 3, EOS]
     assert last.tolist() == [False, False, True, True, False, True]
-    bad = DocumentStream(np.array([1, 12], np.uint16), np.array([0, 1]), np.array([1, 1]), EOS,
-                         vocab_size=10, where="x/tokens.bin")
-    with pytest.raises(ForgeError, match=r"x/tokens\.bin: document 1 holds token id 12, outside the tokenizer's vocabulary of 10"):
+    bad = DocumentStream(
+        np.array([1, 12], np.uint16),
+        np.array([0, 1]),
+        np.array([1, 1]),
+        EOS,
+        vocab_size=10,
+        where="x/tokens.bin",
+    )
+    with pytest.raises(
+        ForgeError,
+        match=r"x/tokens\.bin: document 1 holds token id 12, outside the tokenizer's vocabulary of 10",
+    ):
         bad.gather(np.arange(4))
 
 
@@ -99,16 +111,19 @@ def layout(**fields):
     return RowLayout(**{**base, **fields})
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"seq_len": 5}, "seq_len 5, the run's data.seq_len is 4"),
-    ({"row_ptr": [0, 2, 1]}, "row_ptr must start at 0"),
-    ({"lengths": [3, 0]}, "piece 1 is empty"),
-    ({"starts": [0, 4]}, "a piece lies outside the stream of 5 tokens"),
-    ({"starts": [0, 2]}, "pieces overlap at stream position 2"),
-    ({"lengths": [5, 2]}, "a row holds 5 tokens, more than seq_len 4"),
-    ({"starts": [0, 2], "lengths": [2, 3]}, "piece 1 runs past the end of document 0"),
-    ({"boundaries": "none", "metadata": True}, "metadata needs boundaries"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"seq_len": 5}, "seq_len 5, the run's data.seq_len is 4"),
+        ({"row_ptr": [0, 2, 1]}, "row_ptr must start at 0"),
+        ({"lengths": [3, 0]}, "piece 1 is empty"),
+        ({"starts": [0, 4]}, "a piece lies outside the stream of 5 tokens"),
+        ({"starts": [0, 2]}, "pieces overlap at stream position 2"),
+        ({"lengths": [5, 2]}, "a row holds 5 tokens, more than seq_len 4"),
+        ({"starts": [0, 2], "lengths": [2, 3]}, "piece 1 runs past the end of document 0"),
+        ({"boundaries": "none", "metadata": True}, "metadata needs boundaries"),
+    ],
+)
 def test_check_layout_names_the_broken_promise(fields, message):
     stream = DocumentStream.from_documents([np.array([1, 2, EOS]), np.array([3, EOS])])
     check_layout(layout(), stream, 4, "packer p")  # the base layout is fine
@@ -119,7 +134,9 @@ def test_check_layout_names_the_broken_promise(fields, message):
 def test_from_placement_sorts_pieces_and_refuses_gaps():
     got = RowLayout.from_placement(4, [5, 0, 2], [1, 2, 2], [1, 0, 0], [0, 0, 2])
     assert got.starts.tolist() == [0, 2, 5] and got.row_ptr.tolist() == [0, 2, 3]
-    with pytest.raises(ValueError, match="row 0: a piece at column 3 where the row's pieces so far end at column 2"):
+    with pytest.raises(
+        ValueError, match="row 0: a piece at column 3 where the row's pieces so far end at column 2"
+    ):
         RowLayout.from_placement(4, [0, 2], [2, 1], [0, 0], [0, 3])
     empty_rows = RowLayout.from_placement(4, [0], [2], [2], [0], rows=4)
     assert empty_rows.row_ptr.tolist() == [0, 0, 0, 1, 1]
@@ -130,8 +147,12 @@ def test_rows_travel_to_worker_processes_without_their_tokens(tmp_path):
 
     docs = [np.arange(5000, dtype=np.uint16) % 10 for _ in range(40)]
     stream = memmapped_stream(tmp_path, docs, EOS)
-    rows = PackedRows(ConcatPacker(ConcatOptions(), seq_len=16, eos_id=EOS, pad_id=0).layout(stream.lengths),
-                      stream, eos_id=EOS, pad_id=0)
+    rows = PackedRows(
+        ConcatPacker(ConcatOptions(), seq_len=16, eos_id=EOS, pad_id=0).layout(stream.lengths),
+        stream,
+        eos_id=EOS,
+        pad_id=0,
+    )
     assert len(pickle.dumps(stream)) < 5000  # per-document arrays and the file name, not 400 KB of tokens
     again = pickle.loads(pickle.dumps(rows))
     assert isinstance(again.stream.tokens, np.memmap)

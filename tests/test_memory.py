@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from forge_core.train import memory
-from forge_core.testing import train_in_process
-from forge_core.train.memory import MemoryMeter, peak_rss_bytes
 from train_helpers import Recorder, read_metrics, tiny_config, write_config
+
+from forge_core.testing import train_in_process
+from forge_core.train import memory
+from forge_core.train.memory import MemoryMeter, peak_rss_bytes
 
 
 def test_rss_high_water_mark_rises_with_what_the_process_touches():
@@ -28,7 +28,9 @@ def test_rss_high_water_mark_rises_with_what_the_process_touches():
         del block
         print(before, after, peak_rss_bytes())
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
     before, after, later = map(int, out.stdout.split())
     assert after - before >= 200 * 2**20
     # The block is gone but the high-water mark stays (to within the few pages the
@@ -76,9 +78,12 @@ def test_every_step_reports_memory_to_hooks_jsonl_and_console(tmp_path, monkeypa
     windows = []
     monkeypatch.setattr(MemoryMeter, "next_window", lambda self: windows.append(1))
     rec = Recorder()
-    cfg = tiny_config(tmp_path, "mem", train={"steps": 5},
-                      logging={"loggers": ["console", "jsonl"], "every": 2,
-                               "options": {"console": {"bar": False}}})
+    cfg = tiny_config(
+        tmp_path,
+        "mem",
+        train={"steps": 5},
+        logging={"loggers": ["console", "jsonl"], "every": 2, "options": {"console": {"bar": False}}},
+    )
     path = write_config(tmp_path / "mem.yaml", cfg)
     assert train_in_process(path, [], extra_plugins=(("rec", rec),)) == "completed"
     for step, metrics in rec.metrics.items():

@@ -29,7 +29,9 @@ def part(source, n):
 
 
 def mixed(sizes=(7, 50, 13), weights=(0.5, 0.3, 0.2)):
-    return MixedRows([part(i, n) for i, n in enumerate(sizes)], list(weights), [f"s{i}" for i in range(len(sizes))])
+    return MixedRows(
+        [part(i, n) for i, n in enumerate(sizes)], list(weights), [f"s{i}" for i in range(len(sizes))]
+    )
 
 
 def sources_of(loader, n):
@@ -69,15 +71,21 @@ def test_the_loader_draws_the_weighted_proportions_deterministically():
     batches = list(itertools.islice(StatefulLoader(rows, 10, seed=3), 100))
     small = np.concatenate([b["input_ids"][b["input_ids"][:, 0] == 0][:, 1].numpy() for b in batches])
     assert sorted(small[:7].tolist()) == list(range(7)) and sorted(small[7:14].tolist()) == list(range(7))
-    other = np.concatenate([b["input_ids"][b["input_ids"][:, 0] == 0][:, 1].numpy()
-                            for b in itertools.islice(StatefulLoader(rows, 10, seed=4), 100)])
+    other = np.concatenate(
+        [
+            b["input_ids"][b["input_ids"][:, 0] == 0][:, 1].numpy()
+            for b in itertools.islice(StatefulLoader(rows, 10, seed=4), 100)
+        ]
+    )
     assert not np.array_equal(small, other)
 
 
 def test_ranks_read_disjoint_slices_of_the_same_global_batches():
     rows = mixed()
     whole = list(itertools.islice(StatefulLoader(rows, 8, seed=1), 20))
-    halves = [list(itertools.islice(StatefulLoader(rows, 4, dp_rank=r, dp_size=2, seed=1), 20)) for r in (0, 1)]
+    halves = [
+        list(itertools.islice(StatefulLoader(rows, 4, dp_rank=r, dp_size=2, seed=1), 20)) for r in (0, 1)
+    ]
     for b in range(20):
         joined = np.concatenate([halves[0][b]["input_ids"].numpy(), halves[1][b]["input_ids"].numpy()])
         assert np.array_equal(joined, whole[b]["input_ids"].numpy())
@@ -116,7 +124,9 @@ def test_resume_refuses_another_mixture():
 def two_corpora(tmp_path):
     from train_helpers import write_corpus
 
-    return write_corpus(tmp_path / "a", docs=30, seed=1), write_corpus(tmp_path / "b", docs=30, seed=2, short=True)
+    return write_corpus(tmp_path / "a", docs=30, seed=1), write_corpus(
+        tmp_path / "b", docs=30, seed=2, short=True
+    )
 
 
 def mixture_config(tmp_path, name, a, b, **train):
@@ -125,21 +135,27 @@ def mixture_config(tmp_path, name, a, b, **train):
     cfg = tiny_config(tmp_path, name=name, train={"steps": 6, "batch_size": 4, **train})
     data = cfg["data"]
     del data["source"], data["source_options"]
-    data["sources"] = [{"name": "text", "weight": 3, "options": {"paths": [a]}, "label": "prose"},
-                       {"name": "text", "weight": 1, "options": {"paths": [b]}}]
+    data["sources"] = [
+        {"name": "text", "weight": 3, "options": {"paths": [a]}, "label": "prose"},
+        {"name": "text", "weight": 1, "options": {"paths": [b]}},
+    ]
     return cfg
 
 
 def test_the_summary_line_reports_the_realized_mixture(tmp_path, two_corpora):
-    from forge_core.data.build import build_training_data
     from train_helpers import write_config
 
+    from forge_core.data.build import build_training_data
     from forge_core.plan import make_plan
     from forge_core.resolve import load_resolved
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
-    cfg, registries = load_resolved(write_config(tmp_path / "m.yaml", mixture_config(tmp_path, "m", *two_corpora)))
-    data = build_training_data(make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
+    cfg, registries = load_resolved(
+        write_config(tmp_path / "m.yaml", mixture_config(tmp_path, "m", *two_corpora))
+    )
+    data = build_training_data(
+        make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=lambda m: None
+    )
     first = data.summary.splitlines()[0]
     assert "(prose+text#1 -> byte -> concat)" in first
     assert "mixture over the run's 24 rows: prose 75.0% (weight 75.0%), text#1 25.0% (weight 25.0%)" in first
@@ -163,9 +179,13 @@ def test_check_finds_every_mixture_entry_implementation(tmp_path, two_corpora):
     cfg = mixture_config(tmp_path, "m", *two_corpora)
     cfg["data"]["sources"][1]["name"] = "ghost"
     del cfg["data"]["sources"][1]["options"]
-    judged = judge(write_config(tmp_path / "m.yaml", cfg), world_size=1, extra_plugins=(("ghost", _GhostSource()),))
+    judged = judge(
+        write_config(tmp_path / "m.yaml", cfg), world_size=1, extra_plugins=(("ghost", _GhostSource()),)
+    )
     assert [(s.where, s.name, s.weight, s.label) for s in judged.plan.sources] == [
-        ("data.sources[0]", "text", 3.0, "prose"), ("data.sources[1]", "ghost", 1.0, "")]
+        ("data.sources[0]", "text", 3.0, "prose"),
+        ("data.sources[1]", "ghost", 1.0, ""),
+    ]
     assert judged.plan.specs["source"].name == "text"  # the first entry, not data.source's default
     (found,) = [v for v in judged.errors if v.rule_id == IMPLEMENTATION_FOUND]
     assert "data source 'ghost' (plugin 'ghost'" in found.message
@@ -182,8 +202,11 @@ def test_a_mixture_trains_and_resumes_exactly(tmp_path, two_corpora):
     from forge_core.cli.train import train
 
     straight, resumed = Recorder(), Recorder()
-    train(write_config(tmp_path / "s.yaml", mixture_config(tmp_path, "straight", *two_corpora)), [],
-          extra_plugins=(("rec", straight),))
+    train(
+        write_config(tmp_path / "s.yaml", mixture_config(tmp_path, "straight", *two_corpora)),
+        [],
+        extra_plugins=(("rec", straight),),
+    )
     cut = write_config(tmp_path / "c.yaml", mixture_config(tmp_path, "cut", *two_corpora))
     assert train(cut, [], extra_plugins=(("stop", SignalAt(3)),)) == "interrupted"
     train(cut, [], extra_plugins=(("rec", resumed),))

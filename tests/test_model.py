@@ -13,10 +13,15 @@ import pytest
 import torch
 
 from forge_core.api import NoOptions
-from forge_core.testing import ROUNDING_FACTOR, assert_within_rounding, forge_run, longest_sum
+from forge_core.testing import (
+    ROUNDING_FACTOR,
+    assert_within_rounding,
+    forge_run,
+    longest_sum,
+    packed_metadata,
+)
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.attention.options import SdpaOptions
-from forge_core.testing import packed_metadata
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models import rules as model_rules
 from forge_plugins.models.llama import Llama, build
@@ -39,7 +44,9 @@ def ids(batch=2, seq=12, seed=1):
 def same_in_float64(got, want, what, model=None):
     """``got`` equals ``want`` within float64 rounding of a run of ``model`` (default:
     the small model)."""
-    assert_within_rounding(got, want, dtype=torch.float64, terms=longest_sum(model or small_model()), what=what)
+    assert_within_rounding(
+        got, want, dtype=torch.float64, terms=longest_sum(model or small_model()), what=what
+    )
 
 
 # --- structure ----------------------------------------------------------------------
@@ -49,9 +56,15 @@ def test_state_dict_names_are_stable_and_exclude_the_rotary_table():
     model = small_model()
     keys = set(model.state_dict())
     per_layer = {
-        "attention_norm.weight", "attention.wq.weight", "attention.wk.weight",
-        "attention.wv.weight", "attention.wo.weight", "ffn_norm.weight",
-        "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight",
+        "attention_norm.weight",
+        "attention.wq.weight",
+        "attention.wk.weight",
+        "attention.wv.weight",
+        "attention.wo.weight",
+        "ffn_norm.weight",
+        "feed_forward.w1.weight",
+        "feed_forward.w2.weight",
+        "feed_forward.w3.weight",
     }
     expected = {"tok_embeddings.weight", "norm.weight", "output.weight"}
     expected |= {f"layers.{i}.{name}" for i in range(3) for name in per_layer}
@@ -121,7 +134,9 @@ def test_rotary_preserves_norms_and_depends_only_on_relative_position():
     assert abs(at(x, 9).norm() - x.norm()) <= rotation_error * x.norm()
     dot_tol = 2 * rotation_error * x.norm() * y.norm()  # two rotated vectors on each side
     assert abs((at(x, 7) * at(y, 3)).sum() - (at(x, 14) * at(y, 10)).sum()) <= dot_tol
-    assert abs((at(x, 7) * at(y, 3)).sum() - (at(x, 7) * at(y, 4)).sum()) > 1e3 * dot_tol  # the test has power
+    assert (
+        abs((at(x, 7) * at(y, 3)).sum() - (at(x, 7) * at(y, 4)).sum()) > 1e3 * dot_tol
+    )  # the test has power
 
 
 @pytest.mark.numerical
@@ -151,9 +166,12 @@ def test_init_scheme_matches_the_documented_stds():
     layer = model.layers["3"]
     residual = 0.02 / math.sqrt(2 * 8)
     for weight, std in (
-        (model.tok_embeddings.weight, 0.02), (model.output.weight, 0.02),
-        (layer.attention.wq.weight, 0.02), (layer.feed_forward.w1.weight, 0.02),
-        (layer.attention.wo.weight, residual), (layer.feed_forward.w2.weight, residual),
+        (model.tok_embeddings.weight, 0.02),
+        (model.output.weight, 0.02),
+        (layer.attention.wq.weight, 0.02),
+        (layer.feed_forward.w1.weight, 0.02),
+        (layer.attention.wo.weight, residual),
+        (layer.feed_forward.w2.weight, residual),
     ):
         assert weight.std().item() == pytest.approx(std, rel=0.05)
         assert abs(weight.mean().item()) < std / 10

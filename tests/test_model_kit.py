@@ -4,10 +4,10 @@ deliberate flaw of the decoder (tests/kit_models.py) fails with its own message.
 
 from __future__ import annotations
 
+import kit_models
 import pytest
 import torch
 
-import kit_models
 from forge_core.testing import check_model
 
 #: Small llama options: a large init so that a leak shows.
@@ -22,10 +22,23 @@ needs_compiled_flex = pytest.mark.skipif(
 @pytest.mark.numerical
 def test_llama_passes_every_check():
     report = check_model("llama", options=TINY_LLAMA)
-    assert report.checked == ("backend", "isolation", "tensor_parallel", "pipeline[2]", "pipeline[3]", "facts")
+    assert report.checked == (
+        "backend",
+        "isolation",
+        "tensor_parallel",
+        "pipeline[2]",
+        "pipeline[3]",
+        "facts",
+    )
     assert report.skipped == {} and max(report.worst.values()) < 1
-    assert report.facts == {"heads": 4, "kv_heads": 2, "attend_calls": 3, "prepare_calls": 1, "blocks": 3,
-                            "tied_embeddings": False}
+    assert report.facts == {
+        "heads": 4,
+        "kv_heads": 2,
+        "attend_calls": 3,
+        "prepare_calls": 1,
+        "blocks": 3,
+        "tied_embeddings": False,
+    }
 
 
 @pytest.mark.numerical
@@ -49,7 +62,9 @@ def test_third_party_decoder_passes_every_check(tied):
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_models_pass_with_the_builtin_backends_in_float64(backend):
     for model, options in (("llama", TINY_LLAMA), (kit_models.spec(), None)):
-        report = check_model(model, options=options, attention=backend, checks=("backend", "isolation", "pipeline"))
+        report = check_model(
+            model, options=options, attention=backend, checks=("backend", "isolation", "pipeline")
+        )
         assert max(report.worst.values()) < 1
 
 
@@ -58,35 +73,71 @@ def test_models_pass_with_the_builtin_backends_in_float64(backend):
 def test_models_pass_with_compiled_flex_in_float32():
     # Compiled CPU flex has no float64 kernel; documents alone run at the packed shape.
     for model, options in (("llama", TINY_LLAMA), (kit_models.spec(), None)):
-        report = check_model(model, options=options, attention="flex", attention_options={"block_size": 16},
-                             dtypes=("float32",), standalone="prefix", checks=("backend", "isolation"))
+        report = check_model(
+            model,
+            options=options,
+            attention="flex",
+            attention_options={"block_size": 16},
+            dtypes=("float32",),
+            standalone="prefix",
+            checks=("backend", "isolation"),
+        )
         assert report.worst["isolation"] < 1
 
 
 #: Every deliberate flaw of kit_models.Decoder and the message it must fail with.
-FLAW_MESSAGES = dict([
+FLAW_MESSAGES = dict(
+    [
         ("own_attention", r"never called attend\(\) of the attention backend the model was built with"),
-        ("prepare_without_doc_ids", r"received doc_ids \(2, 24\) but called attention.prepare\(\) with doc_ids \[None\]"),
-        ("build_forward_needs_metadata", r"the trainer's build-time forward failed: model\(input_ids of shape \(1, 4\)\) "
-                                         r"without doc_ids/positions, under torch.no_grad\(\), raised TypeError"),
-        ("shifts_across_documents", r"document isolation broken: float64: row 0 document 1 \(tokens 5:6\): packed "
-                                    r"logits differ from the document run alone"),
-        ("plan_misses_q_norm", r"tensor-parallel plan \(sequence_parallel=False\): parameter\(s\) "
-                               r"stack.0.mix.q_norm.weight, stack.1.mix.q_norm.weight, stack.2.mix.q_norm.weight are "
-                               r"neither sharded by a style nor declared `replicated` or `partial`"),
-        ("plan_stale_path", r"its block scope's styles name 'attention.wq', which block\(s\) stack.0, stack.1, stack.2 "
-                            r"do not hold"),
-        ("stage_crash", r"pipeline stage 1 of 2 \(blocks 2, given hidden states\) raised TypeError: 'NoneType' object "
-                        r"is not callable when called with hidden states \(2, 24, 16\) and the doc_ids and positions "
-                        r"keywords. The stage forward contract: a pipeline stage is a shallow copy"),
-        ("stage_drops_doc_ids", r"2 pipeline stages run in sequence differ from the unsplit model on packed rows.*"
-                                r"Does every stage build its mask from the doc_ids keyword"),
+        (
+            "prepare_without_doc_ids",
+            r"received doc_ids \(2, 24\) but called attention.prepare\(\) with doc_ids \[None\]",
+        ),
+        (
+            "build_forward_needs_metadata",
+            r"the trainer's build-time forward failed: model\(input_ids of shape \(1, 4\)\) "
+            r"without doc_ids/positions, under torch.no_grad\(\), raised TypeError",
+        ),
+        (
+            "shifts_across_documents",
+            r"document isolation broken: float64: row 0 document 1 \(tokens 5:6\): packed "
+            r"logits differ from the document run alone",
+        ),
+        (
+            "plan_misses_q_norm",
+            r"tensor-parallel plan \(sequence_parallel=False\): parameter\(s\) "
+            r"stack.0.mix.q_norm.weight, stack.1.mix.q_norm.weight, stack.2.mix.q_norm.weight are "
+            r"neither sharded by a style nor declared `replicated` or `partial`",
+        ),
+        (
+            "plan_stale_path",
+            r"its block scope's styles name 'attention.wq', which block\(s\) stack.0, stack.1, stack.2 "
+            r"do not hold",
+        ),
+        (
+            "stage_crash",
+            r"pipeline stage 1 of 2 \(blocks 2, given hidden states\) raised TypeError: 'NoneType' object "
+            r"is not callable when called with hidden states \(2, 24, 16\) and the doc_ids and positions "
+            r"keywords. The stage forward contract: a pipeline stage is a shallow copy",
+        ),
+        (
+            "stage_drops_doc_ids",
+            r"2 pipeline stages run in sequence differ from the unsplit model on packed rows.*"
+            r"Does every stage build its mask from the doc_ids keyword",
+        ),
         ("wrong_facts", r"facts\(options\) disagree with the built model: heads 8 \(the model has 4\)"),
-        ("supports_without_split", r"declares supports \['blocks', 'output_head', 'pipeline', 'tensor_parallel'\] "
-                                   r"but parallel_contract\(\) does not supply \['pipeline'\]"),
-        ("head_not_linear", r"parallel_contract\(\).output_head is 'final_norm', which is not an attribute of the "
-                            r"model with a 2-D weight"),
-])
+        (
+            "supports_without_split",
+            r"declares supports \['blocks', 'output_head', 'pipeline', 'tensor_parallel'\] "
+            r"but parallel_contract\(\) does not supply \['pipeline'\]",
+        ),
+        (
+            "head_not_linear",
+            r"parallel_contract\(\).output_head is 'final_norm', which is not an attribute of the "
+            r"model with a 2-D weight",
+        ),
+    ]
+)
 
 
 def test_every_flaw_has_a_negative_control():
@@ -100,9 +151,13 @@ def test_each_flaw_fails_with_its_message(flaw, message):
 
 
 def test_a_bare_factory_is_checked_without_spec_facts():
-    report = check_model(kit_models.build, options=kit_models.KitOptions(), checks=("backend", "facts", "tensor_parallel"))
+    report = check_model(
+        kit_models.build, options=kit_models.KitOptions(), checks=("backend", "facts", "tensor_parallel")
+    )
     assert report.checked == ("backend", "tensor_parallel")
-    assert report.skipped == {"facts": "no spec (the model was given as a factory): facts and supports not checked"}
+    assert report.skipped == {
+        "facts": "no spec (the model was given as a factory): facts and supports not checked"
+    }
 
 
 def test_kit_misuse_is_a_value_error():

@@ -12,27 +12,36 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+from forge_core import components
 from forge_core.api import ParallelContract
+from forge_core.components.named_params import named_parameters
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge, judge_config
-from forge_core import components
 from forge_core.train.checkpoint import _OPTIM_OPTIONS
 from forge_core.train.loss import loss_fn
-from forge_core.components.named_params import named_parameters
 from forge_plugins.optim.groups import decay_groups
 from forge_plugins.optim.muon import MuonWithAdamW, split
 from forge_plugins.optim.options import MuonOptions
 from forge_plugins.optim.rules import MUON_SHARDED
 
 LLAMA = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 16, "multiple_of": 16}
-MATRICES = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-            "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+MATRICES = (
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "attention.wo",
+    "feed_forward.w1",
+    "feed_forward.w2",
+    "feed_forward.w3",
+)
 
 
 def plan_of(registries, tie=False, options=None):
-    raw = {"model": {"name": "llama", "options": {**LLAMA, "tie_embeddings": tie}},
-           "train": {"optimizer": "muon", "optimizer_options": options or {}, "lr": 1e-2}}
+    raw = {
+        "model": {"name": "llama", "options": {**LLAMA, "tie_embeddings": tie}},
+        "train": {"optimizer": "muon", "optimizer_options": options or {}, "lr": 1e-2},
+    }
     cfg, issues = structure(raw, ForgeConfig)
     assert not issues
     cfg, issues = resolve_components(cfg, registries)
@@ -53,7 +62,9 @@ def test_muon_takes_exactly_the_matrices_inside_the_blocks(forge_registries, tie
     model = llama(forge_registries, plan_of(forge_registries, tie))
     muon, adamw = split(named_parameters(model))
     blocks = [f"layers.{i}.{m}.weight" for i in range(LLAMA["n_layers"]) for m in MATRICES]
-    norms = [f"layers.{i}.{n}.weight" for i in range(LLAMA["n_layers"]) for n in ("attention_norm", "ffn_norm")]
+    norms = [
+        f"layers.{i}.{n}.weight" for i in range(LLAMA["n_layers"]) for n in ("attention_norm", "ffn_norm")
+    ]
     assert sorted(p.name for p in muon) == sorted(blocks)
     outside = ["tok_embeddings.weight", "norm.weight"] + ([] if tie else ["output.weight"])
     assert sorted(p.name for p in adamw) == sorted(outside + norms)
@@ -68,7 +79,9 @@ def test_the_split_follows_the_contract_not_the_names():
         def __init__(self, contract):
             super().__init__()
             self.contract = contract
-            self.trunk = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4, bias=False)})
+            self.trunk = torch.nn.ModuleDict(
+                {"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4, bias=False)}
+            )
             self.readout = torch.nn.Linear(4, 2, bias=False)
 
         def parallel_contract(self):
@@ -116,11 +129,24 @@ def test_equals_torch_muon_and_adamw_built_by_hand(forge_registries):
     o = MuonOptions()
     muon_params, rest = split(named_parameters(theirs))
     by_hand = [
-        torch.optim.Muon([p.param for p in muon_params], lr=1e-2, weight_decay=o.weight_decay, momentum=o.momentum,
-                         nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, eps=o.eps, ns_steps=o.ns_steps,
-                         adjust_lr_fn="match_rms_adamw"),
-        torch.optim.AdamW(decay_groups(rest, o.adamw_weight_decay, o.decay_embeddings), lr=1e-2,
-                          betas=(o.adamw_beta1, o.adamw_beta2), eps=o.adamw_eps, foreach=True),
+        torch.optim.Muon(
+            [p.param for p in muon_params],
+            lr=1e-2,
+            weight_decay=o.weight_decay,
+            momentum=o.momentum,
+            nesterov=o.nesterov,
+            ns_coefficients=o.ns_coefficients,
+            eps=o.eps,
+            ns_steps=o.ns_steps,
+            adjust_lr_fn="match_rms_adamw",
+        ),
+        torch.optim.AdamW(
+            decay_groups(rest, o.adamw_weight_decay, o.decay_embeddings),
+            lr=1e-2,
+            betas=(o.adamw_beta1, o.adamw_beta2),
+            eps=o.adamw_eps,
+            foreach=True,
+        ),
     ]
     start = {n: p.detach().clone() for n, p in ours.named_parameters()}
     for seed in (1, 2):
@@ -166,27 +192,38 @@ def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(fo
 
 
 def test_a_few_steps_reduce_the_loss(tmp_path):
-    from forge_core import cli
     from train_helpers import read_metrics, tiny_config, write_config
 
-    config = tiny_config(tmp_path, train={"steps": 8, "optimizer": "muon", "lr": 1e-2, "warmup_steps": 0},
-                         logging={"loggers": ["jsonl"], "every": 1})
+    from forge_core import cli
+
+    config = tiny_config(
+        tmp_path,
+        train={"steps": 8, "optimizer": "muon", "lr": 1e-2, "warmup_steps": 0},
+        logging={"loggers": ["jsonl"], "every": 1},
+    )
     assert cli.main([write_config(tmp_path / "muon.yaml", config)]) == 0
     losses = [m["loss"] for m in read_metrics(tmp_path / "run") if "loss" in m]
     assert len(losses) == 8 and losses[-1] < 0.8 * losses[0], losses
 
 
-@pytest.mark.parametrize(("parallel", "refused"), [
-    ({"tp": 2}, "parallel.tp = 2 splits them"),
-    ({"dp_shard": 2}, "fsdp (parallel.dp_shard = 2) shards them"),
-    ({"pp": 2, "dp_replicate": 2}, "replicas under pipeline parallelism"),
-    ({"dp_replicate": 2}, None),  # ddp: every replica holds whole matrices
-    ({"pp": 2}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("parallel", "refused"),
+    [
+        ({"tp": 2}, "parallel.tp = 2 splits them"),
+        ({"dp_shard": 2}, "fsdp (parallel.dp_shard = 2) shards them"),
+        ({"pp": 2, "dp_replicate": 2}, "replicas under pipeline parallelism"),
+        ({"dp_replicate": 2}, None),  # ddp: every replica holds whole matrices
+        ({"pp": 2}, None),
+        ({}, None),
+    ],
+)
 def test_the_rule_refuses_layouts_with_sharded_matrices(forge_config, parallel, refused):
-    data = {"model": {"name": "llama", "options": {**LLAMA, "n_layers": 4}}, "data": {"packer": "none"},
-            "parallel": {"dp_shard": 1, **parallel}, "train": {"optimizer": "muon", "batch_size": 8}}
+    data = {
+        "model": {"name": "llama", "options": {**LLAMA, "n_layers": 4}},
+        "data": {"packer": "none"},
+        "parallel": {"dp_shard": 1, **parallel},
+        "train": {"optimizer": "muon", "batch_size": 8},
+    }
     result = judge(forge_config(data), [], None)
     found = [v.message for v in result.violations if v.rule_id == MUON_SHARDED]
     if refused is None:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 SCANNED = ("forge_core", "forge_plugins", "examples", "bench")
@@ -63,8 +61,9 @@ def option_helpers(source: str) -> list[str]:
     returns a field factory's or ``option``'s result (a helper of one's own)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "doc"
-                                              for k in node.keys):
+        if isinstance(node, ast.Dict) and any(
+            isinstance(k, ast.Constant) and k.value == "doc" for k in node.keys
+        ):
             found.append(f"line {node.lineno}: a {{'doc': ...}} metadata dict")
         elif isinstance(node, ast.Call):
             name = _dotted(node.func)
@@ -76,8 +75,11 @@ def option_helpers(source: str) -> list[str]:
             body = node.body if isinstance(node, ast.FunctionDef) else [ast.Return(node.body)]
             returned = [n.value for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Return)]
             wrapped = [_dotted(v.func) for v in returned if isinstance(v, ast.Call)]
-            found += [f"line {node.lineno}: a function returning {name}(...)" for name in wrapped
-                      if name in FIELD_FACTORIES | {"option", "api.option"}]
+            found += [
+                f"line {node.lineno}: a function returning {name}(...)"
+                for name in wrapped
+                if name in FIELD_FACTORIES | {"option", "api.option"}
+            ]
     return found
 
 
@@ -85,8 +87,12 @@ def ignore_labels(source: str) -> list[str]:
     """Every integer ``-100`` written in code."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-                and isinstance(node.operand, ast.Constant) and node.operand.value == 100):
+        if (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.USub)
+            and isinstance(node.operand, ast.Constant)
+            and node.operand.value == 100
+        ):
             found.append(f"line {node.lineno}: -100")
         elif isinstance(node, ast.Constant) and type(node.value) is int and node.value == -100:
             found.append(f"line {node.lineno}: -100")
@@ -96,27 +102,37 @@ def ignore_labels(source: str) -> list[str]:
 def batch_key_literals(source: str) -> list[tuple[int, str]]:
     """``(line, key)`` for every string literal that is exactly a batch key (docstrings
     and f-string fragments are prose and never equal one)."""
-    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BATCH_KEYS]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BATCH_KEYS
+    ]
 
 
 def test_the_scan_reads_every_place_options_are_declared():
     wheres = [where for where, _ in _sources(docs=True)]
-    for expected in ("forge_core/config/schema.py", "forge_plugins/models/options.py",
-                     "examples/forge-plugin-example/forge_plugin_example/options.py", "bench/packing.py"):
+    for expected in (
+        "forge_core/config/schema.py",
+        "forge_plugins/models/options.py",
+        "examples/forge-plugin-example/forge_plugin_example/options.py",
+        "bench/packing.py",
+    ):
         assert expected in wheres
     assert any(w.startswith("docs/plugin-guide/optimizer.md (block") for w in wheres)
 
 
-@pytest.mark.parametrize("snippet", [
-    'x: int = attrs.field(default=1, metadata={"doc": "One."})',
-    'x: int = attrs.field(default=1, metadata=dict(doc="One."))',
-    'x: int = attr.ib(default=1, metadata=META)',
-    'def _opt(default, doc):\n    return attrs.field(default=default, metadata=make(doc))',
-    'def documented(default, doc):\n    return option(default, doc)',
-    '_doc = lambda text: {"doc": text}',
-    'documented = lambda default, doc: option(default, doc)',
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        'x: int = attrs.field(default=1, metadata={"doc": "One."})',
+        'x: int = attrs.field(default=1, metadata=dict(doc="One."))',
+        "x: int = attr.ib(default=1, metadata=META)",
+        "def _opt(default, doc):\n    return attrs.field(default=default, metadata=make(doc))",
+        "def documented(default, doc):\n    return option(default, doc)",
+        '_doc = lambda text: {"doc": text}',
+        "documented = lambda default, doc: option(default, doc)",
+    ],
+)
 def test_the_option_detector_sees_a_second_helper(snippet):
     assert option_helpers(snippet)
 
@@ -129,8 +145,12 @@ def test_every_documented_option_is_declared_with_forge_core_api_option():
     """A second helper (or raw ``metadata={"doc": ...}``) would be a second place the
     convention lives: the key the docs read, the copying of mutable defaults, the refusal
     of an undocumented option."""
-    found = [f"{where}: {hit}" for where, source in _sources(docs=True) if where != OPTION_HOME
-             for hit in option_helpers(source)]
+    found = [
+        f"{where}: {hit}"
+        for where, source in _sources(docs=True)
+        if where != OPTION_HOME
+        for hit in option_helpers(source)
+    ]
     assert not found, "declare documented fields with forge_core.api.option:\n" + "\n".join(found)
 
 
@@ -140,9 +160,12 @@ def test_the_ignore_detector_sees_both_spellings():
 
 
 def test_the_ignore_label_is_written_once():
-    found = [f"{where}: {hit}" for where, source in _sources()
-             if where != BATCH_HOME and not where.startswith(WIRE_FORMAT_TESTS)
-             for hit in ignore_labels(source)]
+    found = [
+        f"{where}: {hit}"
+        for where, source in _sources()
+        if where != BATCH_HOME and not where.startswith(WIRE_FORMAT_TESTS)
+        for hit in ignore_labels(source)
+    ]
     assert not found, "use forge_core.api.IGNORE_INDEX:\n" + "\n".join(found)
 
 
@@ -152,15 +175,22 @@ def test_the_batch_key_detector_sees_a_literal_and_not_prose():
 
 
 def test_batch_keys_are_spelled_by_their_constants():
-    found = [f"{where}:{line}: {key!r}" for where, source in _sources()
-             if where != BATCH_HOME and not where.startswith(WIRE_FORMAT_TESTS)
-             for line, key in batch_key_literals(source) if (where, key) not in FOREIGN_KEYS]
+    found = [
+        f"{where}:{line}: {key!r}"
+        for where, source in _sources()
+        if where != BATCH_HOME and not where.startswith(WIRE_FORMAT_TESTS)
+        for line, key in batch_key_literals(source)
+        if (where, key) not in FOREIGN_KEYS
+    ]
     assert not found, "use INPUT_IDS, LABELS, DOC_IDS, POSITIONS from forge_core.api:\n" + "\n".join(found)
 
 
 def test_every_foreign_key_exception_is_still_needed():
     """An allowance whose literal is gone must go too, or it would hide a new one."""
     sources = dict(_sources())
-    stale = [f"{where}: {key}" for where, key in FOREIGN_KEYS
-             if key not in {k for _, k in batch_key_literals(sources[where])}]
+    stale = [
+        f"{where}: {key}"
+        for where, key in FOREIGN_KEYS
+        if key not in {k for _, k in batch_key_literals(sources[where])}
+    ]
     assert not stale

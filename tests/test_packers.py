@@ -314,5 +314,3 @@ def test_specs_declare_what_each_packer_emits():
         packer = spec.load()(spec.options(), seq_len=4, eos_id=EOS, pad_id=0)
         out, _ = packed(packer, [np.array([1, 2, 3, EOS]), np.array([4, 5, EOS])])
         assert set(out) == {"input_ids", "labels"} | spec.emitted(spec.options())
-
-

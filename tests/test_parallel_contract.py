@@ -27,7 +27,6 @@ from forge_core.api import (
 )
 from forge_core.judge import judge
 
-
 #: An importable implementation: these specs are judged, never built.
 IMPL = "forge_plugins.models.llama:build"
 
@@ -43,8 +42,11 @@ class OtherOptions:
 
 
 def other_facts(options: OtherOptions) -> ModelFacts:
-    return ModelFacts(blocks=options.num_hidden_layers, heads=options.num_attention_heads,
-                      kv_heads=options.num_key_value_heads)
+    return ModelFacts(
+        blocks=options.num_hidden_layers,
+        heads=options.num_attention_heads,
+        kv_heads=options.num_key_value_heads,
+    )
 
 
 class ThirdPartyModels:
@@ -53,12 +55,29 @@ class ThirdPartyModels:
     @hookimpl
     def forge_models(self):
         return [
-            ModelSpec(name="blocks_only", summary="declares blocks, no TP plan or split", impl=IMPL,
-                      options=OtherOptions, supports={BLOCKS}, facts=other_facts),
-            ModelSpec(name="renamed", summary="supports everything, options named otherwise", impl=IMPL,
-                      options=OtherOptions, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=other_facts),
-            ModelSpec(name="factless", summary="supports everything, declares no facts", impl=IMPL,
-                      options=OtherOptions, supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}),
+            ModelSpec(
+                name="blocks_only",
+                summary="declares blocks, no TP plan or split",
+                impl=IMPL,
+                options=OtherOptions,
+                supports={BLOCKS},
+                facts=other_facts,
+            ),
+            ModelSpec(
+                name="renamed",
+                summary="supports everything, options named otherwise",
+                impl=IMPL,
+                options=OtherOptions,
+                supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+                facts=other_facts,
+            ),
+            ModelSpec(
+                name="factless",
+                summary="supports everything, declares no facts",
+                impl=IMPL,
+                options=OtherOptions,
+                supports={BLOCKS, TENSOR_PARALLEL, PIPELINE},
+            ),
         ]
 
 
@@ -66,8 +85,13 @@ EXTRA = (("thirdparty", ThirdPartyModels()),)
 
 
 def judged(cfg, model, parallel, world_size):
-    path = cfg({"model": {"name": model}, "data": {"packer": "none", "seq_len": 64},
-                "parallel": {"dp_shard": 1, **parallel}})
+    path = cfg(
+        {
+            "model": {"name": model},
+            "data": {"packer": "none", "seq_len": 64},
+            "parallel": {"dp_shard": 1, **parallel},
+        }
+    )
     result = judge(path, [], world_size, extra_plugins=EXTRA)
     found: dict[str, list[str]] = {}
     for v in result.errors:
@@ -117,8 +141,13 @@ def test_the_pipeline_rules_read_the_declared_facts(forge_config):
     assert "model 'renamed' has 4 layers, fewer than the 8 pipeline stages" in found["pp.layers"][0]
     found, result = judged(forge_config, "llama", {"pp": 2}, 2)
     assert "pp.tied-embeddings" not in found
-    path = forge_config({"model": {"options": {"tie_embeddings": True}}, "parallel": {"pp": 2, "dp_shard": 1},
-                "data": {"packer": "none"}})
+    path = forge_config(
+        {
+            "model": {"options": {"tie_embeddings": True}},
+            "parallel": {"pp": 2, "dp_shard": 1},
+            "data": {"packer": "none"},
+        }
+    )
     tied = {v.rule_id: v.message for v in judge(path, [], 2).errors}
     assert "model 'llama' ties its input and output embeddings" in tied["pp.tied-embeddings"]
 
@@ -146,11 +175,15 @@ def test_a_facts_function_that_raises_names_its_plugin(forge_config):
             def facts(options):
                 raise RuntimeError("boom")
 
-            return [ModelSpec(name="broken", summary="facts raise", impl=IMPL, options=OtherOptions,
-                              facts=facts)]
+            return [
+                ModelSpec(name="broken", summary="facts raise", impl=IMPL, options=OtherOptions, facts=facts)
+            ]
 
     path = forge_config({"model": {"name": "broken"}, "data": {"packer": "none", "seq_len": 64}})
-    with pytest.raises(ForgeError, match=r"model 'broken' \(plugin 'brokenplug'\): its facts function raised RuntimeError: boom"):
+    with pytest.raises(
+        ForgeError,
+        match=r"model 'broken' \(plugin 'brokenplug'\): its facts function raised RuntimeError: boom",
+    ):
         judge(path, [], 1, extra_plugins=(("brokenplug", Broken()),))
 
 
@@ -163,8 +196,12 @@ class Tiny(torch.nn.Module):
     def __init__(self, plan: TensorParallelPlan | None = None) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(8, 4)
-        self.stack = torch.nn.ModuleDict({str(i): torch.nn.ModuleDict({
-            "proj": torch.nn.Linear(4, 4), "norm": torch.nn.LayerNorm(4)}) for i in range(2)})
+        self.stack = torch.nn.ModuleDict(
+            {
+                str(i): torch.nn.ModuleDict({"proj": torch.nn.Linear(4, 4), "norm": torch.nn.LayerNorm(4)})
+                for i in range(2)
+            }
+        )
         self.head = torch.nn.Linear(4, 8, bias=False)
         self.scale = torch.nn.Parameter(torch.ones(1))
         self.plan = plan
@@ -200,8 +237,16 @@ def test_coverage_names_what_the_plan_neither_shards_nor_declares():
     # Nothing was applied (no process group): only what the plan declares is covered.
     uncovered, partial = classify(model, blocks_of(model), plan)
     assert partial == ["stack.0.norm.weight", "stack.1.norm.weight"]
-    assert uncovered == ["embed.weight", "stack.0.proj.weight", "stack.0.proj.bias", "stack.0.norm.bias",
-                         "stack.1.proj.weight", "stack.1.proj.bias", "stack.1.norm.bias", "head.weight"]
+    assert uncovered == [
+        "embed.weight",
+        "stack.0.proj.weight",
+        "stack.0.proj.bias",
+        "stack.0.norm.bias",
+        "stack.1.proj.weight",
+        "stack.1.proj.bias",
+        "stack.1.norm.bias",
+        "head.weight",
+    ]
     # A root path never reaches into a block: "norm" at the root is not the blocks' norm.
     root_norm = attrs.evolve(plan, root=attrs.evolve(plan.root, replicated=("scale", "norm")))
     assert "stack.0.norm.bias" in classify(model, blocks_of(model), root_norm)[0]
@@ -220,7 +265,9 @@ def test_tied_parameters_are_found_by_identity_and_retied_when_placed_alike():
     model.head.weight = torch.nn.Parameter(model.head.weight.detach().clone())
     retie(model, groups, "tiny")
     assert model.head.weight is model.embed.weight
-    assert len(list(model.parameters())) == len({id(p) for _, p in model.named_parameters(remove_duplicate=False)})
+    assert len(list(model.parameters())) == len(
+        {id(p) for _, p in model.named_parameters(remove_duplicate=False)}
+    )
 
 
 def test_tied_parameters_placed_differently_are_refused_naming_both():
@@ -235,7 +282,10 @@ def test_tied_parameters_placed_differently_are_refused_naming_both():
         retie(model, groups, "tiny")
     message = str(error.value)
     assert "tied parameters of model 'tiny'" in message
-    assert "embed.weight: a plain tensor of shape (8, 4)" in message and "head.weight: a plain tensor of shape (4, 8)" in message
+    assert (
+        "embed.weight: a plain tensor of shape (8, 4)" in message
+        and "head.weight: a plain tensor of shape (4, 8)" in message
+    )
 
 
 def test_tensor_parallelism_refuses_a_model_without_a_plan():
@@ -258,10 +308,10 @@ def test_pipeline_refuses_a_model_without_a_split():
 
 
 def test_the_llama_contract():
+    from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.models.llama import Llama
     from forge_plugins.models.options import LlamaOptions, llama_facts
     from forge_plugins.models.plugin import forge_models
-    from forge_plugins.attention.sdpa import SdpaAttention
 
     (spec,) = forge_models()
     assert spec.supports == {BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD} and spec.facts is llama_facts
@@ -274,9 +324,13 @@ def test_the_llama_contract():
         # Every parameter of the llama is sharded or declared, with or without sequence
         # parallelism: names only, no process group needed.
         plan = contract.tensor_parallel(sequence_parallel=sequence_parallel)
-        styled = {f"{path}." for path in plan.root.styles} | {f"layers.{k}.{path}." for k in model.layers
-                                                               for path in plan.block.styles}
-        declared = set(plan.root.replicated) | {f"layers.{k}.{p}" for k in model.layers for p in plan.block.replicated}
+        styled = {f"{path}." for path in plan.root.styles} | {
+            f"layers.{k}.{path}." for k in model.layers for path in plan.block.styles
+        }
+        declared = set(plan.root.replicated) | {
+            f"layers.{k}.{p}" for k in model.layers for p in plan.block.replicated
+        }
         for name, _ in model.named_parameters():
             assert any(name.startswith(s) for s in styled) or any(
-                name == d or name.startswith(d + ".") for d in declared), (sequence_parallel, name)
+                name == d or name.startswith(d + ".") for d in declared
+            ), (sequence_parallel, name)

@@ -11,9 +11,9 @@ import torch
 from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
+from forge_core.distributed import parallelize as P
 from forge_core.plan import make_plan
 from forge_core.registry import load_registries
-from forge_core.distributed import parallelize as P
 
 CALLS: list[str] = []
 TINY = {"dim": 32, "n_layers": 5, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
@@ -135,15 +135,17 @@ def test_compile_is_in_place_and_block_by_block(monkeypatch):
     P.compile_part(model)
     assert compiled == list(model.stack.values())
     plain = torch.nn.Module()
-    plain.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2)})  # a name means nothing without a contract
+    plain.layers = torch.nn.ModuleDict(
+        {"0": torch.nn.Linear(2, 2)}
+    )  # a name means nothing without a contract
     P.compile_part(plain)
     assert compiled[-1] is plain
 
 
 def test_pipeline_stages_chained_equal_the_whole_model(registries):
+    from forge_core import components
     from forge_plugins.parallel.pipeline import split_of, stage_module
     from forge_plugins.parallel.split import stage_layer_ranges
-    from forge_core import components
 
     plan = plan_with(registries, {})
     torch.manual_seed(0)
@@ -154,8 +156,10 @@ def test_pipeline_stages_chained_equal_the_whole_model(registries):
         contract, blocks = split_of(model, "llama")
         keys = list(blocks.keys())
         ranges = stage_layer_ranges(len(keys), 3)
-        stages = [stage_module(model, contract, [keys[i] for i in r], first=s == 0, last=s == 2)
-                  for s, r in enumerate(ranges)]
+        stages = [
+            stage_module(model, contract, [keys[i] for i in r], first=s == 0, last=s == 2)
+            for s, r in enumerate(ranges)
+        ]
         h = ids
         for stage in stages:
             h = stage(h)
@@ -185,13 +189,17 @@ def test_pipeline_hands_every_stage_the_metadata_as_keyword_tensors(monkeypatch,
     monkeypatch.setattr(pipeline, "broadcast_sums", lambda result, group, src: (result[0], result[1]))
     loss = _MicrobatchLoss()
     step = PipelineStep(Schedule(), loss, 2, has_first, has_last, None, 1, torch.device("cpu"))
-    batch = {"input_ids": torch.zeros(2, 4), "labels": torch.ones(2, 4),
-             "doc_ids": torch.arange(8).view(2, 4), "positions": torch.arange(8).view(2, 4) % 3}
+    batch = {
+        "input_ids": torch.zeros(2, 4),
+        "labels": torch.ones(2, 4),
+        "doc_ids": torch.arange(8).view(2, 4),
+        "positions": torch.arange(8).view(2, 4) % 3,
+    }
     if has_last:  # the schedule would have called the loss once per microbatch
         loss.sums, loss.tokens = [torch.tensor(1.0)] * 2, [torch.tensor(3)] * 2
         monkeypatch.setattr(loss, "begin", lambda *a: None)
     step(batch, None, 1.0)
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     assert len(args) == (1 if has_first else 0)
     assert kwargs["doc_ids"] is batch["doc_ids"] and kwargs["positions"] is batch["positions"]
     assert ("target" in kwargs) == has_last and "input_ids" not in kwargs and "labels" not in kwargs

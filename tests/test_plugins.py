@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, make_distribution
+
 from forge_core.api import AttentionBackendSpec, ForgeError, PackerSpec, hookimpl
 from forge_core.cli import main
 from forge_core.plugins import load_plugins
@@ -43,13 +43,17 @@ def test_third_party_distribution_is_found_through_entry_points(fake_site):
 
 def test_autoload_switch_skips_third_party_but_keeps_builtins(fake_site):
     env = {"FORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
+    names = {
+        p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)
+    }
     assert "fakeplug" not in names and "attention" in names
 
 
 def test_env_blocklist_skips_named_plugin(fake_site):
     env = {"FORGE_BLOCK_PLUGINS": "fakeplug"}
-    names = {p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)}
+    names = {
+        p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)
+    }
     assert "fakeplug" not in names
 
 
@@ -62,13 +66,22 @@ def test_config_blocklist_skips_named_plugin(fake_site, forge_config):
 
 def test_plugin_that_fails_to_import_names_entry_point_distribution_and_fix(tmp_path):
     site = make_distribution(
-        tmp_path / "site", "forge-broken", "0.1", {"brokenplug": "raise RuntimeError('boom at import')"},
+        tmp_path / "site",
+        "forge-broken",
+        "0.1",
+        {"brokenplug": "raise RuntimeError('boom at import')"},
         {"broken": "brokenplug"},
     )
     result = forge_run(["plugins"], paths=[site])
     assert result.code == 2
     assert "Traceback" not in result.stderr
-    for needle in ("'broken'", "broken = brokenplug", "forge-broken 0.1", "boom at import", "FORGE_BLOCK_PLUGINS=broken"):
+    for needle in (
+        "'broken'",
+        "broken = brokenplug",
+        "forge-broken 0.1",
+        "boom at import",
+        "FORGE_BLOCK_PLUGINS=broken",
+    ):
         assert needle in result.stderr
     # and the advertised fix works
     assert forge_run(["plugins"], paths=[site], env={"FORGE_BLOCK_PLUGINS": "broken"}).code == 0
@@ -123,18 +136,25 @@ def test_a_hook_implementation_with_an_argument_the_hook_lacks_is_a_clean_error(
     with pytest.raises(ForgeError) as info:
         load_plugins(extra=[("wrongarg", _WrongArgument())])
     message = str(info.value)
-    assert "plugin 'wrongarg': its forge_packers() takes 'config', which the hook does not pass (it passes: nothing)" in message
+    assert (
+        "plugin 'wrongarg': its forge_packers() takes 'config', which the hook does not pass (it passes: nothing)"
+        in message
+    )
     assert "FORGE_BLOCK_PLUGINS=wrongarg" in message
 
 
 def test_faulty_third_party_plugins_give_clean_errors_naming_plugin_and_distribution(tmp_path):
     faults = {
         "exits": ("import sys\nsys.exit(3)\n", "called sys.exit(3) while being imported"),
-        "wrongarg": ("from forge_core.api import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
-                     "its forge_models() takes 'registry', which the hook does not pass"),
+        "wrongarg": (
+            "from forge_core.api import hookimpl\n\n@hookimpl\ndef forge_models(registry):\n    return []\n",
+            "its forge_models() takes 'registry', which the hook does not pass",
+        ),
     }
     for name, (source, expected) in faults.items():
-        site = make_distribution(tmp_path / name, f"forge-{name}", "0.2", {f"{name}plug": source}, {name: f"{name}plug"})
+        site = make_distribution(
+            tmp_path / name, f"forge-{name}", "0.2", {f"{name}plug": source}, {name: f"{name}plug"}
+        )
         result = forge_run(["check", str(REPO / "configs" / "quickstart.yaml")], paths=[site])
         assert result.code == 2, (name, result.code, result.stderr)
         assert "Traceback" not in result.stderr
@@ -157,7 +177,9 @@ def test_a_plugin_calling_sys_exit_in_a_registration_hook_is_named():
 
 def test_kernel_rules_cannot_be_blocked_by_config_or_environment(forge_config, monkeypatch, capsys):
     # The reproduction: blocking core_rules used to pass pp with document isolation.
-    path = forge_config({"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}})
+    path = forge_config(
+        {"plugins": {"block": ["core_rules"]}, "parallel": {"pp": 2}, "data": {"packer": "concat"}}
+    )
     assert main(["check", path, "--world-size", "2"]) == 2
     err = capsys.readouterr().err
     assert "plugins.block in the config names 'core_rules'" in err and "cannot be switched off" in err
@@ -167,8 +189,9 @@ def test_kernel_rules_cannot_be_blocked_by_config_or_environment(forge_config, m
 
 
 def test_no_package_can_take_the_kernel_rules_name(tmp_path):
-    site = make_distribution(tmp_path / "site", "forge-shadow", "1.0", {"shadowplug": "x = 1\n"},
-                             {"core_rules": "shadowplug"})
+    site = make_distribution(
+        tmp_path / "site", "forge-shadow", "1.0", {"shadowplug": "x = 1\n"}, {"core_rules": "shadowplug"}
+    )
     result = forge_run(["rules"], paths=[site])
     assert result.code == 2
     assert "forge-shadow 1.0 declares a plugin named 'core_rules'" in result.stderr
@@ -180,7 +203,9 @@ def test_kernel_rules_are_loaded_whatever_is_blocked_and_check_counts_them(forge
 
     registries = load_registries(block=("attention", "parallel", "models", "packers"))
     kernel = [e for e in registries.rules if e.kernel]
-    assert [e.rule.id for e in kernel] == [r.id for r in RULES] and {e.plugin for e in kernel} == {"core_rules"}
+    assert [e.rule.id for e in kernel] == [r.id for r in RULES] and {e.plugin for e in kernel} == {
+        "core_rules"
+    }
     assert main(["check", forge_config({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})]) == 0
     out = capsys.readouterr().out
     assert f"({len(RULES)} from the kernel)" in out
@@ -201,7 +226,9 @@ def forge_schedules():
 @pytest.fixture
 def wsd_site(tmp_path, monkeypatch):
     """An installed package that registers ``wsd``, which the built-in ``optim`` has too."""
-    site = make_distribution(tmp_path / "site", "forge-mywsd", "2.0", {"mywsd_plugin": WSD_PLUGIN}, {"mywsd": "mywsd_plugin"})
+    site = make_distribution(
+        tmp_path / "site", "forge-mywsd", "2.0", {"mywsd_plugin": WSD_PLUGIN}, {"mywsd": "mywsd_plugin"}
+    )
     monkeypatch.syspath_prepend(str(site))
     return site
 
@@ -214,8 +241,10 @@ def test_a_clash_leaves_every_other_component_of_both_plugins_usable(wsd_site):
     with pytest.raises(ForgeError) as info:
         schedules.get("wsd", "train.schedule")
     message = str(info.value)
-    assert message.startswith("train.schedule: schedule 'wsd' is registered by 2 plugins: 'optim' "
-                              "(forge-trainer 0.1.0, built-in) and 'mywsd' (forge-mywsd 2.0).")
+    assert message.startswith(
+        "train.schedule: schedule 'wsd' is registered by 2 plugins: 'optim' "
+        "(forge-trainer 0.1.0, built-in) and 'mywsd' (forge-mywsd 2.0)."
+    )
     assert "plugins.prefer: {schedule: {wsd: mywsd}} (or optim)" in message
     # Never advice to block the built-in plugin: its other components and rules would go too.
     assert "FORGE_BLOCK_PLUGINS=mywsd" in message and "FORGE_BLOCK_PLUGINS=optim" not in message
@@ -244,25 +273,42 @@ def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_si
         assert main(["check", quickstart, *overrides]) == 0
         out = capsys.readouterr().out
         assert "[component.shadowed]" in out
-        assert f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; it shadows the one of {other!r}" in out
+        assert (
+            f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; it shadows the one of {other!r}"
+            in out
+        )
         from forge_core.judge import judge
 
         assert judge(quickstart, overrides).plan.specs["schedule"].summary.startswith(summary)
 
 
 def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, forge_config, capsys):
-    path = forge_config({"plugins": {"block": ["mywsd"], "prefer": {
-        "schedules": {"wsd": "mywsd"},
-        "schedule": {"wsd": "mywsd", "cosin": "optim"},
-        "optimizer": {"adamw": "optimm"},
-    }}})
+    path = forge_config(
+        {
+            "plugins": {
+                "block": ["mywsd"],
+                "prefer": {
+                    "schedules": {"wsd": "mywsd"},
+                    "schedule": {"wsd": "mywsd", "cosin": "optim"},
+                    "optimizer": {"adamw": "optimm"},
+                },
+            }
+        }
+    )
     assert main(["check", path]) == 2
     err = capsys.readouterr().err
-    assert "$.plugins.prefer.schedules: unknown kind of component 'schedules'. Did you mean 'schedule'?" in err
+    assert (
+        "$.plugins.prefer.schedules: unknown kind of component 'schedules'. Did you mean 'schedule'?" in err
+    )
     assert "$.plugins.prefer.schedule.cosin: unknown schedule 'cosin'. Did you mean 'cosine'?" in err
-    assert ("$.plugins.prefer.schedule.wsd: plugin 'mywsd' (it is blocked) does not register the schedule "
-            "'wsd', which 'optim' does.") in err
-    assert "$.plugins.prefer.optimizer.adamw: plugin 'optimm' does not register the optimizer 'adamw', which 'optim' does. Did you mean 'optim'?" in err
+    assert (
+        "$.plugins.prefer.schedule.wsd: plugin 'mywsd' (it is blocked) does not register the schedule "
+        "'wsd', which 'optim' does."
+    ) in err
+    assert (
+        "$.plugins.prefer.optimizer.adamw: plugin 'optimm' does not register the optimizer 'adamw', which 'optim' does. Did you mean 'optim'?"
+        in err
+    )
 
 
 def test_a_preference_pins_a_name_no_other_plugin_registers():
@@ -290,9 +336,15 @@ def test_a_plugin_registering_one_name_twice_is_named():
     class Twice:
         @hookimpl
         def forge_packers(self):
-            return [PackerSpec(name="twin", summary="a", impl="x.y:Z"), PackerSpec(name="twin", summary="b", impl="x.y:Z")]
+            return [
+                PackerSpec(name="twin", summary="a", impl="x.y:Z"),
+                PackerSpec(name="twin", summary="b", impl="x.y:Z"),
+            ]
 
-    with pytest.raises(ForgeError, match=r"plugin 'twice' registers the packer 'twin' twice\. Block it with FORGE_BLOCK_PLUGINS=twice"):
+    with pytest.raises(
+        ForgeError,
+        match=r"plugin 'twice' registers the packer 'twin' twice\. Block it with FORGE_BLOCK_PLUGINS=twice",
+    ):
         load_registries(extra=(("twice", Twice()),))
 
 
@@ -301,7 +353,8 @@ def test_a_resumed_run_keeps_the_choice_its_config_made(wsd_site, tmp_path):
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(
-        "train: {schedule: wsd}\nplugins: {prefer: {schedule: {wsd: mywsd}}}\n")
+        "train: {schedule: wsd}\nplugins: {prefer: {schedule: {wsd: mywsd}}}\n"
+    )
     plan, registries = load_run_config(tmp_path / "run")
     assert registries["schedule"].plugin_of(plan.config.train.schedule) == "mywsd"
     assert plan.specs["schedule"] is registries["schedule"].get("wsd")  # what sample/export build
@@ -315,7 +368,9 @@ def test_the_doc_id_rule_holds_for_a_third_party_backend_with_the_attention_plug
 
     from forge_core.judge import judge
 
-    path = forge_config({"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}})
+    path = forge_config(
+        {"plugins": {"block": ["attention"]}, "attention": {"backend": "causal"}, "data": {"packer": "bfd"}}
+    )
     result = judge(path, extra_plugins=(("causal", CausalOnly()),))
     assert [v.rule_id for v in result.errors] == ["attention.honours-doc-ids"]
     assert result.errors[0].plugin == "core_rules"

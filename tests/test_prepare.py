@@ -12,13 +12,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Shards
 from forge_core.data.build import pack, source_shards
 from forge_core.data.packed_rows import pack_documents
 from forge_core.data.pipeline import document_hashes, tokenize
 from forge_core.data.prepare import prepare
-from forge_core.api import Shards
 from forge_core.data.shards import stream as document_stream
+from forge_core.testing import forge_run
 from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.options import ConcatOptions
@@ -26,7 +26,6 @@ from forge_plugins.sources.options import ShardsOptions, TextOptions
 from forge_plugins.sources.shards import ShardSource
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
-from forge_core.testing import forge_run
 
 BYTE = ByteTokenizer(None)
 
@@ -58,8 +57,11 @@ def quiet(*args, **kwargs):
 
 
 def documents_with_eos(source, tokenizer):
-    return [np.append(d, np.int32(tokenizer.eos_id)) for batch, _ in tokenize(source, tokenizer, progress=False)
-            for d in batch]
+    return [
+        np.append(d, np.int32(tokenizer.eos_id))
+        for batch, _ in tokenize(source, tokenizer, progress=False)
+        for d in batch
+    ]
 
 
 def build_rows(source, tokenizer, packer, cache_dir):
@@ -67,8 +69,12 @@ def build_rows(source, tokenizer, packer, cache_dir):
     from forge_core.config.schema import CacheSection
     from forge_plugins.packers import plugin
 
-    spec = {s.name: s for s in plugin.forge_packers()}[{"ConcatPacker": "concat", "BfdPacker": "bfd"}[type(packer).__name__]]
-    shards, _ = source_shards(source, tokenizer, CacheSection(dir=str(cache_dir)), "test", report=lambda m: None)
+    spec = {s.name: s for s in plugin.forge_packers()}[
+        {"ConcatPacker": "concat", "BfdPacker": "bfd"}[type(packer).__name__]
+    ]
+    shards, _ = source_shards(
+        source, tokenizer, CacheSection(dir=str(cache_dir)), "test", report=lambda m: None
+    )
     stream = document_stream(shards, tokenizer.eos_id, tokenizer.vocab_size)
     rows = pack(packer, spec, spec.options(), stream, packer.seq_len, tokenizer.eos_id, tokenizer.pad_id)
     return rows.read(np.arange(rows.num_rows))
@@ -207,8 +213,10 @@ def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
 
     (tmp_path / "tiny.txt").write_text("hello\n\nworld!")
     config = tmp_path / "c.yaml"
-    config.write_text(f"data: {{source: text, source_options: {{paths: ['{tmp_path / 'tiny.txt'}'], separator: \"\\n\\n\"}}, "
-                      f"seq_len: 64, cache: {{dir: '{tmp_path / 'cache'}'}}}}\n")
+    config.write_text(
+        f"data: {{source: text, source_options: {{paths: ['{tmp_path / 'tiny.txt'}'], separator: \"\\n\\n\"}}, "
+        f"seq_len: 64, cache: {{dir: '{tmp_path / 'cache'}'}}}}\n"
+    )
     cfg, registries = load_resolved(str(config))
     with pytest.raises(ForgeError, match="13 tokens in 2 documents, not enough for one row of seq_len 64"):
         build_training_data(make_plan(cfg, registries, 1), registries, BYTE, report=lambda m: None)
@@ -256,7 +264,9 @@ def test_cli_trains_bpe_and_ships_it_with_the_shards(tmp_path):
 
 def test_cli_refuses_a_mixture(tmp_path):
     config = tmp_path / "mix.yaml"
-    config.write_text("data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n")
+    config.write_text(
+        "data:\n  sources:\n    - {name: stdlib, options: {max_files: 2}}\n    - {name: stdlib}\n"
+    )
     refused = forge_run(["prepare", config, "--out", tmp_path / "out"])
     assert refused.code == 2
     assert "mixes 2 sources (data.sources); `forge-run prepare` tokenizes one" in refused.stderr

@@ -9,27 +9,40 @@ import re
 from pathlib import Path
 
 import pytest
+from train_helpers import tiny_config, write_config
 
 from forge_core.testing import train_in_process
 from forge_plugins.loggers import profiler as profiler_module
-from train_helpers import tiny_config, write_config
 
 
 def run(tmp_path: Path, name: str, steps: int, options: dict, overrides=()) -> str:
-    cfg = tiny_config(tmp_path, name, train={"steps": steps},
-                      logging={"loggers": ["profiler"], "options": {"profiler": options}})
+    cfg = tiny_config(
+        tmp_path,
+        name,
+        train={"steps": steps},
+        logging={"loggers": ["profiler"], "options": {"profiler": options}},
+    )
     return train_in_process(write_config(tmp_path / f"{name}.yaml", cfg), list(overrides))
 
 
 def profiled_steps(trace: Path) -> list[int]:
     events = json.loads(trace.read_text())["traceEvents"]
-    names = {e["name"] for e in events if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")}
+    names = {
+        e["name"] for e in events if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")
+    }
     return sorted(int(n.split("#")[1]) for n in names)
 
 
 def test_trace_covers_exactly_the_configured_steps(tmp_path, capsys):
-    assert run(tmp_path, "prof", 7, {"start_step": 3, "steps": 2, "warmup": 1, "record_shapes": True,
-                                     "memory": True}) == "completed"
+    assert (
+        run(
+            tmp_path,
+            "prof",
+            7,
+            {"start_step": 3, "steps": 2, "warmup": 1, "record_shapes": True, "memory": True},
+        )
+        == "completed"
+    )
     traces = list((tmp_path / "prof/profiler").iterdir())
     assert [t.name for t in traces] == ["trace-rank0-steps3-4.json"]
     assert profiled_steps(traces[0]) == [3, 4]  # not the warmup step 2, not step 5
@@ -71,8 +84,11 @@ def test_cuda_memory_snapshot_is_dumped_and_recording_stopped(tmp_path, monkeypa
     import torch
 
     calls = []
-    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
-                        lambda enabled="all", max_entries=0: calls.append(("record", enabled, max_entries)))
+    monkeypatch.setattr(
+        torch.cuda.memory,
+        "_record_memory_history",
+        lambda enabled="all", max_entries=0: calls.append(("record", enabled, max_entries)),
+    )
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b"x"))
     history = profiler_module.CudaMemoryHistory()
     history.start()
@@ -84,8 +100,12 @@ def test_cuda_memory_snapshot_is_dumped_and_recording_stopped(tmp_path, monkeypa
 def test_check_warns_about_a_range_after_the_last_step(tmp_path, capsys):
     from forge_core import cli
 
-    cfg = tiny_config(tmp_path, "late", train={"steps": 4},
-                      logging={"loggers": ["profiler"], "options": {"profiler": {"start_step": 9, "ranks": [0, 2]}}})
+    cfg = tiny_config(
+        tmp_path,
+        "late",
+        train={"steps": 4},
+        logging={"loggers": ["profiler"], "options": {"profiler": {"start_step": 9, "ranks": [0, 2]}}},
+    )
     assert cli.main(["check", write_config(tmp_path / "late.yaml", cfg), "--world-size", "2"]) == 0
     out = capsys.readouterr()
     text = out.out + out.err

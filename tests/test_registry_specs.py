@@ -47,7 +47,9 @@ def spec_problems(kind: Kind, spec: Any, registered: dict[str, set[str]]) -> lis
     where = f"{kind.name} {getattr(spec, 'name', '?')!r}"
     if not isinstance(spec, kind.spec_cls) or spec.kind != kind.name:
         return [f"{where}: a {type(spec).__name__}, not a {kind.spec_cls.__name__}"]
-    problems = [] if spec.summary.strip() and "\n" not in spec.summary else [f"{where}: summary must be one line"]
+    problems = (
+        [] if spec.summary.strip() and "\n" not in spec.summary else [f"{where}: summary must be one line"]
+    )
     problems += _imports(spec.impl, "impl", where)
     problems += _option_problems(spec.options, where)
     options = spec.options() if not problems else None
@@ -59,7 +61,9 @@ def spec_problems(kind: Kind, spec: Any, registered: dict[str, set[str]]) -> lis
     for attribute in ("max_seq_len_option", "pretrained_option", "emits_when"):
         named = getattr(spec, attribute, None)
         if named is not None and named not in option_names:
-            problems.append(f"{where}: {attribute} {named!r} is not one of its options {sorted(option_names)}")
+            problems.append(
+                f"{where}: {attribute} {named!r} is not one of its options {sorted(option_names)}"
+            )
     if getattr(spec, "facts", None) is not None and options is not None:
         try:
             spec.facts(options)
@@ -75,8 +79,11 @@ def rule_problems(rule: Rule) -> list[str]:
     """What is wrong with ``rule`` as a registered rule (empty when nothing is)."""
     where = f"rule {rule.id!r}"
     problems = [] if rule.summary.strip() and rule.fix.strip() else [f"{where}: needs a summary and a fix"]
-    problems += [f"{where}: field {path!r} is outside the config" for path in rule.paths
-                 if path.split(".")[0] not in SECTIONS]
+    problems += [
+        f"{where}: field {path!r} is outside the config"
+        for path in rule.paths
+        if path.split(".")[0] not in SECTIONS
+    ]
     if not rule.paths:
         problems.append(f"{where}: names no config field")
     if not callable(rule.check):
@@ -88,8 +95,12 @@ def test_every_registered_component_and_rule_keeps_its_specs_promises(forge_regi
     registered = {registry.kind.name: set(registry.names()) for registry in forge_registries}
     assert set(registered) == set(KIND), "a kind without a registry"
     assert all(registered.values()), registered  # every kind has a built-in component
-    problems = [p for registry in forge_registries for name in registry.names()
-                for p in spec_problems(registry.kind, registry.get(name), registered)]
+    problems = [
+        p
+        for registry in forge_registries
+        for name in registry.names()
+        for p in spec_problems(registry.kind, registry.get(name), registered)
+    ]
     problems += [p for entry in forge_registries.rules for p in rule_problems(entry.rule)]
     assert problems == []
 
@@ -106,18 +117,27 @@ class _Required:
 
 
 def _ok(**changes: Any) -> PackerSpec:
-    return PackerSpec(**{"name": "p", "summary": "s", "impl": "forge_plugins.packers.concat:ConcatPacker", **changes})
+    return PackerSpec(
+        **{"name": "p", "summary": "s", "impl": "forge_plugins.packers.concat:ConcatPacker", **changes}
+    )
 
 
-@pytest.mark.parametrize(("kind", "spec", "complaint"), [
-    ("packer", _ok(impl="forge_plugins.packers.concat:NoSuchPacker"), "impl 'forge_plugins.packers.concat:NoSuchPacker' does not import"),
-    ("packer", _ok(impl="no_such_module_anywhere:X"), "does not import: ModuleNotFoundError"),
-    ("packer", _ok(options=_Undocumented), "option 'depth' has no doc"),
-    ("packer", _ok(options=_Required), "option 'size' has no default"),
-    ("packer", _ok(emits_when="isolated"), "emits_when 'isolated' is not one of its options"),
-    ("packer", _ok(summary="two\nlines"), "summary must be one line"),
-    ("source", _ok(), "a PackerSpec, not a SourceSpec"),
-])
+@pytest.mark.parametrize(
+    ("kind", "spec", "complaint"),
+    [
+        (
+            "packer",
+            _ok(impl="forge_plugins.packers.concat:NoSuchPacker"),
+            "impl 'forge_plugins.packers.concat:NoSuchPacker' does not import",
+        ),
+        ("packer", _ok(impl="no_such_module_anywhere:X"), "does not import: ModuleNotFoundError"),
+        ("packer", _ok(options=_Undocumented), "option 'depth' has no doc"),
+        ("packer", _ok(options=_Required), "option 'size' has no default"),
+        ("packer", _ok(emits_when="isolated"), "emits_when 'isolated' is not one of its options"),
+        ("packer", _ok(summary="two\nlines"), "summary must be one line"),
+        ("source", _ok(), "a PackerSpec, not a SourceSpec"),
+    ],
+)
 def test_the_spec_check_catches_each_broken_promise(kind, spec, complaint):
     assert spec_problems(KIND["packer"], _ok(options=NoOptions), {}) == []
     problems = spec_problems(KIND[kind], spec, {})
@@ -125,6 +145,8 @@ def test_the_spec_check_catches_each_broken_promise(kind, spec, complaint):
 
 
 def test_the_rule_check_catches_a_rule_outside_the_config():
-    rule = Rule(id="x.y", severity="error", paths=("trian.lr",), summary="s", check=lambda plan: None, fix="f")
+    rule = Rule(
+        id="x.y", severity="error", paths=("trian.lr",), summary="s", check=lambda plan: None, fix="f"
+    )
     assert rule_problems(rule) == ["rule 'x.y': field 'trian.lr' is outside the config"]
     assert rule_problems(attrs.evolve(rule, paths=("train.lr",))) == []

@@ -10,13 +10,13 @@ import json
 import os
 
 import pytest
-
 from conftest import make_distribution
+
 from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
+from forge_core.cli.report import render
 from forge_core.config.schema import ForgeConfig
 from forge_core.judge import judge
 from forge_core.registry import RuleEntry
-from forge_core.cli.report import render
 from forge_core.rules import evaluate
 from forge_core.testing import forge_run
 
@@ -35,9 +35,17 @@ class _LossyWrapper:
 
     @hookimpl
     def forge_parallelisms(self):
-        return [ParallelismSpec(name="lossy", summary="a wrapper that drops metadata", impl="x.y:Z",
-                                mesh_dim=None, order=350, forwards=frozenset(),
-                                drops_metadata_because=LOSSY_REASON)]
+        return [
+            ParallelismSpec(
+                name="lossy",
+                summary="a wrapper that drops metadata",
+                impl="x.y:Z",
+                mesh_dim=None,
+                order=350,
+                forwards=frozenset(),
+                drops_metadata_because=LOSSY_REASON,
+            )
+        ]
 
 
 def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(forge_config):
@@ -66,7 +74,9 @@ def test_founding_rule_lets_pipeline_parallelism_carry_packed_documents(forge_co
     assert "parallel.metadata-reaches-layers" not in found
 
 
-@pytest.mark.parametrize("packer", [["data.packer=none"], ["data.packer=concat", "data.packer_options.isolate=false"]])
+@pytest.mark.parametrize(
+    "packer", [["data.packer=none"], ["data.packer=concat", "data.packer_options.isolate=false"]]
+)
 def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(forge_config, packer):
     path = forge_config({"parallel": {"wrappers": ["lossy"]}})
     found, _ = errors(path, packer, extra=[("lossyplug", _LossyWrapper())])
@@ -87,7 +97,10 @@ def test_third_party_packer_emitting_doc_ids_is_caught(forge_config):
 
 def test_world_size_rule(forge_config):
     found, _ = errors(forge_config({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
-    assert "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2" in found["parallel.world-size"].message
+    assert (
+        "pp=1 * dp_replicate=1 * dp_shard=2 * tp=2 = 4 processes, but the world size is 2"
+        in found["parallel.world-size"].message
+    )
     found, result = errors(forge_config({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
     assert "parallel.world-size" not in found and result.plan.degrees["dp_shard"] == 4
     found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
@@ -111,7 +124,10 @@ def test_engine_reports_every_violation_and_survives_a_crashing_rule():
     ]
     violations = evaluate(rules, Plan(ForgeConfig(), {}))
     assert [(v.rule_id, v.severity, v.plugin) for v in violations] == [
-        ("a.one", "error", "p1"), ("a.one", "error", "p1"), ("a.two", "warning", "p2"), ("a.three", "error", "p3"),
+        ("a.one", "error", "p1"),
+        ("a.one", "error", "p1"),
+        ("a.two", "warning", "p2"),
+        ("a.three", "error", "p3"),
     ]
     assert "ZeroDivisionError: bad rule" in violations[-1].message
     assert dict(violations[0].fields) == {"train.lr": 3e-4}
@@ -128,22 +144,42 @@ def forge_parallelisms():
 
 
 def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, forge_config):
-    site = make_distribution(tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"})
-    result = forge_run(["check", forge_config({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"], paths=[site])
+    site = make_distribution(
+        tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"}
+    )
+    result = forge_run(
+        ["check", forge_config({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"], paths=[site]
+    )
     assert result.code == 2
     assert "[parallel.metadata-reaches-layers]" in result.stdout and "strategy 'lossy'" in result.stdout
-    result = forge_run(["check", forge_config({"data": {"packer": "concat"}}), "parallel.pp=2", "--world-size", "2", "--json"])
+    result = forge_run(
+        [
+            "check",
+            forge_config({"data": {"packer": "concat"}}),
+            "parallel.pp=2",
+            "--world-size",
+            "2",
+            "--json",
+        ]
+    )
     assert result.code == 0, result.stdout
     assert json.loads(result.stdout)["valid"] is True
 
 
 def test_world_size_comes_from_torchrun_environment(forge_config):
-    result = forge_run(["check", forge_config({"parallel": {"tp": 2, "dp_shard": 1}})], env={"WORLD_SIZE": "4"})
+    result = forge_run(
+        ["check", forge_config({"parallel": {"tp": 2, "dp_shard": 1}})], env={"WORLD_SIZE": "4"}
+    )
     assert result.code == 2 and "world size is 4" in result.stdout
 
 
 def test_third_party_rule_is_listed_and_fires(tmp_path, forge_config):
-    site = make_distribution(tmp_path / "site", "forge-strict", "2.0", {"strictplug": """
+    site = make_distribution(
+        tmp_path / "site",
+        "forge-strict",
+        "2.0",
+        {
+            "strictplug": """
 from forge_core.api import Rule, hookimpl
 
 def _check(ctx):
@@ -154,7 +190,10 @@ def _check(ctx):
 def forge_rules():
     return [Rule(id="lab.max-steps", severity="error", paths=("train.steps",),
                  summary="At most 1000 steps", check=_check, fix="Lower train.steps")]
-"""}, {"strict": "strictplug"})
+"""
+        },
+        {"strict": "strictplug"},
+    )
     listed = {r["id"]: r for r in json.loads(forge_run(["rules", "--json"], paths=[site]).stdout)}
     assert listed["lab.max-steps"]["plugin"] == "strict"
     result = forge_run(["check", forge_config({"train": {"steps": 5000}})], paths=[site])
@@ -172,7 +211,10 @@ class _PlainModel:
 def test_model_must_accept_what_the_packer_emits(forge_config):
     path = forge_config({"model": {"name": "plain"}, "data": {"packer": "concat"}})
     found, _ = errors(path, extra=[("plainmodel", _PlainModel())])
-    assert "emits doc_ids, positions, which model 'plain' does not take" in found["model.accepts-metadata"].message
+    assert (
+        "emits doc_ids, positions, which model 'plain' does not take"
+        in found["model.accepts-metadata"].message
+    )
     found, _ = errors(path, ["data.packer=none"], extra=[("plainmodel", _PlainModel())])
     assert "model.accepts-metadata" not in found
 
@@ -201,7 +243,10 @@ def test_run_directory_must_be_writable(forge_config, tmp_path, monkeypatch):
     # Root may write anywhere, so the permission answer is the operating system's, faked.
     monkeypatch.setattr(forge_core.api.files.os, "access", lambda p, mode: os.fspath(p) != str(locked))
     found = rule_errors(forge_config({"run": {"out_dir": str(locked / "run")}}))
-    assert "cannot be created: " in found["run.out-dir"] and "is not writable by this user" in found["run.out-dir"]
+    assert (
+        "cannot be created: " in found["run.out-dir"]
+        and "is not writable by this user" in found["run.out-dir"]
+    )
     found = rule_errors(forge_config({"run": {"out_dir": str(locked)}}))
     assert found["run.out-dir"] == f"run.out_dir {str(locked)!r} is not writable by this user"
 
@@ -235,14 +280,18 @@ def test_shard_directories_are_checked_from_their_index(forge_config, tmp_path):
     assert "was interrupted" in rule_errors(shards(tmp_path / "cut"))["shards.directory"]
     (tmp_path / "half").mkdir()
     assert "index.json: missing" in rule_errors(shards(tmp_path / "half"))["shards.directory"]
-    writer = ShardWriter(tmp_path / "good", {"identity": "hf:abc:eos=0:pad=0", "vocab_size": 300,
-                                             "eos_id": 0, "pad_id": 0})
+    writer = ShardWriter(
+        tmp_path / "good", {"identity": "hf:abc:eos=0:pad=0", "vocab_size": 300, "eos_id": 0, "pad_id": 0}
+    )
     import numpy as np
 
     writer.add([np.arange(5)], np.zeros(1, np.uint64))
     writer.commit("test")
     path = shards(tmp_path / "good")
-    assert "tokenized with the 'hf' tokenizer, but data.tokenizer is 'byte'" in rule_errors(path)["shards.directory"]
+    assert (
+        "tokenized with the 'hf' tokenizer, but data.tokenizer is 'byte'"
+        in rule_errors(path)["shards.directory"]
+    )
     (tmp_path / "good" / "tokens.bin").write_bytes(b"\0" * 3)
     assert "The shard is damaged" in rule_errors(path)["shards.directory"]
 
@@ -264,22 +313,45 @@ def test_an_hf_tokenizer_folder_must_hold_a_tokenizer(forge_config, tmp_path):
 
 
 def test_init_from_hf_lists_every_mismatch_with_both_values(forge_config, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 300, "rms_norm_eps": 1e-6,
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "intermediate_size": 256,
+                "vocab_size": 300,
+                "rms_norm_eps": 1e-6,
+            }
+        )
+    )
     # Options left unset are read from config.json; only those given explicitly can differ.
     unset = judge(forge_config({"model": {"options": {"init_from_hf": str(tmp_path)}}}))
     assert unset.config.model.options.dim == 64 and unset.config.model.options.n_layers == 3
     assert not [v for v in unset.errors if v.rule_id == "llama.init-from-hf" and "model.options" in v.message]
-    path = forge_config({"model": {"options": {"init_from_hf": str(tmp_path), "dim": 256, "n_layers": 4, "norm_eps": 1e-5,
-                                      "n_heads": 8}}})
+    path = forge_config(
+        {
+            "model": {
+                "options": {
+                    "init_from_hf": str(tmp_path),
+                    "dim": 256,
+                    "n_layers": 4,
+                    "norm_eps": 1e-5,
+                    "n_heads": 8,
+                }
+            }
+        }
+    )
     result = judge(path)
     messages = [v.message for v in result.errors if v.rule_id == "llama.init-from-hf"]
     fix = "from model.options to take the checkpoint's value"
     assert f"model.options.dim=256 but config.json hidden_size=64: remove dim {fix}" in " ".join(messages)
     assert any(m.startswith("model.options.n_layers=4 but config.json num_hidden_layers=3") for m in messages)
-    assert any(m.startswith("model.options.norm_eps=1e-05 but config.json rms_norm_eps=1e-06") for m in messages)
+    assert any(
+        m.startswith("model.options.norm_eps=1e-05 but config.json rms_norm_eps=1e-06") for m in messages
+    )
     assert not any("n_heads" in m for m in messages)  # given, but equal to the checkpoint's
     (tmp_path / "config.json").write_text("{not json")
     assert "config.json is not valid JSON" in rule_errors(path)["llama.init-from-hf"]
@@ -289,5 +361,9 @@ def test_logger_outputs_and_sgd_nesterov_are_checked(forge_config, tmp_path):
     (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)
     found = rule_errors(forge_config({"run": {"out_dir": str(tmp_path / "run")}}))
     assert "exists and is not a file" in found["loggers.output-paths"]
-    found = rule_errors(forge_config({"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.0, "nesterov": True}}}))
+    found = rule_errors(
+        forge_config(
+            {"train": {"optimizer": "sgd", "optimizer_options": {"momentum": 0.0, "nesterov": True}}}
+        )
+    )
     assert "Nesterov momentum needs a momentum above 0" in found["sgd.nesterov-momentum"]

@@ -16,14 +16,14 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import run_cli
+from test_train_cli import start, wait_for_line
+from train_helpers import pause_checkpoint_env, read_metrics, tiny_config, write_config
+
 from forge_core import cli
 from forge_core.api import ForgeError
 from forge_core.train import rundir
 from forge_core.train.run_lock import LOCK, RunLock, _process_start
-from test_train_cli import start, wait_for_line
-from train_helpers import pause_checkpoint_env, read_metrics, tiny_config, write_config
 
 
 def config_file(tmp_path, name="run", **sections):
@@ -66,8 +66,9 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, c
     path = config_file(tmp_path, train={"steps": 2})
     (tmp_path / "run").mkdir()
     pid = dead_pid()
-    (tmp_path / "run" / LOCK).write_text(json.dumps(
-        {"pid": pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00+00:00"}))
+    (tmp_path / "run" / LOCK).write_text(
+        json.dumps({"pid": pid, "host": socket.gethostname(), "started": "2020-01-01T00:00:00+00:00"})
+    )
     assert cli.main([path]) == 0
     err = capsys.readouterr().err
     assert f"taking over the lock {tmp_path / 'run' / LOCK} left by pid {pid}" in err
@@ -79,8 +80,16 @@ def test_a_recorded_live_holder_is_respected_without_flock(tmp_path):
     on this host with the same process start time, still keeps a second run out."""
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (tmp_path / LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
-                                                 "proc_start": _process_start(holder.pid), "started": "x"}))
+        (tmp_path / LOCK).write_text(
+            json.dumps(
+                {
+                    "pid": holder.pid,
+                    "host": socket.gethostname(),
+                    "proc_start": _process_start(holder.pid),
+                    "started": "x",
+                }
+            )
+        )
         with pytest.raises(ForgeError, match=f"in use by another run: pid {holder.pid}"):
             RunLock.acquire(tmp_path)
     finally:
@@ -93,8 +102,9 @@ def test_two_real_runs_on_one_directory(tmp_path):
     """Run A pauses inside a checkpoint write; run B on the same out_dir is refused at
     once naming A's pid; A is killed; run C takes over A's stale lock, removes A's
     half-written checkpoint and trains. The metrics file describes one run."""
-    path = config_file(tmp_path, "shared", train={"steps": 4}, checkpoint={"every": 2},
-                       logging={"loggers": ["jsonl"]})
+    path = config_file(
+        tmp_path, "shared", train={"steps": 4}, checkpoint={"every": 2}, logging={"loggers": ["jsonl"]}
+    )
     a, a_err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 2))
     try:
         wait_for_line(a, "checkpoint write in progress at step 2")
@@ -137,11 +147,16 @@ def test_every_rank_of_a_multi_process_run_stops_when_the_directory_is_locked(tm
 
 def test_out_dir_that_is_a_file_is_a_clean_error(tmp_path, capsys):
     (tmp_path / "afile").write_text("not a directory")
-    path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "afile")}))
+    path = write_config(
+        tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "afile")})
+    )
     assert cli.main([path]) == 2
     err = capsys.readouterr().err
     # Refused by the kernel's run.out-dir rule before anything is built.
-    assert "[run.out-dir]" in err and f"run.out_dir {str(tmp_path / 'afile')!r} exists and is not a directory" in err
+    assert (
+        "[run.out-dir]" in err
+        and f"run.out_dir {str(tmp_path / 'afile')!r} exists and is not a directory" in err
+    )
     assert "Traceback" not in err
 
 
@@ -149,16 +164,20 @@ def test_out_dir_that_is_a_file_is_refused_at_build_too(tmp_path):
     (tmp_path / "afile").write_text("not a directory")
     with pytest.raises(ForgeError) as info:
         RunLock.acquire(tmp_path / "afile")
-    assert str(info.value).startswith(f"$.run.out_dir: {str(tmp_path / 'afile')!r} exists and is not a "
-                                      f"directory. Set run.out_dir to a directory you can write")
+    assert str(info.value).startswith(
+        f"$.run.out_dir: {str(tmp_path / 'afile')!r} exists and is not a "
+        f"directory. Set run.out_dir to a directory you can write"
+    )
 
 
 def test_out_dir_below_a_file_is_a_clean_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ForgeError) as info:
         RunLock.acquire(tmp_path / "afile/run")
-    assert str(info.value).startswith(f"$.run.out_dir: {str(tmp_path / 'afile/run')!r} cannot be created: "
-                                      f"{str(tmp_path / 'afile')!r} is a file. Set run.out_dir")
+    assert str(info.value).startswith(
+        f"$.run.out_dir: {str(tmp_path / 'afile/run')!r} cannot be created: "
+        f"{str(tmp_path / 'afile')!r} is a file. Set run.out_dir"
+    )
 
 
 def test_the_run_refuses_an_out_dir_for_the_reason_check_gives(tmp_path, monkeypatch):
@@ -170,12 +189,15 @@ def test_the_run_refuses_an_out_dir_for_the_reason_check_gives(tmp_path, monkeyp
     locked.mkdir()
     monkeypatch.setattr(os, "access", lambda p, mode: os.fspath(p) != str(locked))
     plan = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(out_dir=str(locked / "run"))))
-    assert check_out_dir(plan) == (f"run.out_dir {str(locked / 'run')!r} cannot be created: {str(locked)!r} is "
-                                   f"not writable by this user")
+    assert check_out_dir(plan) == (
+        f"run.out_dir {str(locked / 'run')!r} cannot be created: {str(locked)!r} is not writable by this user"
+    )
     with pytest.raises(ForgeError) as info:
         RunLock.acquire(locked / "run")
-    assert str(info.value).startswith(f"$.run.out_dir: {str(locked / 'run')!r} cannot be created: "
-                                      f"{str(locked)!r} is not writable by this user. ")
+    assert str(info.value).startswith(
+        f"$.run.out_dir: {str(locked / 'run')!r} cannot be created: "
+        f"{str(locked)!r} is not writable by this user. "
+    )
     assert not (locked / "run").exists()
 
 
@@ -197,7 +219,9 @@ def test_read_only_out_dir_is_a_clean_error(tmp_path, capsys):
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o500)
     try:
-        path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "ro")}))
+        path = write_config(
+            tmp_path / "c.yaml", tiny_config(tmp_path, "x", run={"out_dir": str(tmp_path / "ro")})
+        )
         assert cli.main([path]) == 2
         # The run.out-dir rule refuses it before the run reaches the directory.
         assert f"run.out_dir {str(tmp_path / 'ro')!r} is not writable by this user" in capsys.readouterr().err
@@ -223,13 +247,16 @@ def test_restart_on_a_full_disk_cleans_up_then_says_so(tmp_path, monkeypatch, ca
     assert cli.main([path]) == 2
     captured = capsys.readouterr()
     assert "removed 1 unfinished write(s)" in captured.out and not stale.exists()
-    assert f"No space left on device writing the run directory ({tmp_path / 'run/config.yaml'})" in captured.err
+    assert (
+        f"No space left on device writing the run directory ({tmp_path / 'run/config.yaml'})" in captured.err
+    )
     assert "Traceback" not in captured.err and not (tmp_path / "run" / LOCK).exists()
 
 
 def test_disk_full_during_training_exits_2_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
-    path = config_file(tmp_path, train={"steps": 4}, checkpoint={"every": 2},
-                       logging={"loggers": ["jsonl", "plot"]})
+    path = config_file(
+        tmp_path, train={"steps": 4}, checkpoint={"every": 2}, logging={"loggers": ["jsonl", "plot"]}
+    )
     import torch.distributed.checkpoint.filesystem as fs
 
     real = fs._write_item

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from train_helpers import tiny_config, write_config
 
 from forge_core import cli
-from forge_core.testing import assert_within_rounding, longest_sum
 from forge_core.cli.sample import StreamPrinter, continuation
 from forge_core.generate import choose, generate, next_token_logits
+from forge_core.testing import assert_within_rounding, longest_sum
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models.llama import build
 from forge_plugins.models.options import LlamaOptions
-from train_helpers import tiny_config, write_config
 
 VOCAB = 50
 
@@ -46,12 +46,17 @@ def test_cached_logits_equal_a_full_forward_at_every_step(family):
     with torch.no_grad():
         full = model(ids)
         cache = model.new_cache(1, 32)
-        pieces = [model(ids[:, :7], cache=cache)]          # the prompt, through the backend
-        pieces += [model(ids[:, i:i + 1], cache=cache) for i in range(7, 12)]  # one token a step
-        pieces.append(model(ids[:, 12:], cache=cache))     # several after a cached prefix
+        pieces = [model(ids[:, :7], cache=cache)]  # the prompt, through the backend
+        pieces += [model(ids[:, i : i + 1], cache=cache) for i in range(7, 12)]  # one token a step
+        pieces.append(model(ids[:, 12:], cache=cache))  # several after a cached prefix
     assert cache.length == 20
-    assert_within_rounding(torch.cat(pieces, 1), full, dtype=torch.float64, terms=longest_sum(model, 20),
-                           what="cached decoding against the full forward")
+    assert_within_rounding(
+        torch.cat(pieces, 1),
+        full,
+        dtype=torch.float64,
+        terms=longest_sum(model, 20),
+        what="cached decoding against the full forward",
+    )
 
 
 def test_cached_and_cache_free_greedy_decoding_pick_the_same_tokens():
@@ -73,8 +78,11 @@ def test_a_full_cache_is_cut_to_its_second_half_and_decoding_goes_on():
     # The context was cut (29 tokens, 8 fit): the logits are those of a full forward over
     # the last n tokens for exactly one n between the half and the whole context.
     with torch.no_grad():
-        fits = [n for n in range(4, 9)
-                if torch.allclose(logits, model(torch.tensor([history[-n:]]))[0, -1], rtol=0, atol=1e-10)]
+        fits = [
+            n
+            for n in range(4, 9)
+            if torch.allclose(logits, model(torch.tensor([history[-n:]]))[0, -1], rtol=0, atol=1e-10)
+        ]
     assert len(fits) == 1, fits
 
 
@@ -100,7 +108,10 @@ def test_streaming_holds_back_what_may_become_a_stop_string_or_a_character():
     # "E" and "EN" waited until "x" ruled out "END"; "\n" until "\ufffd" ruled out "\n\n",
     # which waited for the rest of its character.
     assert written == ["a", "b ", "ENx", "\n", "ok"]
-    assert continuation(type("T", (), {"decode": staticmethod(lambda ids: "one END two")}), [1], ["END"]) == ("one ", True)
+    assert continuation(type("T", (), {"decode": staticmethod(lambda ids: "one END two")}), [1], ["END"]) == (
+        "one ",
+        True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +137,12 @@ def test_sample_continues_several_prompts_streamed_or_not_and_stops_at_a_stop_st
     assert first.startswith("the quick") and len(first) > len("the quick\n")
     assert "tokens sampled" in both.err and "key/value cache" in both.err
     # A stop string taken from the greedy continuation ends it just before (not printed).
-    text = first[len("the quick"):-1]
+    text = first[len("the quick") : -1]
     stop = text[3:6]
     assert len(stop) == 3, text
     assert sample(capsys, run_dir, "--prompt", "the quick", "--stop", stop).out == (
-        "the quick" + text[: text.find(stop)] + "\n")
+        "the quick" + text[: text.find(stop)] + "\n"
+    )
 
 
 def test_sample_refuses_a_top_p_outside_its_range(run_dir, capsys):

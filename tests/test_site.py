@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from browser import INSTALL_HINT, Browser, find_chromium
 from doc_chapters import code_blocks
 
@@ -31,7 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 SCREENSHOT_PAGES = ("plugin-guide/attention-backend.md", "plugin-guide/packaging.md")
 
 # Text that is visible outside code only when a fence or its marker failed to render.
-_FENCE_TEXT = re.compile(r"```|~~~|<!--|\brunnable (?:file|exit)=|\b(?:python|console|toml|yaml|text|bash) runnable\b")
+_FENCE_TEXT = re.compile(
+    r"```|~~~|<!--|\brunnable (?:file|exit)=|\b(?:python|console|toml|yaml|text|bash) runnable\b"
+)
 
 # Every code block's text (``pre > code``), then the page's visible text outside them.
 _RENDERED = """(() => {
@@ -50,8 +51,21 @@ def artifacts_dir() -> Path:
 
 def build_site(config: Path, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
-        capture_output=True, text=True, cwd=config.parent, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(config),
+            "--site-dir",
+            str(site),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=config.parent,
+        timeout=300,
     )
 
 
@@ -76,9 +90,13 @@ def rendering_problems(
     for block in blocks:
         if block.text.rstrip("\n") not in codes:
             kind = "runnable " if block.runnable else ""
-            problems.append(f"{where}:{block.line}: the {kind}```{block.lang} block is not shown as a code block")
+            problems.append(
+                f"{where}:{block.line}: the {kind}```{block.lang} block is not shown as a code block"
+            )
     if len(codes) != len(blocks):
-        problems.append(f"{where}: {len(blocks)} fenced blocks in the Markdown, {len(codes)} code blocks on the page")
+        problems.append(
+            f"{where}: {len(blocks)} fenced blocks in the Markdown, {len(codes)} code blocks on the page"
+        )
     for line in rendered["prose"].splitlines():
         if _FENCE_TEXT.search(line):
             problems.append(f"{where}: fence text shown as prose: {line.strip()[:120]!r}")
@@ -127,14 +145,20 @@ _TABLES = "(document.querySelector('[role=\"main\"]') || document.body).querySel
 
 
 def test_plugin_guide_pages_show_every_block_as_code(site, chromium):
-    pages = sorted(p.relative_to(REPO / "docs").as_posix() for p in (REPO / "docs" / "plugin-guide").glob("*.md"))
+    pages = sorted(
+        p.relative_to(REPO / "docs").as_posix() for p in (REPO / "docs" / "plugin-guide").glob("*.md")
+    )
     problems, runnable = [], 0
     shots = artifacts_dir() / "screenshots"
     with Browser(chromium) as browser:
         for page in [*pages, *TABLE_PAGES]:
             markdown = (REPO / "docs" / page).read_text()
             runnable += sum(block.runnable for block in code_blocks(markdown, page))
-            shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png" if page in SCREENSHOT_PAGES else None
+            shot = (
+                shots / f"{page.removesuffix('.md').replace('/', '-')}.png"
+                if page in SCREENSHOT_PAGES
+                else None
+            )
             problems += rendering_problems(browser, built_page(site, page), markdown, f"docs/{page}", shot)
             tables = len(re.findall(r"^\|[ :]*-{3,}", markdown, re.M))
             shown = browser.evaluate(_TABLES)
@@ -146,13 +170,17 @@ def test_plugin_guide_pages_show_every_block_as_code(site, chromium):
         shot = shots / f"{page.removesuffix('.md').replace('/', '-')}.png"
         assert shot.stat().st_size > 10_000, f"{shot} is too small to show the page"
         # A whole page with its code: far taller than the window.
-        assert int.from_bytes(shot.read_bytes()[20:24], "big") > 2 * 900, f"{shot} shows less than the whole page"
+        assert int.from_bytes(shot.read_bytes()[20:24], "big") > 2 * 900, (
+            f"{shot} shows less than the whole page"
+        )
 
 
 def test_the_browser_check_sees_a_fence_that_renders_as_prose(tmp_path, chromium):
     """The old fence syntax is the negative control: MkDocs renders it as a paragraph."""
-    page = ("# Broken\n\nIntro.\n\n```python runnable file=pkg/__init__.py\n\"\"\"pkg.\"\"\"\n```\n\n"
-            "Prose after it.\n\n```console\n$ ls\n```\n")
+    page = (
+        '# Broken\n\nIntro.\n\n```python runnable file=pkg/__init__.py\n"""pkg."""\n```\n\n'
+        "Prose after it.\n\n```console\n$ ls\n```\n"
+    )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text(page)
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
@@ -161,13 +189,19 @@ def test_the_browser_check_sees_a_fence_that_renders_as_prose(tmp_path, chromium
     done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stdout + done.stderr
     # Read as the page's Markdown would be with a plain fence: what the reader expects.
-    expected = page.replace("```python runnable file=pkg/__init__.py", "<!-- runnable file=pkg/__init__.py -->\n```python")
+    expected = page.replace(
+        "```python runnable file=pkg/__init__.py", "<!-- runnable file=pkg/__init__.py -->\n```python"
+    )
     with Browser(chromium) as browser:
-        problems = rendering_problems(browser, built_page(tmp_path / "site", "index.md"), expected, "index.md")
+        problems = rendering_problems(
+            browser, built_page(tmp_path / "site", "index.md"), expected, "index.md"
+        )
     assert "index.md:6: the runnable ```python block is not shown as a code block" in problems, problems
     assert "index.md:12: the ```console block is not shown as a code block" in problems, problems
     # The fence line became a paragraph (``__init__`` turned into a bold "init").
-    assert any(p.startswith("index.md: fence text shown as prose: '```python runnable file=pkg/") for p in problems)
+    assert any(
+        p.startswith("index.md: fence text shown as prose: '```python runnable file=pkg/") for p in problems
+    )
 
 
 def test_screenshots_go_where_ci_keeps_artifacts(monkeypatch, tmp_path):

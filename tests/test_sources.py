@@ -154,7 +154,9 @@ def test_shard_source_errors(tmp_path):
 
 def test_a_binary_file_is_refused_naming_it(corpus):
     (corpus / "blob.txt").write_bytes(b"GIF89a\x00\x01\x02 looks like text after the header")
-    with pytest.raises(ForgeError, match=r"blob\.txt, line 1: a NUL byte \(at byte 6\): this looks like a binary file"):
+    with pytest.raises(
+        ForgeError, match=r"blob\.txt, line 1: a NUL byte \(at byte 6\): this looks like a binary file"
+    ):
         docs(paths=["blob.txt"])
     assert docs(paths=["blob.txt"], encoding_errors="replace")[0].startswith("GIF89a\x00")
     (corpus / "rec.jsonl").write_bytes(b'{"text": "a"}\n{"text": "b\x00"}\n')

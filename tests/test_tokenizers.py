@@ -165,9 +165,17 @@ def test_remote_code_folder_through_forge_run_is_refused_without_a_prompt(traine
 
     marker = tmp_path / "ran-remote-code"
     folder = remote_code_folder(trained, tmp_path / "remote", marker)
-    cfg = tiny_config(tmp_path, "remote", data={"tokenizer": "hf", "tokenizer_options": {"path": str(folder)}})
-    proc = subprocess.run([sys.executable, "-m", "forge_core.cli", write_config(tmp_path / "c.yaml", cfg)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=REPO, timeout=120)
+    cfg = tiny_config(
+        tmp_path, "remote", data={"tokenizer": "hf", "tokenizer_options": {"path": str(folder)}}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "forge_core.cli", write_config(tmp_path / "c.yaml", cfg)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "never runs code from model folders" in proc.stderr and "Traceback" not in proc.stderr
     assert "[y/N]" not in proc.stdout + proc.stderr and not marker.exists()
@@ -182,5 +190,3 @@ def test_train_bpe_refuses_bad_input(tmp_path, trained):
     with pytest.raises(ForgeError, match="needs a text source"):
         train_bpe(ListSource([np.array([1, 2])]), 300, tmp_path / "y", progress=False)
     assert not (tmp_path / "y").exists() and not (tmp_path / "y.partial").exists()
-
-

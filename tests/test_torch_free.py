@@ -39,8 +39,17 @@ print(json.dumps({{"loaded": loaded, "codes": codes, "heavy": sorted(set(HEAVY) 
 
 def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(forge_config):
     valid = forge_config({"data": {"packer": "concat"}})
-    refused = forge_config({"data": {"packer": "concat"}, "parallel": {"pp": 2}})  # train refuses it before building
-    commands = [["check", valid], ["show", valid], ["plugins"], ["rules"], ["check", refused, "--world-size", "1"], [refused]]
+    refused = forge_config(
+        {"data": {"packer": "concat"}, "parallel": {"pp": 2}}
+    )  # train refuses it before building
+    commands = [
+        ["check", valid],
+        ["show", valid],
+        ["plugins"],
+        ["rules"],
+        ["check", refused, "--world-size", "1"],
+        [refused],
+    ]
     code = DRIVER.format(heavy=HEAVY, commands=commands)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -48,6 +57,15 @@ def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(forge_con
     assert report["heavy"] == [], report
     assert report["codes"] == [0, 0, 0, 0, 2, 2], report
     # Every built-in plugin was loaded and registered something: nothing was skipped.
-    assert {"attention", "models", "packers", "sources", "tokenizers", "optim", "parallel", "loggers",
-            "core_rules"} <= set(report["loaded"]), report["loaded"]
+    assert {
+        "attention",
+        "models",
+        "packers",
+        "sources",
+        "tokenizers",
+        "optim",
+        "parallel",
+        "loggers",
+        "core_rules",
+    } <= set(report["loaded"]), report["loaded"]
     assert all(report["loaded"].values())

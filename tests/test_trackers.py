@@ -12,10 +12,10 @@ import struct
 from pathlib import Path
 
 import pytest
+from train_helpers import Recorder, tiny_config, write_config
 
 from forge_core.api import hookimpl
 from forge_core.testing import train_in_process
-from train_helpers import Recorder, tiny_config, write_config
 
 
 class EvalMetrics:
@@ -28,13 +28,27 @@ class EvalMetrics:
             metrics["eval/loss"] = 10.0 + step
 
 
-def run(tmp_path: Path, name: str, logger: str, steps: int, options: dict | None = None, every: int = 1,
-        overrides=()) -> Recorder:
+def run(
+    tmp_path: Path,
+    name: str,
+    logger: str,
+    steps: int,
+    options: dict | None = None,
+    every: int = 1,
+    overrides=(),
+) -> Recorder:
     rec = Recorder()
-    cfg = tiny_config(tmp_path, name, train={"steps": steps},
-                      logging={"loggers": [logger], "every": every, "options": {logger: options or {}}})
+    cfg = tiny_config(
+        tmp_path,
+        name,
+        train={"steps": steps},
+        logging={"loggers": [logger], "every": every, "options": {logger: options or {}}},
+    )
     path = write_config(tmp_path / f"{name}.yaml", cfg)
-    assert train_in_process(path, list(overrides), extra_plugins=(("eval", EvalMetrics()), ("rec", rec))) == "completed"
+    assert (
+        train_in_process(path, list(overrides), extra_plugins=(("eval", EvalMetrics()), ("rec", rec)))
+        == "completed"
+    )
     return rec
 
 
@@ -94,11 +108,11 @@ def wandb_records(path: Path):
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # padding up to the block's end
             pos += left
             continue
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         buffered = chunk if kind in (1, 2) else buffered + chunk
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -118,17 +132,28 @@ def wandb_logged(run_dir: Path) -> dict:
             elif kind == "config":
                 out["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
             elif kind == "history":
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                items = {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item
+                }
                 out["history"][record.history.step.num] = items
             elif kind == "artifact":
-                out["artifacts"].append((record.artifact.name, record.artifact.type,
-                                         [c.path for c in record.artifact.manifest.contents]))
+                out["artifacts"].append(
+                    (
+                        record.artifact.name,
+                        record.artifact.type,
+                        [c.path for c in record.artifact.manifest.contents],
+                    )
+                )
     return out
 
 
 @pytest.fixture
 def wandb_offline(tmp_path, monkeypatch):
-    for var, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config")):
+    for var, sub in (
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_CONFIG_DIR", "config"),
+    ):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -165,7 +190,8 @@ def test_mlflow_local_store_logs_params_metrics_plot_and_resumes_the_same_run(tm
     stored = json.loads((tmp_path / "ml/mlflow-run.json").read_text())
     second = run(tmp_path, "ml", "mlflow", 6, overrides=["train.steps=6"])
     assert "MLflow keeps a parameter's first value; changed since the run started: train.steps" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
     from mlflow.tracking import MlflowClient
 
@@ -183,7 +209,10 @@ def test_mlflow_local_store_logs_params_metrics_plot_and_resumes_the_same_run(tm
     history = {m.step: m.value for m in client.get_metric_history(stored["run_id"], "train/loss")}
     assert history == {**losses(first, range(1, 5)), **losses(second, range(5, 7))}
     assert {m.step: m.value for m in client.get_metric_history(stored["run_id"], "eval/loss")} == {
-        2: 12.0, 4: 14.0, 6: 16.0}
+        2: 12.0,
+        4: 14.0,
+        6: 16.0,
+    }
     artifacts = {a.path for a in client.list_artifacts(stored["run_id"])}
     assert artifacts == {"loss.png", "config"}
     configs = {a.path for a in client.list_artifacts(stored["run_id"], "config")}
@@ -194,8 +223,11 @@ def test_mlflow_local_store_logs_params_metrics_plot_and_resumes_the_same_run(tm
 def test_mlflow_unreachable_store_is_a_clear_error(tmp_path, capsys):
     from forge_core import cli
 
-    cfg = tiny_config(tmp_path, "bad", logging={"loggers": ["mlflow"],
-                                                "options": {"mlflow": {"tracking_uri": "nosuch://x"}}})
+    cfg = tiny_config(
+        tmp_path,
+        "bad",
+        logging={"loggers": ["mlflow"], "options": {"mlflow": {"tracking_uri": "nosuch://x"}}},
+    )
     assert cli.main(["train", write_config(tmp_path / "bad.yaml", cfg)]) == 2
     err = capsys.readouterr().err
     assert "the mlflow logger could not start an MLflow run at nosuch://x" in err
@@ -205,9 +237,14 @@ def test_mlflow_unreachable_store_is_a_clear_error(tmp_path, capsys):
 # --- missing packages -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("logger, module, extra", [("tensorboard", "torch.utils.tensorboard", "tensorboard"),
-                                                   ("wandb", "wandb", "wandb"),
-                                                   ("mlflow", "mlflow.tracking", "mlflow")])
+@pytest.mark.parametrize(
+    "logger, module, extra",
+    [
+        ("tensorboard", "torch.utils.tensorboard", "tensorboard"),
+        ("wandb", "wandb", "wandb"),
+        ("mlflow", "mlflow.tracking", "mlflow"),
+    ],
+)
 def test_missing_package_is_a_warning_naming_the_extra(tmp_path, monkeypatch, capsys, logger, module, extra):
     real = builtins.__import__
 

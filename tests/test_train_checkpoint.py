@@ -93,7 +93,10 @@ def test_half_written_and_pointerless_checkpoints(tmp_path):
 def test_resolve_checkpoint_from_run_dir_or_checkpoint_dir(tmp_path):
     save_steps(tmp_path, [1, 2])
     assert resolve_checkpoint(tmp_path) == (tmp_path / "checkpoints/step-000002", tmp_path)
-    assert resolve_checkpoint(tmp_path / "checkpoints/step-000001") == (tmp_path / "checkpoints/step-000001", tmp_path)
+    assert resolve_checkpoint(tmp_path / "checkpoints/step-000001") == (
+        tmp_path / "checkpoints/step-000001",
+        tmp_path,
+    )
     with pytest.raises(ForgeError, match="no complete checkpoint"):
         resolve_checkpoint(tmp_path / "nowhere")
 
@@ -109,13 +112,17 @@ def test_load_on_fewer_processes_takes_its_rank_state_and_warns(tmp_path):
     data = json.loads((path / "train_state-rank00000.json").read_text())
     (path / "train_state-rank00001.json").write_text(json.dumps({**data, "step": 99}))
     warned = []
-    state = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1).load(path, [model], [optimizer], warned.append)
+    state = CheckpointManager(tmp_path, keep=2, rank=0, world_size=1).load(
+        path, [model], [optimizer], warned.append
+    )
     assert state["step"] == 1
     assert len(warned) == 1 and "written by 2 processes; resuming on 1" in warned[0]
     assert "Random number streams are per process" in warned[0]
     assert "the streams of process 0 go on, those of process 1 are dropped" in warned[0]
     # on more processes than saved, process r continues process r mod N
-    grown = CheckpointManager(tmp_path, keep=2, rank=3, world_size=4).load(path, [model], [optimizer], warned.append)
+    grown = CheckpointManager(tmp_path, keep=2, rank=3, world_size=4).load(
+        path, [model], [optimizer], warned.append
+    )
     assert grown["step"] == 99  # rank 3 -> saved rank 1
     assert "processes 2-3 start from copies of the streams of processes 0-1" in warned[1]
 
@@ -126,8 +133,14 @@ def test_train_state_round_trips_rng_and_nested_values(tmp_path):
     torch.manual_seed(3)
     state = {
         "rng": train_state.capture_rng(torch.device("cpu")),
-        "loader": {"epoch": 3, "batch": 7, "big": 2**100, "arr": np.arange(6, dtype=np.uint32).reshape(2, 3),
-                   "pair": (1, "a"), "x": np.float64(0.5)},
+        "loader": {
+            "epoch": 3,
+            "batch": 7,
+            "big": 2**100,
+            "arr": np.arange(6, dtype=np.uint32).reshape(2, 3),
+            "pair": (1, "a"),
+            "x": np.float64(0.5),
+        },
     }
     expected = (random.random(), np.random.rand(), torch.rand(2))
     train_state.write(tmp_path / "s.json", state)
@@ -171,16 +184,21 @@ def test_manifest_records_size_and_sha256_of_every_file(tmp_path):
 
 DAMAGE = {
     "xor-distcp": lambda ck: xor_bytes(next(ck.glob("*.distcp"))),
-    "random-metadata": lambda ck: rewrite(ck, ".metadata", random.Random(0).randbytes(
-        (ck / ".metadata").stat().st_size), manifest_too=False),
-    "random-metadata-manifest-updated": lambda ck: rewrite(ck, ".metadata", random.Random(0).randbytes(
-        (ck / ".metadata").stat().st_size), manifest_too=True),
-    "bad-train-state": lambda ck: rewrite(ck, "train_state-rank00000.json", b'{"format": 1, "step": ',
-                                          manifest_too=False),
-    "bad-train-state-manifest-updated": lambda ck: rewrite(ck, "train_state-rank00000.json",
-                                                           b'{"format": 1, "step": ', manifest_too=True),
-    "train-state-not-utf8": lambda ck: rewrite(ck, "train_state-rank00000.json", b"\xff\xfe{}",
-                                               manifest_too=True),
+    "random-metadata": lambda ck: rewrite(
+        ck, ".metadata", random.Random(0).randbytes((ck / ".metadata").stat().st_size), manifest_too=False
+    ),
+    "random-metadata-manifest-updated": lambda ck: rewrite(
+        ck, ".metadata", random.Random(0).randbytes((ck / ".metadata").stat().st_size), manifest_too=True
+    ),
+    "bad-train-state": lambda ck: rewrite(
+        ck, "train_state-rank00000.json", b'{"format": 1, "step": ', manifest_too=False
+    ),
+    "bad-train-state-manifest-updated": lambda ck: rewrite(
+        ck, "train_state-rank00000.json", b'{"format": 1, "step": ', manifest_too=True
+    ),
+    "train-state-not-utf8": lambda ck: rewrite(
+        ck, "train_state-rank00000.json", b"\xff\xfe{}", manifest_too=True
+    ),
 }
 
 
@@ -257,7 +275,10 @@ def test_pruning_never_deletes_the_last_checkpoint_that_verified(tmp_path):
     names = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
     assert names == ["step-000002", "step-000003", "step-000004"]
     manager.save(4, [model], [optimizer], {"step": 4})  # replaces the damaged step 4
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000003", "step-000004"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == [
+        "step-000003",
+        "step-000004",
+    ]
     assert all(problem_with(root / n) is None for n in ("step-000003", "step-000004"))
 
 
@@ -287,7 +308,8 @@ def short_write(*args, **kwargs):
 
 @pytest.mark.parametrize("where", ["dcp-oserror", "dcp-short-write", "train-state", "manifest"])
 def test_disk_full_during_a_save_is_a_clean_error_and_keeps_the_previous_checkpoint(
-        tmp_path, monkeypatch, where):
+    tmp_path, monkeypatch, where
+):
     manager, model, optimizer = save_steps(tmp_path, [2])
     root = tmp_path / "checkpoints"
     before = {p.name: p.read_bytes() for p in (root / "step-000002").iterdir()}
@@ -302,8 +324,11 @@ def test_disk_full_during_a_save_is_a_clean_error_and_keeps_the_previous_checkpo
         import forge_core.train.checkpoint as checkpoint
 
         real = checkpoint.atomic_write
-        monkeypatch.setattr(checkpoint, "atomic_write",
-                            lambda path, text: no_space() if path.name == MANIFEST else real(path, text))
+        monkeypatch.setattr(
+            checkpoint,
+            "atomic_write",
+            lambda path, text: no_space() if path.name == MANIFEST else real(path, text),
+        )
     with pytest.raises(ForgeError) as info:
         manager.save(4, [model], [optimizer], {"step": 4})
     message = str(info.value)
@@ -360,8 +385,9 @@ def test_files_added_while_writing_are_part_of_the_checkpoint(tmp_path):
     assert manifest["sha256"]["my_cursor.json"] == hashlib.sha256(data).hexdigest()
     assert problem_with(path) is None
     (path / "my_cursor.json").write_text('{"position": 8}')
-    assert problem_with(path) == (f"my_cursor.json does not match its SHA-256 in {MANIFEST} (damaged after it "
-                                  f"was written)")
+    assert problem_with(path) == (
+        f"my_cursor.json does not match its SHA-256 in {MANIFEST} (damaged after it was written)"
+    )
 
 
 def test_a_failure_while_writing_removes_the_partial_checkpoint(tmp_path):
@@ -381,9 +407,10 @@ def test_the_trainer_calls_forge_checkpoint_writing_before_the_checkpoint_is_com
     """A plugin registered for the run sees the temporary directory of every save, with
     ``latest`` still on the previous checkpoint, and the file it writes there is in the
     checkpoint ``forge_checkpoint_saved`` then reports."""
+    from train_helpers import tiny_config, write_config
+
     from forge_core.api import hookimpl
     from forge_core.testing import train_in_process as train
-    from train_helpers import tiny_config, write_config
 
     class Cursor:
         def __init__(self):

@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-
 from conftest import REPO
-from forge_core.testing import forge_run
 from train_helpers import Recorder, pause_checkpoint_env, read_metrics, tiny_config, write_config
+
+from forge_core.testing import forge_run
 
 CLI = [sys.executable, "-m", "forge_core.cli"]
 
@@ -22,8 +22,14 @@ CLI = [sys.executable, "-m", "forge_core.cli"]
 def start(args: list[str], tmp_path: Path, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     """Start forge-run with stdout piped (line by line) and stderr to a file."""
     err = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=open(err, "w"), text=True,
-                            cwd=REPO, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [*CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=open(err, "w"),
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
     return proc, err
 
 
@@ -42,8 +48,10 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> 
 
 
 def test_invalid_config_is_refused_with_the_check_report(tmp_path):
-    path = write_config(tmp_path / "bad.yaml", tiny_config(tmp_path, "bad", data={"seq_len": 128},
-                                                           train={"batch_size": 3, "grad_accum": 2}))
+    path = write_config(
+        tmp_path / "bad.yaml",
+        tiny_config(tmp_path, "bad", data={"seq_len": 128}, train={"batch_size": 3, "grad_accum": 2}),
+    )
     result = forge_run([path])
     command = f"forge-run check {path} --world-size 1"  # a single process
     assert f"`{command}` prints the same report" in result.stderr
@@ -85,8 +93,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
     from forge_core.testing import train_in_process
 
-    cfg = tiny_config(tmp_path, "crash", train={"steps": 6}, checkpoint={"every": 2, "keep": 3},
-                      logging={"loggers": ["jsonl"]})
+    cfg = tiny_config(
+        tmp_path,
+        "crash",
+        train={"steps": 6},
+        checkpoint={"every": 2, "keep": 3},
+        logging={"loggers": ["jsonl"]},
+    )
     path = write_config(tmp_path / "crash.yaml", cfg)
     proc, err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 4))
     wait_for_line(proc, "checkpoint write in progress at step 4")
@@ -105,4 +118,6 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     rec = Recorder()
     straight = tiny_config(tmp_path, "straight", train={"steps": 6})
     train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
-    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [rec.metrics[s]["loss"] for s in range(1, 7)]
+    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
+        rec.metrics[s]["loss"] for s in range(1, 7)
+    ]

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from train_helpers import Recorder, SignalAt, read_metrics, tiny_config, write_config
 
 from forge_core import cli, hookspecs
 from forge_core.api import hookimpl
 from forge_core.testing import train_in_process
-from train_helpers import Recorder, SignalAt, read_metrics, tiny_config, write_config
 
 EVAL_KEYS = {"eval/loss", "eval/perplexity", "eval/tokens"}
 
@@ -52,8 +52,11 @@ def run(tmp_path: Path, config: dict, *plugins) -> str:
 
 
 def eval_records(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")}
-            for r in read_metrics(run_dir) if "eval/loss" in r}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")}
+        for r in read_metrics(run_dir)
+        if "eval/loss" in r
+    }
 
 
 def test_a_run_evaluates_on_its_cadence_and_at_the_end_and_logs_it(tmp_path):
@@ -96,8 +99,15 @@ def test_the_hook_reference_example_runs_and_the_view_is_read_only(tmp_path, cap
         def forge_eval_end(self, run):
             views.append(run.view)
 
-    assert run(tmp_path, evaluating(tmp_path, "example", eval={"every": 0}),
-               namespace["NextTokenAccuracy"](), Keep()) == "completed"
+    assert (
+        run(
+            tmp_path,
+            evaluating(tmp_path, "example", eval={"every": 0}),
+            namespace["NextTokenAccuracy"](),
+            Keep(),
+        )
+        == "completed"
+    )
     assert re.search(r"step 6: next-token accuracy \d+\.\d%", capsys.readouterr().out)
     view = views[0]
     with pytest.raises(AttributeError, match="read-only"):
@@ -132,7 +142,9 @@ def test_forge_run_eval_gives_the_numbers_the_run_logged(finished, capsys):
     limited = eval_json(capsys, finished, "eval.max_batches=2", "eval.batch_size=2")
     assert (limited["rows"], limited["batches"]) == (4, 2)
     assert cli.main(["eval", str(finished)]) == 0
-    assert re.search(r"step 6: eval loss \d+\.\d{4}, perplexity [\d.]+ over [\d,]+ tokens", capsys.readouterr().out)
+    assert re.search(
+        r"step 6: eval loss \d+\.\d{4}, perplexity [\d.]+ over [\d,]+ tokens", capsys.readouterr().out
+    )
 
 
 def test_forge_run_eval_on_another_source(finished, capsys, tmp_path):
@@ -155,7 +167,9 @@ def test_forge_run_eval_refuses_bad_inputs_with_exit_2(finished, capsys, tmp_pat
     assert "no checkpoint of step 5 (complete checkpoints: 4, 6)" in refused(finished, "--checkpoint", "5")
     assert "no document is held out" in refused(finished, "data.heldout.fraction=0")
     (tmp_path / "empty.txt").write_text("")
-    assert "empty" in refused(finished, "eval.source=text", f"eval.source_options.paths=[{tmp_path / 'empty.txt'}]")
+    assert "empty" in refused(
+        finished, "eval.source=text", f"eval.source_options.paths=[{tmp_path / 'empty.txt'}]"
+    )
     assert "unknown data source 'txt'" in refused(finished, "eval.source=txt")
 
 
@@ -178,7 +192,9 @@ def test_every_built_in_logger_shows_the_eval_numbers(tmp_path, capsys, monkeypa
     logged = eval_records(tmp_path / "loggers")
     err = capsys.readouterr().err
     assert re.search(r"step 4/6 .* eval/loss \d\.\d{4}  eval/perplexity [\d.]+", err), err
-    assert f"eval/loss {logged[6]['eval/loss']:.4f} (perplexity" in err and ") at step 6;" in err  # the summary
+    assert (
+        f"eval/loss {logged[6]['eval/loss']:.4f} (perplexity" in err and ") at step 6;" in err
+    )  # the summary
     assert drawn["eval_points"] == pytest.approx({s: r["eval/loss"] for s, r in logged.items()})
     assert sorted(drawn["eval_points"]) == [2, 4, 6] and sorted(drawn["points"]) == list(range(1, 7))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

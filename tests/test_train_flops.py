@@ -56,8 +56,8 @@ def test_matmul_params_excludes_embeddings_but_counts_a_tied_head():
 
 
 def llama(vocab=50, tie=False, attention=None):
-    from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.attention.options import SdpaOptions
+    from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.models.llama import build
     from forge_plugins.models.options import LlamaOptions
 
@@ -90,14 +90,18 @@ def test_attention_width_is_measured_on_a_meta_copy_and_the_model_keeps_its_back
     from forge_core.train.mfu import attention_width
 
     path = tmp_path / "c.yaml"
-    path.write_text("model: {name: llama, options: {dim: 32, n_layers: 3, n_heads: 4, n_kv_heads: 2, "
-                    "max_seq_len: 16}}\nattention: {backend: sdpa}\n")
+    path.write_text(
+        "model: {name: llama, options: {dim: 32, n_layers: 3, n_heads: 4, n_kv_heads: 2, "
+        "max_seq_len: 16}}\nattention: {backend: sdpa}\n"
+    )
     result = judge(str(path))
     assert attention_width(result.plan, result.registries, 50) == 3 * 32
 
     from forge_core import components
 
-    model = components.model(result.plan, result.registries, 50, components.attention(result.plan, result.registries))
+    model = components.model(
+        result.plan, result.registries, 50, components.attention(result.plan, result.registries)
+    )
     held = {type(v).__name__ for m in model.modules() for v in vars(m).values()}
     assert "SdpaAttention" in held and "AttentionProbe" not in held
 
@@ -127,6 +131,8 @@ def test_loss_sum_ignores_minus_100_and_counts_labelled_tokens():
     labels = torch.tensor([[1, IGNORE_INDEX, 2], [IGNORE_INDEX, IGNORE_INDEX, 4]])
     loss_sum, count = loss_fn(logits, labels)
     assert int(count) == 3
-    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    mean = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 5), labels.reshape(-1), ignore_index=IGNORE_INDEX
+    )
     torch.testing.assert_close(loss_sum / 3, mean)
     assert loss_fn(logits.bfloat16(), labels)[0].dtype == torch.float32

@@ -10,13 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from forge_core.api import IGNORE_INDEX, LABELS
-from forge_core.train.checkpoint import find_latest, load_model, model_state
-from forge_core.cli.train import InvalidConfig
-from forge_core.testing import train_in_process
-from forge_core.train.precision import cpu_has_bf16
-from forge_core.train.trainer import NonFiniteStop
 from train_helpers import (
     NanPlugin,
     Recorder,
@@ -26,6 +19,13 @@ from train_helpers import (
     write_config,
     write_corpus,
 )
+
+from forge_core.api import IGNORE_INDEX, LABELS
+from forge_core.cli.train import InvalidConfig
+from forge_core.testing import train_in_process
+from forge_core.train.checkpoint import find_latest, load_model, model_state
+from forge_core.train.precision import cpu_has_bf16
+from forge_core.train.trainer import NonFiniteStop
 
 METRIC_KEYS = {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "step_time"}
 
@@ -112,7 +112,9 @@ def test_tokens_metric_counts_only_labelled_tokens(tmp_path):
     cfg = tiny_config(tmp_path, "tokens", train={"steps": 2, "batch_size": 4}, data={"shuffle": False})
     run(tmp_path, cfg, rec)  # unshuffled: step s reads rows 4(s-1) to 4s-1
     config, registries = load_resolved(str(tmp_path / "tokens.yaml"))
-    data = build_training_data(make_plan(config, registries, 1), registries, ByteTokenizer(), report=lambda m: None)
+    data = build_training_data(
+        make_plan(config, registries, 1), registries, ByteTokenizer(), report=lambda m: None
+    )
     labels = np.asarray(data.rows.read(np.arange(8))[LABELS]).reshape(2, 4 * 32)
     ignored = (labels == IGNORE_INDEX).sum(axis=1)
     assert ignored.min() > 0  # the rows hold EOS positions: the count has something to leave out
@@ -138,8 +140,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
     # The test has power: rows hold different numbers of labelled tokens, so a mean of
     # per-micro-batch means would differ from the global mean.
-    from forge_core.data.build import build_training_data
     from forge_core import components
+    from forge_core.data.build import build_training_data
     from forge_core.train.rundir import load_run_config
 
     plan, registries = load_run_config(tmp_path / "accum1")
@@ -150,8 +152,12 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
 def test_nonfinite_skip_continues(tmp_path):
     rec = Recorder()
-    cfg = tiny_config(tmp_path, "skip", model={"name": "nanny", "options": {"nan_steps": [3]}},
-                      train={"steps": 5, "nonfinite": {"policy": "skip", "max_consecutive": 2}})
+    cfg = tiny_config(
+        tmp_path,
+        "skip",
+        model={"name": "nanny", "options": {"nan_steps": [3]}},
+        train={"steps": 5, "nonfinite": {"policy": "skip", "max_consecutive": 2}},
+    )
     assert run(tmp_path, cfg, NanPlugin(), rec) == "completed"
     assert rec.metrics[3]["skipped"] is True and math.isnan(rec.metrics[3]["loss"])
     assert all(rec.metrics[s]["skipped"] is False for s in (1, 2, 4, 5))
@@ -160,8 +166,12 @@ def test_nonfinite_skip_continues(tmp_path):
 
 def test_nonfinite_skip_stops_after_max_consecutive(tmp_path):
     rec = Recorder()
-    cfg = tiny_config(tmp_path, "skipstop", model={"name": "nanny", "options": {"nan_steps": [2, 3, 4, 5]}},
-                      train={"steps": 8, "nonfinite": {"policy": "skip", "max_consecutive": 2}})
+    cfg = tiny_config(
+        tmp_path,
+        "skipstop",
+        model={"name": "nanny", "options": {"nan_steps": [2, 3, 4, 5]}},
+        train={"steps": 8, "nonfinite": {"policy": "skip", "max_consecutive": 2}},
+    )
     with pytest.raises(NonFiniteStop, match=r"step 3: .*2 steps in a row .*max_consecutive: 2"):
         run(tmp_path, cfg, NanPlugin(), rec)
     assert rec.end == (3, "failed")
@@ -169,8 +179,12 @@ def test_nonfinite_skip_stops_after_max_consecutive(tmp_path):
 
 def test_nonfinite_stop_policy_stops_at_once(tmp_path):
     rec = Recorder()
-    cfg = tiny_config(tmp_path, "stop", model={"name": "nanny", "options": {"nan_steps": [2]}},
-                      train={"steps": 8, "nonfinite": {"policy": "stop"}})
+    cfg = tiny_config(
+        tmp_path,
+        "stop",
+        model={"name": "nanny", "options": {"nan_steps": [2]}},
+        train={"steps": 8, "nonfinite": {"policy": "stop"}},
+    )
     with pytest.raises(NonFiniteStop, match=r"step 2: loss nan.*policy: stop"):
         run(tmp_path, cfg, NanPlugin(), rec)
     assert rec.end == (2, "failed")
@@ -181,9 +195,15 @@ def test_nonfinite_skip_keeps_weights(tmp_path):
     """The skipped step does not change the weights: a run skipping step 3 of 3 ends
     with the weights of step 2."""
     constant = {"schedule": "constant", "warmup_steps": 0}
-    cfg2 = tiny_config(tmp_path, "two", model={"name": "nanny", "options": {}}, train={"steps": 2, **constant})
-    cfg3 = tiny_config(tmp_path, "three", model={"name": "nanny", "options": {"nan_steps": [3]}},
-                       train={"steps": 3, **constant})
+    cfg2 = tiny_config(
+        tmp_path, "two", model={"name": "nanny", "options": {}}, train={"steps": 2, **constant}
+    )
+    cfg3 = tiny_config(
+        tmp_path,
+        "three",
+        model={"name": "nanny", "options": {"nan_steps": [3]}},
+        train={"steps": 3, **constant},
+    )
     run(tmp_path, cfg2, NanPlugin())
     run(tmp_path, cfg3, NanPlugin())
     a, b = flat_model_state(tmp_path / "two"), flat_model_state(tmp_path / "three")
@@ -199,8 +219,12 @@ def flat_model_state(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_loggers_write_metrics_and_plot(tmp_path, capsys):
-    cfg = tiny_config(tmp_path, "loggers", train={"steps": 4},
-                      logging={"loggers": ["console", "jsonl", "plot", "tensorboard"], "every": 2})
+    cfg = tiny_config(
+        tmp_path,
+        "loggers",
+        train={"steps": 4},
+        logging={"loggers": ["console", "jsonl", "plot", "tensorboard"], "every": 2},
+    )
     run(tmp_path, cfg)
     records = read_metrics(tmp_path / "loggers")
     assert [r["step"] for r in records] == [2, 4]
@@ -217,8 +241,9 @@ def test_loggers_write_metrics_and_plot(tmp_path, capsys):
 
 def test_jsonl_drops_lost_steps_on_resume(tmp_path):
     """Steps logged after the checkpoint a run resumes from are dropped from the file."""
-    cfg = tiny_config(tmp_path, "jsonl", train={"steps": 6}, checkpoint={"every": 2},
-                      logging={"loggers": ["jsonl"]})
+    cfg = tiny_config(
+        tmp_path, "jsonl", train={"steps": 6}, checkpoint={"every": 2}, logging={"loggers": ["jsonl"]}
+    )
     run(tmp_path, cfg)
     # Pretend the run died after step 5 with its last checkpoint at step 4.
     import shutil
@@ -230,7 +255,9 @@ def test_jsonl_drops_lost_steps_on_resume(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "jsonl")] == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16 (train.precision: bf16 is refused)")
+@pytest.mark.skipif(
+    not cpu_has_bf16(), reason="this CPU has no native bf16 (train.precision: bf16 is refused)"
+)
 def test_bf16_autocast_trains(tmp_path):
     rec32, rec16 = Recorder(), Recorder()
     run(tmp_path, tiny_config(tmp_path, "fp32", train={"steps": 3}), rec32)
@@ -308,9 +335,16 @@ def test_a_configured_peak_above_the_rate_gives_a_fraction_and_no_notice(tmp_pat
 @pytest.mark.slow
 def test_compiled_model_trains_like_eager(tmp_path):
     eager, compiled = Recorder(), Recorder()
-    model = {"name": "llama", "options": {"dim": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64}}
+    model = {
+        "name": "llama",
+        "options": {"dim": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+    }
     run(tmp_path, tiny_config(tmp_path, "eager", model=model, train={"steps": 2}), eager)
-    run(tmp_path, tiny_config(tmp_path, "compiled", model=model, train={"steps": 2, "compile": True}), compiled)
+    run(
+        tmp_path,
+        tiny_config(tmp_path, "compiled", model=model, train={"steps": 2, "compile": True}),
+        compiled,
+    )
     for step in (1, 2):
         assert compiled.metrics[step]["loss"] == pytest.approx(eager.metrics[step]["loss"], rel=1e-4)
     # The checkpoint keeps the plain parameter names (compiled blocks, not a wrapper).

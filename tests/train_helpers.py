@@ -15,8 +15,10 @@ import yaml
 
 from forge_core.api import DOC_IDS, POSITIONS, ModelSpec, hookimpl
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven small cats sing about "
-         "green fields and blue rivers under the quiet morning sky").split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven small cats sing about "
+    "green fields and blue rivers under the quiet morning sky"
+).split()
 
 
 def write_corpus(directory: Path, docs: int = 40, seed: int = 0, short: bool = False) -> str:
@@ -36,11 +38,25 @@ def tiny_config(tmp_path: Path, name: str = "run", **sections: Any) -> dict[str,
     glob = str(corpus / "*.txt") if corpus.is_dir() else write_corpus(corpus)
     config: dict[str, Any] = {
         "run": {"name": name, "out_dir": str(tmp_path / name), "seed": 0, "device": "cpu"},
-        "model": {"name": "llama", "options": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                                               "max_seq_len": 64, "multiple_of": 16}},
+        "model": {
+            "name": "llama",
+            "options": {
+                "dim": 32,
+                "n_layers": 2,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "max_seq_len": 64,
+                "multiple_of": 16,
+            },
+        },
         "attention": {"backend": "sdpa"},
-        "data": {"source": "text", "source_options": {"paths": [glob]}, "tokenizer": "byte",
-                 "packer": "concat", "seq_len": 32},
+        "data": {
+            "source": "text",
+            "source_options": {"paths": [glob]},
+            "tokenizer": "byte",
+            "packer": "concat",
+            "seq_len": 32,
+        },
         "train": {"steps": 6, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "peak_tflops": 1.0},
         "checkpoint": {"every": 0, "keep": 2},
         "logging": {"loggers": []},
@@ -144,9 +160,16 @@ class NanPlugin:
 
     @hookimpl
     def forge_models(self):
-        return [ModelSpec(name="nanny", summary="Test model that emits NaN on chosen steps",
-                          impl="train_helpers:NanModel.build", options=NanOptions, max_seq_len_option=None,
-                          accepts={DOC_IDS, POSITIONS})]
+        return [
+            ModelSpec(
+                name="nanny",
+                summary="Test model that emits NaN on chosen steps",
+                impl="train_helpers:NanModel.build",
+                options=NanOptions,
+                max_seq_len_option=None,
+                accepts={DOC_IDS, POSITIONS},
+            )
+        ]
 
     @hookimpl
     def forge_train_start(self, run):
@@ -178,6 +201,11 @@ def pause_checkpoint_env(tmp_path: Path, step: int) -> dict[str, str]:
     ``forge_checkpoint_writing``, installed as an entry point on ``PYTHONPATH``."""
     from conftest import make_distribution
 
-    site = make_distribution(tmp_path / f"pause-site-{step}", "forge-pause", "0.1",
-                             {"forge_pause": PAUSE_PLUGIN.format(step=step)}, {"pause": "forge_pause"})
+    site = make_distribution(
+        tmp_path / f"pause-site-{step}",
+        "forge-pause",
+        "0.1",
+        {"forge_pause": PAUSE_PLUGIN.format(step=step)},
+        {"pause": "forge_pause"},
+    )
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-
 #: The exit status of a command refused for bad input (config, files, a plugin, a component).
 EXIT_INVALID = 2
 

@@ -30,13 +30,16 @@ def option(default: Any, doc: str, validator: Any = None, **kwargs: Any) -> Any:
     go to ``attrs.field``. A list, dict or set default is copied for every instance, so
     two configs never share one."""
     if not isinstance(doc, str) or not doc.strip():
-        raise TypeError(f"option(default={default!r}, doc={doc!r}): every option needs a doc, a non-empty "
-                        "string saying what it means (the references show it)")
+        raise TypeError(
+            f"option(default={default!r}, doc={doc!r}): every option needs a doc, a non-empty "
+            "string saying what it means (the references show it)"
+        )
     metadata = {DOC_KEY: doc}
     if isinstance(default, _MUTABLE):
         value = default
-        return attrs.field(factory=lambda: type(value)(value), validator=validator, metadata=metadata,
-                           **kwargs)
+        return attrs.field(
+            factory=lambda: type(value)(value), validator=validator, metadata=metadata, **kwargs
+        )
     return attrs.field(default=default, validator=validator, metadata=metadata, **kwargs)
 
 

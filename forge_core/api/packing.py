@@ -124,20 +124,38 @@ class RowLayout:
                 f"pieces so far end at column {int(expected[j])}; pieces must fill a row from column 0 "
                 "without gaps or overlaps"
             )
-        return cls(seq_len, starts[order], lengths_sorted, row_ptr, boundaries=boundaries,
-                   metadata=metadata, stats=dict(stats or {}))
+        return cls(
+            seq_len,
+            starts[order],
+            lengths_sorted,
+            row_ptr,
+            boundaries=boundaries,
+            metadata=metadata,
+            stats=dict(stats or {}),
+        )
 
     @classmethod
     def windows(
-        cls, seq_len: int, rows: int, *, boundaries: Boundaries = "eos", metadata: bool = False,
+        cls,
+        seq_len: int,
+        rows: int,
+        *,
+        boundaries: Boundaries = "eos",
+        metadata: bool = False,
         stats: dict[str, float] | None = None,
     ) -> RowLayout:
         """Row ``k`` is the stream window ``[k * seq_len, (k + 1) * seq_len)``."""
         import numpy as np
 
-        return cls(seq_len, np.arange(rows, dtype=np.int64) * seq_len, np.full(rows, seq_len, np.int64),
-                   np.arange(rows + 1, dtype=np.int64), boundaries=boundaries, metadata=metadata,
-                   stats=dict(stats or {}))
+        return cls(
+            seq_len,
+            np.arange(rows, dtype=np.int64) * seq_len,
+            np.full(rows, seq_len, np.int64),
+            np.arange(rows + 1, dtype=np.int64),
+            boundaries=boundaries,
+            metadata=metadata,
+            stats=dict(stats or {}),
+        )
 
 
 @runtime_checkable

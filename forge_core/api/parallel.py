@@ -210,7 +210,7 @@ def tensor_parallel_coverage(
             continue
         prefix = next((p for p in block_prefixes if name.startswith(p)), "")
         scope = plan.block if prefix else plan.root
-        relative = name[len(prefix):]
+        relative = name[len(prefix) :]
         if _declared(relative, scope.partial):
             partial.append(name)
         elif not _declared(relative, scope.replicated):

@@ -121,7 +121,9 @@ class Plan:
             return self.strategy_options[strategy]
         except KeyError:
             known = ", ".join(sorted(self.strategy_options)) or "none"
-            raise KeyError(f"no parallelism strategy {strategy!r} is registered (registered: {known})") from None
+            raise KeyError(
+                f"no parallelism strategy {strategy!r} is registered (registered: {known})"
+            ) from None
 
     def is_active(self, strategy: str) -> bool:
         """Whether the config switches the strategy on."""

@@ -94,7 +94,9 @@ def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
         num_tokens, num_documents = int(index["num_tokens"]), int(index["num_documents"])
         identity = index["tokenizer"]["identity"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ForgeError(f"{index_path}: incomplete or damaged index ({type(exc).__name__}: {exc}).") from None
+        raise ForgeError(
+            f"{index_path}: incomplete or damaged index ({type(exc).__name__}: {exc})."
+        ) from None
     if num_tokens < 0 or num_documents < 0 or not isinstance(identity, str):
         raise ForgeError(f"{index_path}: damaged index (negative counts or no tokenizer identity).")
     for p in (tokens_path, offsets_path, hashes_path):
@@ -132,10 +134,14 @@ class Shards:
             self.offsets = np.load(offsets_path)
             self.hashes = np.load(hashes_path)
         except (OSError, ValueError) as exc:
-            raise ForgeError(f"{self.path}: cannot read its offsets or hashes ({exc}); the shard is damaged.") from None
+            raise ForgeError(
+                f"{self.path}: cannot read its offsets or hashes ({exc}); the shard is damaged."
+            ) from None
         if self.hashes.shape != (self.num_documents,) or self.hashes.dtype != np.dtype("<u8"):
-            raise ForgeError(f"{hashes_path}: {self.hashes.shape} {self.hashes.dtype}, expected "
-                             f"{self.num_documents} uint64 hashes; the shard is damaged.")
+            raise ForgeError(
+                f"{hashes_path}: {self.hashes.shape} {self.hashes.dtype}, expected "
+                f"{self.num_documents} uint64 hashes; the shard is damaged."
+            )
         o = self.offsets
         if (
             o.ndim != 1

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+from forge_core.cli.train import LAUNCHER_PID_ENV
 from forge_core.errors import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -41,12 +42,16 @@ from forge_core.errors import (
     traceback_text,
     where_raised,
 )
-from forge_core.cli.train import LAUNCHER_PID_ENV
 from forge_core.train.signals import alive, child_pids, end_with_parent, process_state
 
 #: Set for the workers: the pid of their agent, so a worker can tell it was orphaned early.
 AGENT_PID_ENV = "FORGE_AGENT_PID"
-_INTERRUPTED = {exit_for_signal(signal.SIGINT), exit_for_signal(signal.SIGTERM), -signal.SIGINT, -signal.SIGTERM}
+_INTERRUPTED = {
+    exit_for_signal(signal.SIGINT),
+    exit_for_signal(signal.SIGTERM),
+    -signal.SIGINT,
+    -signal.SIGTERM,
+}
 
 
 def _rank_of(pid: int) -> int | None:
@@ -133,17 +138,27 @@ def report(failures: dict[int, Any], watch: WorkerWatch) -> int:
         if message is not None:
             by_message.setdefault(message, []).append(rank)
         if since is not None:
-            notes.append(f"error: rank {rank} (pid {pid}) had been stopped (SIGSTOP, or a debugger) since "
-                         f"{time.strftime('%H:%M:%S', time.localtime(since))}: it is the process that "
-                         f"stopped answering")
+            notes.append(
+                f"error: rank {rank} (pid {pid}) had been stopped (SIGSTOP, or a debugger) since "
+                f"{time.strftime('%H:%M:%S', time.localtime(since))}: it is the process that "
+                f"stopped answering"
+            )
         elif code < 0 and -code != signal.SIGTERM:  # SIGTERM: the agent ending the others
             killed.append(-code)
-            oom = " (the kernel's out-of-memory killer sends SIGKILL: see `dmesg`)" if -code == signal.SIGKILL else ""
+            oom = (
+                " (the kernel's out-of-memory killer sends SIGKILL: see `dmesg`)"
+                if -code == signal.SIGKILL
+                else ""
+            )
             notes.append(f"error: rank {rank} (pid {pid}) was killed by {signal_name(-code)}{oom}")
         elif message is None and code > 0 and code not in _INTERRUPTED:
             notes.append(f"error: rank {rank} (pid {pid}) exited with status {code} and no message")
     for message, ranks in by_message.items():
-        prefix = "" if len(by_message) == 1 else f"[rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}] "
+        prefix = (
+            ""
+            if len(by_message) == 1
+            else f"[rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}] "
+        )
         print(f"{prefix}{message}", file=sys.stderr)
     for note in notes:
         print(note, file=sys.stderr)
@@ -168,7 +183,9 @@ def _quiet_torch_logs() -> None:
     if show_tracebacks():
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")):
+        if name.startswith(
+            ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
+        ):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -205,8 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # rendezvous, network, bad torchrun options
         if show_tracebacks():
             print(traceback_text(exc), end="", file=sys.stderr)
-        print(f"error: the torchrun agent failed: {type(exc).__name__}: {exc} (at {where_raised(exc)}; "
-              f"{TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"error: the torchrun agent failed: {type(exc).__name__}: {exc} (at {where_raised(exc)}; "
+            f"{TRACEBACK_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return 0
 

@@ -11,18 +11,22 @@ from typing import Any
 from forge_core.errors import EXIT_INVALID
 
 
-
 def cmd_check(args: argparse.Namespace) -> int:
-    from forge_core.judge import judge
     from forge_core.cli.report import render
+    from forge_core.judge import judge
 
     result = judge(args.config, args.overrides, args.world_size)
     if args.json:
-        print(json.dumps({
-            "valid": not result.errors,
-            "world_size": result.plan.world_size,
-            "violations": [v.to_json() for v in result.violations],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "valid": not result.errors,
+                    "world_size": result.plan.world_size,
+                    "violations": [v.to_json() for v in result.violations],
+                },
+                indent=2,
+            )
+        )
     else:
         if result.violations:
             print(render(result.violations))
@@ -32,13 +36,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         if ws is None:
             ws = "unknown (pass --world-size to check it)"
             if result.plan.degrees.get("dp_shard") == -1:
-                ws = ("unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
-                      "leave of it (pass --world-size N to check it now)")
+                ws = (
+                    "unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
+                    "leave of it (pass --world-size N to check it now)"
+                )
         blocked = result.registries.plugins.blocked
         print(
             f"{args.config}: {verdict}: {len(result.errors)} error(s), {len(result.warnings)} warning(s) "
             f"from {checked} rules ({result.kernel_rules} from the kernel); world size {ws}"
-            + (f"; blocked plugins (their components and rules not loaded): {', '.join(blocked)}" if blocked else "")
+            + (
+                f"; blocked plugins (their components and rules not loaded): {', '.join(blocked)}"
+                if blocked
+                else ""
+            )
         )
     return EXIT_INVALID if result.errors else 0
 
@@ -48,7 +58,9 @@ def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any, lis
     grouped: dict[str, list[tuple[str, Any, list[str]]]] = {}
     for registry in registries:
         for name in registry.names():
-            grouped.setdefault(registry.plugin_of(name), []).append((registry.kind.name, registry.get(name), []))
+            grouped.setdefault(registry.plugin_of(name), []).append(
+                (registry.kind.name, registry.get(name), [])
+            )
         for clash in registry.clashes.values():
             owners = [entry.plugin for entry in clash.entries]
             for entry in clash.entries:
@@ -61,13 +73,15 @@ def _clash_lines(registries: Any) -> list[str]:
     """The names several plugins register: listed, and usable once a config chooses."""
     lines = [
         f"    {registry.kind.name} {name!r}: {', '.join(repr(e.plugin) for e in clash.entries)}"
-        for registry in registries for name, clash in sorted(registry.clashes.items())
+        for registry in registries
+        for name, clash in sorted(registry.clashes.items())
     ]
     if not lines:
         return []
     return [
         "name clashes: a config can use these names only once it says whose it means, in "
-        "plugins.prefer (as {kind: {name: plugin}}); everything else stays usable:", *lines,
+        "plugins.prefer (as {kind: {name: plugin}}); everything else stays usable:",
+        *lines,
     ]
 
 
@@ -85,18 +99,31 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         rules_by_plugin.setdefault(entry.plugin, []).append(entry.rule.id)
     infos = registries.plugins.infos
     if args.json:
-        print(json.dumps([
-            {
-                "name": info.name, "distribution": info.distribution, "version": info.version,
-                "module": info.module, "builtin": info.builtin,
-                "components": [
-                    {"kind": k, "name": s.name, "summary": s.summary, **({"clashes_with": o} if o else {})}
-                    for k, s, o in grouped.get(info.name, [])
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": info.name,
+                        "distribution": info.distribution,
+                        "version": info.version,
+                        "module": info.module,
+                        "builtin": info.builtin,
+                        "components": [
+                            {
+                                "kind": k,
+                                "name": s.name,
+                                "summary": s.summary,
+                                **({"clashes_with": o} if o else {}),
+                            }
+                            for k, s, o in grouped.get(info.name, [])
+                        ],
+                        "rules": rules_by_plugin.get(info.name, []),
+                    }
+                    for info in infos.values()
                 ],
-                "rules": rules_by_plugin.get(info.name, []),
-            }
-            for info in infos.values()
-        ], indent=2))
+                indent=2,
+            )
+        )
         return 0
     for info in infos.values():
         origin = "built-in" if info.builtin else "third-party"
@@ -122,11 +149,22 @@ def cmd_rules(args: argparse.Namespace) -> int:
         print(rules_markdown(registries), end="")
         return 0
     if args.json:
-        print(json.dumps([
-            {"id": e.rule.id, "severity": e.rule.severity, "fields": list(e.rule.paths),
-             "summary": e.rule.summary, "fix": e.rule.fix, "plugin": e.plugin}
-            for e in registries.rules
-        ], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": e.rule.id,
+                        "severity": e.rule.severity,
+                        "fields": list(e.rule.paths),
+                        "summary": e.rule.summary,
+                        "fix": e.rule.fix,
+                        "plugin": e.plugin,
+                    }
+                    for e in registries.rules
+                ],
+                indent=2,
+            )
+        )
         return 0
     for e in registries.rules:
         print(f"{e.rule.id}  [{e.rule.severity}]  (plugin {e.plugin!r})")

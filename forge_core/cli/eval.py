@@ -29,6 +29,7 @@ from forge_core.api import ForgeError
 def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
     """``(plan, registries)`` of the run's saved config with ``overrides``, laid out for
     one process (no parallelism, no compile) with evaluation on; eval rules judged."""
+    from forge_core.cli.report import render
     from forge_core.config.loader import (
         _moved_key_issues,
         _overridden,
@@ -40,7 +41,6 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
     from forge_core.config.schema import ParallelSection, PluginsSection
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
-    from forge_core.cli.report import render
     from forge_core.train.rundir import CONFIG
 
     path = run_dir / CONFIG
@@ -55,8 +55,12 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
     plugins = plugin_settings(raw) or PluginsSection()
     registries = load_registries(block=tuple(plugins.block), prefer=plugins.prefer)
     config = structure_config(raw, lambda _: registries, issues)
-    config = attrs.evolve(config, parallel=ParallelSection(), eval=attrs.evolve(config.eval, enabled=True),
-                          train=attrs.evolve(config.train, compile=False))
+    config = attrs.evolve(
+        config,
+        parallel=ParallelSection(),
+        eval=attrs.evolve(config.eval, enabled=True),
+        train=attrs.evolve(config.train, compile=False),
+    )
     judged = judge_config(config, registries, world_size=1)
     errors = [v for v in judged.errors if v.rule_id.startswith("eval.") or v.rule_id.startswith("component.")]
     if errors:
@@ -66,7 +70,13 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """The latest complete checkpoint of ``run_dir``, or the one of ``step``."""
-    from forge_core.train.checkpoint import complete_checkpoints, problem_with, resolve_checkpoint, step_name, step_of
+    from forge_core.train.checkpoint import (
+        complete_checkpoints,
+        problem_with,
+        resolve_checkpoint,
+        step_name,
+        step_of,
+    )
 
     if step is None:
         return resolve_checkpoint(run_dir)[0]
@@ -75,8 +85,10 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     if not path.is_dir():
         have = [step_of(p) for p in complete_checkpoints(root)] if root.is_dir() else []
         listed = ", ".join(map(str, sorted(have))) if have else "none"
-        raise ForgeError(f"{run_dir} has no checkpoint of step {step} (complete checkpoints: {listed}); "
-                         "give one of those to --checkpoint, or leave it out for the latest.")
+        raise ForgeError(
+            f"{run_dir} has no checkpoint of step {step} (complete checkpoints: {listed}); "
+            "give one of those to --checkpoint, or leave it out for the latest."
+        )
     why = problem_with(path)
     if why:
         raise ForgeError(f"checkpoint {path} cannot be used: {why}")
@@ -98,14 +110,14 @@ class _Progress:
 
 
 def main(args: Any) -> int:
+    from forge_core import components
     from forge_core.api import RunContext
     from forge_core.data.build import heldout_documents
-    from forge_core import components
-    from forge_core.train.checkpoint import load_model, step_of
+    from forge_core.distributed.parallelize import single_process
     from forge_core.distributed.placement import choose_device
+    from forge_core.train.checkpoint import load_model, step_of
     from forge_core.train.evaluate import build_eval_data, run_eval
     from forge_core.train.loss import build_loss
-    from forge_core.distributed.parallelize import single_process
     from forge_core.train.rundir import TOKENIZER, read_run_info
     from forge_core.train.view import RunView
 
@@ -118,8 +130,10 @@ def main(args: Any) -> int:
     tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     info = read_run_info(run_dir)
     if info.get("tokenizer_identity") not in (None, str(tokenizer.identity)):
-        raise ForgeError(f"{run_dir} was trained with tokenizer {info['tokenizer_identity']!r}, the overrides give "
-                         f"{tokenizer.identity!r}: evaluate with the run's own tokenizer.")
+        raise ForgeError(
+            f"{run_dir} was trained with tokenizer {info['tokenizer_identity']!r}, the overrides give "
+            f"{tokenizer.identity!r}: evaluate with the run's own tokenizer."
+        )
     data = build_eval_data(plan, registries, tokenizer)
     print(f"forge: {data.summary}", file=sys.stderr, flush=True)
     vocab_size = int(info.get("vocab_size", tokenizer.vocab_size))
@@ -127,23 +141,42 @@ def main(args: Any) -> int:
     load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
     pmodel = single_process(model.to(device), loss_fn=build_loss(model, config))
-    result = run_eval(pmodel, data, device=device, precision=config.train.precision,
-                      progress=_Progress())
+    result = run_eval(pmodel, data, device=device, precision=config.train.precision, progress=_Progress())
     step = step_of(checkpoint)
-    view = RunView(pmodel=pmodel, step=lambda: step, device=device, tokenizer=tokenizer,
-                   seq_len=config.data.seq_len,
-                   heldout=lambda: heldout_documents(plan, registries, tokenizer))
-    run = RunContext(config=config, out_dir=str(run_dir), start_step=step, total_steps=config.train.steps,
-                     view=view)
+    view = RunView(
+        pmodel=pmodel,
+        step=lambda: step,
+        device=device,
+        tokenizer=tokenizer,
+        seq_len=config.data.seq_len,
+        heldout=lambda: heldout_documents(plan, registries, tokenizer),
+    )
+    run = RunContext(
+        config=config, out_dir=str(run_dir), start_step=step, total_steps=config.train.steps, view=view
+    )
     registries.plugins.pm.hook.forge_eval_end(run=run, step=step, metrics=result.metrics())
     if args.json:
-        print(json.dumps({"run_dir": str(run_dir), "checkpoint": str(checkpoint), "step": step,
-                          "data": data.what, **result.to_json()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(run_dir),
+                    "checkpoint": str(checkpoint),
+                    "step": step,
+                    "data": data.what,
+                    **result.to_json(),
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"{run_dir} step {step}: eval loss {result.loss:.4f}, perplexity {result.perplexity:.4g} over "
-          f"{result.tokens:,} tokens ({result.rows:,} rows of {data.what}, {result.seconds:.1f}s)")
+    print(
+        f"{run_dir} step {step}: eval loss {result.loss:.4f}, perplexity {result.perplexity:.4g} over "
+        f"{result.tokens:,} tokens ({result.rows:,} rows of {data.what}, {result.seconds:.1f}s)"
+    )
     if len(result.by_source) > 1:
         for label, (loss, tokens) in result.by_source.items():
-            print(f"  {label}: loss {loss:.4f}, perplexity {result.metrics()[f'eval/{label}/perplexity']:.4g} "
-                  f"over {tokens:,} tokens")
+            print(
+                f"  {label}: loss {loss:.4f}, perplexity {result.metrics()[f'eval/{label}/perplexity']:.4g} "
+                f"over {tokens:,} tokens"
+            )
     return 0

@@ -66,10 +66,10 @@ def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
 def main(args: Any) -> int:
     import torch
 
+    from forge_core import components
+    from forge_core.api import import_path
     from forge_core.api.files import move_into_place
     from forge_core.api.shards import partial_dir
-    from forge_core.api import import_path
-    from forge_core import components
     from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
     from forge_core.train.run_lock import ensure_out_dir
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
@@ -77,8 +77,10 @@ def main(args: Any) -> int:
     out_dir = Path(args.out_dir)
     overwrite = bool(getattr(args, "overwrite", False))
     if out_dir.exists() and not overwrite:
-        raise ForgeError(f"export-hf OUT_DIR: {str(out_dir)!r} already exists. Choose another directory or "
-                         "pass --overwrite (it is replaced only once the new export is complete).")
+        raise ForgeError(
+            f"export-hf OUT_DIR: {str(out_dir)!r} already exists. Choose another directory or "
+            "pass --overwrite (it is replaced only once the new export is complete)."
+        )
     if out_dir.exists() and not out_dir.is_dir():
         raise ForgeError(f"export-hf OUT_DIR: {str(out_dir)!r} is an existing file, not a directory.")
     dtype = getattr(torch, DTYPES[getattr(args, "dtype", "fp32")])
@@ -103,12 +105,16 @@ def main(args: Any) -> int:
     try:
         tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     except Exception as exc:  # the weights can be exported without it
-        print(f"warning: cannot rebuild the run's tokenizer ({exc}); exporting the model only",
-              file=sys.stderr)
+        print(
+            f"warning: cannot rebuild the run's tokenizer ({exc}); exporting the model only", file=sys.stderr
+        )
     vocab_size = int(info.get("vocab_size") or (tokenizer.vocab_size if tokenizer else 0)) or None
     model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
-    kwargs: dict[str, Any] = {"vocab_size": vocab_size, **(_tokenizer_ids(tokenizer, params) if tokenizer else {})}
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        **(_tokenizer_ids(tokenizer, params) if tokenizer else {}),
+    }
     if max_shard_size:
         kwargs["max_shard_size"] = max_shard_size
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
@@ -123,13 +129,19 @@ def main(args: Any) -> int:
     except Exception as exc:
         if not is_disk_full(exc, out_dir.parent):
             raise
-        raise ForgeError(f"{no_space_message(out_dir, 'the exported model')} Free some space or export "
-                         f"to another disk.") from None
+        raise ForgeError(
+            f"{no_space_message(out_dir, 'the exported model')} Free some space or export to another disk."
+        ) from None
     finally:  # an error or an interruption leaves nothing half-written
         shutil.rmtree(tmp, ignore_errors=True)
     if not with_tokenizer:
-        print(f"note: the run's tokenizer ({config.data.tokenizer}) cannot be written in Hugging Face form; "
-              f"{out_dir} holds the model only", file=sys.stderr)
-    print(f"exported {checkpoint} to {out_dir} ({DTYPES[getattr(args, 'dtype', 'fp32')]}"
-          f"{', with its tokenizer' if with_tokenizer else ''})")
+        print(
+            f"note: the run's tokenizer ({config.data.tokenizer}) cannot be written in Hugging Face form; "
+            f"{out_dir} holds the model only",
+            file=sys.stderr,
+        )
+    print(
+        f"exported {checkpoint} to {out_dir} ({DTYPES[getattr(args, 'dtype', 'fp32')]}"
+        f"{', with its tokenizer' if with_tokenizer else ''})"
+    )
     return 0

@@ -29,12 +29,16 @@ COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf"
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="path to a YAML config")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, values parsed as YAML")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, values parsed as YAML"
+    )
 
 
 def _add_world_size(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--world-size", type=int, default=None,
+        "--world-size",
+        type=int,
+        default=None,
         help="number of processes to judge against (default: torchrun's WORLD_SIZE, else unchecked)",
     )
 
@@ -52,8 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model (the default command)")
     _add_config_args(p)
-    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
-                   help="processes to launch on this machine through torch.distributed.run")
+    p.add_argument(
+        "--nproc",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        type=int,
+        default=1,
+        help="processes to launch on this machine through torch.distributed.run",
+    )
     p.add_argument("--nnodes", default=None, help="passed to torch.distributed.run (e.g. 2 or 1:4)")
     p.add_argument("--node-rank", type=int, default=None, help="passed to torch.distributed.run")
     p.add_argument("--rdzv-endpoint", default=None, help="host:port, passed to torch.distributed.run")
@@ -78,41 +89,73 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="tokenize a source into shards (optionally train a BPE tokenizer)")
     _add_config_args(p)
     p.add_argument("--out", required=True, help="output directory for the shards")
-    p.add_argument("--train-bpe", type=int, default=0, metavar="VOCAB",
-                   help="train a BPE tokenizer of this vocabulary size on the source first and use it "
-                        "(needs data.tokenizer: hf)")
+    p.add_argument(
+        "--train-bpe",
+        type=int,
+        default=0,
+        metavar="VOCAB",
+        help="train a BPE tokenizer of this vocabulary size on the source first and use it "
+        "(needs data.tokenizer: hf)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
 
     p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face model folder")
     p.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
-    p.add_argument("out_dir", help="folder to write (config.json, generation_config.json, weights, tokenizer)")
+    p.add_argument(
+        "out_dir", help="folder to write (config.json, generation_config.json, weights, tokenizer)"
+    )
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the written weights")
-    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
-                   help="largest weight file (e.g. 5GB, 500MB); a larger model is written as shards "
-                        "with model.safetensors.index.json")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing OUT_DIR (only once the new export is complete)")
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest weight file (e.g. 5GB, 500MB); a larger model is written as shards "
+        "with model.safetensors.index.json",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUT_DIR (only once the new export is complete)",
+    )
 
     p = sub.add_parser("sample", help="print continuations from a run's latest checkpoint")
     p.add_argument("run_dir")
-    p.add_argument("--prompt", action="append", metavar="TEXT",
-                   help="text to continue; repeat for several prompts (default: one empty prompt)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        metavar="TEXT",
+        help="text to continue; repeat for several prompts (default: one empty prompt)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=40, help="0: off")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
-    p.add_argument("--stop", action="append", metavar="TEXT",
-                   help="end a continuation where this text appears (not printed); repeatable")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                   help="print text as it is sampled")
+    p.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="end a continuation where this text appears (not printed); repeatable",
+    )
+    p.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="print text as it is sampled"
+    )
     p.add_argument("--seed", type=int, default=0)
 
     p = sub.add_parser("eval", help="held-out loss and perplexity of a run's checkpoint")
     p.add_argument("run_dir", help="a run directory (the run's out_dir)")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="dotted overrides of the run's config (eval.source=..., eval.max_batches=...)")
-    p.add_argument("--checkpoint", type=int, default=None, metavar="STEP",
-                   help="evaluate the checkpoint of this step (default: the latest)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides of the run's config (eval.source=..., eval.max_batches=...)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="evaluate the checkpoint of this step (default: the latest)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable result")
     return parser
 
@@ -203,8 +246,15 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {
-    "train": _train, "check": _check, "plugins": _plugins, "rules": _rules, "show": _show,
-    "prepare": _prepare, "export-hf": _export_hf, "sample": _sample, "eval": _eval,
+    "train": _train,
+    "check": _check,
+    "plugins": _plugins,
+    "rules": _rules,
+    "show": _show,
+    "prepare": _prepare,
+    "export-hf": _export_hf,
+    "sample": _sample,
+    "eval": _eval,
 }
 
 
@@ -242,5 +292,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INVALID
     return run_command(HANDLERS[args.command], args)
-
-

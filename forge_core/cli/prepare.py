@@ -24,12 +24,12 @@ from forge_core.api import ForgeError
 
 
 def main(args: Any) -> int:
+    from forge_core import components
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare
     from forge_core.data.shards import TOKENIZER_DIR
     from forge_core.plan import make_plan
     from forge_core.resolve import load_resolved
-    from forge_core import components
 
     config, registries = load_resolved(args.config, args.overrides)
     if config.data.sources:

@@ -22,4 +22,3 @@ def render(violations: Iterable[Violation]) -> str:
             f"  fix:    {v.fix}"
         )
     return "\n".join(blocks)
-

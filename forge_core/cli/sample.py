@@ -38,7 +38,7 @@ class StreamPrinter:
     def update(self, text: str, final: bool = False) -> None:
         end = len(text) if final else len(text) - self._held(text)
         if end > self.shown:
-            self.write(text[self.shown:end])
+            self.write(text[self.shown : end])
             self.shown = end
 
 
@@ -70,9 +70,17 @@ def main(args: Any) -> int:
         new: list[int] = []
         text = ""
         t0 = time.perf_counter()
-        for token in sample_tokens(model, start, args.max_new_tokens, context=config.data.seq_len,
-                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                   seed=args.seed, eos_id=int(tokenizer.eos_id)):
+        for token in sample_tokens(
+            model,
+            start,
+            args.max_new_tokens,
+            context=config.data.seq_len,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            eos_id=int(tokenizer.eos_id),
+        ):
             new.append(token)
             text, stopped = continuation(tokenizer, new, stops)
             if stopped:

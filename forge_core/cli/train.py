@@ -61,12 +61,18 @@ def check_command(config_path: str, overrides: Sequence[str], world_size: int | 
     return shlex.join(words)
 
 
-def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
-           extra_plugins: Sequence[tuple[str, Any]] = (), *, quiet: bool = False) -> Any:
+def judged(
+    config_path: str,
+    overrides: Sequence[str],
+    world_size: int | None,
+    extra_plugins: Sequence[tuple[str, Any]] = (),
+    *,
+    quiet: bool = False,
+) -> Any:
     """Judge the config; raise :class:`InvalidConfig` with the report on errors and print
     warnings (unless ``quiet``) otherwise."""
-    from forge_core.judge import judge
     from forge_core.cli.report import render
+    from forge_core.judge import judge
 
     result = judge(config_path, list(overrides), world_size, tuple(extra_plugins))
     if result.errors:
@@ -80,8 +86,13 @@ def judged(config_path: str, overrides: Sequence[str], world_size: int | None,
     return result
 
 
-def train(config_path: str, overrides: Sequence[str] = (), *,
-          extra_plugins: Sequence[tuple[str, Any]] = (), stop: StopSignal | None = None) -> str:
+def train(
+    config_path: str,
+    overrides: Sequence[str] = (),
+    *,
+    extra_plugins: Sequence[tuple[str, Any]] = (),
+    stop: StopSignal | None = None,
+) -> str:
     """Train in this process (one rank of a torchrun group when launched by one).
     Returns ``"completed"`` or ``"interrupted"`` (``stop.received`` says by which signal);
     raises ForgeError on user errors, :class:`~forge_core.errors.Interrupted` when a
@@ -126,8 +137,10 @@ def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeErr
     who = components.culprit(exc, registries)
     if who is None:
         return None
-    return ComponentError(f"{who} failed: {components.original_error(exc)} (at {where_raised(exc)}; "
-                          f"{TRACEBACK_ENV}=1 shows the traceback)")
+    return ComponentError(
+        f"{who} failed: {components.original_error(exc)} (at {where_raised(exc)}; "
+        f"{TRACEBACK_ENV}=1 shows the traceback)"
+    )
 
 
 def run_here(config_path: str, overrides: Sequence[str]) -> int:
@@ -202,16 +215,21 @@ def relaunch(args: Any, overrides: Sequence[str]) -> int:
             signal.signal(sig, handler)
     if code < 0:
         survivors = [pid for pid in workers if alive(pid)]
-        print(f"error: the torchrun agent (pid {child.pid}) was killed by {signal_name(-code)}"
-              + (f"; waiting for its {len(survivors)} worker(s) to save and stop" if survivors else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"error: the torchrun agent (pid {child.pid}) was killed by {signal_name(-code)}"
+            + (f"; waiting for its {len(survivors)} worker(s) to save and stop" if survivors else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         deadline = time.monotonic() + ORPHAN_WAIT_S
         while survivors and time.monotonic() < deadline:
             time.sleep(0.2)
             survivors = [pid for pid in survivors if alive(pid)]
         if survivors:
-            print(f"error: worker(s) {', '.join(map(str, survivors))} still running after "
-                  f"{ORPHAN_WAIT_S:g} s", file=sys.stderr)
+            print(
+                f"error: worker(s) {', '.join(map(str, survivors))} still running after {ORPHAN_WAIT_S:g} s",
+                file=sys.stderr,
+            )
         return exit_for_signal(-code)
     if code == 0 and received:
         return exit_for_signal(received[0])
@@ -225,8 +243,10 @@ def main(args: Any) -> int:
     nproc = int(getattr(args, "nproc", 1) or 1)
     if launched_by_torchrun():
         if nproc > 1 and os.environ.get("RANK") == "0":
-            print("warning: --nproc is ignored under torchrun (it already started the processes)",
-                  file=sys.stderr)
+            print(
+                "warning: --nproc is ignored under torchrun (it already started the processes)",
+                file=sys.stderr,
+            )
         return run_here(args.config, overrides)
     nnodes = getattr(args, "nnodes", None)
     if nproc > 1 or (nnodes is not None and _nnodes_count(nnodes) != 1):

@@ -25,8 +25,8 @@ import signal
 import sys
 import time
 
-from forge_core.errors import Interrupted, outcome, show_tracebacks, traceback_text
 from forge_core.cli.agent import AGENT_PID_ENV
+from forge_core.errors import Interrupted, outcome, show_tracebacks, traceback_text
 from forge_core.train.signals import end_with_parent
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m forge_core.cli.worker CONFIG [key=value ...]", file=sys.stderr)
         return 2
     end_with_parent(signal.SIGTERM, int(os.environ.get(AGENT_PID_ENV, "0") or 0) or None)
-    from forge_core.config.loader import ConfigError
     from forge_core.cli.train import InvalidConfig, run_here
+    from forge_core.config.loader import ConfigError
 
     try:
         return run_here(argv[0], argv[1:])

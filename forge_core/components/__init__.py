@@ -19,6 +19,18 @@ from forge_core.components.build import (
 )
 
 __all__ = [
-    "attention", "chosen_source", "culprit", "describe", "loggers", "model", "optimizer", "original_error",
-    "packer", "saved_tokenizer", "schedule", "source", "tokenizer", "without_pretrained",
+    "attention",
+    "chosen_source",
+    "culprit",
+    "describe",
+    "loggers",
+    "model",
+    "optimizer",
+    "original_error",
+    "packer",
+    "saved_tokenizer",
+    "schedule",
+    "source",
+    "tokenizer",
+    "without_pretrained",
 ]

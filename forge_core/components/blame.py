@@ -48,21 +48,29 @@ def culprit(exc: BaseException, registries: Any) -> str | None:
         if not _is_kernel(package):
             packages.setdefault(package, name)
     impls = [
-        (registry.plugin_of(component), *registry.get(component).impl.partition(":")[::2],
-         describe(registries, registry.kind.name, component))
-        for registry in registries for component in registry.names()
+        (
+            registry.plugin_of(component),
+            *registry.get(component).impl.partition(":")[::2],
+            describe(registries, registry.kind.name, component),
+        )
+        for registry in registries
+        for component in registry.names()
     ]
     frames = []
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        frames.append((str(tb.tb_frame.f_globals.get("__name__", "")), getattr(code, "co_qualname", code.co_name)))
+        frames.append(
+            (str(tb.tb_frame.f_globals.get("__name__", "")), getattr(code, "co_qualname", code.co_name))
+        )
         tb = tb.tb_next
     owner = None
     for module, qualname in reversed(frames):
         if _is_kernel(module):
             continue
-        plugin = next((p for pkg, p in packages.items() if module == pkg or module.startswith(pkg + ".")), None)
+        plugin = next(
+            (p for pkg, p in packages.items() if module == pkg or module.startswith(pkg + ".")), None
+        )
         owner = owner or plugin
         if owner is None or plugin != owner:
             continue

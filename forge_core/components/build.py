@@ -92,8 +92,12 @@ def chosen_source(plan: Any, registries: Any, chosen: Any) -> Any:
 def packer(plan: Any, registries: Any, tok: Any) -> Any:
     data = plan.config.data
     eos_id, pad_id = int(tok.eos_id), int(tok.pad_id)
-    return _build(plan, registries, "packer",
-                  lambda cls: cls(data.packer_options, seq_len=data.seq_len, eos_id=eos_id, pad_id=pad_id))
+    return _build(
+        plan,
+        registries,
+        "packer",
+        lambda cls: cls(data.packer_options, seq_len=data.seq_len, eos_id=eos_id, pad_id=pad_id),
+    )
 
 
 def attention(plan: Any, registries: Any) -> Any:
@@ -114,8 +118,12 @@ def without_pretrained(plan: Any) -> Any:
 
 def model(plan: Any, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
     options = plan.config.model.options
-    return _build(plan, registries, "model",
-                  lambda build: build(options, vocab_size=vocab_size, attention=attention_backend))
+    return _build(
+        plan,
+        registries,
+        "model",
+        lambda build: build(options, vocab_size=vocab_size, attention=attention_backend),
+    )
 
 
 #: The first parameter of an optimizer factory under the current contract.
@@ -131,8 +139,11 @@ def _takes_named_params(build: Callable[..., Any]) -> bool:
         return True
     # Only keywords (``build(**kwargs)``) can take the new call; anything else is older.
     kinds = {p.kind for p in parameters.values()}
-    positional = {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                  inspect.Parameter.VAR_POSITIONAL}
+    positional = {
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    }
     return inspect.Parameter.VAR_KEYWORD in kinds and not kinds & positional
 
 
@@ -156,7 +167,9 @@ def optimizer(plan: Any, registries: Any, module: Any) -> Any:
             f"with a list of NamedParameter (name, param, role; see the forge_optimizers hook), so a factory "
             f"can keep weight decay off biases, norms and embeddings; rename its first parameter to "
             f"{NAMED_PARAMS!r} and read .param from each. Passing a plain list of parameters this time.",
-            FutureWarning, stacklevel=2)
+            FutureWarning,
+            stacklevel=2,
+        )
         return build([p.param for p in named], lr=train.lr, options=train.optimizer_options)
 
     return _build(plan, registries, "optimizer", make)

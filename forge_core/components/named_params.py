@@ -52,8 +52,10 @@ def _declared_roles(module: Any) -> dict[str, str]:
     roles = dict(override())
     wrong = {name: role for name, role in roles.items() if role not in ROLES}
     if wrong:
-        raise ForgeError(f"{type(module).__name__}.{OVERRIDE}() gives unknown roles {wrong}; a role is one "
-                         f"of {', '.join(ROLES)}")
+        raise ForgeError(
+            f"{type(module).__name__}.{OVERRIDE}() gives unknown roles {wrong}; a role is one "
+            f"of {', '.join(ROLES)}"
+        )
     return roles
 
 

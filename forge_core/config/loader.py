@@ -138,18 +138,25 @@ def _key_problems(root: yaml.Node, where: str) -> list[tuple[str, str]]:
                 if isinstance(key_node, yaml.ScalarNode):
                     kind = _TAG_NAMES.get(key_node.tag, "a " + key_node.tag.rpartition(":")[2])
                     text = key_node.value if len(key_node.value) <= 40 else key_node.value[:37] + "..."
-                    problem = (f"key {text or '(empty)'} {at} is {kind}, not a string: config keys "
-                               f"are names; quote it (\"{text}\") if it is one")
+                    problem = (
+                        f"key {text or '(empty)'} {at} is {kind}, not a string: config keys "
+                        f'are names; quote it ("{text}") if it is one'
+                    )
                 else:
                     problem = f"a key {at} is a list or mapping: config keys are names"
                 issues.append((path, problem))
                 continue
             key = key_node.value
             if key in first_line:
-                issues.append((path, (
-                    f"key {show_value(key)} is given twice (lines {first_line[key]} and "
-                    f"{_line(key_node)}): the second would silently replace the first; merge them into one"
-                )))
+                issues.append(
+                    (
+                        path,
+                        (
+                            f"key {show_value(key)} is given twice (lines {first_line[key]} and "
+                            f"{_line(key_node)}): the second would silently replace the first; merge them into one"
+                        ),
+                    )
+                )
                 continue
             first_line[key] = _line(key_node)
             children.append((value_node, f"{path}.{key}"))
@@ -170,14 +177,22 @@ def parse_yaml(text: str, where: str) -> Any:
             return None
         size = _expanded_size(node)
         if size is None:
-            raise ConfigError([(where, "an alias (*name) refers to a value that contains it; "
-                                       "a config cannot be infinite")])
+            raise ConfigError(
+                [(where, "an alias (*name) refers to a value that contains it; a config cannot be infinite")]
+            )
         if size > MAX_NODES:
-            raise ConfigError([(where, (
-                f"the YAML expands to {size:,} values, more than the {MAX_NODES:,} a config may "
-                "have (anchors and aliases, &name and *name, repeat what they name): write the "
-                "values out"
-            ))])
+            raise ConfigError(
+                [
+                    (
+                        where,
+                        (
+                            f"the YAML expands to {size:,} values, more than the {MAX_NODES:,} a config may "
+                            "have (anchors and aliases, &name and *name, repeat what they name): write the "
+                            "values out"
+                        ),
+                    )
+                ]
+            )
         issues = _key_problems(node, where)
         if issues:
             raise ConfigError(issues)
@@ -219,10 +234,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError([("$", f"cannot read {str(path)!r}: {exc}")]) from None
     raw = parse_yaml(text, "$")
     if raw is None:
-        raise ConfigError([("$", (
-            f"config file {str(path)!r} is empty: write `{{}}` to train with every default, "
-            "or start from configs/quickstart.yaml"
-        ))])
+        raise ConfigError(
+            [
+                (
+                    "$",
+                    (
+                        f"config file {str(path)!r} is empty: write `{{}}` to train with every default, "
+                        "or start from configs/quickstart.yaml"
+                    ),
+                )
+            ]
+        )
     if not isinstance(raw, dict):
         raise ConfigError([("$", f"the config must be a mapping of sections, got {_type_name(raw)}")])
     return raw
@@ -257,7 +279,9 @@ def _overridden(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, An
             continue
         parts = key.split(".")
         if len(parts) > MAX_DEPTH:
-            issues.append(("$", f"override key {show_value(key)} is nested more than {MAX_DEPTH} levels deep"))
+            issues.append(
+                ("$", f"override key {show_value(key)} is nested more than {MAX_DEPTH} levels deep")
+            )
             continue
         try:
             value = parse_yaml(text, f"$.{key}")
@@ -271,7 +295,9 @@ def _overridden(raw: dict[str, Any], overrides: list[str]) -> tuple[dict[str, An
                 nxt = target[part] = {}
             if not isinstance(nxt, dict):
                 where = "$." + ".".join(parts[: depth + 1])
-                issues.append((where, f"override {show_value(item)} goes inside {where}, which is not a mapping"))
+                issues.append(
+                    (where, f"override {show_value(item)} goes inside {where}, which is not a mapping")
+                )
                 break
             target = nxt
         else:
@@ -299,8 +325,13 @@ def _moved_key_issues(raw: dict[str, Any]) -> list[tuple[str, str]]:
         block = raw.get(section)
         if isinstance(block, dict) and key in block:
             value = block.pop(key)
-            issues.append((f"$.{old}", f"moved to {new}: set {new} = {show_value(value)} instead "
-                                       f"(override: {new}={show_value(value)})"))
+            issues.append(
+                (
+                    f"$.{old}",
+                    f"moved to {new}: set {new} = {show_value(value)} instead "
+                    f"(override: {new}={show_value(value)})",
+                )
+            )
     return issues
 
 
@@ -394,8 +425,10 @@ def _strict_list(value: Any, cl: type) -> list:
         try:
             out.append(converter.structure(item, item_type))
         except Exception as exc:  # noqa: BLE001 - collected, every item reported at its index
-            exc.__notes__ = [*getattr(exc, "__notes__", []),
-                             cattrs.errors.IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type)]
+            exc.__notes__ = [
+                *getattr(exc, "__notes__", []),
+                cattrs.errors.IterableValidationNote(f"Structuring {cl} @ index {i}", i, item_type),
+            ]
             errors.append(exc)
     if errors:
         raise cattrs.errors.IterableValidationError(f"While structuring {cl!r}", errors, cl)
@@ -457,7 +490,9 @@ def _attrs_structure_factory(conv: cattrs.Converter):
                 errors = _field_validator_errors(instance, cl)
                 if not errors:
                     raise
-                raise cattrs.errors.ClassValidationError(f"While validating {cl.__qualname__}", errors, cl) from None
+                raise cattrs.errors.ClassValidationError(
+                    f"While validating {cl.__qualname__}", errors, cl
+                ) from None
 
         return structure_attrs
 
@@ -471,9 +506,7 @@ def make_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(str, _strict_str)
     conv.register_structure_hook(bool, _strict_bool)
-    conv.register_structure_hook_func(
-        lambda t: typing.get_origin(t) is dict or t is dict, _mapping
-    )
+    conv.register_structure_hook_func(lambda t: typing.get_origin(t) is dict or t is dict, _mapping)
     conv.register_structure_hook_func(lambda t: typing.get_origin(t) is list, _strict_list)
     return conv
 
@@ -558,8 +591,13 @@ def _resolved(spec: Any, options: Any, where: str) -> tuple[Any, list[tuple[str,
     try:
         return import_path(spec.resolve_options)(options), []
     except Exception as exc:  # a plugin's bug must not read as a traceback of the loader
-        return options, [(where, f"{spec.kind} {spec.name!r}: resolve_options {spec.resolve_options!r} "
-                                 f"failed ({type(exc).__name__}: {exc})")]
+        return options, [
+            (
+                where,
+                f"{spec.kind} {spec.name!r}: resolve_options {spec.resolve_options!r} "
+                f"failed ({type(exc).__name__}: {exc})",
+            )
+        ]
 
 
 def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -620,10 +658,15 @@ def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]
     issues: list[tuple[str, str]] = []
     given = [path for path in ("data.source", "data.source_options") if lookup(path) != _schema_default(path)]
     if given:
-        issues.append((f"$.{given[0]}", (
-            "give one source with data.source (and data.source_options), or a mixture with "
-            "data.sources, not both: move it into data.sources as {name: ..., weight: ..., options: ...}"
-        )))
+        issues.append(
+            (
+                f"$.{given[0]}",
+                (
+                    "give one source with data.source (and data.source_options), or a mixture with "
+                    "data.sources, not both: move it into data.sources as {name: ..., weight: ..., options: ...}"
+                ),
+            )
+        )
     structured = []
     for i, entry in enumerate(entries):
         raw = attrs.asdict(entry, recurse=False) if attrs.has(type(entry)) else entry
@@ -634,12 +677,16 @@ def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]
         if raw["name"] not in registry:
             issues.append((f"{where}.name", unknown_name(registry.kind.label, raw["name"], registry.names())))
             continue
-        value, problems = structure(raw.get("options", {}), registry.get(raw["name"]).options, f"{where}.options")
+        value, problems = structure(
+            raw.get("options", {}), registry.get(raw["name"]).options, f"{where}.options"
+        )
         issues.extend(problems)
         if not problems:
             from forge_core.config.schema import SourceEntry
 
-            base = entry if attrs.has(type(entry)) else converter.structure({**raw, "options": {}}, SourceEntry)
+            base = (
+                entry if attrs.has(type(entry)) else converter.structure({**raw, "options": {}}, SourceEntry)
+            )
             structured.append(attrs.evolve(base, options=value))
     if not issues:
         values["data.sources"] = structured
@@ -654,8 +701,13 @@ def _structure_eval_source(lookup: Any, registry: Any, values: dict[str, Any]) -
         return []  # not a name: the schema reports it
     if not name:
         if options not in ({}, None):
-            return [("$.eval.source_options", "options for an eval source, but eval.source is '' (the held-out "
-                                              "split, which takes none): set eval.source to the source they are for")]
+            return [
+                (
+                    "$.eval.source_options",
+                    "options for an eval source, but eval.source is '' (the held-out "
+                    "split, which takes none): set eval.source to the source they are for",
+                )
+            ]
         return []
     if name not in registry:
         return [("$.eval.source", registry.refusal(name))]
@@ -687,7 +739,9 @@ def plugin_settings(raw: dict[str, Any]) -> PluginsSection | None:
     return None if issues else value
 
 
-def structure_config(raw: dict[str, Any], registries_for: Any, issues: list[tuple[str, str]] = ()) -> ForgeConfig:
+def structure_config(
+    raw: dict[str, Any], registries_for: Any, issues: list[tuple[str, str]] = ()
+) -> ForgeConfig:
     """Structure config data completely: the schema, then every component's option
     block, reporting the problems of both (after ``issues`` already found, such as bad
     overrides) in one :class:`ConfigError`. The option blocks are structured even when

@@ -62,23 +62,28 @@ class AttentionSection:
 class SourceEntry:
     name: str = option("", "Registered data source of this part of the mixture.", validator=non_blank)
     weight: float = option(
-        1.0, "Its share of the training rows: weights are divided by their sum, so 7 and 3 "
+        1.0,
+        "Its share of the training rows: weights are divided by their sum, so 7 and 3 "
         "mean 70% and 30%, whatever the sources' sizes (a small source is repeated, a large "
-        "one sampled).", validator=above(0),
+        "one sampled).",
+        validator=above(0),
     )
     options: Any = option({}, "The source's own options, checked against its options class.")
     label: str = option(
-        "", "Its name in the logs and the data summary (default: the source's name, numbered "
-        "when two entries share it)."
+        "",
+        "Its name in the logs and the data summary (default: the source's name, numbered "
+        "when two entries share it).",
     )
 
 
 @attrs.frozen
 class HeldoutSection:
     fraction: float = option(
-        0.0, "Share of documents held out of training, chosen by a hash of each document's "
+        0.0,
+        "Share of documents held out of training, chosen by a hash of each document's "
         "content (so a document stays on its side when the corpus grows, and identical "
-        "documents share a side). 0: none.", validator=between(0, 1, high_open=True),
+        "documents share a side). 0: none.",
+        validator=between(0, 1, high_open=True),
     )
     seed: int = option(0, "Changes which documents are held out (not how many).", validator=at_least(0))
 
@@ -86,13 +91,16 @@ class HeldoutSection:
 @attrs.frozen
 class CacheSection:
     dir: str = option(
-        "", "Where tokenized sources are cached ('' means $FORGE_CACHE_DIR/data, else "
+        "",
+        "Where tokenized sources are cached ('' means $FORGE_CACHE_DIR/data, else "
         "$XDG_CACHE_HOME/forge/data, else ~/.cache/forge/data). Entries are keyed by the "
-        "source's content, the tokenizer's identity and the format version."
+        "source's content, the tokenizer's identity and the format version.",
     )
     wait_s: float = option(
-        3600.0, "How long a process waits for another one that is tokenizing the same source "
-        "into the cache before it gives up with an error.", validator=above(0),
+        3600.0,
+        "How long a process waits for another one that is tokenizing the same source "
+        "into the cache before it gives up with an error.",
+        validator=above(0),
     )
 
 
@@ -101,8 +109,9 @@ class DataSection:
     source: str = option("stdlib", "Registered data source (one source; `sources` for a mixture).")
     source_options: Any = option({}, "The source's own options.")
     sources: list[SourceEntry] = option(
-        [], "A weighted mixture of sources, instead of `source`/`source_options`: a list of "
-        "{name, weight, options, label}."
+        [],
+        "A weighted mixture of sources, instead of `source`/`source_options`: a list of "
+        "{name, weight, options, label}.",
     )
     tokenizer: str = option("byte", "Registered tokenizer.")
     tokenizer_options: Any = option({}, "The tokenizer's own options.")
@@ -131,7 +140,8 @@ class ParallelSection:
         1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).", validator=at_least(1)
     )
     dp_shard: int = option(
-        -1, "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
+        -1,
+        "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
         "size: 1 in one process, N under `--nproc N` with every other degree 1.",
         validator=_DP_SHARD,
     )
@@ -146,9 +156,7 @@ class NonFiniteSection:
     policy: Literal["skip", "stop"] = option(
         "skip", "On a NaN/inf loss or gradient: skip the step, or stop the run."
     )
-    max_consecutive: int = option(
-        3, "Stop after this many consecutive skipped steps.", validator=at_least(1)
-    )
+    max_consecutive: int = option(3, "Stop after this many consecutive skipped steps.", validator=at_least(1))
 
 
 @attrs.frozen
@@ -164,8 +172,10 @@ class LossSection:
         "model must declare its output head (OUTPUT_HEAD in its spec's supports).",
     )
     chunk_tokens: int = option(
-        1024, "Tokens per chunk for 'chunked': a chunk's fp32 logits take chunk_tokens x "
-        "vocabulary x 4 bytes (1024 x 32k: 128 MiB).", validator=at_least(1),
+        1024,
+        "Tokens per chunk for 'chunked': a chunk's fp32 logits take chunk_tokens x "
+        "vocabulary x 4 bytes (1024 x 32k: 128 MiB).",
+        validator=at_least(1),
     )
 
 
@@ -187,23 +197,27 @@ class TrainSection:
         0, "Linear warmup steps (used by every built-in schedule).", validator=at_least(0)
     )
     schedule_steps: int = option(
-        0, "Steps the learning-rate schedule spans. 0: the train.steps the run started with, kept "
+        0,
+        "Steps the learning-rate schedule spans. 0: the train.steps the run started with, kept "
         "when a resumed run changes train.steps (past its end the learning rate stays at the "
         "schedule's final value). Set it to re-plan the schedule; on resume the log then gives "
-        "the learning rate before and after.", validator=at_least(0),
+        "the learning rate before and after.",
+        validator=at_least(0),
     )
     grad_clip: float = option(
         1.0, "Clip the global gradient norm to this (0 disables).", validator=at_least(0)
     )
     precision: Literal["fp32", "bf16"] = option(
-        "fp32", "fp32, or bf16 autocast: matmuls in bf16, the loss, norms and softmax in "
+        "fp32",
+        "fp32, or bf16 autocast: matmuls in bf16, the loss, norms and softmax in "
         "fp32, parameters and optimizer state fp32. Needs a CUDA GPU with bf16 or a CPU with "
         "native bf16 (AVX512_BF16 or AMX); elsewhere the run stops with an error.",
     )
     loss: LossSection = option(LossSection(), "The loss: full logits, or chunked.")
     compile: bool = option(False, "torch.compile the model.")
     peak_tflops: float = option(
-        0.0, "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
+        0.0,
+        "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
         validator=at_least(0),
     )
     nonfinite: NonFiniteSection = option(NonFiniteSection(), "What to do on a non-finite loss.")
@@ -214,9 +228,7 @@ class CheckpointSection:
     every: int = option(
         0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).", validator=at_least(0)
     )
-    keep: int = option(
-        2, "Complete checkpoints to keep (older ones are deleted).", validator=at_least(1)
-    )
+    keep: int = option(2, "Complete checkpoints to keep (older ones are deleted).", validator=at_least(1))
     resume: Literal["auto", "never"] = option(
         "auto", "'auto' resumes from the run directory's latest complete checkpoint."
     )
@@ -225,33 +237,36 @@ class CheckpointSection:
 @attrs.frozen
 class EvalSection:
     enabled: bool = option(
-        False, "Evaluate the held-out loss and perplexity during training (every `every` steps) "
-        "and when it completes (`at_end`). `forge-run eval` evaluates any run, whatever this says."
+        False,
+        "Evaluate the held-out loss and perplexity during training (every `every` steps) "
+        "and when it completes (`at_end`). `forge-run eval` evaluates any run, whatever this says.",
     )
     every: int = option(
-        0, "Evaluate every N optimizer steps, counted from the start of the run, so the cadence "
-        "is the same after a resume (0: only at the end).", validator=at_least(0)
+        0,
+        "Evaluate every N optimizer steps, counted from the start of the run, so the cadence "
+        "is the same after a resume (0: only at the end).",
+        validator=at_least(0),
     )
     at_end: bool = option(
-        True, "Also evaluate when training completes (once, if the cadence already evaluated "
-        "the last step)."
+        True, "Also evaluate when training completes (once, if the cadence already evaluated the last step)."
     )
     source: str = option(
-        "", "What to evaluate on: '' is the held-out split of the training data "
+        "",
+        "What to evaluate on: '' is the held-out split of the training data "
         "(data.heldout, every source of the run); a registered source name evaluates all of "
-        "that source's documents instead."
+        "that source's documents instead.",
     )
     source_options: Any = option({}, "The eval source's own options (with `source` set).")
     batch_size: int = option(
-        0, "Rows per evaluation batch over all processes (0: the training micro-batch, "
+        0,
+        "Rows per evaluation batch over all processes (0: the training micro-batch, "
         "train.batch_size / train.grad_accum). Must split evenly over data-parallel ranks.",
         validator=at_least(0),
     )
-    max_batches: int = option(
-        0, "Evaluate at most this many batches (0: no limit).", validator=at_least(0)
-    )
+    max_batches: int = option(0, "Evaluate at most this many batches (0: no limit).", validator=at_least(0))
     max_tokens: int = option(
-        0, "Evaluate at most this many tokens, counted as rows x data.seq_len and rounded up "
+        0,
+        "Evaluate at most this many tokens, counted as rows x data.seq_len and rounded up "
         "to whole rows (0: no limit). With max_batches, the tighter limit applies.",
         validator=at_least(0),
     )
@@ -318,7 +333,22 @@ KEYED_BLOCKS: tuple[OptionBlock, ...] = tuple(
 )
 
 
-for _cls in (RunSection, ModelSection, AttentionSection, SourceEntry, HeldoutSection, CacheSection, DataSection,
-             ParallelSection, NonFiniteSection, LossSection,
-             TrainSection, CheckpointSection, EvalSection, LoggingSection, PluginsSection, ForgeConfig):
+for _cls in (
+    RunSection,
+    ModelSection,
+    AttentionSection,
+    SourceEntry,
+    HeldoutSection,
+    CacheSection,
+    DataSection,
+    ParallelSection,
+    NonFiniteSection,
+    LossSection,
+    TrainSection,
+    CheckpointSection,
+    EvalSection,
+    LoggingSection,
+    PluginsSection,
+    ForgeConfig,
+):
     attrs.resolve_types(_cls)  # real types on fields, for docs generation and tests

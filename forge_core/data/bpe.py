@@ -77,7 +77,5 @@ def train_bpe(
 def _texts(source: Any) -> Iterator[str]:
     for doc in source.documents():
         if not isinstance(doc, str):
-            raise ForgeError(
-                f"{source.describe()}: is pre-tokenized; BPE training needs a text source."
-            )
+            raise ForgeError(f"{source.describe()}: is pre-tokenized; BPE training needs a text source.")
         yield doc

@@ -68,8 +68,10 @@ class TrainingData:
 
 def _labels(sources: tuple[Any, ...]) -> list[str]:
     names = [s.name for s in sources]
-    return [s.label or (name if names.count(name) == 1 else f"{name}#{i}")
-            for i, (s, name) in enumerate(zip(sources, names))]
+    return [
+        s.label or (name if names.count(name) == 1 else f"{name}#{i}")
+        for i, (s, name) in enumerate(zip(sources, names))
+    ]
 
 
 def build_source(plan: Any, registries: Any, index: int) -> Any:
@@ -85,19 +87,34 @@ def build_source(plan: Any, registries: Any, index: int) -> Any:
         raise ForgeError(f"{chosen.where} ({chosen.name}): {exc}") from None
 
 
-def source_shards(source: Any, tokenizer: Any, cache: Any, label: str, *, is_main: bool = True,
-                  report: Callable[[str], None] = _stderr) -> tuple[Any, str]:
+def source_shards(
+    source: Any,
+    tokenizer: Any,
+    cache: Any,
+    label: str,
+    *,
+    is_main: bool = True,
+    report: Callable[[str], None] = _stderr,
+) -> tuple[Any, str]:
     """The memory-mapped tokens of ``source``: its own shards, or the cache's."""
-    from forge_core.data.cache import cached_shards, default_root
     from forge_core.api.shards import Shards
+    from forge_core.data.cache import cached_shards, default_root
     from forge_core.data.pipeline import check_tokenizer
 
     own = getattr(source, "shards", None)
     if isinstance(own, Shards):
         check_tokenizer(source, tokenizer)
         return own, f"memory-mapped from {own.path}"
-    return cached_shards(source, tokenizer, root=cache.dir or default_root(), wait_s=cache.wait_s, label=label,
-                         progress=True, report=report if is_main else _quiet, announce=report)
+    return cached_shards(
+        source,
+        tokenizer,
+        root=cache.dir or default_root(),
+        wait_s=cache.wait_s,
+        label=label,
+        progress=True,
+        report=report if is_main else _quiet,
+        announce=report,
+    )
 
 
 def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -108,27 +125,41 @@ def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 
-def pack(packer: Any, spec: Any, options: Any, stream: Any, seq_len: int, eos_id: int, pad_id: int,
-         report: Callable[[str], None] = _stderr) -> Any:
+def pack(
+    packer: Any,
+    spec: Any,
+    options: Any,
+    stream: Any,
+    seq_len: int,
+    eos_id: int,
+    pad_id: int,
+    report: Callable[[str], None] = _stderr,
+) -> Any:
     """Rows of ``stream`` under ``packer``: lazy through its layout, or (deprecated)
     eager through ``pack``. The layout must keep the spec's promise about metadata."""
-    from forge_core.data.packed_rows import PackedRows, check_layout, eager_rows
     from forge_core.api.packing import EAGER_DEPRECATION
+    from forge_core.data.packed_rows import PackedRows, check_layout, eager_rows
 
     who = f"packer {spec.name!r} ({type(packer).__module__}.{type(packer).__qualname__})"
     if not hasattr(packer, "layout"):
         if not hasattr(packer, "pack"):
-            raise ForgeError(f"{who} has neither layout(lengths) nor pack(documents): it implements no "
-                             "packer contract (see docs/plugin-guide/packer.md).")
+            raise ForgeError(
+                f"{who} has neither layout(lengths) nor pack(documents): it implements no "
+                "packer contract (see docs/plugin-guide/packer.md)."
+            )
         message = f"{who} {EAGER_DEPRECATION}"
         warnings.warn(message, FutureWarning, stacklevel=2)
         report(f"warning: {message}")
         rows = eager_rows(packer, stream, seq_len, who)
-        _check_emitted(who, spec.emitted(options), frozenset(rows.keys) - {INPUT_IDS, LABELS}, "its rows carry")
+        _check_emitted(
+            who, spec.emitted(options), frozenset(rows.keys) - {INPUT_IDS, LABELS}, "its rows carry"
+        )
         return rows
     layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
     emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
-    _check_emitted(who, spec.emitted(options), emitted, f"its layout has metadata={layout.metadata}, which gives")
+    _check_emitted(
+        who, spec.emitted(options), emitted, f"its layout has metadata={layout.metadata}, which gives"
+    )
     return PackedRows(layout, stream, eos_id=eos_id, pad_id=pad_id)
 
 
@@ -149,12 +180,18 @@ def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError
     )
 
 
-def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
-                        report: Callable[[str], None] = _stderr) -> TrainingData:
+def build_training_data(
+    plan: Any,
+    registries: Any,
+    tokenizer: Any,
+    *,
+    is_main: bool = True,
+    report: Callable[[str], None] = _stderr,
+) -> TrainingData:
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
+    from forge_core import components
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
-    from forge_core import components
 
     t0 = time.perf_counter()
     config = plan.config
@@ -168,12 +205,22 @@ def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: 
         shards, note = source_shards(source, tokenizer, data.cache, label, is_main=is_main, report=report)
         train, held = split_documents(shards, data.heldout)
         if not len(train):
-            raise ForgeError(f"{label}: all {shards.num_documents} documents are held out "
-                             f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction.")
+            raise ForgeError(
+                f"{label}: all {shards.num_documents} documents are held out "
+                f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction."
+            )
         stream = document_stream(shards, eos, vocab, train)
         packer = components.packer(plan, registries, tokenizer)
-        rows = pack(packer, packer_spec, data.packer_options, stream, data.seq_len, eos, pad,
-                    report if is_main else _quiet)
+        rows = pack(
+            packer,
+            packer_spec,
+            data.packer_options,
+            stream,
+            data.seq_len,
+            eos,
+            pad,
+            report if is_main else _quiet,
+        )
         if rows.num_rows == 0:
             raise _too_small(source.describe(), stream, data.seq_len, type(packer).__name__)
         parts.append(SourceData(label, chosen.where, chosen.weight, shards, train, held, rows, note))
@@ -186,8 +233,11 @@ def build_training_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: 
 
 
 def _stats(stats: dict[str, Any]) -> str:
-    parts = [f"{key} {value:.1%}" if key in ("fill", "kept") else f"{key} {value:,}"
-             for key, value in stats.items() if isinstance(value, (int, float))]
+    parts = [
+        f"{key} {value:.1%}" if key in ("fill", "kept") else f"{key} {value:,}"
+        for key, value in stats.items()
+        if isinstance(value, (int, float))
+    ]
     return ", ".join(parts)
 
 
@@ -201,23 +251,31 @@ def _held(part: SourceData) -> str:
 
 def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) -> str:
     data = config.data
-    head = (f"data: {rows.num_rows:,} rows of {data.seq_len} tokens ("
-            f"{'+'.join(p.label for p in parts)} -> {data.tokenizer} -> {data.packer}) in {seconds:.1f}s")
+    head = (
+        f"data: {rows.num_rows:,} rows of {data.seq_len} tokens ("
+        f"{'+'.join(p.label for p in parts)} -> {data.tokenizer} -> {data.packer}) in {seconds:.1f}s"
+    )
     if len(parts) == 1:
         p = parts[0]
         return f"{head}; tokens {p.tokens_note}; packer: {_stats(p.rows.stats)}{_held(p)}"
     slots = config.train.steps * config.train.batch_size
     realized = rows.realized(slots)
     total_weight = sum(p.weight for p in parts)
-    mixture = ", ".join(f"{p.label} {share:.1%} (weight {p.weight / total_weight:.1%})"
-                        for p, share in zip(parts, realized))
+    mixture = ", ".join(
+        f"{p.label} {share:.1%} (weight {p.weight / total_weight:.1%})" for p, share in zip(parts, realized)
+    )
     lines = [f"{head}; mixture over the run's {slots:,} rows: {mixture}"]
-    lines += [f"  {p.label} ({p.where}): {p.rows.num_rows:,} rows; tokens {p.tokens_note}; packer: "
-              f"{_stats(p.rows.stats)}{_held(p)}" for p in parts]
+    lines += [
+        f"  {p.label} ({p.where}): {p.rows.num_rows:,} rows; tokens {p.tokens_note}; packer: "
+        f"{_stats(p.rows.stats)}{_held(p)}"
+        for p in parts
+    ]
     return "\n".join(lines)
 
 
-def heldout_documents(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True) -> list[tuple[str, Any]]:
+def heldout_documents(
+    plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True
+) -> list[tuple[str, Any]]:
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet); only

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from forge_core.api.shards import INDEX, VERSION
 from forge_core.api import ForgeError
+from forge_core.api.shards import INDEX, VERSION
 
 FORMAT = "forge-token-cache"
 #: Seconds between two "waiting for ..." notes.
@@ -53,8 +53,10 @@ def default_root() -> Path:
 
 
 def cache_key(fingerprint: str, tokenizer_identity: str) -> str:
-    blob = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": fingerprint,
-                       "tokenizer": tokenizer_identity}, sort_keys=True)
+    blob = json.dumps(
+        {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "tokenizer": tokenizer_identity},
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -99,23 +101,35 @@ def open_entry(entry: Path, key: str, fingerprint: str, tokenizer: Any) -> Any:
     try:
         shards = Shards(entry)
     except ForgeError as exc:
-        raise ForgeError(f"the token cache entry {entry} is unusable: {exc} Delete that directory; "
-                         "the next run tokenizes the source again.") from None
+        raise ForgeError(
+            f"the token cache entry {entry} is unusable: {exc} Delete that directory; "
+            "the next run tokenizes the source again."
+        ) from None
     index_path = entry / INDEX
     made = shards.index.get("cache", {})
     problems = []
     if made.get("key") != key or made.get("fingerprint") != fingerprint:
-        problems.append(f"it was made for source fingerprint {made.get('fingerprint')!r}, this source's is {fingerprint!r}")
-    wanted = {"identity": tokenizer.identity, "vocab_size": int(tokenizer.vocab_size),
-              "eos_id": int(tokenizer.eos_id), "pad_id": int(tokenizer.pad_id)}
+        problems.append(
+            f"it was made for source fingerprint {made.get('fingerprint')!r}, this source's is {fingerprint!r}"
+        )
+    wanted = {
+        "identity": tokenizer.identity,
+        "vocab_size": int(tokenizer.vocab_size),
+        "eos_id": int(tokenizer.eos_id),
+        "pad_id": int(tokenizer.pad_id),
+    }
     for field, value in wanted.items():
         if shards.tokenizer.get(field) != value:
-            problems.append(f"it was made with tokenizer {field} {shards.tokenizer.get(field)!r}, the "
-                            f"configured tokenizer has {value!r}")
+            problems.append(
+                f"it was made with tokenizer {field} {shards.tokenizer.get(field)!r}, the "
+                f"configured tokenizer has {value!r}"
+            )
             break
     if problems:
-        raise ForgeError(f"{index_path}: refusing this token cache entry: {'; '.join(problems)}. It is not "
-                         f"what its name ({key}) promises; delete {entry} and run again.")
+        raise ForgeError(
+            f"{index_path}: refusing this token cache entry: {'; '.join(problems)}. It is not "
+            f"what its name ({key}) promises; delete {entry} and run again."
+        )
     return shards
 
 
@@ -146,14 +160,18 @@ def cached_shards(
         root.mkdir(parents=True, exist_ok=True)
         lock = _Lock(root / f"{key}.lock")
     except OSError as exc:
-        raise ForgeError(f"cannot use the token cache directory {root} ({exc.strerror or exc}). Set "
-                         "data.cache.dir to a writable directory.") from None
+        raise ForgeError(
+            f"cannot use the token cache directory {root} ({exc.strerror or exc}). Set "
+            "data.cache.dir to a writable directory."
+        ) from None
     try:
         started = time.monotonic()
         next_note = started
         while not lock.try_acquire():
             if _complete(entry):
-                return open_entry(entry, key, fingerprint, tokenizer), f"cached at {entry} (by another process)"
+                return open_entry(
+                    entry, key, fingerprint, tokenizer
+                ), f"cached at {entry} (by another process)"
             waited = time.monotonic() - started
             if waited > wait_s:
                 raise ForgeError(
@@ -162,8 +180,10 @@ def cached_shards(
                     "launching with `forge-run prepare` and train on the shards."
                 )
             if time.monotonic() >= next_note:
-                report(f"waiting for {lock.holder()} to tokenize {label} into {entry} ({waited:.0f} s so far, "
-                       f"at most {wait_s:g} s)")
+                report(
+                    f"waiting for {lock.holder()} to tokenize {label} into {entry} ({waited:.0f} s so far, "
+                    f"at most {wait_s:g} s)"
+                )
                 next_note += NOTE_EVERY
             time.sleep(POLL)
         if _complete(entry):  # finished between our first look and the lock
@@ -173,9 +193,16 @@ def cached_shards(
         announce(f"tokenizing {label} into the cache {entry} (once: later runs reuse it)")
         tmp = root / f"{key}.partial-{socket.gethostname()}-{os.getpid()}"
         t0 = time.perf_counter()
-        write_shards(source, tokenizer, entry, tmp, progress=progress,
-                     extra={"cache": {"key": key, "fingerprint": fingerprint}})
+        write_shards(
+            source,
+            tokenizer,
+            entry,
+            tmp,
+            progress=progress,
+            extra={"cache": {"key": key, "fingerprint": fingerprint}},
+        )
         return open_entry(entry, key, fingerprint, tokenizer), (
-            f"tokenized into {entry} in {time.perf_counter() - t0:.1f}s")
+            f"tokenized into {entry} in {time.perf_counter() - t0:.1f}s"
+        )
     finally:
         lock.close()

@@ -29,6 +29,8 @@ def source_fingerprint(source: Any) -> str:
     if callable(own):
         value = own()
         if not isinstance(value, str) or not value:
-            raise TypeError(f"{type(source).__name__}.fingerprint() must return a non-empty string, got {value!r}")
+            raise TypeError(
+                f"{type(source).__name__}.fingerprint() must return a non-empty string, got {value!r}"
+            )
         return value
     return documents_fingerprint(source)

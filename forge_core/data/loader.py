@@ -54,7 +54,10 @@ class _Rows(torch.utils.data.Dataset):
         self.rows = rows
 
     def __getitem__(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in self.rows.read(index).items()}
+        return {
+            k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64))
+            for k, v in self.rows.read(index).items()
+        }
 
     def __len__(self) -> int:  # only for DataLoader's bookkeeping; keys are not ints
         return self.rows.num_rows
@@ -170,11 +173,18 @@ class StatefulLoader:
 
     def _identity(self) -> dict[str, Any]:
         """What must match for a saved position to mean the same batches."""
-        out: dict[str, Any] = {"seed": self.seed, "shuffle": self.shuffle, "num_rows": self.num_rows,
-                               "global_batch": self.global_batch}
+        out: dict[str, Any] = {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_rows": self.num_rows,
+            "global_batch": self.global_batch,
+        }
         if self.mixture is not None:
-            out["mixture"] = {"sources": self.mixture.labels, "rows": self.mixture.sizes,
-                              "slots_per_period": self.mixture.plan.counts.tolist()}
+            out["mixture"] = {
+                "sources": self.mixture.labels,
+                "rows": self.mixture.sizes,
+                "slots_per_period": self.mixture.plan.counts.tolist(),
+            }
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,9 +202,11 @@ class StatefulLoader:
                     "the same data, mixture, seed and global batch size, or start a new run."
                 )
         if self.mixture is None and "mixture" in state:
-            raise ForgeError("cannot resume the data loader: the checkpoint was saved reading a mixture "
-                             f"({state['mixture']['sources']}), the config now reads one source. Resume "
-                             "with the same data.sources, or start a new run.")
+            raise ForgeError(
+                "cannot resume the data loader: the checkpoint was saved reading a mixture "
+                f"({state['mixture']['sources']}), the config now reads one source. Resume "
+                "with the same data.sources, or start a new run."
+            )
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self._iter = None

@@ -52,8 +52,10 @@ class MixturePlan:
         self.counts = apportion(w, PERIOD)
         if (self.counts == 0).any():
             i = int(np.flatnonzero(self.counts == 0)[0])
-            raise ForgeError(f"data.sources[{i}] ({labels[i]}): weight {weights[i]:g} is less than 1/{PERIOD} of "
-                             "the total: it would never be read. Raise it or remove the source.")
+            raise ForgeError(
+                f"data.sources[{i}] ({labels[i]}): weight {weights[i]:g} is less than 1/{PERIOD} of "
+                "the total: it would never be read. Raise it or remove the source."
+            )
         source = np.repeat(np.arange(len(w)), self.counts)
         rank = np.concatenate([np.arange(c) for c in self.counts])
         position = (rank + 0.5) / self.counts[source]
@@ -95,8 +97,10 @@ class MixedRows:
         self.seq_len = parts[0].seq_len
         keys = {tuple(p.keys) for p in parts}
         if len(keys) != 1:
-            raise ForgeError(f"the mixture's sources give rows with different keys ({sorted(keys)}); "
-                             "every source is packed by the same packer, so this is a bug")
+            raise ForgeError(
+                f"the mixture's sources give rows with different keys ({sorted(keys)}); "
+                "every source is packed by the same packer, so this is a bug"
+            )
         self.keys = parts[0].keys
 
     def __len__(self) -> int:

@@ -46,9 +46,17 @@ class DocumentStream:
     error naming ``where`` and the document: the file was damaged after it was
     written)."""
 
-    def __init__(self, tokens: Any, start: np.ndarray, count: np.ndarray, eos_id: int | None, *,
-                 vocab_size: int | None = None, where: str = "the token stream",
-                 document_index: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Any,
+        start: np.ndarray,
+        count: np.ndarray,
+        eos_id: int | None,
+        *,
+        vocab_size: int | None = None,
+        where: str = "the token stream",
+        document_index: np.ndarray | None = None,
+    ) -> None:
         self.tokens = tokens
         self.start = np.ascontiguousarray(start, dtype=np.int64)
         self.count = np.ascontiguousarray(count, dtype=np.int64)
@@ -122,9 +130,12 @@ def layout_stats(layout: RowLayout, total: int) -> dict[str, float]:
     ``fill`` (share of row slots holding tokens), then the packer's own ``stats``."""
     placed = int(layout.lengths.sum())
     capacity = layout.rows * layout.seq_len
-    stats: dict[str, float] = {"rows": layout.rows, "tokens": total,
-                               "kept": placed / total if total else 0.0,
-                               "fill": placed / capacity if capacity else 0.0}
+    stats: dict[str, float] = {
+        "rows": layout.rows,
+        "tokens": total,
+        "kept": placed / total if total else 0.0,
+        "fill": placed / capacity if capacity else 0.0,
+    }
     stats.update({k: v for k, v in layout.stats.items() if k not in stats})
     return stats
 
@@ -132,6 +143,7 @@ def layout_stats(layout: RowLayout, total: int) -> dict[str, float]:
 def check_layout(layout: Any, stream: DocumentStream, seq_len: int, who: str) -> RowLayout:
     """What a packer's ``layout`` returned, checked against the contract: a
     :class:`ForgeError` naming ``who`` and the first problem otherwise."""
+
     def fail(problem: str) -> ForgeError:
         return ForgeError(f"{who}: layout() broke the packer contract: {problem}.")
 
@@ -145,8 +157,10 @@ def check_layout(layout: Any, stream: DocumentStream, seq_len: int, who: str) ->
     if len(ptr) < 1 or ptr[0] != 0 or ptr[-1] != n or np.any(np.diff(ptr) < 0):
         raise fail("row_ptr must start at 0, never decrease and end at the number of pieces")
     if layout.metadata and layout.boundaries == "none":
-        raise fail("metadata needs boundaries 'documents' or 'eos' (labels that cross documents "
-                   "cannot come with document ids)")
+        raise fail(
+            "metadata needs boundaries 'documents' or 'eos' (labels that cross documents "
+            "cannot come with document ids)"
+        )
     if n == 0:
         return layout
     starts, lengths = layout.starts, layout.lengths
@@ -167,8 +181,10 @@ def check_layout(layout: Any, stream: DocumentStream, seq_len: int, who: str) ->
         crosses = starts + lengths > stream.offsets[doc + 1]
         if crosses.any():
             j = int(np.flatnonzero(crosses)[0])
-            raise fail(f"piece {j} runs past the end of document {int(doc[j])}, but boundaries is "
-                       "'documents' (use 'eos' for windows across documents)")
+            raise fail(
+                f"piece {j} runs past the end of document {int(doc[j])}, but boundaries is "
+                "'documents' (use 'eos' for windows across documents)"
+            )
     return layout
 
 
@@ -271,25 +287,36 @@ def eager_rows(packer: Any, stream: DocumentStream, seq_len: int, who: str) -> A
     shape = np.asarray(rows[INPUT_IDS]).shape
     for key, value in rows.items():
         if np.ndim(value) != 2 or np.shape(value) != shape or shape[1] != seq_len:
-            raise ForgeError(f"{who}: {key!r} has shape {np.shape(value)}, input_ids {shape}; every "
-                             f"array must be (rows, seq_len={seq_len}).")
+            raise ForgeError(
+                f"{who}: {key!r} has shape {np.shape(value)}, input_ids {shape}; every "
+                f"array must be (rows, seq_len={seq_len})."
+            )
     arrays = {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in rows.items()}
     extra = getattr(packer, "stats", None) or {}
     stats = {"rows": shape[0], "tokens": stream.total, **{k: v for k, v in extra.items() if k != "rows"}}
     return ArrayRows(arrays, stats)
 
 
-def pack_documents(packer: Any, documents: list[Any], *, seq_len: int | None = None,
-                   eos_id: int | None = None, pad_id: int | None = None) -> dict[str, np.ndarray]:
+def pack_documents(
+    packer: Any,
+    documents: list[Any],
+    *,
+    seq_len: int | None = None,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+) -> dict[str, np.ndarray]:
     """Pack in-memory documents (EOS appended) completely: every row, every key. For a
     lazy packer, its layout materialized exactly as a training run reads it; for an
     eager one, ``pack`` (with the deprecation warning). ``seq_len``, ``eos_id`` and
     ``pad_id`` default to the packer's attributes of those names."""
+
     def given(value: int | None, name: str) -> int:
         if value is None:
             value = getattr(packer, name, None)
         if value is None:
-            raise ValueError(f"pack_documents: pass {name}= (packer {type(packer).__name__} has no attribute {name!r})")
+            raise ValueError(
+                f"pack_documents: pass {name}= (packer {type(packer).__name__} has no attribute {name!r})"
+            )
         return int(value)
 
     stream = DocumentStream.from_documents(documents)

@@ -55,7 +55,9 @@ def document_hashes(documents: list[Any]) -> np.ndarray:
     return np.frombuffer(b"".join(document_hash(d) for d in documents), dtype="<u8").copy()
 
 
-def tokenize(source: Any, tokenizer: Any, *, progress: bool = True) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
+def tokenize(
+    source: Any, tokenizer: Any, *, progress: bool = True
+) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
     """Batches of ``(tokenized documents, their content hashes)`` in source order: int32
     arrays without EOS, and uint64 hashes of the documents as the source gave them.
 

@@ -49,7 +49,9 @@ def prepare(
     if tmp.exists():
         report(f"{tmp}: left by an interrupted prepare; removing it.")
         shutil.rmtree(tmp)
-    index = write_shards(source, tokenizer, out, tmp, progress=progress, replace=overwrite, save_tokenizer=True)
+    index = write_shards(
+        source, tokenizer, out, tmp, progress=progress, replace=overwrite, save_tokenizer=True
+    )
     report(
         f"{out}: {index['num_documents']} documents, {index['num_tokens']} tokens "
         f"({index['dtype']}), tokenizer {tokenizer.identity}"

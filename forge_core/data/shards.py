@@ -30,9 +30,22 @@ from forge_core.api.shards import (
 )
 from forge_core.data.packed_rows import DocumentStream
 
-
-__all__ = ["FORMAT", "HASHES", "INDEX", "OFFSETS", "PARTIAL_SUFFIX", "TOKENIZER_DIR", "TOKENS", "VERSION",
-           "ShardWriter", "Shards", "partial_dir", "read_shard_index", "stream", "token_dtype"]
+__all__ = [
+    "FORMAT",
+    "HASHES",
+    "INDEX",
+    "OFFSETS",
+    "PARTIAL_SUFFIX",
+    "TOKENIZER_DIR",
+    "TOKENS",
+    "VERSION",
+    "ShardWriter",
+    "Shards",
+    "partial_dir",
+    "read_shard_index",
+    "stream",
+    "token_dtype",
+]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -48,7 +61,9 @@ class ShardWriter:
     """Appends documents into ``tmp`` (default ``<out_dir>.partial``); :meth:`commit`
     makes it ``out_dir``."""
 
-    def __init__(self, out_dir: str | os.PathLike, tokenizer: dict[str, Any], tmp: Path | None = None) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike, tokenizer: dict[str, Any], tmp: Path | None = None
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.tmp = partial_dir(out_dir) if tmp is None else Path(tmp)
         self.tokenizer = tokenizer
@@ -87,7 +102,9 @@ class ShardWriter:
         self._lengths.extend(len(d) for d in documents)
         self.num_tokens += int(flat.size)
 
-    def commit(self, source: str, replace: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def commit(
+        self, source: str, replace: bool = False, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Finish the files, write ``index.json`` last (with ``extra`` fields) and move the
         directory into place (:func:`~forge_core.api.files.move_into_place` flushes it to
         disk first); ``replace`` allows an existing ``out_dir`` to be replaced."""
@@ -120,10 +137,19 @@ class ShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def stream(shards: Shards, eos_id: int, vocab_size: int, documents: np.ndarray | None = None) -> DocumentStream:
+def stream(
+    shards: Shards, eos_id: int, vocab_size: int, documents: np.ndarray | None = None
+) -> DocumentStream:
     """The documents (all, or those numbered in ``documents``) as the packer's stream,
     EOS appended, every id read checked against ``vocab_size``."""
     index = np.arange(shards.num_documents) if documents is None else np.asarray(documents, np.int64)
     start = shards.offsets[:-1][index]
-    return DocumentStream(shards.tokens, start, shards.offsets[1:][index] - start, eos_id,
-                          vocab_size=vocab_size, where=str(shards.tokens_path), document_index=index)
+    return DocumentStream(
+        shards.tokens,
+        start,
+        shards.offsets[1:][index] - start,
+        eos_id,
+        vocab_size=vocab_size,
+        where=str(shards.tokens_path),
+        document_index=index,
+    )

@@ -34,7 +34,9 @@ def build_mesh(degrees: dict[str, int], device: torch.device) -> Any:
     shape = tuple(degrees[dim] for dim in MESH_DIMS)
     world = world_size()
     if any(size < 1 for size in shape):
-        raise ForgeError(f"parallel degrees must be resolved to positive sizes, got {dict(zip(MESH_DIMS, shape))}")
+        raise ForgeError(
+            f"parallel degrees must be resolved to positive sizes, got {dict(zip(MESH_DIMS, shape))}"
+        )
     if math.prod(shape) != world:
         shown = " * ".join(f"{dim}={size}" for dim, size in zip(MESH_DIMS, shape))
         raise ForgeError(

@@ -34,7 +34,9 @@ from forge_core.api.errors import ForgeError
 from forge_core.deprecation import moved
 
 #: Moved to :mod:`forge_core.api`; the old name here warns for one release.
-__getattr__ = moved(__name__, {"ModelSplit": "forge_core.api", "transformer_blocks": "forge_core.api:blocks_of"})
+__getattr__ = moved(
+    __name__, {"ModelSplit": "forge_core.api", "transformer_blocks": "forge_core.api:blocks_of"}
+)
 
 COMPILE_ORDER = 300
 
@@ -100,7 +102,9 @@ class ParallelModel:
         own = self.loss_fn
         if loss_fn is None or loss_fn is own:
             if own is None:
-                raise ForgeError("no loss given and the model was built without one (parallelize(loss_fn=...))")
+                raise ForgeError(
+                    "no loss given and the model was built without one (parallelize(loss_fn=...))"
+                )
             return own
         if getattr(own, "takes_hidden_states", False) and not getattr(loss_fn, "takes_hidden_states", False):
             raise ForgeError(
@@ -223,8 +227,14 @@ def parallelize(
 
     coords = dp_coords(mesh)
     pmodel = ParallelModel(
-        parts=[model], forward=model, mesh=mesh, dp_rank=coords.rank, dp_size=coords.size,
-        dp_group=coords.group, pp_group=group_of(mesh, "pp"), loss_fn=loss_fn,
+        parts=[model],
+        forward=model,
+        mesh=mesh,
+        dp_rank=coords.rank,
+        dp_size=coords.size,
+        dp_group=coords.group,
+        pp_group=group_of(mesh, "pp"),
+        loss_fn=loss_fn,
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
@@ -237,8 +247,14 @@ def parallelize(
             for runner in runners:
                 compile_part(runner)
             continue
-        ctx = ParallelContext(config=plan.config, mesh=mesh, device=device, options=strategy.options,
-                              loss_fn=loss_fn, gradient_finishers=pmodel.gradient_finishers)
+        ctx = ParallelContext(
+            config=plan.config,
+            mesh=mesh,
+            device=device,
+            options=strategy.options,
+            loss_fn=loss_fn,
+            gradient_finishers=pmodel.gradient_finishers,
+        )
         impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
         if any(isinstance(result, contract.ModelSplit) for result in results):

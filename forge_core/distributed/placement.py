@@ -32,8 +32,13 @@ DEFAULT_TIMEOUTS = {"gloo": 300.0, "nccl": 600.0}
 
 #: Lower-case fragments of the errors a collective raises (gloo's wording).
 _TIMED_OUT = ("timed out", "timeout")
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
-              "connection refused", "socket closed")
+_PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+)
 
 
 @attrs.frozen
@@ -104,8 +109,11 @@ def collective_failure(exc: BaseException, placement: Placement) -> ForgeError |
     if not (isinstance(exc, dist.DistError) or "gloo" in low or "nccl" in low):
         return None  # not raised by a collective
     rank = placement.rank
-    others = "rank 1" if placement.world_size == 2 and rank == 0 else (
-        "rank 0" if placement.world_size == 2 else "another process")
+    others = (
+        "rank 1"
+        if placement.world_size == 2 and rank == 0
+        else ("rank 0" if placement.world_size == 2 else "another process")
+    )
     if any(fragment in low for fragment in _TIMED_OUT):
         return CollectiveTimeout(
             f"rank {rank}: a collective got no answer within run.collective_timeout = "

@@ -59,7 +59,13 @@ _ATTENTION_NAMES = (
 )
 _MODEL_NAMES = ("check_model", "ModelReport")
 _ISOLATION_NAMES = ("check_document_isolation",)
-_TOLERANCE_NAMES = ("assert_within_rounding", "assert_exactly_zero", "rounding_tolerance", "longest_sum", "ROUNDING_FACTOR")
+_TOLERANCE_NAMES = (
+    "assert_within_rounding",
+    "assert_exactly_zero",
+    "rounding_tolerance",
+    "longest_sum",
+    "ROUNDING_FACTOR",
+)
 
 __all__ = [
     "CliResult",
@@ -106,4 +112,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ATTENTION_NAMES) | set(_TOLERANCE_NAMES) | set(_MODEL_NAMES) | set(_ISOLATION_NAMES))
+    return sorted(
+        set(globals())
+        | set(_ATTENTION_NAMES)
+        | set(_TOLERANCE_NAMES)
+        | set(_MODEL_NAMES)
+        | set(_ISOLATION_NAMES)
+    )

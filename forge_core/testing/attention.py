@@ -119,7 +119,9 @@ def doc_ids_from_lengths(layouts: Sequence[Sequence[int]], seq_len: int) -> torc
     rows = []
     for lengths in layouts:
         if sum(lengths) != seq_len or any(n <= 0 for n in lengths):
-            raise ValueError(f"document lengths {tuple(lengths)} must be positive and add up to seq_len {seq_len}")
+            raise ValueError(
+                f"document lengths {tuple(lengths)} must be positive and add up to seq_len {seq_len}"
+            )
         rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
     return torch.stack(rows).long()
 
@@ -190,7 +192,9 @@ def _construct(impl: Any, options: Any) -> Any:
 
 
 @torch.no_grad()
-def _forward(backend: Any, inputs: Sequence[tuple[torch.Tensor, ...]], doc_ids: torch.Tensor | None) -> list[torch.Tensor]:
+def _forward(
+    backend: Any, inputs: Sequence[tuple[torch.Tensor, ...]], doc_ids: torch.Tensor | None
+) -> list[torch.Tensor]:
     """Outputs for several (q, k, v) triples sharing one ``prepare`` (like model layers)."""
     q0 = inputs[0][0]
     prepared = backend.prepare(doc_ids, q0.shape[2], q0.device)
@@ -198,14 +202,22 @@ def _forward(backend: Any, inputs: Sequence[tuple[torch.Tensor, ...]], doc_ids: 
 
 
 def _forward_backward(
-    backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, doc_ids: torch.Tensor | None, where: str
+    backend: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    where: str,
 ) -> tuple[torch.Tensor, ...]:
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     prepared = backend.prepare(doc_ids, q.shape[2], q.device)
     out = backend.attend(*leaves, prepared)
     _check_output(out, q, where)
     if out.grad_fn is None:
-        raise AssertionError(f"{where}: attend() returned an output that carries no gradient (it must stay differentiable)")
+        raise AssertionError(
+            f"{where}: attend() returned an output that carries no gradient (it must stay differentiable)"
+        )
     (out * grad_out).sum().backward()
     for name, leaf in zip("qkv", leaves):
         if leaf.grad is None:
@@ -214,7 +226,12 @@ def _forward_backward(
 
 
 def _reference_backward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, doc_ids: torch.Tensor | None, mask_mod: MaskMod | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    mask_mod: MaskMod | None,
 ) -> tuple[torch.Tensor, ...]:
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     out = reference_attention(*leaves, doc_ids=doc_ids, mask_mod=mask_mod)
@@ -226,11 +243,15 @@ def _check_output(out: Any, q: torch.Tensor, where: str) -> None:
     if not isinstance(out, torch.Tensor):
         raise AssertionError(f"{where}: attend() must return a tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(q.shape):
-        raise AssertionError(f"{where}: attend() returned shape {tuple(out.shape)}; expected the shape of q, {tuple(q.shape)}")
+        raise AssertionError(
+            f"{where}: attend() returned shape {tuple(out.shape)}; expected the shape of q, {tuple(q.shape)}"
+        )
     if out.dtype != q.dtype:
         raise AssertionError(f"{where}: attend() returned dtype {out.dtype}; expected q's dtype {q.dtype}")
     if out.device != q.device:
-        raise AssertionError(f"{where}: attend() returned a tensor on {out.device}; expected q's device {q.device}")
+        raise AssertionError(
+            f"{where}: attend() returned a tensor on {out.device}; expected q's device {q.device}"
+        )
 
 
 # --- the checks ------------------------------------------------------------------------
@@ -245,7 +266,9 @@ def _dtype(dtype: Any) -> torch.dtype:
     return value
 
 
-def _random(generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+def _random(
+    generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: str
+) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
@@ -300,14 +323,27 @@ def check_attention_backend(
     devices = tuple(devices)
     for device in devices:
         if torch.device(device).type not in available_devices():
-            raise ValueError(f"device {device!r} is not available here (available: {', '.join(available_devices())})")
+            raise ValueError(
+                f"device {device!r} is not available here (available: {', '.join(available_devices())})"
+            )
     instance = _construct(resolved.impl, resolved.options)
     for device in devices:
         device_doc_ids = doc_ids.to(device)
         for run_dtype in dtypes:
             for heads, kv_heads in HEAD_SHAPES:
                 where = f"{resolved.label} on {device}, {dtype_name(run_dtype)}, {heads} query / {kv_heads} key-value heads"
-                case = _Case(instance, device, run_dtype, heads, kv_heads, seed, mask_mod, rounding_factor, where, layouts)
+                case = _Case(
+                    instance,
+                    device,
+                    run_dtype,
+                    heads,
+                    kv_heads,
+                    seed,
+                    mask_mod,
+                    rounding_factor,
+                    where,
+                    layouts,
+                )
                 try:
                     case.agrees_with_reference(doc_ids=None)
                     if DOC_IDS in honours:
@@ -341,7 +377,11 @@ class _Case:
         batch = len(layouts)
         self.q_shape = (batch, heads, self.seq_len, HEAD_DIM)
         self.kv_shape = (batch, kv_heads, self.seq_len, HEAD_DIM)
-        self.q, self.k, self.v = self.random(self.q_shape), self.random(self.kv_shape), self.random(self.kv_shape)
+        self.q, self.k, self.v = (
+            self.random(self.q_shape),
+            self.random(self.kv_shape),
+            self.random(self.kv_shape),
+        )
         self.grad_out = self.random(self.q_shape)
 
     def random(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -351,7 +391,9 @@ class _Case:
         return _random(self.generator, (b, s, h, d), self.dtype, self.device).transpose(1, 2)
 
     def close(self, got: torch.Tensor, want: torch.Tensor, what: str, scale: float) -> None:
-        assert_within_rounding(got, want, dtype=self.dtype, terms=self.terms, what=what, factor=self.factor, scale=scale)
+        assert_within_rounding(
+            got, want, dtype=self.dtype, terms=self.terms, what=what, factor=self.factor, scale=scale
+        )
 
     def term_sizes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[float, ...]:
         """Typical size of the terms summed into the output and the gradients of q, k, v
@@ -391,7 +433,9 @@ class _Case:
         return f"row {row}, document {n} (positions {start}..{start + length - 1} of {self.seq_len})"
 
     def isolates_documents(self, doc_ids: torch.Tensor) -> None:
-        packed = _forward_backward(self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids")
+        packed = _forward_backward(
+            self.backend, self.q, self.k, self.v, self.grad_out, doc_ids, f"{self.where}, with doc_ids"
+        )
         segments = self._documents()
         batch = self.q.shape[0]
         # Each document alone at the start of a row of the same length, ``batch`` rows at
@@ -407,7 +451,14 @@ class _Case:
                 for dst, src in zip(alone, (self.q, self.k, self.v)):
                     dst[i, :, :length] = src[row, :, start : start + length]
                 grad_alone[i, :, :length] = self.grad_out[row, :, start : start + length]
-            results.append((chunk, _forward_backward(self.backend, *alone, grad_alone, None, f"{self.where}, documents alone")))
+            results.append(
+                (
+                    chunk,
+                    _forward_backward(
+                        self.backend, *alone, grad_alone, None, f"{self.where}, documents alone"
+                    ),
+                )
+            )
         # Outputs first: a leak shows up there as "document n sees an earlier document".
         sizes = self.term_sizes(self.q, self.k, self.v)
         for index, name in enumerate(("output", "grad of q", "grad of k", "grad of v")):
@@ -415,7 +466,8 @@ class _Case:
                 for i, (row, n, start, length) in enumerate(chunk):
                     p, s = packed[index], single[index]
                     self.close(
-                        p[row, :, start : start + length], s[i, :, :length],
+                        p[row, :, start : start + length],
+                        s[i, :, :length],
                         f"{self.where}: document isolation broken at {self._span(row, n, start, length)}: the packed "
                         f"row's {name} differs from the same document attended on its own, so tokens attend across "
                         "documents (is the doc_ids mask from prepare() applied in attend()?)",
@@ -438,7 +490,9 @@ class _Case:
                     inside[row, start : start + length] = True
             inside_4d = inside[:, None, :, None].to(self.device)
             grad_out = self.grad_out.masked_fill(~inside_4d, 0.0)
-            grads = _forward_backward(self.backend, self.q, self.k, self.v, grad_out, doc_ids, f"{self.where}, with doc_ids")[1:]
+            grads = _forward_backward(
+                self.backend, self.q, self.k, self.v, grad_out, doc_ids, f"{self.where}, with doc_ids"
+            )[1:]
             for name, grad in zip(("q", "k", "v"), grads):
                 outside = grad.detach().masked_fill(inside_4d, 0.0).cpu()
                 if not outside.any():

@@ -95,8 +95,13 @@ def _directory(cwd: str | os.PathLike[str] | None) -> Iterator[None]:
         os.chdir(before)
 
 
-def forge_run(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str | None] | None = None,
-              paths: Sequence[str | os.PathLike[str]] = (), cwd: str | os.PathLike[str] | None = None) -> CliResult:
+def forge_run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str | None] | None = None,
+    paths: Sequence[str | os.PathLike[str]] = (),
+    cwd: str | os.PathLike[str] | None = None,
+) -> CliResult:
     """Run ``forge-run *argv`` in this process and return its :class:`CliResult`.
 
     ``env``: environment variables for this call (``None`` unsets one); ``paths``:
@@ -108,8 +113,13 @@ def forge_run(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str |
     from forge_core import cli
 
     out, err = io.StringIO(), io.StringIO()
-    with _environment(env or {}), _import_paths(paths), _directory(cwd), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        _environment(env or {}),
+        _import_paths(paths),
+        _directory(cwd),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         try:
             code = cli.main([os.fspath(arg) for arg in argv])
         except SystemExit as stop:  # argparse: usage errors (2), --help and --version (0)

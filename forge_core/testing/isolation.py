@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import torch
 
@@ -74,8 +73,11 @@ def _gradients(model, input_ids, doc_ids, positions, loss_fn):
     batch_shape = tuple(input_ids.shape[:2])
 
     def as_leaf(module, inputs, output):
-        if not (isinstance(output, torch.Tensor) and output.is_floating_point()
-                and tuple(output.shape[:2]) == batch_shape):
+        if not (
+            isinstance(output, torch.Tensor)
+            and output.is_floating_point()
+            and tuple(output.shape[:2]) == batch_shape
+        ):
             return None
         leaf = output.detach().requires_grad_(True)
         leaves.append(leaf)
@@ -90,7 +92,11 @@ def _gradients(model, input_ids, doc_ids, positions, loss_fn):
             handle.remove()
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss_fn(logits), leaves + [p for _, p in params], allow_unused=True)
-    return logits.detach(), grads[: len(leaves)], dict(zip((name for name, _ in params), grads[len(leaves):]))
+    return (
+        logits.detach(),
+        grads[: len(leaves)],
+        dict(zip((name for name, _ in params), grads[len(leaves) :])),
+    )
 
 
 def check_document_isolation(
@@ -121,8 +127,17 @@ def check_document_isolation(
     for dtype in dtypes:
         cast = copy.deepcopy(model).to(device=device, dtype=dtype)
         worst[dtype] = _check_in(
-            cast, input_ids, doc_ids, positions, rows, (start, end), weights.to(device, dtype),
-            standalone, dtype, terms, rounding_factor,
+            cast,
+            input_ids,
+            doc_ids,
+            positions,
+            rows,
+            (start, end),
+            weights.to(device, dtype),
+            standalone,
+            dtype,
+            terms,
+            rounding_factor,
         )
     return worst
 
@@ -132,16 +147,22 @@ def _vocab_size(model, seq_len, device):
         out = model(torch.zeros(1, seq_len, dtype=torch.long, device=device))
     if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != (1, seq_len):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise AssertionError(f"forward(input_ids (1, {seq_len})) must return logits (1, {seq_len}, vocab), got {shape}")
+        raise AssertionError(
+            f"forward(input_ids (1, {seq_len})) must return logits (1, {seq_len}, vocab), got {shape}"
+        )
     return out.shape[-1]
 
 
-def _check_in(model, input_ids, doc_ids, positions, rows, loss_span, weights, standalone, dtype, terms, factor):
+def _check_in(
+    model, input_ids, doc_ids, positions, rows, loss_span, weights, standalone, dtype, terms, factor
+):
     name = dtype_name(dtype)
     start, end = loss_span
 
     def close(got, want, what, dims=None):
-        return assert_within_rounding(got, want, dtype=dtype, terms=terms, what=f"{name}: {what}", dims=dims, factor=factor)
+        return assert_within_rounding(
+            got, want, dtype=dtype, terms=terms, what=f"{name}: {what}", dims=dims, factor=factor
+        )
 
     logits, embedded, params = _gradients(
         model, input_ids, doc_ids, positions, lambda out: (out[0, start:end] * weights).sum()
@@ -151,38 +172,54 @@ def _check_in(model, input_ids, doc_ids, positions, rows, loss_span, weights, st
         for d, (s, e) in enumerate(spans(lengths)):
             with torch.no_grad():
                 alone = model(_alone(input_ids, row, s, e, standalone))[:1, : e - s]
-            ratios.append(close(
-                logits[row, s:e], alone[0],
-                f"row {row} document {d} (tokens {s}:{e}): packed logits differ from the document run alone",
-                ("token within the document", "vocab"),
-            ))
+            ratios.append(
+                close(
+                    logits[row, s:e],
+                    alone[0],
+                    f"row {row} document {d} (tokens {s}:{e}): packed logits differ from the document run alone",
+                    ("token within the document", "vocab"),
+                )
+            )
     # Exactly zero, whatever the dtype: a masked attention probability is exp(-inf) = 0.
     for n, grad in enumerate(embedded):
         outside = grad.clone()
         outside[0, start:end] = 0
         assert_exactly_zero(
-            outside, f"{name}: the loss of document {start}:{end} has gradient on other documents' tokens "
-            f"(embedding output {n})", ("row", "token", "dim"),
+            outside,
+            f"{name}: the loss of document {start}:{end} has gradient on other documents' tokens "
+            f"(embedding output {n})",
+            ("row", "token", "dim"),
         )
     _, embedded_alone, params_alone = _gradients(
-        model, _alone(input_ids, 0, start, end, standalone), None, None,
+        model,
+        _alone(input_ids, 0, start, end, standalone),
+        None,
+        None,
         lambda out: (out[0, : end - start] * weights).sum(),
     )
     for n, (grad, want) in enumerate(zip(embedded, embedded_alone)):
-        ratios.append(close(
-            grad[0, start:end], want[0, : end - start],
-            f"gradient of document {start}:{end} with respect to embedding output {n} differs from the document alone",
-            ("token within the document", "dim"),
-        ))
+        ratios.append(
+            close(
+                grad[0, start:end],
+                want[0, : end - start],
+                f"gradient of document {start}:{end} with respect to embedding output {n} differs from the document alone",
+                ("token within the document", "dim"),
+            )
+        )
     for pname, grad in params.items():
         want = params_alone[pname]
         if grad is None or want is None:
             if (grad is None) != (want is None):
-                raise AssertionError(f"{name}: parameter {pname} gets a gradient in only one of the packed and "
-                                     "standalone runs")
+                raise AssertionError(
+                    f"{name}: parameter {pname} gets a gradient in only one of the packed and standalone runs"
+                )
             continue
-        ratios.append(close(
-            grad, want, f"gradient of document {start}:{end}'s loss with respect to {pname} differs from the "
-            "document alone (the backward pass sees other documents)",
-        ))
+        ratios.append(
+            close(
+                grad,
+                want,
+                f"gradient of document {start}:{end}'s loss with respect to {pname} differs from the "
+                "document alone (the backward pass sees other documents)",
+            )
+        )
     return max(ratios)

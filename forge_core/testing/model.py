@@ -36,7 +36,7 @@ skipped, with the reason, in the returned :class:`ModelReport`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatch
 from typing import Any
 
@@ -48,8 +48,8 @@ from forge_core.api import (
     INPUT_IDS,
     OUTPUT_HEAD,
     PIPELINE,
-    ForgeError,
     TENSOR_PARALLEL,
+    ForgeError,
     TensorParallelPlan,
     blocks_of,
     contract_of,
@@ -162,7 +162,9 @@ def check_model(
             f"{type(error).__name__}: {error}"
         ) from error
     if not isinstance(built, torch.nn.Module):
-        raise AssertionError(f"{label}: the factory must return a torch.nn.Module, got {type(built).__name__}")
+        raise AssertionError(
+            f"{label}: the factory must return a torch.nn.Module, got {type(built).__name__}"
+        )
     if attention is not None:
         label = f"{label} with attention {_name(attention)}"
     checked: list[str] = []
@@ -175,7 +177,12 @@ def check_model(
         dtypes = tuple(_dtype(d) for d in dtypes)
         try:
             ratios = check_document_isolation(
-                built, rows=rows, seed=seed, standalone=standalone, dtypes=dtypes, rounding_factor=rounding_factor
+                built,
+                rows=rows,
+                seed=seed,
+                standalone=standalone,
+                dtypes=dtypes,
+                rounding_factor=rounding_factor,
             )
         except AssertionError as error:
             raise AssertionError(
@@ -189,8 +196,9 @@ def check_model(
         why = _tensor_parallel(built, contract, label, skipped)
         _record("tensor_parallel", why, checked, skipped)
     if "pipeline" in checks:
-        why, done, ratio = _pipeline(built, contract, spec, label, rows, seed, pipeline_strategy, extra_plugins,
-                                     rounding_factor)
+        why, done, ratio = _pipeline(
+            built, contract, spec, label, rows, seed, pipeline_strategy, extra_plugins, rounding_factor
+        )
         if why:
             skipped["pipeline"] = why
         checked.extend(done)
@@ -234,7 +242,9 @@ def _attention(attention: Any, options: Any, extra_plugins: tuple) -> Any:
 # --- backend --------------------------------------------------------------------------
 
 
-def _backend_use(model: torch.nn.Module, probe: _Probe, rows: Sequence[Sequence[int]], label: str) -> dict[str, Any]:
+def _backend_use(
+    model: torch.nn.Module, probe: _Probe, rows: Sequence[Sequence[int]], label: str
+) -> dict[str, Any]:
     """The backend checks; returns what the forward showed (heads, kv heads)."""
     probe.reset()
     try:
@@ -248,7 +258,9 @@ def _backend_use(model: torch.nn.Module, probe: _Probe, rows: Sequence[Sequence[
         ) from error
     if not isinstance(out, torch.Tensor) or tuple(out.shape[:2]) != (1, 4) or out.dim() != 3:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise AssertionError(f"{label}: forward(input_ids (1, 4)) must return logits (1, 4, vocab), got {shape}")
+        raise AssertionError(
+            f"{label}: forward(input_ids (1, 4)) must return logits (1, 4, vocab), got {shape}"
+        )
     doc_ids, positions = packed_metadata(rows)
     input_ids = torch.zeros(doc_ids.shape, dtype=torch.long)
     probe.reset()
@@ -282,8 +294,12 @@ def _backend_use(model: torch.nn.Module, probe: _Probe, rows: Sequence[Sequence[
             "pass every attend() the result of attention.prepare(doc_ids, ...)"
         )
     q_shape, k_shape, _ = probe.attended[0]
-    return {"heads": q_shape[1], "kv_heads": k_shape[1], "attend_calls": len(probe.attended),
-            "prepare_calls": len(probe.prepared)}
+    return {
+        "heads": q_shape[1],
+        "kv_heads": k_shape[1],
+        "attend_calls": len(probe.attended),
+        "prepare_calls": len(probe.prepared),
+    }
 
 
 # --- tensor parallel ------------------------------------------------------------------
@@ -312,7 +328,9 @@ def _resolve_path(module: torch.nn.Module, path: str) -> list[str]:
     return [p[:-1] for p, _ in found]
 
 
-def _tensor_parallel(model: torch.nn.Module, contract: Any, label: str, refused: dict[str, str]) -> str | None:
+def _tensor_parallel(
+    model: torch.nn.Module, contract: Any, label: str, refused: dict[str, str]
+) -> str | None:
     """The tensor-parallel check; a variant the model refuses with a ForgeError (a plan
     without sequence parallelism only, say) is recorded in ``refused``."""
     if contract is None or contract.tensor_parallel is None:
@@ -325,23 +343,35 @@ def _tensor_parallel(model: torch.nn.Module, contract: Any, label: str, refused:
             plan = contract.tensor_parallel(sequence_parallel=sequence_parallel)
         except ForgeError as error:
             if not sequence_parallel:
-                raise AssertionError(f"{where}: refused ({error}); a plan must exist without sequence "
-                                     "parallelism") from error
-            refused[f"tensor_parallel[sequence_parallel={sequence_parallel}]"] = f"refused by the model: {error}"
+                raise AssertionError(
+                    f"{where}: refused ({error}); a plan must exist without sequence parallelism"
+                ) from error
+            refused[f"tensor_parallel[sequence_parallel={sequence_parallel}]"] = (
+                f"refused by the model: {error}"
+            )
             continue
         except Exception as error:
-            raise AssertionError(f"{where}: parallel_contract().tensor_parallel(sequence_parallel="
-                                 f"{sequence_parallel}) raised {type(error).__name__}: {error}") from error
+            raise AssertionError(
+                f"{where}: parallel_contract().tensor_parallel(sequence_parallel="
+                f"{sequence_parallel}) raised {type(error).__name__}: {error}"
+            ) from error
         if not isinstance(plan, TensorParallelPlan):
             raise AssertionError(f"{where}: returned {type(plan).__name__}, not a TensorParallelPlan")
         sharded: set[str] = set()
-        for scope_name, scope, roots in (("root", plan.root, [""]),
-                                         ("block", plan.block, [prefixes[id(b)] + "." for b in blocks])):
-            for kind, paths in (("styles", list(scope.styles)), ("replicated", scope.replicated),
-                                ("partial", scope.partial)):
+        for scope_name, scope, roots in (
+            ("root", plan.root, [""]),
+            ("block", plan.block, [prefixes[id(b)] + "." for b in blocks]),
+        ):
+            for kind, paths in (
+                ("styles", list(scope.styles)),
+                ("replicated", scope.replicated),
+                ("partial", scope.partial),
+            ):
                 for path in paths:
                     holders = [model.get_submodule(r[:-1]) if r else model for r in roots]
-                    missing = [r[:-1] or "the model" for r, m in zip(roots, holders) if not _resolve_path(m, path)]
+                    missing = [
+                        r[:-1] or "the model" for r, m in zip(roots, holders) if not _resolve_path(m, path)
+                    ]
                     if missing:
                         raise AssertionError(
                             f"{where}: its {scope_name} scope's {kind} name {path!r}, which "
@@ -385,7 +415,9 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
     strategy = load_registries(extra=extra_plugins)["parallelism"].get(strategy_name).load()
     build_stages = getattr(strategy, "stages", None)
     if build_stages is None:
-        raise ValueError(f"parallelism strategy {strategy_name!r} exposes no stages(model, model_name, n_stages)")
+        raise ValueError(
+            f"parallelism strategy {strategy_name!r} exposes no stages(model, model_name, n_stages)"
+        )
     model64 = copy.deepcopy(model).to(torch.float64)
     doc_ids, positions = packed_metadata(rows)
     gen = torch.Generator().manual_seed(seed)
@@ -400,9 +432,11 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
         h = input_ids
         for s, stage in enumerate(stages):
             kept = ", ".join(getattr(stage, contract.blocks).keys())
-            where = (f"{label}: pipeline stage {s} of {n_stages} (blocks {kept}"
-                     f"{'' if s == 0 else ', given hidden states'}"
-                     f"{'' if s == n_stages - 1 else ', returning hidden states'})")
+            where = (
+                f"{label}: pipeline stage {s} of {n_stages} (blocks {kept}"
+                f"{'' if s == 0 else ', given hidden states'}"
+                f"{'' if s == n_stages - 1 else ', returning hidden states'})"
+            )
             given = INPUT_IDS if s == 0 else f"hidden states {tuple(h.shape)}"
             try:
                 with torch.no_grad():
@@ -413,18 +447,31 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
                     f"positions keywords. The stage forward contract: {STAGE_CONTRACT}"
                 ) from error
             if s < n_stages - 1:
-                if not (isinstance(h, torch.Tensor) and h.is_floating_point() and h.dim() == 3
-                        and tuple(h.shape[:2]) == tuple(input_ids.shape)):
+                if not (
+                    isinstance(h, torch.Tensor)
+                    and h.is_floating_point()
+                    and h.dim() == 3
+                    and tuple(h.shape[:2]) == tuple(input_ids.shape)
+                ):
                     got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
-                    raise AssertionError(f"{where} returned {got}, not hidden states (batch, seq, dim) = "
-                                         f"{tuple(input_ids.shape)} + (dim,). {STAGE_CONTRACT}")
+                    raise AssertionError(
+                        f"{where} returned {got}, not hidden states (batch, seq, dim) = "
+                        f"{tuple(input_ids.shape)} + (dim,). {STAGE_CONTRACT}"
+                    )
         try:
-            worst = max(worst, assert_within_rounding(
-                h, want, dtype=torch.float64, terms=longest_sum(model64, doc_ids.shape[1]), factor=factor,
-                what=f"{dtype_name(torch.float64)}: {n_stages} pipeline stages run in sequence differ from the "
-                     "unsplit model on packed rows",
-                dims=("row", "token", "vocab"),
-            ))
+            worst = max(
+                worst,
+                assert_within_rounding(
+                    h,
+                    want,
+                    dtype=torch.float64,
+                    terms=longest_sum(model64, doc_ids.shape[1]),
+                    factor=factor,
+                    what=f"{dtype_name(torch.float64)}: {n_stages} pipeline stages run in sequence differ from the "
+                    "unsplit model on packed rows",
+                    dims=("row", "token", "vocab"),
+                ),
+            )
         except AssertionError as error:
             raise AssertionError(
                 f"{label}: {error}. Does every stage build its mask from the doc_ids keyword (attention.prepare) "
@@ -456,7 +503,8 @@ def _facts(model, contract, spec, options, seen, label) -> str | None:
                 raise AssertionError(
                     f"{label}: parallel_contract().output_head is {contract.output_head!r}, which is not an "
                     "attribute of the model with a 2-D weight (vocab, dim): the chunked loss applies that "
-                    "weight itself")
+                    "weight itself"
+                )
             supplied.add(OUTPUT_HEAD)
     missing = sorted(set(spec.supports) - supplied)
     if missing:
@@ -468,12 +516,19 @@ def _facts(model, contract, spec, options, seen, label) -> str | None:
     if spec.facts is None:
         return "the spec declares no facts"
     facts = spec.facts(options)
-    observed = {"blocks": len(blocks), "heads": seen["heads"], "kv_heads": seen["kv_heads"],
-                "tied_embeddings": tied}
+    observed = {
+        "blocks": len(blocks),
+        "heads": seen["heads"],
+        "kv_heads": seen["kv_heads"],
+        "tied_embeddings": tied,
+    }
     if contract is None:
         observed.pop("blocks")
-    wrong = [f"{key} {getattr(facts, key)!r} (the model has {value!r})" for key, value in observed.items()
-             if getattr(facts, key) != value]
+    wrong = [
+        f"{key} {getattr(facts, key)!r} (the model has {value!r})"
+        for key, value in observed.items()
+        if getattr(facts, key) != value
+    ]
     if wrong:
         raise AssertionError(
             f"{label}: its spec's facts(options) disagree with the built model: {'; '.join(wrong)}. The parallelism "

@@ -125,19 +125,27 @@ def check_packer(
         runs.append(attrs.evolve(resolved.options, **{spec.emits_when: flipped}))
     reports = []
     for opts in runs:
-        where = resolved.label if opts is resolved.options else f"{resolved.label} with {spec.emits_when}={getattr(opts, spec.emits_when)}"
+        where = (
+            resolved.label
+            if opts is resolved.options
+            else f"{resolved.label} with {spec.emits_when}={getattr(opts, spec.emits_when)}"
+        )
         out = _pack(resolved, opts, documents, seq_len, where)
         _check_declared(out, declared(opts), where, spec, opts)
         kept, labelled = _check_tokens(out, documents, seq_len, where, lossless, min_kept)
         again = _pack(resolved, opts, documents, seq_len, where)
         if set(again) != set(out) or any(not np.array_equal(again[k], out[k]) for k in out):
-            raise AssertionError(f"{where}: packing the same documents twice gave different results (the packer must be deterministic)")
+            raise AssertionError(
+                f"{where}: packing the same documents twice gave different results (the packer must be deterministic)"
+            )
         emitted = frozenset(out) - set(REQUIRED)
         reports.append(PackerReport(out[INPUT_IDS].shape[0], emitted, kept, labelled, out))
     return reports[0]
 
 
-def _pack(resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len: int, where: str) -> dict[str, np.ndarray]:
+def _pack(
+    resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len: int, where: str
+) -> dict[str, np.ndarray]:
     packer = resolved.impl(options, seq_len=seq_len, eos_id=EOS_ID, pad_id=PAD_ID)
     if hasattr(packer, "layout"):
         return _lazy_rows(packer, documents, seq_len, where)
@@ -180,7 +188,9 @@ def _lazy_rows(packer: Any, documents: list[np.ndarray], seq_len: int, where: st
     return PackedRows(layout, stream, eos_id=EOS_ID, pad_id=PAD_ID).read(np.arange(layout.rows))
 
 
-def _check_declared(out: dict[str, np.ndarray], declared: frozenset[str], where: str, spec: Any, options: Any) -> None:
+def _check_declared(
+    out: dict[str, np.ndarray], declared: frozenset[str], where: str, spec: Any, options: Any
+) -> None:
     emitted = frozenset(out) - set(REQUIRED)
     missing, undeclared = sorted(declared - emitted), sorted(emitted - declared)
     shown = "{" + ", ".join(sorted(declared)) + "}" if declared else "nothing"
@@ -200,7 +210,12 @@ def _check_declared(out: dict[str, np.ndarray], declared: frozenset[str], where:
 
 
 def _check_tokens(
-    out: dict[str, np.ndarray], documents: list[np.ndarray], seq_len: int, where: str, lossless: bool, min_kept: float
+    out: dict[str, np.ndarray],
+    documents: list[np.ndarray],
+    seq_len: int,
+    where: str,
+    lossless: bool,
+    min_kept: float,
 ) -> tuple[float, float]:
     ids, labels = out[INPUT_IDS], out[LABELS]
     doc_ids, positions = out.get(DOC_IDS), out.get(POSITIONS)
@@ -225,7 +240,9 @@ def _check_tokens(
             at = f"{where}: row {r}, column {i}"
             if x == PAD_ID:
                 if labels[r, i] != IGNORE_INDEX:
-                    raise AssertionError(f"{at}: padding has label {labels[r, i]}; padding must have label -100")
+                    raise AssertionError(
+                        f"{at}: padding has label {labels[r, i]}; padding must have label -100"
+                    )
                 continue
             if x == EOS_ID:
                 prev_d, prev_j = (doc[i - 1], off[i - 1]) if i else (_PAD, -1)
@@ -238,7 +255,9 @@ def _check_tokens(
             elif x in owner:
                 doc[i], off[i] = owner[x]
             else:
-                raise AssertionError(f"{at}: input token {x} is neither a document token nor pad_id ({PAD_ID})")
+                raise AssertionError(
+                    f"{at}: input token {x} is neither a document token nor pad_id ({PAD_ID})"
+                )
             if doc[i] >= 0:
                 key = (doc[i], off[i])
                 if key in seen:
@@ -253,7 +272,20 @@ def _check_tokens(
                     "tokens of a document must stay in order"
                 )
         for i in range(S):
-            _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating, targets, f"{where}: row {r}, column {i}")
+            _check_label(
+                r,
+                i,
+                ids,
+                labels,
+                doc,
+                off,
+                lengths,
+                token,
+                firsts,
+                isolating,
+                targets,
+                f"{where}: row {r}, column {i}",
+            )
         identities.append((doc, off))
     # Metadata after every row's tokens and labels, doc_ids before positions: the first
     # message then names the most basic problem.
@@ -268,7 +300,9 @@ def _check_tokens(
     total_targets = sum(n - 1 for n in lengths)
     eos_inputs = unknown_eos + sum(1 for (d, j) in seen if j == lengths[d] - 1)
     if eos_inputs > len(documents):
-        raise AssertionError(f"{where}: {eos_inputs} EOS tokens among the inputs for {len(documents)} documents")
+        raise AssertionError(
+            f"{where}: {eos_inputs} EOS tokens among the inputs for {len(documents)} documents"
+        )
     kept = (len(seen) + unknown_eos) / total_tokens
     labelled = len(targets) / total_targets
     if lossless and (len(seen) + unknown_eos != total_tokens or len(targets) != total_targets):
@@ -300,7 +334,9 @@ def _check_label(r, i, ids, labels, doc, off, lengths, token, firsts, isolating,
                 "isolates documents (emits doc_ids): a label must not cross a document boundary (use -100)"
             )
         expected_next = int(ids[r, i + 1]) if i + 1 < S else None
-        if (expected_next is not None and y != expected_next) or (expected_next is None and y not in firsts and y != EOS_ID):
+        if (expected_next is not None and y != expected_next) or (
+            expected_next is None and y not in firsts and y != EOS_ID
+        ):
             raise AssertionError(f"{at}: the label of an EOS is {y}, which is not the next input token")
         return
     want = token(d, j + 1)
@@ -329,7 +365,9 @@ def _check_doc_ids(r: int, row: np.ndarray, doc: list[int], off: list[int], wher
     for i in range(1, len(row)):
         at = f"{where}: row {r}, column {i}"
         if row[i] < row[i - 1]:
-            raise AssertionError(f"{at}: doc_ids decrease ({row[i - 1]} -> {row[i]}); they must never decrease along a row")
+            raise AssertionError(
+                f"{at}: doc_ids decrease ({row[i - 1]} -> {row[i]}); they must never decrease along a row"
+            )
         if row[i] != row[i - 1]:
             continue
         left, right = doc[i - 1], doc[i]
@@ -344,16 +382,22 @@ def _check_doc_ids(r: int, row: np.ndarray, doc: list[int], off: list[int], wher
             )
 
 
-def _check_positions(r: int, row: np.ndarray, ids_row: np.ndarray | None, doc: list[int], off: list[int], where: str) -> None:
+def _check_positions(
+    r: int, row: np.ndarray, ids_row: np.ndarray | None, doc: list[int], off: list[int], where: str
+) -> None:
     if (row < 0).any():
         raise AssertionError(f"{where}: row {r}: negative positions {row.tolist()}")
     for i in range(len(row)):
         at = f"{where}: row {r}, column {i}"
         if ids_row is not None:
             if i and ids_row[i] != ids_row[i - 1] and row[i] != 0:
-                raise AssertionError(f"{at}: a new document starts (doc_ids {ids_row[i - 1]} -> {ids_row[i]}) but its position is {row[i]}, not 0")
+                raise AssertionError(
+                    f"{at}: a new document starts (doc_ids {ids_row[i - 1]} -> {ids_row[i]}) but its position is {row[i]}, not 0"
+                )
             if i and ids_row[i] == ids_row[i - 1] and row[i] != row[i - 1] + 1:
-                raise AssertionError(f"{at}: position {row[i]} after {row[i - 1]} within one document; positions must count up by one")
+                raise AssertionError(
+                    f"{at}: position {row[i]} after {row[i - 1]} within one document; positions must count up by one"
+                )
         elif doc[i] >= 0 and off[i] == 0 and row[i] != 0:
             raise AssertionError(f"{at}: the first token of document {doc[i]} has position {row[i]}, not 0")
 

@@ -88,7 +88,9 @@ def _judge(case: ConfigCase, scratch: Path, extra_plugins: tuple, world_size: in
     try:
         judgement = judge(path, overrides, world_size=world_size, extra_plugins=extra_plugins)
     except Exception as exc:  # ConfigError or ForgeError: the case itself is wrong
-        raise AssertionError(f"config {label} does not load, so no rule can be judged on it:\n{exc}") from None
+        raise AssertionError(
+            f"config {label} does not load, so no rule can be judged on it:\n{exc}"
+        ) from None
     return judgement, label
 
 
@@ -116,7 +118,9 @@ def _check_declaration(rule: Rule, ctx: Plan) -> None:
             ) from None
     for name in ("summary", "fix"):
         if not str(getattr(rule, name)).strip():
-            raise AssertionError(f"rule {rule.id!r} has an empty {name}; say what the rule is about and how to fix a violation")
+            raise AssertionError(
+                f"rule {rule.id!r} has an empty {name}; say what the rule is about and how to fix a violation"
+            )
 
 
 def _messages(rule: Rule, ctx: Plan, where: str) -> list[str]:
@@ -127,5 +131,7 @@ def _messages(rule: Rule, ctx: Plan, where: str) -> list[str]:
     found = [result] if isinstance(result, str) else list(result or [])
     for message in found:
         if not isinstance(message, str) or not message.strip():
-            raise AssertionError(f"{where}: the rule returned {message!r}; every message must be a non-empty string")
+            raise AssertionError(
+                f"{where}: the rule returned {message!r}; every message must be a non-empty string"
+            )
     return found

@@ -64,9 +64,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from forge_core.api import ForgeError
 from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir
+from forge_core.distributed.placement import broadcast_object, is_distributed
 from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
-from forge_core.distributed.placement import broadcast_object, is_distributed
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -211,8 +211,10 @@ def problem_with(path: Path) -> str | None:
 
 def _accept(path: Path, warn: Callable[[str], None]) -> Path:
     if not has_checksums(path):
-        warn(f"checkpoint {path} has no checksums (written by an older Forge): its files were checked "
-             f"by size only. The next checkpoint this run saves records them.")
+        warn(
+            f"checkpoint {path} has no checksums (written by an older Forge): its files were checked "
+            f"by size only. The next checkpoint this run saves records them."
+        )
     return path
 
 
@@ -225,7 +227,9 @@ def _step_dirs(root: Path) -> list[Path]:
     """Checkpoint directories under ``root`` by name, newest first."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if STEP_RE.match(p.name) and p.is_dir()), key=step_of, reverse=True)
+    return sorted(
+        (p for p in root.iterdir() if STEP_RE.match(p.name) and p.is_dir()), key=step_of, reverse=True
+    )
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -420,11 +424,16 @@ class CheckpointManager:
         full = failure is not None and is_disk_full(failure, self.root, needed)
         if full:
             previous = self._last_intact()
-            kept = (f"The partial write was removed; the previous checkpoint ({previous}) is intact and "
-                    f"`latest` still names it, so the next start resumes there."
-                    if previous else "The partial write was removed; no checkpoint of this run exists yet.")
-            message = (f"{no_space_message(tmp, f'checkpoint {step_name(step)}', needed)} {kept} Free some "
-                       f"space (or move run.out_dir to a larger disk, or lower checkpoint.keep) and run again.")
+            kept = (
+                f"The partial write was removed; the previous checkpoint ({previous}) is intact and "
+                f"`latest` still names it, so the next start resumes there."
+                if previous
+                else "The partial write was removed; no checkpoint of this run exists yet."
+            )
+            message = (
+                f"{no_space_message(tmp, f'checkpoint {step_name(step)}', needed)} {kept} Free some "
+                f"space (or move run.out_dir to a larger disk, or lower checkpoint.keep) and run again."
+            )
         elif failure is not None:
             message = f"process {self.rank} failed while writing {tmp}: {type(failure).__name__}: {failure}"
         agreed = _agree(message)
@@ -436,8 +445,14 @@ class CheckpointManager:
             raise failure
         raise ForgeError(agreed)
 
-    def save(self, step: int, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-             state: dict[str, Any], writing: Callable[[Path], None] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        parts: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        state: dict[str, Any],
+        writing: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Write the checkpoint of ``step`` and move ``latest`` to it. ``writing(tmp)`` is
         called on every process once its own files are in the temporary directory
         ``tmp``, before the manifest is made (the ``forge_checkpoint_writing`` hook):
@@ -448,8 +463,11 @@ class CheckpointManager:
         full_state = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
         previous = self._last_intact()
         # What the write needs: the previous checkpoint's size, else (alone) the state's.
-        needed = self._size_of(previous) if previous else (
-            _state_bytes(full_state) if self.world_size == 1 else None)
+        needed = (
+            self._size_of(previous)
+            if previous
+            else (_state_bytes(full_state) if self.world_size == 1 else None)
+        )
 
         def start() -> None:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -467,9 +485,12 @@ class CheckpointManager:
 
         def finish() -> None:
             names = sorted(p.name for p in tmp.iterdir() if p.is_file())
-            manifest = {"step": step, "world_size": self.world_size,
-                        "files": {n: (tmp / n).stat().st_size for n in names},
-                        "sha256": digests([tmp / n for n in names])}
+            manifest = {
+                "step": step,
+                "world_size": self.world_size,
+                "files": {n: (tmp / n).stat().st_size for n in names},
+                "sha256": digests([tmp / n for n in names]),
+            }
             atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1))
             if final.exists():  # an older write of the same step: the new one replaces it
                 shutil.rmtree(final)
@@ -527,9 +548,14 @@ class CheckpointManager:
             raise found
         return None if found is None else Path(found)
 
-    def load(self, path: Path, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-             warn: Callable[[str], None] | None = None,
-             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def load(
+        self,
+        path: Path,
+        parts: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        warn: Callable[[str], None] | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Load a checkpoint :meth:`find_resume` chose (it verified it). Written by
         another number of processes, it is resharded and ``warn`` is told what cannot
         carry over (see :mod:`forge_core.train.elastic`). ``check`` sees the train state

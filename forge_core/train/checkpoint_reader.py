@@ -46,10 +46,18 @@ METADATA = ".metadata"
 #: to call with any arguments: dataclass constructors, ``torch.Size``, an Enum lookup,
 #: a lookup of a layout by name, a path object (no file is touched), a dict.
 ALLOWED_GLOBALS: dict[str, frozenset[str]] = {
-    "torch.distributed.checkpoint.metadata": frozenset({
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "_MEM_FORMAT_ENCODING", "StorageMeta", "MetadataIndex",
-    }),
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+            "StorageMeta",
+            "MetadataIndex",
+        }
+    ),
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
     "torch": frozenset({"Size"}),  # and every torch.dtype, see MetadataUnpickler
     "torch.serialization": frozenset({"_get_layout"}),
@@ -97,7 +105,8 @@ def _check_shape(md: Any, path: Path) -> None:
     if not isinstance(md, dcp_metadata.Metadata):
         raise CorruptCheckpoint(f"{path} holds a {type(md).__name__}, not checkpoint metadata")
     if not isinstance(md.state_dict_metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, (dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata))
+        isinstance(k, str)
+        and isinstance(v, (dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata))
         for k, v in md.state_dict_metadata.items()
     ):
         raise CorruptCheckpoint(f"{path}: the state-dict entries are not what DCP writes")
@@ -125,8 +134,9 @@ def read_metadata(directory: str | Path) -> Any:
     except OSError as exc:
         raise CorruptCheckpoint(f"cannot read {path}: {exc.strerror or exc}") from None
     except Exception as exc:  # noqa: BLE001 - any failure of a damaged pickle
-        raise CorruptCheckpoint(f"{path} is not readable checkpoint metadata ({type(exc).__name__}: "
-                                f"{str(exc)[:200]})") from None
+        raise CorruptCheckpoint(
+            f"{path} is not readable checkpoint metadata ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     _check_shape(md, path)
     return md
 
@@ -192,11 +202,14 @@ def load_state(state: dict[str, Any], directory: str | Path, *, no_dist: bool) -
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeReader(directory, md), planner=SafeLoadPlanner(directory),
-                     no_dist=no_dist)
+            dcp.load(
+                state,
+                storage_reader=SafeReader(directory, md),
+                planner=SafeLoadPlanner(directory),
+                no_dist=no_dist,
+            )
     except CheckpointException as exc:
         inner = _failure_in(exc)
         if inner is exc:
             raise
         raise inner from None
-

@@ -59,9 +59,13 @@ def take_over_head(model: torch.nn.Module, model_name: str) -> torch.nn.Module:
     name = None if contract is None else contract.output_head
     head = None if name is None else getattr(model, name, None)
     if head is None:
-        why = ("it has no parallel_contract()" if contract is None else
-               "its parallel contract names no output_head" if name is None else
-               f"its output_head {name!r} is not an attribute of the model")
+        why = (
+            "it has no parallel_contract()"
+            if contract is None
+            else "its parallel contract names no output_head"
+            if name is None
+            else f"its output_head {name!r} is not an attribute of the model"
+        )
         raise ForgeError(
             f"train.loss.name: chunked applies the output head itself, but model {model_name!r} "
             f"({type(model).__name__}) does not say where it is: {why}. Set train.loss.name: full, or "
@@ -79,7 +83,9 @@ def take_over_head(model: torch.nn.Module, model_name: str) -> torch.nn.Module:
     return head
 
 
-def _vocab_shard(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, int, torch.Tensor, torch.Tensor | None]:
+def _vocab_shard(
+    weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[Any, int, torch.Tensor, torch.Tensor | None]:
     """``(group, first vocabulary row, local weight, local bias)``: the group over which
     the vocabulary is sharded (``None`` when this rank holds all of it)."""
     from torch.distributed.tensor import DTensor
@@ -104,8 +110,10 @@ def _vocab_shard(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, 
     local = weight.to_local()
     offset = min(rank * rows, vocab)
     if local.shape[0] != min(rows, vocab - offset):
-        raise ForgeError(f"the output head's vocabulary shard on rank {rank} has {local.shape[0]} rows, "
-                         f"expected {min(rows, vocab - offset)} of {vocab}")
+        raise ForgeError(
+            f"the output head's vocabulary shard on rank {rank} has {local.shape[0]} rows, "
+            f"expected {min(rows, vocab - offset)} of {vocab}"
+        )
     return mesh.get_group(dim), offset, local, local_bias
 
 
@@ -114,9 +122,18 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                labels: torch.Tensor, chunk: int, group: Any, offset: int, compute: torch.dtype,
-                with_grads: bool) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        chunk: int,
+        group: Any,
+        offset: int,
+        compute: torch.dtype,
+        with_grads: bool,
+    ) -> torch.Tensor:
         loss_dtype = torch.promote_types(compute, torch.float32)
         grad_dtype = torch.promote_types(weight.dtype, torch.float32)
         w = weight.to(compute)
@@ -124,13 +141,18 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         local_vocab = weight.shape[0]
         loss_sum = torch.zeros((), dtype=loss_dtype, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if with_grads else None
-        grad_weight = torch.zeros(weight.shape, dtype=grad_dtype, device=weight.device) if with_grads else None
-        grad_bias = None if bias is None or not with_grads else torch.zeros(bias.shape, dtype=grad_dtype,
-                                                                             device=bias.device)
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=grad_dtype, device=weight.device) if with_grads else None
+        )
+        grad_bias = (
+            None
+            if bias is None or not with_grads
+            else torch.zeros(bias.shape, dtype=grad_dtype, device=bias.device)
+        )
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], chunk):
-                h = hidden[start:start + chunk].to(compute)
-                y = labels[start:start + chunk]
+                h = hidden[start : start + chunk].to(compute)
+                y = labels[start : start + chunk]
                 logits = torch.nn.functional.linear(h, w, b).to(loss_dtype)
                 valid = y != IGNORE_INDEX
                 local_y = y - offset
@@ -155,7 +177,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 probs.scatter_add_(1, index, torch.where(mine, -1.0, 0.0).to(loss_dtype).unsqueeze(1))
                 probs.mul_(valid.unsqueeze(1))
                 grad_logits = probs.to(compute)
-                grad_hidden[start:start + chunk] = grad_logits @ w
+                grad_hidden[start : start + chunk] = grad_logits @ w
                 grad_weight += grad_logits.t() @ h
                 if grad_bias is not None:
                     grad_bias += grad_logits.sum(dim=0)
@@ -176,7 +198,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             (grad_hidden * scale.to(grad_hidden.dtype)).to(h_dtype),
             (grad_weight * scale).to(w_dtype),
             None if grad_bias is None else (grad_bias * scale).to(b_dtype),
-            None, None, None, None, None, None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )
 
 
@@ -210,10 +237,21 @@ class ChunkedLoss:
         flat = hidden.reshape(-1, hidden.shape[-1])
         flat_labels = labels.reshape(-1)
         if flat.shape[0] != flat_labels.shape[0]:
-            raise ValueError(f"hidden states of shape {tuple(hidden.shape)} do not match labels of shape "
-                             f"{tuple(labels.shape)}")
+            raise ValueError(
+                f"hidden states of shape {tuple(hidden.shape)} do not match labels of shape "
+                f"{tuple(labels.shape)}"
+            )
         needs = [t for t in (flat, weight, bias) if t is not None]
         with_grads = torch.is_grad_enabled() and any(t.requires_grad for t in needs)
-        loss_sum = _ChunkedCrossEntropy.apply(flat, weight, bias, flat_labels, self.chunk_tokens, group, offset,
-                                              _compute_dtype(flat, weight), with_grads)
+        loss_sum = _ChunkedCrossEntropy.apply(
+            flat,
+            weight,
+            bias,
+            flat_labels,
+            self.chunk_tokens,
+            group,
+            offset,
+            _compute_dtype(flat, weight),
+            with_grads,
+        )
         return loss_sum, (labels != IGNORE_INDEX).sum()

@@ -36,13 +36,19 @@ def notice(path: Any, saved_world: int, world: int) -> str:
     """What a resume from ``saved_world`` processes on ``world`` says."""
     if world > saved_world:
         verb = "starts" if world - saved_world == 1 else "start"
-        streams = (f"{_processes(saved_world, world - 1)} {verb} from copies of the streams of "
-                   f"{_processes(0, saved_world - 1)} (process r takes those of process r mod {saved_world})")
+        streams = (
+            f"{_processes(saved_world, world - 1)} {verb} from copies of the streams of "
+            f"{_processes(0, saved_world - 1)} (process r takes those of process r mod {saved_world})"
+        )
     else:
-        streams = (f"the streams of {_processes(0, world - 1)} go on, those of "
-                   f"{_processes(world, saved_world - 1)} are dropped")
-    return (f"checkpoint {path} was written by {saved_world} process{'es' * (saved_world > 1)}; resuming on "
-            f"{world}. Model and optimizer state are resharded, and the data goes on at the same global batch. "
-            f"Random number streams are per process and cannot carry over: {streams}, so anything drawn at random "
-            f"from here on (dropout, sampling in plugins) differs from an uninterrupted run; losses match it up "
-            f"to the rounding of sums.")
+        streams = (
+            f"the streams of {_processes(0, world - 1)} go on, those of "
+            f"{_processes(world, saved_world - 1)} are dropped"
+        )
+    return (
+        f"checkpoint {path} was written by {saved_world} process{'es' * (saved_world > 1)}; resuming on "
+        f"{world}. Model and optimizer state are resharded, and the data goes on at the same global batch. "
+        f"Random number streams are per process and cannot carry over: {streams}, so anything drawn at random "
+        f"from here on (dropout, sampling in plugins) differs from an uninterrupted run; losses match it up "
+        f"to the rounding of sums."
+    )

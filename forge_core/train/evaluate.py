@@ -91,8 +91,10 @@ class EvalData:
         total = sum(s.rows.num_rows for s in self.sets)
         docs = sum(s.documents for s in self.sets)
         limited = f" (limited to {rows:,} of {total:,} rows)" if rows < total else ""
-        return (f"eval: {what_rows(rows)} of {self.sets[0].rows.seq_len} tokens from {docs:,} documents of "
-                f"{self.what}{limited}, {self.num_batches} batch(es) of {self.batch_rows} rows")
+        return (
+            f"eval: {what_rows(rows)} of {self.sets[0].rows.seq_len} tokens from {docs:,} documents of "
+            f"{self.what}{limited}, {self.num_batches} batch(es) of {self.batch_rows} rows"
+        )
 
 
 def what_rows(n: int) -> str:
@@ -111,13 +113,19 @@ def row_limit(config: Any) -> int:
     return min(limits) if limits else sys.maxsize
 
 
-def build_eval_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True,
-                    report: Callable[[str], None] = _stderr) -> EvalData:
+def build_eval_data(
+    plan: Any,
+    registries: Any,
+    tokenizer: Any,
+    *,
+    is_main: bool = True,
+    report: Callable[[str], None] = _stderr,
+) -> EvalData:
     """The rows of the judged ``plan``'s evaluation (module docstring). An evaluation
     with nothing to read is a ForgeError saying which source and why."""
+    from forge_core import components
     from forge_core.data.build import heldout_documents, pack, source_shards
     from forge_core.data.shards import stream as document_stream
-    from forge_core import components
 
     config = plan.config
     data = config.data
@@ -127,12 +135,16 @@ def build_eval_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool
     if chosen is None:
         streams = heldout_documents(plan, registries, tokenizer, is_main=is_main)
         what = "the held-out split"
-        empty = (f"data.heldout.fraction {data.heldout.fraction} (seed {data.heldout.seed}) holds out no document: "
-                 if not any(len(s) for _, s in streams) else "")
+        empty = (
+            f"data.heldout.fraction {data.heldout.fraction} (seed {data.heldout.seed}) holds out no document: "
+            if not any(len(s) for _, s in streams)
+            else ""
+        )
     else:
         source = components.chosen_source(plan, registries, chosen)
-        shards, _ = source_shards(source, tokenizer, data.cache, f"eval source {chosen.name!r}",
-                                  is_main=is_main, report=report)
+        shards, _ = source_shards(
+            source, tokenizer, data.cache, f"eval source {chosen.name!r}", is_main=is_main, report=report
+        )
         streams = [(chosen.name, document_stream(shards, eos, vocab))]
         what = f"source {chosen.name!r} ({source.describe()})"
         empty = ""
@@ -150,18 +162,23 @@ def build_eval_data(plan: Any, registries: Any, tokenizer: Any, *, is_main: bool
             fix = "raise data.heldout.fraction, or evaluate on another source with eval.source"
         else:
             why = f"it has no document that fills one row of data.seq_len {data.seq_len}: "
-            fix = "point eval.source_options at documents, or evaluate on the held-out split (eval.source: '')"
+            fix = (
+                "point eval.source_options at documents, or evaluate on the held-out split (eval.source: '')"
+            )
         raise ForgeError(f"nothing to evaluate on in {what}: {why}{fix}.")
     return EvalData(tuple(sets), config.eval.batch_rows(config.train), row_limit(config), what)
 
 
-def rank_batches(rows: Any, num_rows: int, batch_rows: int, dp_rank: int, dp_size: int
-                 ) -> Iterator[dict[str, torch.Tensor]]:
+def rank_batches(
+    rows: Any, num_rows: int, batch_rows: int, dp_rank: int, dp_size: int
+) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's slice of each global batch of the first ``num_rows`` rows, in order;
     the slots past ``num_rows`` hold the last row with every label -100."""
     if batch_rows % dp_size:
-        raise ForgeError(f"the evaluation batch of {batch_rows} rows cannot be split over {dp_size} "
-                         "data-parallel ranks: make eval.batch_size a multiple of dp_replicate * dp_shard")
+        raise ForgeError(
+            f"the evaluation batch of {batch_rows} rows cannot be split over {dp_size} "
+            "data-parallel ranks: make eval.batch_size a multiple of dp_replicate * dp_shard"
+        )
     per = batch_rows // dp_size
     for start in range(0, num_rows, batch_rows):
         wanted = np.arange(start + dp_rank * per, start + (dp_rank + 1) * per)
@@ -208,10 +225,18 @@ class EvalResult:
         def clean(x: float) -> float | None:
             return x if math.isfinite(x) else None
 
-        return {"loss": clean(self.loss), "perplexity": clean(self.perplexity), "tokens": self.tokens,
-                "rows": self.rows, "batches": self.batches, "seconds": round(self.seconds, 3),
-                "sources": {k: {"loss": clean(v[0]), "perplexity": clean(perplexity(v[0])), "tokens": v[1]}
-                            for k, v in self.by_source.items()}}
+        return {
+            "loss": clean(self.loss),
+            "perplexity": clean(self.perplexity),
+            "tokens": self.tokens,
+            "rows": self.rows,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "sources": {
+                k: {"loss": clean(v[0]), "perplexity": clean(perplexity(v[0])), "tokens": v[1]}
+                for k, v in self.by_source.items()
+            },
+        }
 
 
 class eval_mode:
@@ -235,9 +260,16 @@ class eval_mode:
             m.training = mode
 
 
-def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable | None = None, *, device: torch.device,
-             precision: str = "fp32", slice_weight: float = 1.0,
-             progress: Callable[[int, int], None] | None = None) -> EvalResult:
+def run_eval(
+    pmodel: Any,
+    data: EvalData,
+    loss_fn: Callable | None = None,
+    *,
+    device: torch.device,
+    precision: str = "fp32",
+    slice_weight: float = 1.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
     """Evaluate ``pmodel`` (a :class:`~forge_core.distributed.parallelize.ParallelModel`) on
     ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every process of the run calls
     it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
@@ -253,7 +285,9 @@ def run_eval(pmodel: Any, data: EvalData, loss_fn: Callable | None = None, *, de
     with eval_mode([*pmodel.parts, pmodel.forward]):
         for eval_set, num_rows in data.row_counts():
             sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
-            for batch in rank_batches(eval_set.rows, num_rows, data.batch_rows, pmodel.dp_rank, pmodel.dp_size):
+            for batch in rank_batches(
+                eval_set.rows, num_rows, data.batch_rows, pmodel.dp_rank, pmodel.dp_size
+            ):
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 with autocast:
                     loss_sum, tokens = pmodel.evaluate(batch, loss_fn)

@@ -46,10 +46,12 @@ class MfuMeter:
         if mfu <= 1 or not self.peak_measured or self.warned:
             return mfu, None
         self.warned = True
-        return mfu, (f"this run computes {achieved / 1e9:,.1f} GFLOP/s per process, above the peak of "
-                     f"{self.peak / 1e9:,.1f} GFLOP/s measured earlier (while the machine was busy?), "
-                     f"so MFU reads above 1. Delete {cache_file()} to measure the peak again at the next "
-                     "start, or set train.peak_tflops.")
+        return mfu, (
+            f"this run computes {achieved / 1e9:,.1f} GFLOP/s per process, above the peak of "
+            f"{self.peak / 1e9:,.1f} GFLOP/s measured earlier (while the machine was busy?), "
+            f"so MFU reads above 1. Delete {cache_file()} to measure the peak again at the next "
+            "start, or set train.peak_tflops."
+        )
 
 
 def attention_width(plan: Any, registries: Any, vocab_size: int) -> int:
@@ -61,13 +63,26 @@ def attention_width(plan: Any, registries: Any, vocab_size: int) -> int:
     return flops.measure_attention_width(model, probe, torch.device("meta"))
 
 
-def build_meter(plan: Any, registries: Any, model: torch.nn.Module, vocab_size: int, device: torch.device,
-                world_size: int, log: Callable[[str], None]) -> MfuMeter:
+def build_meter(
+    plan: Any,
+    registries: Any,
+    model: torch.nn.Module,
+    vocab_size: int,
+    device: torch.device,
+    world_size: int,
+    log: Callable[[str], None],
+) -> MfuMeter:
     """The meter of a built model, with the run's peak (measured now if not cached)."""
     train = plan.config.train
     dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
     if train.peak_tflops <= 0 and cached_peak(device, dtype) is None:
         log("measuring the peak matmul rate for MFU (once; cached) ...")
     peak, source = peak_flops(device, dtype, train.peak_tflops)
-    return MfuMeter(flops.matmul_params(model), attention_width(plan, registries, vocab_size), peak, source,
-                    train.peak_tflops <= 0, world_size)
+    return MfuMeter(
+        flops.matmul_params(model),
+        attention_width(plan, registries, vocab_size),
+        peak,
+        source,
+        train.peak_tflops <= 0,
+        world_size,
+    )

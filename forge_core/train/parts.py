@@ -61,8 +61,10 @@ class RunParts:
 def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
     micro = batch_size // (dp * grad_accum)
     if micro < 1 or micro * dp * grad_accum != batch_size:
-        raise ForgeError(f"train.batch_size = {batch_size} does not split into {dp} data-parallel "
-                         f"ranks x {grad_accum} accumulation steps")
+        raise ForgeError(
+            f"train.batch_size = {batch_size} does not split into {dp} data-parallel "
+            f"ranks x {grad_accum} accumulation steps"
+        )
     return micro
 
 
@@ -72,8 +74,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_parts(plan: Any, registries: Any, placement: Placement, run_dir: Any,
-                log: Callable[[str], None]) -> RunParts:
+def build_parts(
+    plan: Any, registries: Any, placement: Placement, run_dir: Any, log: Callable[[str], None]
+) -> RunParts:
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
 
@@ -85,7 +88,9 @@ def build_parts(plan: Any, registries: Any, placement: Placement, run_dir: Any,
     data = build_training_data(plan, registries, tokenizer, is_main=pl.is_main)
     log(data.summary)
 
-    model = components.model(plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries))
+    model = components.model(
+        plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries)
+    )
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log)
@@ -95,20 +100,39 @@ def build_parts(plan: Any, registries: Any, placement: Placement, run_dir: Any,
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]
-    loader = StatefulLoader(data.rows, micro_batch, dp_rank=pmodel.dp_rank, dp_size=dp, seed=cfg.run.seed,
-                            shuffle=cfg.data.shuffle, num_workers=cfg.data.num_workers)
+    loader = StatefulLoader(
+        data.rows,
+        micro_batch,
+        dp_rank=pmodel.dp_rank,
+        dp_size=dp,
+        seed=cfg.run.seed,
+        shuffle=cfg.data.shuffle,
+        num_workers=cfg.data.num_workers,
+    )
     eval_data = None
     if cfg.eval.enabled:
         from forge_core.train.evaluate import build_eval_data
 
         eval_data = build_eval_data(plan, registries, tokenizer, is_main=pl.is_main)
         log(eval_data.summary)
-    log(f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls), "
+    log(
+        f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls), "
         f"attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
-        f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})")
+        f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})"
+    )
     return RunParts(
-        tokenizer=tokenizer, data=data, pmodel=pmodel, optimizers=optimizers, loader=loader,
+        tokenizer=tokenizer,
+        data=data,
+        pmodel=pmodel,
+        optimizers=optimizers,
+        loader=loader,
         checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size),
-        memory=MemoryMeter(pl.device), mfu=mfu, eval_data=eval_data, vocab_size=vocab_size, n_params=n_params,
-        micro_batch=micro_batch, slice_weight=dp / pl.world_size, step_inputs=train.batch_size * data.seq_len,
+        memory=MemoryMeter(pl.device),
+        mfu=mfu,
+        eval_data=eval_data,
+        vocab_size=vocab_size,
+        n_params=n_params,
+        micro_batch=micro_batch,
+        slice_weight=dp / pl.world_size,
+        step_inputs=train.batch_size * data.seq_len,
     )

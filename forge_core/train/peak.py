@@ -95,8 +95,13 @@ def store_peak(device: torch.device, dtype: torch.dtype, value: float) -> Path:
     return path
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: float = 0.0,
-               size: int | None = None, budget_s: float = 1.0) -> tuple[float, str]:
+def peak_flops(
+    device: torch.device,
+    dtype: torch.dtype,
+    configured_tflops: float = 0.0,
+    size: int | None = None,
+    budget_s: float = 1.0,
+) -> tuple[float, str]:
     """``(peak FLOP/s, where the figure came from)``."""
     if configured_tflops > 0:
         return configured_tflops * 1e12, "train.peak_tflops"

@@ -31,8 +31,10 @@ def check_precision(precision: str, device: torch.device) -> None:
         return
     if device.type == "cuda":
         if not torch.cuda.is_bf16_supported():
-            raise ForgeError(f"train.precision: bf16, but GPU {torch.cuda.get_device_name(device)!r} does not "
-                             "support bf16. Set train.precision: fp32.")
+            raise ForgeError(
+                f"train.precision: bf16, but GPU {torch.cuda.get_device_name(device)!r} does not "
+                "support bf16. Set train.precision: fp32."
+            )
         return
     if device.type == "cpu" and not cpu_has_bf16():
         raise ForgeError(

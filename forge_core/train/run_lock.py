@@ -72,7 +72,9 @@ def ensure_out_dir(out_dir: Path, what: str = OUT_DIR, fix: str = "") -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ForgeError(f"{what}: {str(out_dir)!r} cannot be created ({exc.strerror or exc}). {fix}") from None
+        raise ForgeError(
+            f"{what}: {str(out_dir)!r} cannot be created ({exc.strerror or exc}). {fix}"
+        ) from None
 
 
 class RunLock:
@@ -95,8 +97,10 @@ class RunLock:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise ForgeError(f"{OUT_DIR}: cannot write in {str(out_dir)!r} ({exc.strerror or exc}). Set "
-                                 f"run.out_dir to a directory you can write.") from None
+                raise ForgeError(
+                    f"{OUT_DIR}: cannot write in {str(out_dir)!r} ({exc.strerror or exc}). Set "
+                    f"run.out_dir to a directory you can write."
+                ) from None
             try:
                 lock = cls._take(path, fd, warn)
             except BaseException:
@@ -105,8 +109,10 @@ class RunLock:
             if lock is not None:
                 return lock
             os.close(fd)
-        raise ForgeError(f"{OUT_DIR}: cannot take the lock {path}: it keeps changing. Is another run "
-                         f"starting on {str(out_dir)!r}?")
+        raise ForgeError(
+            f"{OUT_DIR}: cannot take the lock {path}: it keeps changing. Is another run "
+            f"starting on {str(out_dir)!r}?"
+        )
 
     @classmethod
     def _take(cls, path: Path, fd: int, warn: Callable[[str], None]) -> RunLock | None:
@@ -130,10 +136,15 @@ class RunLock:
             start = previous.get("proc_start")
             if same_host and _alive(pid, start if isinstance(start, int) else None):
                 raise cls._held(path, previous)
-            why = ("that process is no longer running" if same_host else
-                   "it was on another host and has let go of the lock")
-            warn(f"taking over the lock {path} left by {describe(previous)}: {why} (it did not end "
-                 f"cleanly; its unfinished checkpoint writes are removed)")
+            why = (
+                "that process is no longer running"
+                if same_host
+                else "it was on another host and has let go of the lock"
+            )
+            warn(
+                f"taking over the lock {path} left by {describe(previous)}: {why} (it did not end "
+                f"cleanly; its unfinished checkpoint writes are removed)"
+            )
         lock = cls(path, fd)
         lock.record()
         return lock
@@ -150,9 +161,13 @@ class RunLock:
     def record(self) -> None:
         """Write who holds the lock. On a full disk this can fail: the lock still holds
         (the flock is what excludes), so the caller can free space and record again."""
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "proc_start": _process_start(os.getpid()),
-                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                  "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "proc_start": _process_start(os.getpid()),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300],
+        }
         data = (json.dumps(holder) + "\n").encode()
         try:
             os.ftruncate(self.fd, 0)

@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 
 from forge_core.api import ForgeError
+from forge_core.api.files import atomic_write
 from forge_core.config.loader import plugin_settings, read_config_file, to_plain
 from forge_core.config.schema import PluginsSection
-from forge_core.api.files import atomic_write
 
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
@@ -74,7 +74,13 @@ AFFECTS_RESULTS = ("run.seed", "model", "attention", "data", "train")
 #: run.collective_timeout, plugins.*, and parallel.* and train.compile, which change
 #: only speed and the rounding of sums (a resume with another process count says so
 #: itself).
-NOT_RESULTS = ("data.num_workers", "train.peak_tflops", "train.compile", "train.steps", "train.schedule_steps")
+NOT_RESULTS = (
+    "data.num_workers",
+    "train.peak_tflops",
+    "train.compile",
+    "train.steps",
+    "train.schedule_steps",
+)
 
 
 def _within(path: str, prefixes: tuple[str, ...]) -> bool:

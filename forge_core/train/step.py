@@ -57,8 +57,9 @@ def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def global_counts(micro: list[dict[str, torch.Tensor]], slice_weight: float, stop: bool,
-                  device: torch.device) -> tuple[float, float, float]:
+def global_counts(
+    micro: list[dict[str, torch.Tensor]], slice_weight: float, stop: bool, device: torch.device
+) -> tuple[float, float, float]:
     """``(labelled tokens, attended pairs, stop requests)`` over every process. Every
     process of a data-parallel slice reads the same batch: ``slice_weight`` counts each
     batch once."""
@@ -69,9 +70,18 @@ def global_counts(micro: list[dict[str, torch.Tensor]], slice_weight: float, sto
     return labelled, pairs, stops
 
 
-def optimizer_step(pmodel: Any, optimizers: list[Any], micro: list[dict[str, torch.Tensor]], lr: float, *,
-                   precision_name: str, device: torch.device, slice_weight: float, grad_clip: float,
-                   stop: bool) -> StepOutcome:
+def optimizer_step(
+    pmodel: Any,
+    optimizers: list[Any],
+    micro: list[dict[str, torch.Tensor]],
+    lr: float,
+    *,
+    precision_name: str,
+    device: torch.device,
+    slice_weight: float,
+    grad_clip: float,
+    stop: bool,
+) -> StepOutcome:
     """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
     afterwards whether or not the optimizers stepped."""
     labelled, pairs, stops = global_counts(micro, slice_weight, stop, device)

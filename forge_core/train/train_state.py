@@ -24,8 +24,11 @@ def encode(obj: Any) -> Any:
     numpy arrays and scalars, tensors)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu()
-        return {"__tensor__": t.reshape(-1).tolist(), "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape)}
+        return {
+            "__tensor__": t.reshape(-1).tolist(),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+        }
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": obj.reshape(-1).tolist(), "dtype": str(obj.dtype), "shape": list(obj.shape)}
     if isinstance(obj, np.generic):

@@ -102,8 +102,9 @@ class Trainer:
     parts: RunParts | None
     progress: Progress
 
-    def __init__(self, plan: Any, registries: Any, placement: Placement,
-                 stop: StopSignal | None = None) -> None:
+    def __init__(
+        self, plan: Any, registries: Any, placement: Placement, stop: StopSignal | None = None
+    ) -> None:
         self.plan = plan
         self.config = plan.config
         self.registries = registries
@@ -122,8 +123,9 @@ class Trainer:
         return self.progress.step
 
     def build(self) -> None:
-        self.parts = build_parts(self.plan, self.registries, self.placement, self.run_dir,
-                                 lambda m: log(self.placement, m))
+        self.parts = build_parts(
+            self.plan, self.registries, self.placement, self.run_dir, lambda m: log(self.placement, m)
+        )
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
     def _set_schedule(self, steps: int) -> None:
@@ -142,14 +144,20 @@ class Trainer:
                 lock = RunLock.acquire(self.run_dir, lambda m: warn(pl, m))
                 removed, freed = remove_stale_temporaries(self.run_dir)
                 if removed:
-                    log(pl, f"removed {len(removed)} unfinished write(s) left in {self.run_dir} by an "
-                            f"earlier run ({freed / 1e6:,.1f} MB)")
+                    log(
+                        pl,
+                        f"removed {len(removed)} unfinished write(s) left in {self.run_dir} by an "
+                        f"earlier run ({freed / 1e6:,.1f} MB)",
+                    )
                 if not lock.recorded:  # the disk was full: try again now that space was freed
                     lock.record()
             except Exception as exc:  # noqa: BLE001 - the other ranks must hear of any failure
                 error = exc
-        verdict = error if error is None or isinstance(error, ForgeError) else ForgeError(
-            f"rank 0 failed to prepare {self.run_dir}: {type(error).__name__}: {error}")
+        verdict = (
+            error
+            if error is None or isinstance(error, ForgeError)
+            else ForgeError(f"rank 0 failed to prepare {self.run_dir}: {type(error).__name__}: {error}")
+        )
         verdict = broadcast_object(verdict)
         if verdict is not None:
             if lock is not None:
@@ -171,27 +179,35 @@ class Trainer:
             if not is_disk_full(exc, self.run_dir):
                 raise
             where = Path(exc.filename) if exc.filename else self.run_dir
-            raise ForgeError(f"{no_space_message(where, 'the run directory')} Free some space (or move "
-                             f"run.out_dir to a larger disk) and run again.") from None
+            raise ForgeError(
+                f"{no_space_message(where, 'the run directory')} Free some space (or move "
+                f"run.out_dir to a larger disk) and run again."
+            ) from None
 
     def _write_run_files(self) -> None:
         pl, parts = self.placement, self.parts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         changed = rundir.changed_settings(self.run_dir, self.config)
         if changed and (self.run_dir / "checkpoints").is_dir() and self.config.checkpoint.resume == "auto":
-            warn(pl, f"{self.run_dir} was written with a different config ({', '.join(changed[:8])}"
-                     f"{' ...' if len(changed) > 8 else ''}); resuming anyway")
+            warn(
+                pl,
+                f"{self.run_dir} was written with a different config ({', '.join(changed[:8])}"
+                f"{' ...' if len(changed) > 8 else ''}); resuming anyway",
+            )
         rundir.save_config(self.run_dir, self.config)
         tok_dir = self.run_dir / rundir.TOKENIZER
         tok_dir.mkdir(exist_ok=True)
         parts.tokenizer.save(str(tok_dir))
-        rundir.save_run_info(self.run_dir, {
-            "vocab_size": parts.vocab_size,
-            "tokenizer_identity": str(parts.tokenizer.identity),
-            "parameters": parts.n_params,
-            "matmul_parameters": parts.mfu.n_matmul,
-            "world_size": pl.world_size,
-        })
+        rundir.save_run_info(
+            self.run_dir,
+            {
+                "vocab_size": parts.vocab_size,
+                "tokenizer_identity": str(parts.tokenizer.identity),
+                "parameters": parts.n_params,
+                "matmul_parameters": parts.mfu.n_matmul,
+                "world_size": pl.world_size,
+            },
+        )
 
     def resume(self) -> None:
         if self.config.checkpoint.resume != "auto":
@@ -210,8 +226,13 @@ class Trainer:
                     f"the config gives {identity!r}. Use the same tokenizer or a new run.out_dir."
                 )
 
-        state = parts.checkpoints.load(path, parts.pmodel.parts, parts.optimizers,
-                                       lambda m: warn(self.placement, m), check=same_tokenizer)
+        state = parts.checkpoints.load(
+            path,
+            parts.pmodel.parts,
+            parts.optimizers,
+            lambda m: warn(self.placement, m),
+            check=same_tokenizer,
+        )
         progress.step = int(state["step"])
         progress.nonfinite_streak = int(state.get("nonfinite_streak", 0))
         parts.loader.load_state_dict(state["loader"])
@@ -245,9 +266,15 @@ class Trainer:
             "tokenizer_identity": str(parts.tokenizer.identity),
             schedule_span.STATE_KEY: progress.schedule_steps,
         }
-        path = parts.checkpoints.save(progress.step, parts.pmodel.parts, parts.optimizers, state,
-                                      writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(
-                                          run=run, step=progress.step, path=str(tmp)))
+        path = parts.checkpoints.save(
+            progress.step,
+            parts.pmodel.parts,
+            parts.optimizers,
+            state,
+            writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(
+                run=run, step=progress.step, path=str(tmp)
+            ),
+        )
         progress.last_saved = progress.step
         self.pm.hook.forge_checkpoint_saved(run=run, step=progress.step, path=str(path))
 
@@ -259,9 +286,17 @@ class Trainer:
         t0 = time.perf_counter()
         micro = [next(parts.loader) for _ in range(train.grad_accum)]
         lr = train.lr * progress.schedule(progress.step)
-        outcome = optimizer_step(parts.pmodel, parts.optimizers, micro, lr, precision_name=train.precision,
-                                 device=pl.device, slice_weight=parts.slice_weight, grad_clip=train.grad_clip,
-                                 stop=self.stop.received is not None)
+        outcome = optimizer_step(
+            parts.pmodel,
+            parts.optimizers,
+            micro,
+            lr,
+            precision_name=train.precision,
+            device=pl.device,
+            slice_weight=parts.slice_weight,
+            grad_clip=train.grad_clip,
+            stop=self.stop.received is not None,
+        )
         step_time = time.perf_counter() - t0
         progress.stop_agreed = outcome.stop_agreed
         progress.nonfinite_streak = 0 if outcome.stepped else progress.nonfinite_streak + 1
@@ -292,8 +327,13 @@ class Trainer:
         from forge_core.train.evaluate import run_eval
 
         parts = self.parts
-        result = run_eval(parts.pmodel, parts.eval_data, device=self.placement.device,
-                          precision=self.config.train.precision, slice_weight=parts.slice_weight)
+        result = run_eval(
+            parts.pmodel,
+            parts.eval_data,
+            device=self.placement.device,
+            precision=self.config.train.precision,
+            slice_weight=parts.slice_weight,
+        )
         metrics = result.metrics()
         self.pm.hook.forge_eval_end(run=run, step=self.progress.step, metrics=dict(metrics))
         return metrics
@@ -303,26 +343,38 @@ class Trainer:
         from forge_core.train.view import RunView
 
         parts = self.parts
-        return RunView(pmodel=parts.pmodel, step=lambda: self.progress.step, device=self.placement.device,
-                       tokenizer=parts.tokenizer, seq_len=parts.data.seq_len, train_rows=parts.data.rows,
-                       heldout=lambda: heldout_documents(self.plan, self.registries, parts.tokenizer,
-                                                         is_main=self.placement.is_main))
+        return RunView(
+            pmodel=parts.pmodel,
+            step=lambda: self.progress.step,
+            device=self.placement.device,
+            tokenizer=parts.tokenizer,
+            seq_len=parts.data.seq_len,
+            train_rows=parts.data.rows,
+            heldout=lambda: heldout_documents(
+                self.plan, self.registries, parts.tokenizer, is_main=self.placement.is_main
+            ),
+        )
 
     def check_finite(self, metrics: dict[str, Any]) -> None:
         if not metrics["skipped"]:
             return
         policy = self.config.train.nonfinite
         what = f"step {self.progress.step}: loss {metrics['loss']}, gradient norm {metrics['grad_norm']}"
-        advice = ("Lower train.lr, raise train.warmup_steps, set train.grad_clip, or use "
-                  "train.precision: fp32.")
+        advice = (
+            "Lower train.lr, raise train.warmup_steps, set train.grad_clip, or use train.precision: fp32."
+        )
         if policy.policy == "stop":
             raise NonFiniteStop(f"{what}: not finite; stopping (train.nonfinite.policy: stop). {advice}")
         if self.progress.nonfinite_streak >= policy.max_consecutive:
             raise NonFiniteStop(
                 f"{what}: not finite for {self.progress.nonfinite_streak} steps in a row "
-                f"(train.nonfinite.max_consecutive: {policy.max_consecutive}); stopping. {advice}")
-        warn(self.placement, f"{what}: not finite; optimizer step skipped "
-                             f"({self.progress.nonfinite_streak} of at most {policy.max_consecutive} in a row)")
+                f"(train.nonfinite.max_consecutive: {policy.max_consecutive}); stopping. {advice}"
+            )
+        warn(
+            self.placement,
+            f"{what}: not finite; optimizer step skipped "
+            f"({self.progress.nonfinite_streak} of at most {policy.max_consecutive} in a row)",
+        )
 
     def run(self) -> str:
         with self.stop, self.claim_run_dir():  # a signal during start-up raises Interrupted
@@ -342,8 +394,15 @@ class Trainer:
         self.stop.start_training()
         cfg, pl, progress = self.config, self.placement, self.progress
         total = cfg.train.steps
-        run = RunContext(config=cfg, out_dir=str(self.run_dir), start_step=progress.step, total_steps=total,
-                         rank=pl.rank, world_size=pl.world_size, view=self.view())
+        run = RunContext(
+            config=cfg,
+            out_dir=str(self.run_dir),
+            start_step=progress.step,
+            total_steps=total,
+            rank=pl.rank,
+            world_size=pl.world_size,
+            view=self.view(),
+        )
         registered = []
         # pluggy calls the most recently registered first: register in reverse so the
         # loggers see each hook in the order logging.loggers lists them.

@@ -41,12 +41,26 @@ class RunView:
 
     __slots__ = ("_pmodel", "_step", "_device", "_tokenizer", "_seq_len", "_train_rows", "_heldout")
 
-    def __init__(self, *, pmodel: Any, step: Callable[[], int], device: torch.device,
-                 tokenizer: Any, seq_len: int, train_rows: Any = None,
-                 heldout: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
-        for name, value in (("_pmodel", pmodel), ("_step", step), ("_device", device),
-                            ("_tokenizer", tokenizer), ("_seq_len", seq_len), ("_train_rows", train_rows),
-                            ("_heldout", heldout)):
+    def __init__(
+        self,
+        *,
+        pmodel: Any,
+        step: Callable[[], int],
+        device: torch.device,
+        tokenizer: Any,
+        seq_len: int,
+        train_rows: Any = None,
+        heldout: Callable[[], list[tuple[str, Any]]] | None = None,
+    ) -> None:
+        for name, value in (
+            ("_pmodel", pmodel),
+            ("_step", step),
+            ("_device", device),
+            ("_tokenizer", tokenizer),
+            ("_seq_len", seq_len),
+            ("_train_rows", train_rows),
+            ("_heldout", heldout),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:

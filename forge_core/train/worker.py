@@ -9,6 +9,10 @@ import sys
 
 if __name__ == "__main__":
     if os.environ.get("RANK", "0") == "0":
-        print("warning: `-m forge_core.train.worker` is deprecated; use `-m forge_core.cli.worker` "
-              "(same arguments)", file=sys.stderr, flush=True)
+        print(
+            "warning: `-m forge_core.train.worker` is deprecated; use `-m forge_core.cli.worker` "
+            "(same arguments)",
+            file=sys.stderr,
+            flush=True,
+        )
     runpy.run_module("forge_core.cli.worker", run_name="__main__", alter_sys=True)

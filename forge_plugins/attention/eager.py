@@ -24,15 +24,11 @@ from forge_plugins.attention.masks import causal_mask, document_causal_mask
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> int:
     """Query heads per key/value head; refuses counts that do not group."""
     if q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
-        )
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     return q.shape[1] // k.shape[1]
 
 
-def eager_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Softmax attention of ``q (B,H,S,D)`` over ``k, v (B,Hkv,S,D)`` where ``mask`` is True."""
     group = check_heads(q, k)
     if group > 1:
@@ -50,9 +46,7 @@ class EagerAttention:
     def __init__(self, options: Any) -> None:
         self.options = options
 
-    def prepare(
-        self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str
-    ) -> torch.Tensor:
+    def prepare(self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str) -> torch.Tensor:
         if doc_ids is None:
             return causal_mask(seq_len, device)
         return document_causal_mask(doc_ids, seq_len, device)

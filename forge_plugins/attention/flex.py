@@ -41,9 +41,7 @@ class FlexAttention:
         self.block_size = options.block_size
         self._causal: dict[tuple[int, str], Any] = {}
 
-    def prepare(
-        self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str
-    ) -> Any:
+    def prepare(self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str) -> Any:
         if doc_ids is not None:
             return document_block_mask(doc_ids, seq_len, device, self.block_size)
         key = (seq_len, str(device))

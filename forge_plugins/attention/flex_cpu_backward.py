@@ -41,9 +41,7 @@ def _kept_blocks(block_mask: Any, b: int, h: int, q_block: int) -> tuple[list[in
 def _tokens(blocks: list[int], block_size: int, seq_len: int) -> torch.Tensor:
     if not blocks:
         return torch.empty(0, dtype=torch.long)
-    return torch.cat([
-        torch.arange(blk * block_size, min((blk + 1) * block_size, seq_len)) for blk in blocks
-    ])
+    return torch.cat([torch.arange(blk * block_size, min((blk + 1) * block_size, seq_len)) for blk in blocks])
 
 
 def _backward_heads(q, k, v, out, grad_out, block_mask, scale, mask_b, dq, dk, dv):
@@ -67,10 +65,13 @@ def _backward_heads(q, k, v, out, grad_out, block_mask, scale, mask_b, dq, dk, d
         if cols.numel() == 0:
             continue
         rows = torch.arange(r0, r1)
-        allowed = torch.cat([
-            block_mask.mask_mod(b_index, h_index, rows[:, None], partial_cols[None, :]),
-            torch.ones(r1 - r0, full_cols.numel(), dtype=torch.bool),
-        ], dim=1)
+        allowed = torch.cat(
+            [
+                block_mask.mask_mod(b_index, h_index, rows[:, None], partial_cols[None, :]),
+                torch.ones(r1 - r0, full_cols.numel(), dtype=torch.bool),
+            ],
+            dim=1,
+        )
         qs, go, corr = q[:, :, r0:r1], grad_out[:, :, r0:r1], correction[:, :, r0:r1]
         ks, vs = k.index_select(2, cols), v.index_select(2, cols)
         scores = (qs @ ks.transpose(-1, -2)) * scale
@@ -105,8 +106,17 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
         # All query heads at once, grouped by the key/value head they share.
         dq_b = torch.zeros(kv_heads, group, seq_len, head_dim, dtype=work)
         _backward_heads(
-            grouped(qf, group), grouped(kf, 1), grouped(vf, 1), grouped(of, group),
-            grouped(gof, group), block_mask, scale, b if mask_batch > 1 else 0, dq_b, dk[b], dv[b],
+            grouped(qf, group),
+            grouped(kf, 1),
+            grouped(vf, 1),
+            grouped(of, group),
+            grouped(gof, group),
+            block_mask,
+            scale,
+            b if mask_batch > 1 else 0,
+            dq_b,
+            dk[b],
+            dv[b],
         )
         dq[b] += dq_b.reshape(heads, seq_len, head_dim)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

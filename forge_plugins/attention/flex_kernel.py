@@ -36,6 +36,10 @@ def flex_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: 
     """Attention of ``q`` over ``k``, ``v`` under ``block_mask``, scale ``1/sqrt(head_dim)``,
     grouped-query heads broadcast: the one call every path makes (one compilation)."""
     return compiled_flex_attention()(
-        q, k, v, block_mask=block_mask, scale=1.0 / math.sqrt(q.shape[-1]),
+        q,
+        k,
+        v,
+        block_mask=block_mask,
+        scale=1.0 / math.sqrt(q.shape[-1]),
         enable_gqa=q.shape[1] != k.shape[1],
     )

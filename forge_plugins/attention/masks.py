@@ -34,9 +34,7 @@ def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
 
 
-def document_causal_mask(
-    doc_ids: torch.Tensor, seq_len: int, device: torch.device | str
-) -> torch.Tensor:
+def document_causal_mask(doc_ids: torch.Tensor, seq_len: int, device: torch.device | str) -> torch.Tensor:
     """Block-diagonal causal boolean mask ``(B, 1, S, S)``: causal and same document.
 
     The diagonal is always True, so no query row is fully masked (no NaN from softmax).
@@ -105,8 +103,13 @@ def document_block_mask(
         mask_mod = document_mask_mod(doc_ids)
         if not bool((doc_ids[:, 1:] >= doc_ids[:, :-1]).all()):
             return create_block_mask(
-                mask_mod, doc_ids.shape[0], None, seq_len, seq_len,
-                device=doc_ids.device, BLOCK_SIZE=block_size,
+                mask_mod,
+                doc_ids.shape[0],
+                None,
+                seq_len,
+                seq_len,
+                device=doc_ids.device,
+                BLOCK_SIZE=block_size,
             )
     first, last = _block_edges(ids, block_size)
     nblocks = first.shape[1]
@@ -128,8 +131,13 @@ def document_block_mask(
     kv_num, kv_idx = _compact(partial)
     full_num, full_idx = _compact(full)
     return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx,
-        BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(seq_len, seq_len),
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(seq_len, seq_len),
     )
 
 
@@ -137,8 +145,14 @@ def block_mask_bytes(block_mask: Any) -> int:
     """Bytes held by a BlockMask's tensors (its memory cost)."""
     total = 0
     for name in (
-        "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-        "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices",
+        "kv_num_blocks",
+        "kv_indices",
+        "full_kv_num_blocks",
+        "full_kv_indices",
+        "q_num_blocks",
+        "q_indices",
+        "full_q_num_blocks",
+        "full_q_indices",
     ):
         tensor = getattr(block_mask, name, None)
         if tensor is not None:

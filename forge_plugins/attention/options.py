@@ -28,4 +28,3 @@ class FlexOptions:
         "about (seq_len / block_size)^2 int32 entries per row.",
         _positive,
     )
-

@@ -22,9 +22,7 @@ def check_sdpa_dense_mask(ctx: Any) -> str | None:
     if backend is None or backend.name != "sdpa" or DOC_IDS not in ctx.emitted:
         return None
     options = ctx.config.attention.options
-    threshold = getattr(
-        options, "dense_mask_warn_seq_len", SdpaOptions().dense_mask_warn_seq_len
-    )
+    threshold = getattr(options, "dense_mask_warn_seq_len", SdpaOptions().dense_mask_warn_seq_len)
     seq_len = ctx.config.data.seq_len
     if seq_len < threshold:
         return None

@@ -33,8 +33,10 @@ def _fmt_eval(metrics: dict[str, Any]) -> str:
     """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not evaluate."""
     if "eval/loss" not in metrics:
         return ""
-    return (f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {metrics['eval/perplexity']:.4g}  "
-            f"({metrics.get('eval/tokens', 0):,} tokens)")
+    return (
+        f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {metrics['eval/perplexity']:.4g}  "
+        f"({metrics.get('eval/tokens', 0):,} tokens)"
+    )
 
 
 class ConsoleLogger:
@@ -55,12 +57,19 @@ class ConsoleLogger:
             try:
                 from tqdm import tqdm
             except ImportError:
-                print("warning: tqdm is not installed; the console logger prints lines instead",
-                      file=sys.stderr)
+                print(
+                    "warning: tqdm is not installed; the console logger prints lines instead", file=sys.stderr
+                )
             else:
-                self.bar = tqdm(total=run.total_steps, initial=run.start_step, desc=run.config.run.name,
-                                unit="step", file=sys.stderr, dynamic_ncols=True,
-                                mininterval=0.2 if sys.stderr.isatty() else 5.0)
+                self.bar = tqdm(
+                    total=run.total_steps,
+                    initial=run.start_step,
+                    desc=run.config.run.name,
+                    unit="step",
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                    mininterval=0.2 if sys.stderr.isatty() else 5.0,
+                )
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
@@ -84,9 +93,11 @@ class ConsoleLogger:
                     refresh=False,
                 )
         elif logged:
-            line = (f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                    f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}  "
-                    f"{evaluated}")
+            line = (
+                f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
+                f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}  "
+                f"{evaluated}"
+            )
             print(line.rstrip(), file=sys.stderr, flush=True)
 
     @hookimpl
@@ -104,12 +115,16 @@ class ConsoleLogger:
         elapsed = time.perf_counter() - self.started
         summary = f"{status} at step {step}/{run.total_steps} in {elapsed:.1f}s"
         if self.last:
-            summary += (f"; last loss {_fmt_loss(self.last['loss'])}, "
-                        f"{self.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall")
+            summary += (
+                f"; last loss {_fmt_loss(self.last['loss'])}, "
+                f"{self.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall"
+            )
         if self.last_eval:
             at, metrics = self.last_eval
-            summary += (f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
-                        f"{metrics['eval/perplexity']:.4g}) at step {at}")
+            summary += (
+                f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
+                f"{metrics['eval/perplexity']:.4g}) at step {at}"
+            )
         print(f"forge: {summary}; run directory {run.out_dir}", file=sys.stderr, flush=True)
 
     def _write(self, line: str) -> None:

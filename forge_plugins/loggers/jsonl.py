@@ -53,17 +53,23 @@ def _kept_bytes(path: Path, last_step: int) -> int:
             record = json.loads(line)
         except ValueError:
             break
-        if not (line.endswith(b"\n") and isinstance(record, dict) and isinstance(record.get("step"), int)
-                and record["step"] <= last_step):
+        if not (
+            line.endswith(b"\n")
+            and isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and record["step"] <= last_step
+        ):
             break
         kept += len(line)
     return kept
 
 
 def _write_failed(path: Path, exc: OSError) -> ForgeError:
-    return ForgeError(f"the jsonl logger cannot write {path}: {exc.strerror or exc}. Free some space or fix "
-                      f"the directory's permissions (or drop 'jsonl' from logging.loggers) and run again; "
-                      f"the run resumes from its latest checkpoint.")
+    return ForgeError(
+        f"the jsonl logger cannot write {path}: {exc.strerror or exc}. Free some space or fix "
+        f"the directory's permissions (or drop 'jsonl' from logging.loggers) and run again; "
+        f"the run resumes from its latest checkpoint."
+    )
 
 
 class JsonlLogger:

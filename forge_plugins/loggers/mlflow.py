@@ -30,8 +30,7 @@ from typing import Any
 
 import yaml
 
-from forge_core.api import ForgeError
-from forge_core.api import hookimpl
+from forge_core.api import ForgeError, hookimpl
 from forge_plugins.loggers.tracking import (
     LossCurve,
     flat_config,
@@ -101,34 +100,47 @@ class MlflowLogger:
             try:
                 existing = client.get_run(stored["run_id"])
             except Exception:  # noqa: BLE001 - deleted or another store: start a new one
-                print(f"warning: MLflow run {stored['run_id']} is not in {uri}; starting a new one",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"warning: MLflow run {stored['run_id']} is not in {uri}; starting a new one",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if existing is not None:
             self.run_id = existing.info.run_id
             client.update_run(self.run_id, status="RUNNING")
             logged = existing.data.params
         else:
             experiment = client.get_experiment_by_name(name)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else client.create_experiment(name, artifact_location=artifacts))
-            self.run_id = client.create_run(experiment_id, run_name=self.options.run_name or run.config.run.name,
-                                            tags=dict(self.options.tags)).info.run_id
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(name, artifact_location=artifacts)
+            )
+            self.run_id = client.create_run(
+                experiment_id,
+                run_name=self.options.run_name or run.config.run.name,
+                tags=dict(self.options.tags),
+            ).info.run_id
             logged = {}
         self.client = client
         params = {k: str(v)[:_MAX_VALUE] for k, v in flat_config(run.config).items()}
         changed = sorted(k for k in params if k in logged and logged[k] != params[k])
         new = [Param(k, v) for k, v in params.items() if k not in logged]
         for i in range(0, len(new), _BATCH):
-            client.log_batch(self.run_id, params=new[i:i + _BATCH])
+            client.log_batch(self.run_id, params=new[i : i + _BATCH])
         with tempfile.TemporaryDirectory(prefix="forge-mlflow-") as tmp:
             path = Path(tmp) / f"config-step{run.start_step}.yaml"
             path.write_text(yaml.safe_dump(plain_config(run.config), sort_keys=False), encoding="utf-8")
             client.log_artifact(self.run_id, str(path), artifact_path="config")
         print(f"forge: mlflow run {self.run_id} ({'resumed' if existing else 'new'}) at {uri}", flush=True)
         if changed:
-            print(f"warning: MLflow keeps a parameter's first value; changed since the run started: "
-                  f"{', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''} (the new values are in the "
-                  f"artifact config/config-step{run.start_step}.yaml)", file=sys.stderr, flush=True)
+            print(
+                f"warning: MLflow keeps a parameter's first value; changed since the run started: "
+                f"{', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''} (the new values are in the "
+                f"artifact config/config-step{run.start_step}.yaml)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
@@ -142,7 +154,7 @@ class MlflowLogger:
         now = _millis()
         batch = [Metric(k, v, now, step) for k, v in numeric_metrics(metrics).items()]
         for i in range(0, len(batch), _BATCH):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + _BATCH])
+            self.client.log_batch(self.run_id, metrics=batch[i : i + _BATCH])
 
     @hookimpl
     def forge_train_end(self, run, step, status):

@@ -31,14 +31,18 @@ class TensorBoardOptions:
 class PlotOptions:
     filename: str = option("loss.png", "PNG written in the run directory when the run ends.", relative_path)
     smooth: int = option(
-        0, "Also draw a moving average over this many steps (0: off; auto when the run is long).",
+        0,
+        "Also draw a moving average over this many steps (0: off; auto when the run is long).",
         at_least(0),
     )
 
 
-_ranks = satisfies("a list of process ranks (integers, 0 or more)",
-                   lambda v: isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
-                                                         for r in v))
+_ranks = satisfies(
+    "a list of process ranks (integers, 0 or more)",
+    lambda v: (
+        isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in v)
+    ),
+)
 
 
 @attrs.frozen
@@ -46,12 +50,15 @@ class ProfilerOptions:
     start_step: int = option(3, "First step recorded (counting from 1, as the metrics do).", at_least(1))
     steps: int = option(3, "Steps recorded from start_step on.", at_least(1))
     warmup: int = option(
-        1, "Steps run under the profiler just before start_step and left out of the trace: the "
-        "profiler's own start-up cost lands there.", at_least(0),
+        1,
+        "Steps run under the profiler just before start_step and left out of the trace: the "
+        "profiler's own start-up cost lands there.",
+        at_least(0),
     )
     record_shapes: bool = option(False, "Record the input shapes of every operator.")
     memory: bool = option(
-        False, "Record memory allocations and frees in the trace; on CUDA also write a memory "
+        False,
+        "Record memory allocations and frees in the trace; on CUDA also write a memory "
         "snapshot (allocation timeline with stacks) of the recorded steps.",
     )
     with_stack: bool = option(False, "Record the Python stack of every operator (slower, larger trace).")
@@ -64,9 +71,10 @@ class ProfilerOptions:
 
 
 _tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
-_string_map = satisfies("a mapping of strings to strings",
-                        lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                                              for k, x in v.items()))
+_string_map = satisfies(
+    "a mapping of strings to strings",
+    lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+)
 
 
 @attrs.frozen

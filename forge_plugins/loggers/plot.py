@@ -32,8 +32,12 @@ class PlotLogger:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("warning: the plot logger needs matplotlib (pip install matplotlib); "
-                  "no loss curve will be written", file=sys.stderr, flush=True)
+            print(
+                "warning: the plot logger needs matplotlib (pip install matplotlib); "
+                "no loss curve will be written",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.enabled = True
         self.points = earlier_points(run)
@@ -52,11 +56,20 @@ class PlotLogger:
             return
         path = Path(run.out_dir) / self.options.filename
         try:
-            write_plot(path, self.points, self.options.smooth, title=f"{run.config.run.name}: training loss",
-                       eval_points=self.eval_points)
+            write_plot(
+                path,
+                self.points,
+                self.options.smooth,
+                title=f"{run.config.run.name}: training loss",
+                eval_points=self.eval_points,
+            )
         except OSError as exc:
-            print(f"warning: the plot logger cannot write {path} ({exc.strerror or exc}); no loss curve "
-                  f"this time", file=sys.stderr, flush=True)
+            print(
+                f"warning: the plot logger cannot write {path} ({exc.strerror or exc}); no loss curve "
+                f"this time",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         print(f"forge: loss curve written to {path}", file=sys.stderr, flush=True)
 
@@ -80,8 +93,9 @@ def earlier_points(run: Any, key: str = "loss") -> dict[int, float]:
     return points
 
 
-def write_plot(path: Path, points: dict[int, float], smooth: int, title: str,
-               eval_points: dict[int, float] | None = None) -> None:
+def write_plot(
+    path: Path, points: dict[int, float], smooth: int, title: str, eval_points: dict[int, float] | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg", force=True)

@@ -86,10 +86,15 @@ class ProfilerLogger:
         self.last = min(o.start_step + o.steps - 1, run.total_steps)
         if self.first > self.last:
             if run.rank == (min(ranks) if ranks else 0):  # said once
-                why = (f"the run starts at step {run.start_step + 1}" if o.start_step <= run.start_step
-                       else f"train.steps is {run.total_steps}")
-                _warn(f"steps {o.start_step}-{o.start_step + o.steps - 1} are not in this run ({why}); "
-                      f"nothing is profiled")
+                why = (
+                    f"the run starts at step {run.start_step + 1}"
+                    if o.start_step <= run.start_step
+                    else f"train.steps is {run.total_steps}"
+                )
+                _warn(
+                    f"steps {o.start_step}-{o.start_step + o.steps - 1} are not in this run ({why}); "
+                    f"nothing is profiled"
+                )
             self.first = self.last = 0
             return
         self.begin = max(self.first - o.warmup, run.start_step + 1)  # the first step under the profiler
@@ -129,8 +134,13 @@ class ProfilerLogger:
         with warnings.catch_warnings():  # no warmup: said in our own words below
             warnings.filterwarnings("ignore", message=".*won't be using warmup")
             steps = schedule(wait=0, warmup=warmup, active=self.last - self.first + 1, repeat=1)
-        self.prof = profile(activities=activities, schedule=steps, record_shapes=o.record_shapes,
-                            profile_memory=o.memory, with_stack=o.with_stack)
+        self.prof = profile(
+            activities=activities,
+            schedule=steps,
+            record_shapes=o.record_shapes,
+            profile_memory=o.memory,
+            with_stack=o.with_stack,
+        )
         # Label steps with the run's step numbers (ProfilerStep#N, as torch spells them),
         # not with the profiler's own count from 0.
         self.prof.record_steps = False
@@ -140,8 +150,10 @@ class ProfilerLogger:
         self.prof.start()
         self._open_step(self.begin)
         what = f"steps {self.first}-{self.last}" + (
-            f" after {warmup} warmup step{'s' * (warmup > 1)}" if warmup
-            else " (no warmup step: the first includes the profiler's start-up cost)")
+            f" after {warmup} warmup step{'s' * (warmup > 1)}"
+            if warmup
+            else " (no warmup step: the first includes the profiler's start-up cost)"
+        )
         _say(f"recording {what} on rank {self.rank}{' (CPU and CUDA)' if cuda else ''}")
 
     def _open_step(self, step: int) -> None:
@@ -171,15 +183,19 @@ class ProfilerLogger:
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(trace))
-            _say(f"trace of steps {self.first}-{recorded_to} written to {trace} "
-                 f"({trace.stat().st_size / 1e6:,.1f} MB; open it in Perfetto or chrome://tracing)")
+            _say(
+                f"trace of steps {self.first}-{recorded_to} written to {trace} "
+                f"({trace.stat().st_size / 1e6:,.1f} MB; open it in Perfetto or chrome://tracing)"
+            )
         except OSError as exc:
             _warn(f"cannot write {trace} ({exc.strerror or exc}); no trace this time")
         if self.memory is not None:
             snapshot = self.out_dir / f"memory-{name}.pickle"
             try:
                 self.memory.stop(snapshot)
-                _say(f"CUDA memory snapshot written to {snapshot} (view it at https://pytorch.org/memory_viz)")
+                _say(
+                    f"CUDA memory snapshot written to {snapshot} (view it at https://pytorch.org/memory_viz)"
+                )
             except OSError as exc:
                 _warn(f"cannot write {snapshot} ({exc.strerror or exc})")
             self.memory = None

@@ -46,12 +46,16 @@ def check_profiler_range(ctx: Any) -> list[str]:
     problems = []
     steps = ctx.config.train.steps
     if o.start_step > steps:
-        problems.append(f"the profiler starts at step {o.start_step} (logging.options.profiler.start_step), "
-                        f"after the last step ({steps}, train.steps): nothing will be profiled")
+        problems.append(
+            f"the profiler starts at step {o.start_step} (logging.options.profiler.start_step), "
+            f"after the last step ({steps}, train.steps): nothing will be profiled"
+        )
     missing = [r for r in o.ranks if ctx.world_size is not None and r >= ctx.world_size]
     if missing:
-        problems.append(f"logging.options.profiler.ranks lists {missing}, but the run has {ctx.world_size} "
-                        f"process{'es' * (ctx.world_size > 1)} (ranks 0-{ctx.world_size - 1})")
+        problems.append(
+            f"logging.options.profiler.ranks lists {missing}, but the run has {ctx.world_size} "
+            f"process{'es' * (ctx.world_size > 1)} (ranks 0-{ctx.world_size - 1})"
+        )
     return problems
 
 

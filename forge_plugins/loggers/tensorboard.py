@@ -38,8 +38,9 @@ class TensorBoardLogger:
             return
         log_dir = Path(run.out_dir) / self.options.log_dir
         started = any(log_dir.glob("events.out.tfevents.*"))
-        self.writer = SummaryWriter(log_dir=str(log_dir),
-                                    purge_step=run.start_step + 1 if run.start_step else None)
+        self.writer = SummaryWriter(
+            log_dir=str(log_dir), purge_step=run.start_step + 1 if run.start_step else None
+        )
         if not started:
             # TensorBoard keeps a run's first hyperparameters only: write them once. The
             # HParams tab pairs them with the run's scalars, showing the metric named.

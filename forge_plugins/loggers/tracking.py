@@ -65,8 +65,12 @@ def flat_config(config: Any) -> dict[str, str | int | float | bool]:
 
 
 def missing(logger: str, package: str, extra: str) -> None:
-    print(f"warning: the {logger} logger needs the {package} package (pip install 'forge-trainer[{extra}]'); "
-          f"training goes on without it", file=sys.stderr, flush=True)
+    print(
+        f"warning: the {logger} logger needs the {package} package (pip install 'forge-trainer[{extra}]'); "
+        f"training goes on without it",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # --- the tracked run's id, kept in the run directory ------------------------------
@@ -123,8 +127,11 @@ class LossCurve:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("warning: no loss-plot artifact without matplotlib (pip install matplotlib)",
-                  file=sys.stderr, flush=True)
+            print(
+                "warning: no loss-plot artifact without matplotlib (pip install matplotlib)",
+                file=sys.stderr,
+                flush=True,
+            )
             yield None
             return
         from forge_plugins.loggers.plot import write_plot

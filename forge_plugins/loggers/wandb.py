@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError
-from forge_core.api import hookimpl
+from forge_core.api import ForgeError, hookimpl
 from forge_plugins.loggers.tracking import (
     LossCurve,
     missing,
@@ -52,8 +51,12 @@ class WandbLogger:
         out = Path(run.out_dir)
         stored = read_run_id(out / RUN_ID_FILE)
         kwargs: dict[str, Any] = {
-            "project": o.project or run.config.run.name, "name": o.name or run.config.run.name,
-            "dir": str(out), "config": plain_config(run.config), "allow_val_change": True, "resume": "allow",
+            "project": o.project or run.config.run.name,
+            "name": o.name or run.config.run.name,
+            "dir": str(out),
+            "config": plain_config(run.config),
+            "allow_val_change": True,
+            "resume": "allow",
             "id": stored["run_id"] if stored else None,
         }
         for key in ("entity", "group", "mode"):
@@ -71,8 +74,11 @@ class WandbLogger:
             ) from None
         write_run_id(out / RUN_ID_FILE, {"run_id": self.run.id, "project": self.run.project})
         self.curve.start(run)
-        print(f"forge: wandb run {self.run.id} ({'resumed' if stored else 'new'}"
-              f"{', offline' if self.run.offline else ''}) in {out / 'wandb'}", flush=True)
+        print(
+            f"forge: wandb run {self.run.id} ({'resumed' if stored else 'new'}"
+            f"{', offline' if self.run.offline else ''}) in {out / 'wandb'}",
+            flush=True,
+        )
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
@@ -92,8 +98,11 @@ class WandbLogger:
 
             with self.curve.png(f"{run.config.run.name}: training loss") as png:
                 if png is not None:
-                    artifact = wandb.Artifact("loss-plot", type="plot",
-                                              metadata={"steps": len(self.curve.points), "last_step": step})
+                    artifact = wandb.Artifact(
+                        "loss-plot",
+                        type="plot",
+                        metadata={"steps": len(self.curve.points), "last_step": step},
+                    )
                     artifact.add_file(str(png), name="loss.png")
                     wrun.log_artifact(artifact)
         finally:

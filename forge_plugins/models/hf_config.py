@@ -43,16 +43,34 @@ ARCHITECTURES = {
 }
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 #: transformers' config-class defaults for keys a config.json may leave out.
-_COMMON_DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-                    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+_COMMON_DEFAULTS = {
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+}
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None, "head_dim": None},
-    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": None,
-              "use_sliding_window": False},
-    "qwen3": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128,
-              "use_sliding_window": False},
-    "mistral": {"max_position_embeddings": 131072, "num_key_value_heads": 8, "head_dim": None,
-                "sliding_window": 4096},
+    "qwen2": {
+        "max_position_embeddings": 32768,
+        "num_key_value_heads": 32,
+        "head_dim": None,
+        "use_sliding_window": False,
+    },
+    "qwen3": {
+        "max_position_embeddings": 32768,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "use_sliding_window": False,
+    },
+    "mistral": {
+        "max_position_embeddings": 131072,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "sliding_window": 4096,
+    },
 }
 #: Keys of each rope type (transformers' names) besides rope_type and rope_theta.
 _ROPE_KEYS = {
@@ -60,8 +78,14 @@ _ROPE_KEYS = {
     "linear": ("factor",),
     "dynamic": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
-             "truncate"),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "truncate",
+    ),
 }
 
 
@@ -71,8 +95,11 @@ def _get(config: dict[str, Any], family: str, key: str) -> Any:
     return _FAMILY_DEFAULTS[family].get(key, _COMMON_DEFAULTS.get(key))
 
 
-def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+def yarn_attention_factor(
+    factor: float, mscale: float | None = None, mscale_all_dim: float | None = None
+) -> float:
     """transformers' default YaRN attention factor."""
+
     def get(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
@@ -118,7 +145,8 @@ def _rope(config: dict[str, Any], family: str) -> tuple[float, RopeScaling, list
             values["factor"] = max_pos / values["original_max_position_embeddings"]
         if params.get("attention_factor") is None:
             values["attention_factor"] = yarn_attention_factor(
-                values["factor"], params.get("mscale"), params.get("mscale_all_dim"))
+                values["factor"], params.get("mscale"), params.get("mscale_all_dim")
+            )
     if rope_type != "default" and "factor" not in values:
         problems.append(f"rope type {rope_type!r} without a factor")
     try:
@@ -144,7 +172,9 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
             f"config.json architectures is {architectures!r}; a {family} checkpoint Forge can load is "
             f"a {ARCHITECTURES[family]} (the causal language model with its lm_head)"
         ]
-    missing = [key for key in _REQUIRED if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)]
+    missing = [
+        key for key in _REQUIRED if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)
+    ]
     if missing:
         return {}, [f"config.json has no integer {key!r}" for key in missing]
     n_heads = config["num_attention_heads"]
@@ -160,7 +190,9 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
     if _get(config, family, "hidden_act") != "silu":
         problems.append(f"hidden_act={config['hidden_act']!r}; Forge's llama uses silu (SwiGLU)")
     if family == "llama" and (config.get("pretraining_tp") or 1) != 1:
-        problems.append(f"pretraining_tp={config['pretraining_tp']!r}; Forge computes the projections whole (1)")
+        problems.append(
+            f"pretraining_tp={config['pretraining_tp']!r}; Forge computes the projections whole (1)"
+        )
     max_pos = int(_get(config, family, "max_position_embeddings"))
     values: dict[str, Any] = {
         "family": family,
@@ -175,7 +207,9 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
         "rope_scaling": scaling,
         "max_seq_len": min(max_pos, window) if window else max_pos,
         "tie_embeddings": bool(_get(config, family, "tie_word_embeddings")),
-        "attention_bias": bool(_get(config, family, "attention_bias")) if family in ("llama", "qwen3") else False,
+        "attention_bias": bool(_get(config, family, "attention_bias"))
+        if family in ("llama", "qwen3")
+        else False,
         "mlp_bias": bool(_get(config, family, "mlp_bias")) if family == "llama" else False,
         "sliding_window": window,
     }
@@ -200,17 +234,32 @@ def resolve_options(options: LlamaOptions) -> LlamaOptions:
 def _show(value: Any) -> str:
     if isinstance(value, RopeScaling):
         fields = {f.name: getattr(value, f.name) for f in attrs.fields(RopeScaling)}
-        return "{" + ", ".join(f"{k}: {v!r}" for k, v in fields.items() if v != getattr(RopeScaling(), k) or k == "type") + "}"
+        return (
+            "{"
+            + ", ".join(
+                f"{k}: {v!r}" for k, v in fields.items() if v != getattr(RopeScaling(), k) or k == "type"
+            )
+            + "}"
+        )
     return repr(value)
 
 
 #: option -> the config.json key that decides it (for messages).
 _HF_NAMES = {
-    "family": "model_type", "dim": "hidden_size", "n_layers": "num_hidden_layers",
-    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-    "ffn_hidden": "intermediate_size", "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta",
-    "rope_scaling": "rope_parameters", "tie_embeddings": "tie_word_embeddings",
-    "attention_bias": "attention_bias", "mlp_bias": "mlp_bias", "sliding_window": "sliding_window",
+    "family": "model_type",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "ffn_hidden": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "rope_scaling": "rope_parameters",
+    "tie_embeddings": "tie_word_embeddings",
+    "attention_bias": "attention_bias",
+    "mlp_bias": "mlp_bias",
+    "sliding_window": "sliding_window",
 }
 
 
@@ -222,7 +271,9 @@ def config_mismatches(options: LlamaOptions, values: dict[str, Any]) -> list[str
     problems = []
     for name, hf_name in _HF_NAMES.items():
         if name in values and ours[name] != values[name]:
-            derived = " (derived)" if name in ("head_dim", "ffn_hidden") and not getattr(options, name) else ""
+            derived = (
+                " (derived)" if name in ("head_dim", "ffn_hidden") and not getattr(options, name) else ""
+            )
             problems.append(
                 f"model.options.{name}={_show(ours[name])}{derived} but config.json {hf_name}="
                 f"{_show(values[name])}: remove {name} from model.options to take the checkpoint's "
@@ -239,22 +290,34 @@ def weight_mismatches(options: LlamaOptions, hf_dir: str | Path, vocab_size: int
     problems = []
     missing = [key for key in expected if key not in found]
     if missing:
-        problems.append(f"weights missing for {len(missing)} tensors: {', '.join(missing[:5])}"
-                        f"{' ...' if len(missing) > 5 else ''}")
+        problems.append(
+            f"weights missing for {len(missing)} tensors: {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}"
+        )
     problems += [
         f"{key} has shape {list(found[key])}, the options need {list(shape)}"
-        for key, shape in expected.items() if key in found and found[key] != shape
+        for key, shape in expected.items()
+        if key in found and found[key] != shape
     ]
     # A tied checkpoint may store the head as well: it is the embedding again.
-    unread = [key for key in found if key not in expected and not IGNORED.fullmatch(key)
-              and not (options.tie_embeddings and key == "lm_head.weight")]
+    unread = [
+        key
+        for key in found
+        if key not in expected
+        and not IGNORED.fullmatch(key)
+        and not (options.tie_embeddings and key == "lm_head.weight")
+    ]
     if unread:
-        problems.append(f"{len(unread)} tensors of the checkpoint have no place in the model: "
-                        f"{', '.join(sorted(unread)[:5])}{' ...' if len(unread) > 5 else ''}")
+        problems.append(
+            f"{len(unread)} tensors of the checkpoint have no place in the model: "
+            f"{', '.join(sorted(unread)[:5])}{' ...' if len(unread) > 5 else ''}"
+        )
     return problems
 
 
-def _folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None) -> tuple[list[str], int]:
+def _folder_problems(
+    options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None
+) -> tuple[list[str], int]:
     """``(problems, checkpoint vocab size)``; an unreadable folder raises."""
     config = read_hf_config(hf_dir)
     values, problems = options_from_hf_config(config)

@@ -77,7 +77,9 @@ def weight_map(hf_dir: str | Path) -> dict[str, Path]:
             raise HFFolderMismatch(f"{where(hf_dir)}: {INDEX} is not a safetensors index ({exc!r})") from None
         absent = sorted({path.name for path in mapping.values() if not path.is_file()})
         if absent:
-            raise HFFolderMissing(f"{where(hf_dir)}: {INDEX} names {', '.join(absent[:5])}, which are not there")
+            raise HFFolderMissing(
+                f"{where(hf_dir)}: {INDEX} names {', '.join(absent[:5])}, which are not there"
+            )
         return mapping
     if (folder / SINGLE).is_file():
         return {key: folder / SINGLE for key in safetensors_header(folder / SINGLE)}
@@ -108,8 +110,12 @@ def checkpoint_shapes(hf_dir: str | Path) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(set(weight_map(hf_dir).values())):
         try:
-            shapes.update({name: tuple(int(d) for d in entry["shape"])
-                           for name, entry in safetensors_header(path).items()})
+            shapes.update(
+                {
+                    name: tuple(int(d) for d in entry["shape"])
+                    for name, entry in safetensors_header(path).items()
+                }
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise HFFolderMismatch(f"{path}: not a readable safetensors file ({exc!r})") from None
     return shapes

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from forge_plugins.models.hf_config import ARCHITECTURES, hf_config_kwargs
-from forge_plugins.models.hf_folder import INDEX, SINGLE, HFFolderMismatch, checkpoint_bytes, weight_map, where
+from forge_plugins.models.hf_folder import (
+    INDEX,
+    SINGLE,
+    HFFolderMismatch,
+    checkpoint_bytes,
+    weight_map,
+    where,
+)
 from forge_plugins.models.hf_keys import forge_shapes, to_hf_key
 from forge_plugins.models.options import LlamaOptions, with_defaults
 
@@ -34,7 +41,7 @@ def _strip_wrappers(key: str) -> str:
         changed = False
         for prefix in _WRAPPER_PREFIXES:
             if key.startswith(prefix):
-                key, changed = key[len(prefix):], True
+                key, changed = key[len(prefix) :], True
     return key
 
 
@@ -43,8 +50,12 @@ def hf_config(options: LlamaOptions, vocab_size: int, dtype: str = "float32", **
     from transformers import AutoConfig
 
     kwargs = hf_config_kwargs(with_defaults(options), vocab_size)
-    return AutoConfig.for_model(options.family or "llama", **kwargs, dtype=dtype,
-                                **{k: token_ids.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    return AutoConfig.for_model(
+        options.family or "llama",
+        **kwargs,
+        dtype=dtype,
+        **{k: token_ids.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+    )
 
 
 def write_weights(tensors: dict[str, Any], out: Path, max_shard_size: int | None = None) -> list[Path]:
@@ -69,8 +80,10 @@ def write_weights(tensors: dict[str, Any], out: Path, max_shard_size: int | None
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, keys in zip(names, shards):
         save_file({key: tensors[key] for key in keys}, str(out / name), metadata={"format": "pt"})
-    index = {"metadata": {"total_size": total},
-             "weight_map": {key: name for name, keys in zip(names, shards) for key in keys}}
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
+    }
     (out / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return [out / name for name in names]
 
@@ -141,7 +154,9 @@ def _read_into(view: Any, target: Any, name: str) -> None:
     if hasattr(target, "device_mesh"):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+        shape, offset = compute_local_shape_and_global_offset(
+            target.shape, target.device_mesh, target.placements
+        )
         local = target.to_local()
         if tuple(local.shape) != tuple(shape):
             raise RuntimeError(f"{name}: the local shard is {tuple(local.shape)}, its placements say {shape}")
@@ -173,10 +188,17 @@ def load_into(model: Any, hf_dir: str | Path) -> None:
         else:
             unplaced.append(hf_key)
     if unplaced:
-        raise HFFolderMismatch(f"{where(hf_dir)}: weights missing for {', '.join(unplaced[:5])}"
-                               f"{' ...' if len(unplaced) > 5 else ''}")
-    progress = tqdm(total=sum(map(len, by_file.values())), desc=f"loading {hf_dir.name}", unit="tensor",
-                    leave=False, disable=_rank() != 0 or checkpoint_bytes(hf_dir) < _PROGRESS_BYTES)
+        raise HFFolderMismatch(
+            f"{where(hf_dir)}: weights missing for {', '.join(unplaced[:5])}"
+            f"{' ...' if len(unplaced) > 5 else ''}"
+        )
+    progress = tqdm(
+        total=sum(map(len, by_file.values())),
+        desc=f"loading {hf_dir.name}",
+        unit="tensor",
+        leave=False,
+        disable=_rank() != 0 or checkpoint_bytes(hf_dir) < _PROGRESS_BYTES,
+    )
     with torch.no_grad(), progress:
         for path in sorted(by_file):
             with safe_open(str(path), framework="pt") as f:

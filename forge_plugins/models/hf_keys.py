@@ -70,10 +70,14 @@ def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int,
     q, kv = options.n_heads * hd, options.n_kv_heads * hd
     extra = features(options)
     layer = {
-        "attention_norm.weight": (dim,), "ffn_norm.weight": (dim,),
-        "attention.wq.weight": (q, dim), "attention.wk.weight": (kv, dim),
-        "attention.wv.weight": (kv, dim), "attention.wo.weight": (dim, q),
-        "feed_forward.w1.weight": (ffn, dim), "feed_forward.w3.weight": (ffn, dim),
+        "attention_norm.weight": (dim,),
+        "ffn_norm.weight": (dim,),
+        "attention.wq.weight": (q, dim),
+        "attention.wk.weight": (kv, dim),
+        "attention.wv.weight": (kv, dim),
+        "attention.wo.weight": (dim, q),
+        "feed_forward.w1.weight": (ffn, dim),
+        "feed_forward.w3.weight": (ffn, dim),
         "feed_forward.w2.weight": (dim, ffn),
     }
     if extra.qkv_bias:
@@ -81,7 +85,9 @@ def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int,
     if extra.out_bias:
         layer["attention.wo.bias"] = (dim,)
     if extra.mlp_bias:
-        layer.update({"feed_forward.w1.bias": (ffn,), "feed_forward.w3.bias": (ffn,), "feed_forward.w2.bias": (dim,)})
+        layer.update(
+            {"feed_forward.w1.bias": (ffn,), "feed_forward.w3.bias": (ffn,), "feed_forward.w2.bias": (dim,)}
+        )
     if extra.qk_norm:
         layer.update({"attention.q_norm.weight": (hd,), "attention.k_norm.weight": (hd,)})
     shapes = {f"layers.{i}.{key}": shape for i in range(options.n_layers) for key, shape in layer.items()}

@@ -29,8 +29,16 @@ class KVCache:
     """Keys and values of each layer ``(batch, kv_heads, max_len, head_dim)``; ``length``
     tokens of each row are filled."""
 
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -62,7 +70,9 @@ class LayerCache:
     def __init__(self, cache: KVCache, index: int) -> None:
         self.cache, self.index = cache, index
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: Any, prepared: Any) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: Any, prepared: Any
+    ) -> torch.Tensor:
         """Store ``k``/``v`` ``(B, kv_heads, S, D)`` after the cached tokens and attend
         ``q`` ``(B, heads, S, D)`` over all of them."""
         start, seq_len = self.cache.length, k.shape[2]
@@ -76,5 +86,6 @@ class LayerCache:
         mask = None
         if seq_len > 1:
             mask = torch.ones(seq_len, end, dtype=torch.bool, device=q.device).tril(start)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                              enable_gqa=q.shape[1] != keys.shape[1])
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
+        )

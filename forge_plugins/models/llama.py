@@ -161,9 +161,7 @@ class Llama(nn.Module):
         self.attention_backend = attention
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, options.dim)
         self.rope = Rotary(head_dim(options), options.max_seq_len, options.rope_theta, options.rope_scaling)
-        self.layers = nn.ModuleDict(
-            {str(i): Block(options, attention) for i in range(options.n_layers)}
-        )
+        self.layers = nn.ModuleDict({str(i): Block(options, attention) for i in range(options.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(options.dim, options.norm_eps)
         self.output: nn.Linear | None = nn.Linear(options.dim, vocab_size, bias=False)
         if options.tie_embeddings:
@@ -226,10 +224,19 @@ class Llama(nn.Module):
         from forge_plugins.models.kv_cache import KVCache
 
         if max_len > self.options.max_seq_len:
-            raise ValueError(f"a cache of {max_len} tokens exceeds model.options.max_seq_len={self.options.max_seq_len}")
+            raise ValueError(
+                f"a cache of {max_len} tokens exceeds model.options.max_seq_len={self.options.max_seq_len}"
+            )
         weight = next(iter(self.layers.values())).attention.wk.weight
-        return KVCache(len(self.layers), batch_size, weight.shape[0] // head_dim(self.options),
-                       head_dim(self.options), max_len, weight.dtype, weight.device)
+        return KVCache(
+            len(self.layers),
+            batch_size,
+            weight.shape[0] // head_dim(self.options),
+            head_dim(self.options),
+            max_len,
+            weight.dtype,
+            weight.device,
+        )
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -250,16 +257,33 @@ class Llama(nn.Module):
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         for layer in self.layers.values():
-            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv,
-                           layer.feed_forward.w1, layer.feed_forward.w3):
+            for linear in (
+                layer.attention.wq,
+                layer.attention.wk,
+                layer.attention.wv,
+                layer.feed_forward.w1,
+                layer.feed_forward.w3,
+            ):
                 nn.init.normal_(linear.weight, mean=0.0, std=std)
             for linear in (layer.attention.wo, layer.feed_forward.w2):
                 nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
-            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv, layer.attention.wo,
-                           layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2):
+            for linear in (
+                layer.attention.wq,
+                layer.attention.wk,
+                layer.attention.wv,
+                layer.attention.wo,
+                layer.feed_forward.w1,
+                layer.feed_forward.w3,
+                layer.feed_forward.w2,
+            ):
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
-            for norm in (layer.attention_norm, layer.ffn_norm, layer.attention.q_norm, layer.attention.k_norm):
+            for norm in (
+                layer.attention_norm,
+                layer.ffn_norm,
+                layer.attention.q_norm,
+                layer.attention.k_norm,
+            ):
                 if norm is not None:
                     nn.init.ones_(norm.weight)
         if self.norm is not None:

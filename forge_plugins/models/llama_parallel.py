@@ -65,16 +65,19 @@ def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> T
         )
     root["norm"] = SequenceParallel(use_local_output=False)
     block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
-    block.update({
-        # attention(x, cos, sin, prepared): gather x; the rest are not DTensors.
-        "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None, None),
-            desired_input_layouts=(Replicate(), None, None, None),
-            use_local_output=True,
-        ),
-        "feed_forward": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-        ),
-    })
-    return TensorParallelPlan(root=TensorParallelScope(styles=root),
-                              block=TensorParallelScope(styles=block, partial=partial))
+    block.update(
+        {
+            # attention(x, cos, sin, prepared): gather x; the rest are not DTensors.
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None, None, None),
+                desired_input_layouts=(Replicate(), None, None, None),
+                use_local_output=True,
+            ),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
+        }
+    )
+    return TensorParallelPlan(
+        root=TensorParallelScope(styles=root), block=TensorParallelScope(styles=block, partial=partial)
+    )

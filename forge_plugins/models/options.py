@@ -215,5 +215,9 @@ def llama_facts(options: LlamaOptions) -> ModelFacts:
     options resolve to, so a model started from a checkpoint is judged by the
     checkpoint's ``config.json`` (the loader has filled the unset options from it)."""
     options = with_defaults(options)
-    return ModelFacts(blocks=options.n_layers, heads=options.n_heads, kv_heads=options.n_kv_heads,
-                      tied_embeddings=bool(options.tie_embeddings))
+    return ModelFacts(
+        blocks=options.n_layers,
+        heads=options.n_heads,
+        kv_heads=options.n_kv_heads,
+        tied_embeddings=bool(options.tie_embeddings),
+    )

@@ -3,7 +3,16 @@
 
 from __future__ import annotations
 
-from forge_core.api import BLOCKS, DOC_IDS, OUTPUT_HEAD, PIPELINE, POSITIONS, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_core.api import (
+    BLOCKS,
+    DOC_IDS,
+    OUTPUT_HEAD,
+    PIPELINE,
+    POSITIONS,
+    TENSOR_PARALLEL,
+    ModelSpec,
+    hookimpl,
+)
 from forge_plugins.models.options import LlamaOptions, llama_facts
 
 

@@ -57,13 +57,16 @@ def _yarn(theta: float, head_dim: int, scaling: Any, device: Any) -> torch.Tenso
     return interpolation * (1 - keep) + extrapolation * keep
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: Any = None, device=None) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: Any = None, device=None
+) -> tuple[torch.Tensor, float]:
     """``(inverse frequencies, attention factor)`` for ``scaling`` (a
     :class:`~forge_plugins.models.options.RopeScaling` or ``None``)."""
     kind = scaling.type if scaling is not None else "default"
     if kind == "yarn":
         factor = scaling.attention_factor or (
-            1.0 if scaling.factor <= 1 else 0.1 * math.log(scaling.factor) + 1.0)
+            1.0 if scaling.factor <= 1 else 0.1 * math.log(scaling.factor) + 1.0
+        )
         return _yarn(theta, head_dim, scaling, device), factor
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)

@@ -67,7 +67,9 @@ def family_problems(options: LlamaOptions) -> list[str]:
     if options.mlp_bias and family != "llama":
         problems.append(f"mlp_bias=true with family {family!r}: only llama has MLP biases")
     if options.sliding_window and family != "mistral":
-        problems.append(f"sliding_window={options.sliding_window} with family {family!r}: only mistral declares one")
+        problems.append(
+            f"sliding_window={options.sliding_window} with family {family!r}: only mistral declares one"
+        )
     return problems
 
 
@@ -102,8 +104,12 @@ def rope_problem(options: LlamaOptions) -> str | None:
 def option_problems(options: LlamaOptions) -> list[str]:
     """Every shape and family problem of (resolved) ``options``: what the rules above
     report, raised by the build when it is called directly."""
-    found = [heads_problem(options), head_dim_problem(options), sliding_window_problem(options),
-             rope_problem(options)]
+    found = [
+        heads_problem(options),
+        head_dim_problem(options),
+        sliding_window_problem(options),
+        rope_problem(options),
+    ]
     return [p for p in found if p] + family_problems(options)
 
 
@@ -159,8 +165,12 @@ def rules() -> list[Any]:
         Rule(
             id=FAMILY_OPTIONS,
             severity="error",
-            paths=("model.options.family", "model.options.attention_bias", "model.options.mlp_bias",
-                   "model.options.sliding_window"),
+            paths=(
+                "model.options.family",
+                "model.options.attention_bias",
+                "model.options.mlp_bias",
+                "model.options.sliding_window",
+            ),
             summary="Biases and sliding windows only where the family's architecture has them",
             check=check_family_options,
             fix="drop the option, or choose the family whose architecture has it (export-hf writes "

@@ -54,7 +54,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         which replaces both)."""
         start = 0
         for opt, size in zip(self.parts, self._sizes):
-            opt.param_groups = self.param_groups[start:start + size]
+            opt.param_groups = self.param_groups[start : start + size]
             opt.state = self.state
             start += size
 
@@ -82,14 +82,21 @@ def build_muon(named_params: list[Any], lr: float, options: Any) -> MuonWithAdam
             "model whose contract names its blocks."
         )
     muon = torch.optim.Muon(
-        [p.param for p in muon_params], lr=lr, weight_decay=options.weight_decay, momentum=options.momentum,
-        nesterov=options.nesterov, ns_coefficients=tuple(options.ns_coefficients), eps=options.eps,
-        ns_steps=options.ns_steps, adjust_lr_fn=options.adjust_lr,
+        [p.param for p in muon_params],
+        lr=lr,
+        weight_decay=options.weight_decay,
+        momentum=options.momentum,
+        nesterov=options.nesterov,
+        ns_coefficients=tuple(options.ns_coefficients),
+        eps=options.eps,
+        ns_steps=options.ns_steps,
+        adjust_lr_fn=options.adjust_lr,
     )
     groups = decay_groups(rest, options.adamw_weight_decay, options.decay_embeddings)
     adamw = None
     if groups:
         fast = {"fused": True} if _on_cuda(groups) else {"foreach": True}
-        adamw = torch.optim.AdamW(groups, lr=lr, betas=(options.adamw_beta1, options.adamw_beta2),
-                                  eps=options.adamw_eps, **fast)
+        adamw = torch.optim.AdamW(
+            groups, lr=lr, betas=(options.adamw_beta1, options.adamw_beta2), eps=options.adamw_eps, **fast
+        )
     return MuonWithAdamW(muon, adamw)

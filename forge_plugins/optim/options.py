@@ -13,9 +13,12 @@ from forge_core.api import above, at_least, between, option
 def __getattr__(name: str) -> Any:
     # ``opt`` was this module's own documented-field helper; a plugin may still import it.
     if name == "opt":
-        warnings.warn(f"{__name__}.opt is deprecated and will be removed in the next release: use "
-                      "`from forge_core.api import option` (opt is now called option)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{__name__}.opt is deprecated and will be removed in the next release: use "
+            "`from forge_core.api import option` (opt is now called option)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return option
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -31,7 +34,8 @@ class AdamWOptions:
     beta2: float = option(0.95, "Second-moment decay.", _decay)
     eps: float = option(1e-8, "Denominator epsilon.", above(0))
     weight_decay: float = option(
-        0.1, "Decoupled weight decay, on matrices only: never on biases, norms or other 1-D parameters.",
+        0.1,
+        "Decoupled weight decay, on matrices only: never on biases, norms or other 1-D parameters.",
         at_least(0),
     )
     decay_embeddings: bool = option(True, "Apply weight_decay to embedding weights (nn.Embedding) too.")
@@ -74,8 +78,9 @@ class MuonOptions:
 
     momentum: float = option(0.95, "Muon's momentum factor.", _decay)
     nesterov: bool = option(True, "Muon's Nesterov momentum.")
-    ns_steps: int = option(5, "Newton-Schulz iterations that orthogonalise each update (below 100).",
-                        between(1, 99))
+    ns_steps: int = option(
+        5, "Newton-Schulz iterations that orthogonalise each update (below 100).", between(1, 99)
+    )
     ns_coefficients: tuple[float, float, float] = option(
         (3.4445, -4.775, 2.0315), "Coefficients (a, b, c) of the Newton-Schulz quintic polynomial."
     )
@@ -91,7 +96,9 @@ class MuonOptions:
     adamw_beta2: float = option(0.95, "AdamW's second-moment decay.", _decay)
     adamw_eps: float = option(1e-8, "AdamW's denominator epsilon.", above(0))
     adamw_weight_decay: float = option(
-        0.1, "AdamW's decoupled weight decay, on matrices only (the output head; embeddings with "
-        "decay_embeddings): never on biases, norms or other 1-D parameters.", at_least(0),
+        0.1,
+        "AdamW's decoupled weight decay, on matrices only (the output head; embeddings with "
+        "decay_embeddings): never on biases, norms or other 1-D parameters.",
+        at_least(0),
     )
     decay_embeddings: bool = option(True, "Apply adamw_weight_decay to embedding weights (nn.Embedding) too.")

@@ -14,7 +14,9 @@ MUON_SHARDED = "muon.whole-matrices"
 def check_sgd_nesterov(ctx: Any) -> str | None:
     options = ctx.config.train.optimizer_options
     if isinstance(options, SGDOptions) and options.nesterov and options.momentum <= 0:
-        return f"nesterov is true with momentum {options.momentum}: Nesterov momentum needs a momentum above 0"
+        return (
+            f"nesterov is true with momentum {options.momentum}: Nesterov momentum needs a momentum above 0"
+        )
     return None
 
 
@@ -27,8 +29,10 @@ def sharded_by(ctx: Any) -> list[str]:
     if any(s.name == "fsdp" for s in ctx.strategies):
         found.append(f"fsdp (parallel.dp_shard = {d['dp_shard']}) shards them by rows")
     elif d["pp"] > 1 and d["dp_replicate"] > 1:
-        found.append(f"replicas under pipeline parallelism (parallel.dp_replicate = {d['dp_replicate']}) "
-                     "hold them as FSDP DTensors")
+        found.append(
+            f"replicas under pipeline parallelism (parallel.dp_replicate = {d['dp_replicate']}) "
+            "hold them as FSDP DTensors"
+        )
     return found
 
 
@@ -61,7 +65,13 @@ def rules() -> list[Any]:
         Rule(
             id=MUON_SHARDED,
             severity="error",
-            paths=("train.optimizer", "parallel.tp", "parallel.dp_shard", "parallel.dp_replicate", "parallel.pp"),
+            paths=(
+                "train.optimizer",
+                "parallel.tp",
+                "parallel.dp_shard",
+                "parallel.dp_replicate",
+                "parallel.pp",
+            ),
             summary="Muon needs every weight matrix whole on the process that steps it.",
             check=check_muon_sharded,
             fix="Use train.optimizer: adamw under tensor or fully sharded data parallelism, or keep the "

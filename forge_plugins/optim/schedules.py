@@ -51,5 +51,7 @@ def warmup_stable_decay(step: int, total_steps: int, warmup_steps: int, options)
     if step < decay_start:
         return 1.0
     p = min(1.0, (step - decay_start) / max(1, total_steps - decay_start - 1))
-    shape = {"linear": p, "sqrt": math.sqrt(p), "cosine": 0.5 * (1 - math.cos(math.pi * p))}[options.decay_shape]
+    shape = {"linear": p, "sqrt": math.sqrt(p), "cosine": 0.5 * (1 - math.cos(math.pi * p))}[
+        options.decay_shape
+    ]
     return 1.0 - (1.0 - options.min_lr_ratio) * shape

@@ -34,7 +34,6 @@ from forge_plugins.packers.layout import RowPacker
 
 
 class BfdPacker(RowPacker):
-
     def layout(self, lengths: np.ndarray) -> RowLayout:
         S = self.seq_len
         offsets = np.zeros(len(lengths) + 1, np.int64)
@@ -42,8 +41,15 @@ class BfdPacker(RowPacker):
         piece_start, piece_len = split_documents(offsets, S)
         piece_row, piece_col, rows = place(piece_len, S)
         return RowLayout.from_placement(
-            S, piece_start, piece_len, piece_row, piece_col, rows=rows, boundaries="documents",
-            metadata=True, stats={"split_documents": int((np.asarray(lengths) > S).sum())},
+            S,
+            piece_start,
+            piece_len,
+            piece_row,
+            piece_col,
+            rows=rows,
+            boundaries="documents",
+            metadata=True,
+            stats={"split_documents": int((np.asarray(lengths) > S).sum())},
         )
 
 

@@ -46,5 +46,6 @@ class ConcatPacker(RowPacker):
     def layout(self, lengths: np.ndarray) -> RowLayout:
         total = int(np.sum(lengths))
         rows = max(total - 1, 0) // self.seq_len
-        return RowLayout.windows(self.seq_len, rows, boundaries="eos" if self.isolate else "none",
-                                 metadata=self.isolate)
+        return RowLayout.windows(
+            self.seq_len, rows, boundaries="eos" if self.isolate else "none", metadata=self.isolate
+        )

@@ -16,10 +16,14 @@ from forge_plugins.packers.layout import RowPacker
 
 
 class NonePacker(RowPacker):
-
     def layout(self, lengths: np.ndarray) -> RowLayout:
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         rows = len(lengths)
-        return RowLayout(self.seq_len, offsets[:-1], np.minimum(lengths, self.seq_len),
-                         np.arange(rows + 1, dtype=np.int64), boundaries="documents")
+        return RowLayout(
+            self.seq_len,
+            offsets[:-1],
+            np.minimum(lengths, self.seq_len),
+            np.arange(rows + 1, dtype=np.int64),
+            boundaries="documents",
+        )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from forge_core.api import DOC_IDS, POSITIONS, PackerSpec, hookimpl
-
 from forge_plugins.packers.options import ConcatOptions
 
 

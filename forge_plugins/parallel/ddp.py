@@ -41,14 +41,21 @@ class DataParallel:
         if ctx.mesh["pp"].size() > 1:
             from forge_plugins.parallel.fsdp import shard_model
 
-            return shard_model(model, ctx.mesh["dp_replicate", "dp_shard"], ctx.config.train.precision,
-                               reshard_after_forward=False)
+            return shard_model(
+                model,
+                ctx.mesh["dp_replicate", "dp_shard"],
+                ctx.config.train.precision,
+                reshard_after_forward=False,
+            )
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         group = ctx.mesh["dp_replicate"].get_group()
         # broadcast_buffers=False: buffers (the rotary table) are built identically on
         # every rank and never change; DDP would otherwise broadcast them every forward.
         wrapped = DistributedDataParallel(
-            model, process_group=group, device_ids=device_ids, bucket_cap_mb=self.options.bucket_cap_mb,
+            model,
+            process_group=group,
+            device_ids=device_ids,
+            bucket_cap_mb=self.options.bucket_cap_mb,
             broadcast_buffers=False,
         )
         wrapped.register_comm_hook(group, sum_allreduce_hook)

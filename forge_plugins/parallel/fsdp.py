@@ -26,7 +26,9 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, precision: str, reshard_after_forward: bool) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, mesh: Any, precision: str, reshard_after_forward: bool
+) -> torch.nn.Module:
     """``fully_shard`` every block (``reshard_after_forward`` as given), then the root
     (which takes what is left: embeddings, final norm, head), in place; gradients
     summed over ``mesh``."""

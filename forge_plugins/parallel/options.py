@@ -17,7 +17,12 @@ from forge_core.api import above, at_least, option
 @attrs.frozen
 class PipelineOptions:
     schedule: Literal[
-        "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble",
+        "gpipe",
+        "1f1b",
+        "interleaved_1f1b",
+        "looped_bfs",
+        "interleaved_zero_bubble",
+        "zbv_zero_bubble",
         "dualpipev",
     ] = option(
         "1f1b",

@@ -70,7 +70,11 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from forge_core.api import INPUT_IDS, LABELS, ForgeError, ModelSplit, contract_of
 from forge_plugins.parallel.split import (
-    SINGLE_STAGE_SCHEDULES, microbatches, rank_of_stage, stage_layer_ranges, stages_of_rank,
+    SINGLE_STAGE_SCHEDULES,
+    microbatches,
+    rank_of_stage,
+    stage_layer_ranges,
+    stages_of_rank,
 )
 
 #: ``parallel.options.pp.schedule`` -> torch's schedule class.
@@ -140,7 +144,9 @@ def pipeline_stages(model: nn.Module, model_name: str, n_stages: int) -> list[nn
     contract, blocks = split_of(model, model_name)
     keys = list(blocks.keys())
     return [
-        stage_module(model, contract, [keys[i] for i in blocks_of_stage], first=s == 0, last=s == n_stages - 1)
+        stage_module(
+            model, contract, [keys[i] for i in blocks_of_stage], first=s == 0, last=s == n_stages - 1
+        )
         for s, blocks_of_stage in enumerate(stage_layer_ranges(len(keys), n_stages))
     ]
 
@@ -169,8 +175,17 @@ class PipelineStep:
     rank; every rank of the pipeline calls it with the same batch and gets the sums over
     the microbatches of what ``loss_fn`` returned on the last stage."""
 
-    def __init__(self, schedule: Any, loss: _MicrobatchLoss, n_microbatches: int, has_first: bool,
-                 has_last: bool, group: Any, last_rank: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        schedule: Any,
+        loss: _MicrobatchLoss,
+        n_microbatches: int,
+        has_first: bool,
+        has_last: bool,
+        group: Any,
+        last_rank: int,
+        device: torch.device,
+    ) -> None:
         self.schedule, self.loss, self.n_microbatches = schedule, loss, n_microbatches
         self.has_first, self.has_last = has_first, has_last
         self.group, self.last_rank, self.device = group, last_rank, device
@@ -179,7 +194,9 @@ class PipelineStep:
         """The keyword tensors this rank hands the schedule (all its stages need them)."""
         return metadata_of(batch)
 
-    def __call__(self, batch: dict[str, torch.Tensor], loss_fn: Any, normalizer: Any = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, batch: dict[str, torch.Tensor], loss_fn: Any, normalizer: Any = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.loss.begin(loss_fn, normalizer)
         args = (batch[INPUT_IDS],) if self.has_first else ()
         kwargs: dict[str, Any] = {"target": batch[LABELS]} if self.has_last else {}
@@ -217,15 +234,23 @@ class PipelineEval:
     computes ``loss_fn`` per microbatch; the sums are broadcast from its rank.
     """
 
-    def __init__(self, runners: dict[int, nn.Module], n_stages: int, placement: Any, pp_rank: int,
-                 n_microbatches: int, group: Any, device: torch.device) -> None:
+    def __init__(
+        self,
+        runners: dict[int, nn.Module],
+        n_stages: int,
+        placement: Any,
+        pp_rank: int,
+        n_microbatches: int,
+        group: Any,
+        device: torch.device,
+    ) -> None:
         self.runners, self.n_stages, self.placement = runners, n_stages, placement
         self.pp_rank, self.n_microbatches, self.group, self.device = pp_rank, n_microbatches, group, device
 
     def _send(self, h: torch.Tensor, dst: int) -> None:
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.long, device=h.device)
         header[0], header[1] = _DTYPES.index(h.dtype), h.dim()
-        header[2:2 + h.dim()] = torch.tensor(h.shape)
+        header[2 : 2 + h.dim()] = torch.tensor(h.shape)
         dist.send(header, group=self.group, group_dst=dst)
         dist.send(h.contiguous(), group=self.group, group_dst=dst)
 
@@ -233,7 +258,7 @@ class PipelineEval:
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.long, device=self.device)
         dist.recv(header, group=self.group, group_src=src)
         dtype, ndim = _DTYPES[int(header[0])], int(header[1])
-        h = torch.empty(header[2:2 + ndim].tolist(), dtype=dtype, device=self.device)
+        h = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=self.device)
         dist.recv(h, group=self.group, group_src=src)
         return h
 
@@ -278,8 +303,9 @@ class PipelineParallel:
         parts = [stages[s] for s in stage_ids]
         return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
 
-    def _finalize(self, ctx: Any, stage_ids: list[int], n_stages: int,
-                  pmodel: Any, runners: list[nn.Module]) -> None:
+    def _finalize(
+        self, ctx: Any, stage_ids: list[int], n_stages: int, pmodel: Any, runners: list[nn.Module]
+    ) -> None:
         options = self.options
         pp_mesh = ctx.mesh["pp"]
         pp, group = pp_mesh.size(), pp_mesh.get_group()
@@ -296,11 +322,22 @@ class PipelineParallel:
         placement = functools.partial(rank_of_stage, pp=pp, schedule=options.schedule)
         has_last = n_stages - 1 in stage_ids
         pmodel.train_step = PipelineStep(
-            schedule, loss, n_microbatches, has_first=0 in stage_ids, has_last=has_last, group=group,
-            last_rank=placement(n_stages - 1), device=ctx.device,
+            schedule,
+            loss,
+            n_microbatches,
+            has_first=0 in stage_ids,
+            has_last=has_last,
+            group=group,
+            last_rank=placement(n_stages - 1),
+            device=ctx.device,
         )
         pmodel.eval_step = PipelineEval(
-            dict(zip(stage_ids, runners)), n_stages, placement, pp_mesh.get_local_rank(), n_microbatches,
-            group, ctx.device,
+            dict(zip(stage_ids, runners)),
+            n_stages,
+            placement,
+            pp_mesh.get_local_rank(),
+            n_microbatches,
+            group,
+            ctx.device,
         )
         pmodel.is_last_stage = has_last

@@ -11,7 +11,6 @@ and ``positions``).
 from __future__ import annotations
 
 from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ParallelismSpec, hookimpl
-
 from forge_plugins.parallel.options import (
     ActivationCheckpointOptions,
     DDPOptions,
@@ -19,6 +18,7 @@ from forge_plugins.parallel.options import (
     PipelineOptions,
     TensorParallelOptions,
 )
+
 
 @hookimpl
 def forge_parallelisms() -> list[ParallelismSpec]:

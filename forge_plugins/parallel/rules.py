@@ -17,7 +17,11 @@ from typing import Any
 
 from forge_core.api import PIPELINE, TENSOR_PARALLEL
 from forge_plugins.parallel.split import (
-    LOOP_SCHEDULES, SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES, microbatches,
+    LOOP_SCHEDULES,
+    SINGLE_STAGE_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    V_SCHEDULES,
+    microbatches,
 )
 
 TP_HEADS = "tp.heads-divisible"
@@ -141,8 +145,7 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
         )
     if options.schedule == "1f1b" and count < pp:
         problems.append(
-            f"the 1f1b schedule needs at least one microbatch per stage: {count} "
-            f"microbatches for {pp} stages"
+            f"the 1f1b schedule needs at least one microbatch per stage: {count} microbatches for {pp} stages"
         )
     if options.schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         rounds = max(1, count // pp)
@@ -181,7 +184,9 @@ def check_pp_schedule(ctx: Any) -> str | None:
     virtual, schedule = options.virtual_stages, options.schedule
     if ctx.degrees["pp"] <= 1:
         return None
-    prefix = f"parallel.options.pp.schedule = {schedule!r} with parallel.options.pp.virtual_stages = {virtual}"
+    prefix = (
+        f"parallel.options.pp.schedule = {schedule!r} with parallel.options.pp.virtual_stages = {virtual}"
+    )
     if schedule in SINGLE_STAGE_SCHEDULES and virtual != 1:
         return f"{prefix}: {schedule} runs one stage per rank (virtual_stages: 1)"
     if schedule in LOOP_SCHEDULES and virtual < 2:
@@ -303,8 +308,11 @@ def rules() -> list[Any]:
             id=PP_MICROBATCHES,
             severity="error",
             paths=(
-                "parallel.pp", "parallel.options.pp.microbatches", "parallel.options.pp.schedule",
-                "train.batch_size", "train.grad_accum",
+                "parallel.pp",
+                "parallel.options.pp.microbatches",
+                "parallel.options.pp.schedule",
+                "train.batch_size",
+                "train.grad_accum",
             ),
             summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
             check=check_pp_microbatches,
@@ -345,7 +353,11 @@ def rules() -> list[Any]:
         Rule(
             id=PP_SPLIT_BACKWARD_RESHARD,
             severity="error",
-            paths=("parallel.options.pp.schedule", "parallel.dp_shard", "parallel.options.fsdp.reshard_after_forward"),
+            paths=(
+                "parallel.options.pp.schedule",
+                "parallel.dp_shard",
+                "parallel.options.fsdp.reshard_after_forward",
+            ),
             summary="Split-backward (zero-bubble) schedules with FSDP keep the gathered weights until backward.",
             check=check_pp_split_backward_reshard,
             fix="Set parallel.options.fsdp.reshard_after_forward: false (exact, and fewer all-gathers "

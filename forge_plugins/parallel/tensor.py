@@ -95,7 +95,7 @@ class PartialGradientSum:
             dist.all_reduce(flat, group=self.group)
             offset = 0
             for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
 
@@ -122,9 +122,13 @@ class TensorParallel:
         for block in blocks:
             parallelize_module(block, mesh, dict(plan.block.styles))
         retie(model, tied, model_name)
-        uncovered, partial = tensor_parallel_coverage(model, blocks, plan, lambda _, p: isinstance(p, DTensor))
+        uncovered, partial = tensor_parallel_coverage(
+            model, blocks, plan, lambda _, p: isinstance(p, DTensor)
+        )
         if uncovered:
-            shown = ", ".join(uncovered[:12]) + (f" and {len(uncovered) - 12} more" if len(uncovered) > 12 else "")
+            shown = ", ".join(uncovered[:12]) + (
+                f" and {len(uncovered) - 12} more" if len(uncovered) > 12 else ""
+            )
             raise ForgeError(
                 f"tensor parallelism cannot place {len(uncovered)} parameter(s) of model {model_name!r}: "
                 f"{shown}. Its tensor-parallel plan neither shards them nor declares them replicated or "
@@ -135,5 +139,7 @@ class TensorParallel:
                 "are then summed over the tensor-parallel ranks); or set parallel.tp: 1."
             )
         if partial:
-            ctx.add_gradient_finisher(PartialGradientSum([_owner(model, n) for n in partial], mesh.get_group()))
+            ctx.add_gradient_finisher(
+                PartialGradientSum([_owner(model, n) for n in partial], mesh.get_group())
+            )
         return model

@@ -30,8 +30,14 @@ from forge_core.api import ForgeError, files_fingerprint
 
 OPTION = "data.source_options"
 EXTRA = "pip install 'forge-trainer[datasets]'"
-FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow", ".csv": "csv",
-           ".txt": "text"}
+FORMATS = {
+    ".parquet": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".arrow": "arrow",
+    ".csv": "csv",
+    ".txt": "text",
+}
 BATCH = 1024
 
 
@@ -41,7 +47,9 @@ def import_datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise ForgeError(f"the hf_datasets source needs the `datasets` package, which is not installed: {EXTRA}") from None
+        raise ForgeError(
+            f"the hf_datasets source needs the `datasets` package, which is not installed: {EXTRA}"
+        ) from None
     return datasets
 
 
@@ -50,11 +58,15 @@ def saved_files(path: str) -> list[str]:
     if not path:
         raise ForgeError(f"{OPTION}: give `path` (a save_to_disk folder) or `data_files`.")
     if not os.path.isdir(path):
-        raise ForgeError(f"{OPTION}.path: {path!r} is not a directory ({'a file' if os.path.exists(path) else 'it does not exist'}).")
+        raise ForgeError(
+            f"{OPTION}.path: {path!r} is not a directory ({'a file' if os.path.exists(path) else 'it does not exist'})."
+        )
     names = set(os.listdir(path))
     if not names & {"dataset_info.json", "state.json", "dataset_dict.json"}:
-        raise ForgeError(f"{OPTION}.path: {path!r} is not a folder written by `save_to_disk` (no "
-                         "dataset_info.json, state.json or dataset_dict.json).")
+        raise ForgeError(
+            f"{OPTION}.path: {path!r} is not a folder written by `save_to_disk` (no "
+            "dataset_info.json, state.json or dataset_dict.json)."
+        )
     files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
     return sorted(files, key=lambda p: os.path.relpath(p, path))
 
@@ -65,7 +77,9 @@ def data_files(patterns: list[str], fmt: str) -> tuple[list[str], str]:
     for pattern in patterns:
         matched = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         if not matched:
-            raise ForgeError(f"{OPTION}.data_files: {pattern!r} matches no file (working directory {os.getcwd()}).")
+            raise ForgeError(
+                f"{OPTION}.data_files: {pattern!r} matches no file (working directory {os.getcwd()})."
+            )
         files += [p for p in matched if p not in files]
     for path in files:
         if os.path.getsize(path) == 0:
@@ -75,8 +89,10 @@ def data_files(patterns: list[str], fmt: str) -> tuple[list[str], str]:
     kinds = {FORMATS.get(os.path.splitext(p)[1].lower()) for p in files}
     if None in kinds or len(kinds) != 1:
         exts = sorted({os.path.splitext(p)[1] or "(none)" for p in files})
-        raise ForgeError(f"{OPTION}.data_files: cannot infer one format from the extensions {', '.join(exts)} "
-                         f"(known: {', '.join(sorted(FORMATS))}); set {OPTION}.format.")
+        raise ForgeError(
+            f"{OPTION}.data_files: cannot infer one format from the extensions {', '.join(exts)} "
+            f"(known: {', '.join(sorted(FORMATS))}); set {OPTION}.format."
+        )
     return files, kinds.pop()
 
 
@@ -84,24 +100,33 @@ class HFDatasetsSource:
     def __init__(self, options: Any) -> None:
         self.options = options
         if bool(options.path) == bool(options.data_files):
-            raise ForgeError(f"{OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`.")
+            raise ForgeError(
+                f"{OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`."
+            )
         if options.path:
             self.files, self.format = saved_files(options.path), "saved"
             self.where = options.path
         else:
             self.files, self.format = data_files(options.data_files, options.format)
-            self.where = ", ".join(self.files[:3]) + (f" (+{len(self.files) - 3} more)" if len(self.files) > 3 else "")
+            self.where = ", ".join(self.files[:3]) + (
+                f" (+{len(self.files) - 3} more)" if len(self.files) > 3 else ""
+            )
         self.datasets = import_datasets()
 
     def describe(self) -> str:
-        what = f"saved data set {self.options.path}" if self.options.path else f"{len(self.files)} {self.format} files"
+        what = (
+            f"saved data set {self.options.path}"
+            if self.options.path
+            else f"{len(self.files)} {self.format} files"
+        )
         mode = ", streaming" if self.options.streaming else ""
         return f"hf_datasets: {what}, split {self.options.split!r}, column {self.options.text_field!r}{mode}"
 
     def fingerprint(self) -> str:
         o = self.options
-        return files_fingerprint("hf_datasets/1", self.files, {"format": self.format, "split": o.split,
-                                                                "text_field": o.text_field})
+        return files_fingerprint(
+            "hf_datasets/1", self.files, {"format": self.format, "split": o.split, "text_field": o.text_field}
+        )
 
     def _load(self) -> Any:
         ds, o = self.datasets, self.options
@@ -110,30 +135,46 @@ class HFDatasetsSource:
                 data = ds.load_from_disk(o.path)
                 if isinstance(data, ds.DatasetDict):
                     if o.split not in data:
-                        raise ForgeError(f"{o.path}: no split {o.split!r} (splits: {', '.join(data)}); set {OPTION}.split.")
+                        raise ForgeError(
+                            f"{o.path}: no split {o.split!r} (splits: {', '.join(data)}); set {OPTION}.split."
+                        )
                     data = data[o.split]
                 return data.to_iterable_dataset() if o.streaming else data
-            return ds.load_dataset(self.format, data_files={o.split: self.files}, split=o.split, streaming=o.streaming)
+            return ds.load_dataset(
+                self.format, data_files={o.split: self.files}, split=o.split, streaming=o.streaming
+            )
         except ForgeError:
             raise
         except Exception as exc:  # noqa: BLE001 - datasets and pyarrow raise many kinds
-            raise ForgeError(f"{self.where}: datasets cannot read it ({type(exc).__name__}: {str(exc)[:300]}).") from None
+            raise ForgeError(
+                f"{self.where}: datasets cannot read it ({type(exc).__name__}: {str(exc)[:300]})."
+            ) from None
 
     def documents(self) -> Iterator[str]:
         field = self.options.text_field
         data = self._load()
         columns = data.column_names
         if columns is not None and field not in columns:
-            raise ForgeError(f"{self.where}: no column {field!r} (columns: {', '.join(columns)}). Set "
-                             f"{OPTION}.text_field to the column that holds the text.")
+            raise ForgeError(
+                f"{self.where}: no column {field!r} (columns: {', '.join(columns)}). Set "
+                f"{OPTION}.text_field to the column that holds the text."
+            )
         row, found = 0, 0
         try:
-            for batch in data.select_columns([field]).iter(batch_size=BATCH) if columns else data.iter(batch_size=BATCH):
+            for batch in (
+                data.select_columns([field]).iter(batch_size=BATCH)
+                if columns
+                else data.iter(batch_size=BATCH)
+            ):
                 if field not in batch:
-                    raise ForgeError(f"{self.where}, row {row}: no column {field!r} (columns: {', '.join(batch)}).")
+                    raise ForgeError(
+                        f"{self.where}, row {row}: no column {field!r} (columns: {', '.join(batch)})."
+                    )
                 for text in batch[field]:
                     if not isinstance(text, str):
-                        raise ForgeError(f"{self.where}, row {row}: {field!r} is {type(text).__name__}, not a string.")
+                        raise ForgeError(
+                            f"{self.where}, row {row}: {field!r} is {type(text).__name__}, not a string."
+                        )
                     row += 1
                     if text.strip():
                         found += 1
@@ -141,7 +182,9 @@ class HFDatasetsSource:
         except ForgeError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise ForgeError(f"{self.where}, near row {row}: datasets cannot read it ({type(exc).__name__}: "
-                             f"{str(exc)[:300]}).") from None
+            raise ForgeError(
+                f"{self.where}, near row {row}: datasets cannot read it ({type(exc).__name__}: "
+                f"{str(exc)[:300]})."
+            ) from None
         if not found:
             raise ForgeError(f"{self.where}: contains no document (no row with text in {field!r}).")

@@ -29,7 +29,7 @@ class TextOptions:
         "",
         "How a text file is cut into documents: '' (the default) makes each "
         "file one document; any other string splits the file on every occurrence of "
-        "it exactly (for example \"\\n\\n\" or \"<|endoftext|>\").",
+        'it exactly (for example "\\n\\n" or "<|endoftext|>").',
     )
     text_field: str = option(
         "text",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from forge_core.api import SourceSpec, hookimpl
-
 from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 

@@ -24,8 +24,11 @@ _BUILTIN_TOKENIZERS = ("byte", "hf")
 def _entries(ctx: Any, cls: type) -> list[tuple[str, Any]]:
     """``(prefix, options)`` of every source entry whose options are ``cls``; the prefix
     names the entry of a mixture (``"data.sources[1]: "``), nothing for one source."""
-    return [("" if where == "data.source" else f"{where}: ", entry.options)
-            for where, entry in ctx.config.data.source_entries() if isinstance(entry.options, cls)]
+    return [
+        ("" if where == "data.source" else f"{where}: ", entry.options)
+        for where, entry in ctx.config.data.source_entries()
+        if isinstance(entry.options, cls)
+    ]
 
 
 def _problems(ctx: Any, cls: type, build: Any) -> list[str]:
@@ -57,7 +60,9 @@ def check_hf_datasets(ctx: Any) -> list[str]:
 
     def files(options: Any) -> None:
         if bool(options.path) == bool(options.data_files):
-            raise ForgeError(f"{hf.OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`.")
+            raise ForgeError(
+                f"{hf.OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`."
+            )
         if options.path:
             hf.saved_files(options.path)
         else:
@@ -65,7 +70,9 @@ def check_hf_datasets(ctx: Any) -> list[str]:
 
     problems = _problems(ctx, HFDatasetsOptions, files)
     if _entries(ctx, HFDatasetsOptions) and importlib.util.find_spec("datasets") is None:
-        problems.append(f"the hf_datasets source needs the `datasets` package, which is not installed: {hf.EXTRA}")
+        problems.append(
+            f"the hf_datasets source needs the `datasets` package, which is not installed: {hf.EXTRA}"
+        )
     return problems
 
 
@@ -73,7 +80,10 @@ def check_shards_directory(ctx: Any) -> list[str]:
     problems = []
     for prefix, options in _entries(ctx, ShardsOptions):
         if not options.path:
-            problems.append(prefix + "data.source_options.path is empty: give the directory written by `forge-run prepare`.")
+            problems.append(
+                prefix
+                + "data.source_options.path is empty: give the directory written by `forge-run prepare`."
+            )
             continue
         try:
             index = read_shard_index(options.path)

@@ -16,7 +16,6 @@ import numpy as np
 from forge_core.api import ForgeError, Shards
 
 
-
 class ShardSource:
     def __init__(self, options: Any) -> None:
         if not options.path:

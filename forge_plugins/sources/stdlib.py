@@ -25,9 +25,7 @@ from typing import Any
 
 from forge_core.api import ForgeError, files_fingerprint
 
-EXCLUDED_DIRS = frozenset(
-    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-)
+EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 
 
 def stdlib_files(root: str | None = None) -> list[str]:

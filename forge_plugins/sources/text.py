@@ -44,19 +44,18 @@ class TextSource:
         """Every byte of every file, in reading order, and the settings that cut them into
         documents (what the token cache is keyed by; where the files are is not part of it)."""
         o = self.options
-        return files_fingerprint("text/1", self.files, {"separator": o.separator, "text_field": o.text_field,
-                                                        "encoding_errors": o.encoding_errors})
+        return files_fingerprint(
+            "text/1",
+            self.files,
+            {"separator": o.separator, "text_field": o.text_field, "encoding_errors": o.encoding_errors},
+        )
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
             if path.endswith(".jsonl"):
-                found = yield from read_jsonl(
-                    path, self.options.text_field, self.options.encoding_errors
-                )
+                found = yield from read_jsonl(path, self.options.text_field, self.options.encoding_errors)
             else:
-                found = yield from read_text(
-                    path, self.options.separator, self.options.encoding_errors
-                )
+                found = yield from read_text(path, self.options.separator, self.options.encoding_errors)
             if not found:
                 raise ForgeError(
                     f"{path}: contains no document (only whitespace, separators or blank lines)."
@@ -67,8 +66,7 @@ def resolve(patterns: list[str]) -> list[str]:
     """Expand ``patterns`` into the ordered, de-duplicated list of files to read."""
     if not patterns:
         raise ForgeError(
-            f"{OPTION}.paths is empty: list the files or glob patterns to read, "
-            "for example ['data/*.txt']."
+            f"{OPTION}.paths is empty: list the files or glob patterns to read, for example ['data/*.txt']."
         )
     files: list[str] = []
     seen: set[str] = set()
@@ -88,8 +86,7 @@ def resolve(patterns: list[str]) -> list[str]:
             matched = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not matched:
                 raise ForgeError(
-                    f"{OPTION}.paths: pattern {pattern!r} matches no file "
-                    f"(working directory {os.getcwd()})."
+                    f"{OPTION}.paths: pattern {pattern!r} matches no file (working directory {os.getcwd()})."
                 )
         for path in matched:
             key = os.path.realpath(path)
@@ -118,7 +115,7 @@ def decode(data: bytes, errors: str, path: str, line: int | None = None) -> str:
         where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
         raise ForgeError(
             f"{path}, line {where}: invalid UTF-8 ({exc.reason} at byte "
-            f"{data[exc.start:exc.end]!r}). Fix the file, or set "
+            f"{data[exc.start : exc.end]!r}). Fix the file, or set "
             f"{OPTION}.encoding_errors: replace to substitute U+FFFD."
         ) from None
 

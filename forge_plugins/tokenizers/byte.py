@@ -58,9 +58,15 @@ class ByteTokenizer:
         tokenizer = Tokenizer(bpe)
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         tokenizer.decoder = decoders.ByteLevel()
-        tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
-        PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                                clean_up_tokenization_spaces=False).save_pretrained(directory)
+        tokenizer.add_special_tokens(
+            [AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)]
+        )
+        PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer,
+            eos_token=EOS_TOKEN,
+            pad_token=PAD_TOKEN,
+            clean_up_tokenization_spaces=False,
+        ).save_pretrained(directory)
 
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
@@ -70,8 +76,11 @@ def byte_alphabet() -> list[str]:
     """The printable character standing for each byte in byte-level BPE (GPT-2's
     table): printable Latin-1 bytes stand for themselves, the others for the code points
     from 256 up, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from forge_core.api import TokenizerSpec, hookimpl
-
 from forge_plugins.tokenizers.options import HFOptions
 
 

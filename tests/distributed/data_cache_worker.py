@@ -17,11 +17,11 @@ import time
 import numpy as np
 import torch.distributed as dist
 
+from forge_core import components
 from forge_core.data import prepare
 from forge_core.data.build import build_training_data
 from forge_core.plan import make_plan
 from forge_core.resolve import load_resolved
-from forge_core import components
 
 
 def main() -> None:

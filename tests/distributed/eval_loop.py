@@ -29,12 +29,18 @@ def heldout(vocab: int, seq: int) -> EvalData:
     labels = ids[:, 1:].copy()
     labels[rng.random(labels.shape) < 0.2] = IGNORE_INDEX
     rows = ArrayRows({INPUT_IDS: np.ascontiguousarray(ids[:, :-1]), LABELS: labels})
-    return EvalData((EvalSet("heldout", rows, EVAL_ROWS, EVAL_ROWS * seq),), EVAL_BATCH, EVAL_ROWS, "test rows")
+    return EvalData(
+        (EvalSet("heldout", rows, EVAL_ROWS, EVAL_ROWS * seq),), EVAL_BATCH, EVAL_ROWS, "test rows"
+    )
 
 
 def evaluate(pmodel: Any, vocab: int, seq: int) -> dict[str, Any]:
     """``{"loss", "tokens"}`` of the rows under ``pmodel``'s layout (every process calls
     it; a single-process model on every process gives the same sums, weighted 1/world)."""
-    result = run_eval(pmodel, heldout(vocab, seq), device=torch.device("cpu"),
-                      slice_weight=pmodel.dp_size / dist.get_world_size())
+    result = run_eval(
+        pmodel,
+        heldout(vocab, seq),
+        device=torch.device("cpu"),
+        slice_weight=pmodel.dp_size / dist.get_world_size(),
+    )
     return {"loss": result.loss, "tokens": result.tokens}

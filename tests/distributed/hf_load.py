@@ -23,14 +23,14 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.registry import load_registries
-from forge_core import components
-from forge_core.train.loss import loss_fn
 from forge_core.distributed.parallelize import is_meta, parallelize
+from forge_core.registry import load_registries
+from forge_core.train.loss import loss_fn
 from forge_plugins.models.hf_folder import weight_map
 from forge_plugins.models.hf_keys import to_hf_key
 

@@ -29,19 +29,19 @@ import time
 from typing import Any
 
 import attrs
+import eval_loop
 import torch
 import torch.distributed as dist
-
-import eval_loop
 import variants
+
+from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
 from forge_core.config.loader import resolve_components, structure
 from forge_core.config.schema import ForgeConfig
-from forge_core.registry import load_registries
-from forge_core import components
-from forge_core.train.loss import build_loss, loss_fn
 from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process
+from forge_core.registry import load_registries
+from forge_core.train.loss import build_loss, loss_fn
 
 VOCAB = 64
 SEQ = 16
@@ -81,7 +81,10 @@ PP_SCHEDULES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "1f1b": (pp_options(schedule="1f1b", microbatches=2), {"grad_accum": 2}),
     "interleaved_1f1b": (pp_options(schedule="interleaved_1f1b", virtual_stages=2, microbatches=4), {}),
     "looped_bfs": (pp_options(schedule="looped_bfs", virtual_stages=2, microbatches=4), {}),
-    "interleaved_zero_bubble": (pp_options(schedule="interleaved_zero_bubble", virtual_stages=2, microbatches=4), {}),
+    "interleaved_zero_bubble": (
+        pp_options(schedule="interleaved_zero_bubble", virtual_stages=2, microbatches=4),
+        {},
+    ),
     "zbv_zero_bubble": (pp_options(schedule="zbv_zero_bubble", virtual_stages=2, microbatches=4), {}),
     "dualpipev": (pp_options(schedule="dualpipev", virtual_stages=2, microbatches=4), {}),
 }
@@ -110,14 +113,23 @@ class Scenario:
         return f"reference:{self.variant}:{self.attention}:{'packed' if self.packed else 'plain'}"
 
 
-def _pp(schedule: str, wrappers: dict[str, Any] | None = None, compile: bool = False, chunked: bool = False,
-        **more: Any) -> Scenario:
+def _pp(
+    schedule: str,
+    wrappers: dict[str, Any] | None = None,
+    compile: bool = False,
+    chunked: bool = False,
+    **more: Any,
+) -> Scenario:
     """Packed rows on 2 pipeline stages under ``schedule`` (its options in
     :data:`PP_SCHEDULES`), with ``wrappers`` (``{"wrappers": [...]}``), compiled and with
     the chunked loss if asked."""
     options, train = PP_SCHEDULES[schedule]
-    return Scenario({"pp": 2, **options, **(wrappers or {})},
-                    {**train, **(COMPILE if compile else {}), **(CHUNKED if chunked else {})}, packed=True, **more)
+    return Scenario(
+        {"pp": 2, **options, **(wrappers or {})},
+        {**train, **(COMPILE if compile else {}), **(CHUNKED if chunked else {})},
+        packed=True,
+        **more,
+    )
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -140,12 +152,16 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_chunked": Scenario({"tp": 2}, CHUNKED),  # vocabulary-sharded: loss parallelism
     "tp_sp_chunked": Scenario({"tp": 2, **SP}, CHUNKED),
     "tp_tied_chunked": Scenario({"tp": 2}, CHUNKED, variant="tied"),
-    "pp_chunked": Scenario({"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, CHUNKED),  # the last stage's loss
+    "pp_chunked": Scenario(
+        {"pp": 2, **pp_options(schedule="gpipe", microbatches=4)}, CHUNKED
+    ),  # the last stage's loss
     "packed_pp_zbv_chunked": _pp("zbv_zero_bubble", chunked=True),  # the last stage on rank 0
     "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
-    "fsdp_ac_every2": Scenario({"dp_shard": 2, "wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}}),
+    "fsdp_ac_every2": Scenario(
+        {"dp_shard": 2, "wrappers": ["act_ckpt"], "options": {"act_ckpt": {"every": 2}}}
+    ),
     "ddp_ac": Scenario({"dp_replicate": 2, **AC}),
     "tp_ac": Scenario({"tp": 2, **AC}),
     "tp_sp_ac": Scenario({"tp": 2, **AC, **SP}),
@@ -164,8 +180,11 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_compile": Scenario({"tp": 2}, COMPILE),
     "pp_1f1b_compile": _pp("1f1b", compile=True),
     # packed rows under every schedule and attention backend: packed_pp_<schedule>_<backend>
-    **{f"packed_pp_{schedule}_{attention}": _pp(schedule, attention=attention)
-       for schedule in PP_SCHEDULES for attention in ATTENTION},
+    **{
+        f"packed_pp_{schedule}_{attention}": _pp(schedule, attention=attention)
+        for schedule in PP_SCHEDULES
+        for attention in ATTENTION
+    },
     # negative controls: later stages see the neighbouring microbatch's doc_ids/positions
     "rolled_pp_gpipe": _pp("gpipe", rolled=True),
     "rolled_pp_zbv_zero_bubble": _pp("zbv_zero_bubble", rolled=True),
@@ -176,9 +195,17 @@ SCENARIOS: dict[str, Scenario] = {
     "pp_fsdp": Scenario({"pp": 2, "dp_shard": 2, **pp_options(schedule="1f1b")}, packed=True),
     "pp_ddp": Scenario({"pp": 2, "dp_replicate": 2, **pp_options(schedule="gpipe")}, packed=True),
     # split backward with FSDP: exact with reshard_after_forward false (true is refused by a rule)
-    "pp_fsdp_zbv": Scenario({"pp": 2, "dp_shard": 2, "options": {
-        "pp": {"schedule": "zbv_zero_bubble", "virtual_stages": 2}, "fsdp": {"reshard_after_forward": False}}},
-        packed=True),
+    "pp_fsdp_zbv": Scenario(
+        {
+            "pp": 2,
+            "dp_shard": 2,
+            "options": {
+                "pp": {"schedule": "zbv_zero_bubble", "virtual_stages": 2},
+                "fsdp": {"reshard_after_forward": False},
+            },
+        },
+        packed=True,
+    ),
     "fsdp_tp_tied": Scenario({"dp_shard": 2, "tp": 2}, variant="tied"),
     "fsdp_tp_qknorm": Scenario({"dp_shard": 2, "tp": 2}, variant="qknorm"),
     "fsdp_tp_chunked": Scenario({"dp_shard": 2, "tp": 2}, CHUNKED),
@@ -191,8 +218,15 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def make_plan(registries: Any, parallel: dict[str, Any], train: dict[str, Any], variant: str = "llama",
-              world_size: int = 1, attention: str = "sdpa", packed: bool = False) -> Plan:
+def make_plan(
+    registries: Any,
+    parallel: dict[str, Any],
+    train: dict[str, Any],
+    variant: str = "llama",
+    world_size: int = 1,
+    attention: str = "sdpa",
+    packed: bool = False,
+) -> Plan:
     """The judged plan of a scenario's config, as ``forge-run train`` hands it to the
     trainer (the rules are not evaluated: these layouts are valid by construction).
     Packed scenarios name a packer that isolates documents, so the plan's emitted
@@ -264,7 +298,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         loss_sum = torch.zeros((), dtype=torch.float64)
         local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
         for micro in range(accum):
-            part = {k: v[micro * rows:(micro + 1) * rows] for k, v in local.items()}
+            part = {k: v[micro * rows : (micro + 1) * rows] for k, v in local.items()}
             loss, _ = pmodel.forward_backward(part, None, global_tokens)  # the model's own loss
             loss_sum += loss.double()
         if pmodel.dp_group is not None:
@@ -284,9 +318,14 @@ def evaluate(pmodel: Any, batch: dict[str, torch.Tensor]) -> float:
     each data-parallel rank on its slice, as the evaluation loop computes it; one
     process evaluates it :data:`EVAL_ROWS` rows at a time (a pipeline's microbatches)."""
     local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
-    pieces = [local] if pmodel.train_step is not None else [
-        {k: v[at:at + EVAL_ROWS] for k, v in local.items()} for at in range(0, len(local[LABELS]), EVAL_ROWS)
-    ]
+    pieces = (
+        [local]
+        if pmodel.train_step is not None
+        else [
+            {k: v[at : at + EVAL_ROWS] for k, v in local.items()}
+            for at in range(0, len(local[LABELS]), EVAL_ROWS)
+        ]
+    )
     sums = torch.zeros(2, dtype=torch.float64)
     for piece in pieces:
         loss_sum, tokens = pmodel.evaluate(piece)  # the model's own loss
@@ -314,9 +353,13 @@ def roll_metadata(pmodel: Any) -> None:
 
 def qk_norms(pmodel: Any) -> list[float]:
     """Every q/k norm weight this process holds (whole: they are not sharded)."""
-    return [float(v) for part in pmodel.parts for name, p in sorted(part.named_parameters())
-            if name.endswith(("q_norm.weight", "k_norm.weight"))
-            for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)]
+    return [
+        float(v)
+        for part in pmodel.parts
+        for name, p in sorted(part.named_parameters())
+        if name.endswith(("q_norm.weight", "k_norm.weight"))
+        for v in (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
+    ]
 
 
 def vocab_shard(pmodel: Any) -> list[int] | None:
@@ -358,11 +401,17 @@ def main() -> None:
         if sc.reference not in results and sc.variant != "qknorm_undeclared":
             # flex compiles once per shape: the reference runs the pipelines' 2-row microbatches
             ref_train = {"grad_accum": ROWS // EVAL_ROWS} if sc.attention == "flex" else {}
-            ref_plan = make_plan(registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed)
+            ref_plan = make_plan(
+                registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed
+            )
             ref_model = single_process(build_model(ref_plan, registries), loss_fn)
             start = qk_norms(ref_model)
-            results[sc.reference] = {**train(ref_model, ref_plan, data), "qk_start": start,
-                                     "qk_norms": qk_norms(ref_model), "eval_loop": run_eval_loop(sc, ref_model)}
+            results[sc.reference] = {
+                **train(ref_model, ref_plan, data),
+                "qk_start": start,
+                "qk_norms": qk_norms(ref_model),
+                "eval_loop": run_eval_loop(sc, ref_model),
+            }
         plan = make_plan(registries, sc.parallel, sc.train, sc.variant, world, sc.attention, sc.packed)
         began = time.perf_counter()
         try:
@@ -375,10 +424,23 @@ def main() -> None:
             roll_metadata(pmodel)
         got = {**train(pmodel, plan, data), "eval_loop": run_eval_loop(sc, pmodel)}
         every = [None] * world
-        dist.all_gather_object(every, {"loss": got["loss"], "norm": got["norm"], "eval": got["eval"],
-                                       "eval_loop": got["eval_loop"], "qk_norms": qk_norms(pmodel),
-                                       "vocab_shard": vocab_shard(pmodel)})
-        results[name] = {**got, "reference": sc.reference, "ranks": every, "seconds": time.perf_counter() - began}
+        dist.all_gather_object(
+            every,
+            {
+                "loss": got["loss"],
+                "norm": got["norm"],
+                "eval": got["eval"],
+                "eval_loop": got["eval_loop"],
+                "qk_norms": qk_norms(pmodel),
+                "vocab_shard": vocab_shard(pmodel),
+            },
+        )
+        results[name] = {
+            **got,
+            "reference": sc.reference,
+            "ranks": every,
+            "seconds": time.perf_counter() - began,
+        }
         if name == "fsdp" and os.environ.get("FORGE_TEST_CKPT"):
             results[name]["probe_ids"] = plain[0][INPUT_IDS][:2].tolist()
             results[name]["probe"] = probe_logits(pmodel, plain)

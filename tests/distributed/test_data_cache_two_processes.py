@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from harness import HERE, torchrun
 from train_helpers import tiny_config, write_config
 

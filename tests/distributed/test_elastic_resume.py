@@ -17,15 +17,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_forge_run_parallel import RTOL, forge_run
 from train_helpers import read_metrics, tiny_config, write_config
 
 pytestmark = pytest.mark.distributed
 
 STEPS, RESUME_AT = 5, 2
-LAYOUTS = {"one": (1, {}), "fsdp": (2, {"dp_shard": 2}), "tp": (2, {"tp": 2}),
-           "pp": (2, {"pp": 2, "options": {"pp": {"microbatches": 2}}})}
+LAYOUTS = {
+    "one": (1, {}),
+    "fsdp": (2, {"dp_shard": 2}),
+    "tp": (2, {"tp": 2}),
+    "pp": (2, {"pp": 2, "options": {"pp": {"microbatches": 2}}}),
+}
 
 
 def config(tmp: Path, name: str, parallel: dict) -> dict:
@@ -65,12 +68,16 @@ def resume_elsewhere(tmp: Path, source: str, name: str, nproc: int, parallel: di
     return read_metrics(tmp / name), proc.stderr
 
 
-@pytest.mark.parametrize("source, nproc, parallel", [
-    ("fsdp", 1, {}),              # 2 -> 1: the data-parallel degree shrinks
-    ("tp", 1, {}),                # 2 -> 1: tensor-parallel shards merged
-    ("pp", 1, {}),                # 2 -> 1: pipeline stages merged
-    ("one", 2, {"dp_shard": 2}),  # 1 -> 2
-], ids=["fsdp2-to-1", "tp2-to-1", "pp2-to-1", "1-to-fsdp2"])
+@pytest.mark.parametrize(
+    "source, nproc, parallel",
+    [
+        ("fsdp", 1, {}),  # 2 -> 1: the data-parallel degree shrinks
+        ("tp", 1, {}),  # 2 -> 1: tensor-parallel shards merged
+        ("pp", 1, {}),  # 2 -> 1: pipeline stages merged
+        ("one", 2, {"dp_shard": 2}),  # 1 -> 2
+    ],
+    ids=["fsdp2-to-1", "tp2-to-1", "pp2-to-1", "1-to-fsdp2"],
+)
 def test_resume_on_another_number_of_processes_continues_the_run(saved, source, nproc, parallel):
     straight = read_metrics(saved / "one")
     written_by = LAYOUTS[source][0]
@@ -82,8 +89,10 @@ def test_resume_on_another_number_of_processes_continues_the_run(saved, source, 
     assert [m["grad_norm"] for m in after] == pytest.approx([m["grad_norm"] for m in want], rel=RTOL)
     assert [m["tokens"] for m in after] == [m["tokens"] for m in want]  # the same batches
     text = " ".join(err.split())
-    assert (f"was written by {written_by} process{'es' * (written_by > 1)}; resuming on {nproc}. Model and "
-            f"optimizer state are resharded") in text
+    assert (
+        f"was written by {written_by} process{'es' * (written_by > 1)}; resuming on {nproc}. Model and "
+        f"optimizer state are resharded"
+    ) in text
     assert "Random number streams are per process and cannot carry over" in text
 
 
@@ -94,5 +103,6 @@ def test_the_source_runs_equal_one_process(saved):
     assert len({m["loss"] for m in straight}) == STEPS
     for name in ("fsdp", "tp", "pp"):
         assert [m["loss"] for m in read_metrics(saved / name)] == pytest.approx(
-            [m["loss"] for m in straight], rel=RTOL), name
+            [m["loss"] for m in straight], rel=RTOL
+        ), name
     assert all(m["mem_rss_peak_gib_max"] >= m["mem_rss_peak_gib"] > 0 for m in read_metrics(saved / "fsdp"))

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from train_helpers import read_metrics, tiny_config, write_config
 
 pytestmark = pytest.mark.distributed
@@ -27,8 +26,9 @@ RTOL = 1e-5
 
 def forge_run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "forge_core.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "forge_core.cli", *args], capture_output=True, text=True, env=env, timeout=240
+    )
 
 
 def config(tmp_path: Path, name: str, **parallel) -> str:
@@ -44,8 +44,11 @@ def config(tmp_path: Path, name: str, **parallel) -> str:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("forge_run")
     out = {}
-    for name, nproc, parallel in (("one", 1, {}), ("fsdp", 2, {"dp_shard": 2}),
-                                  ("pp", 2, {"pp": 2, "options": {"pp": {"microbatches": 2}}})):
+    for name, nproc, parallel in (
+        ("one", 1, {}),
+        ("fsdp", 2, {"dp_shard": 2}),
+        ("pp", 2, {"pp": 2, "options": {"pp": {"microbatches": 2}}}),
+    ):
         proc = forge_run("train", "--nproc", str(nproc), config(tmp, name, **parallel))
         assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         out[name] = read_metrics(tmp / name)
@@ -77,17 +80,38 @@ def test_forge_run_two_processes_evaluate_like_one(runs, name):
 ZBV = {"schedule": "zbv_zero_bubble", "virtual_stages": 2}
 
 
-@pytest.mark.parametrize(("rule", "parallel", "train", "says"), [
-    ("pp.split-backward-not-with-compile", {"pp": 2, "options": {"pp": ZBV}}, {"compile": True},
-     "donated buffers"),
-    ("pp.split-backward-fsdp-reshard", {"pp": 2, "dp_shard": 2, "options": {"pp": ZBV}}, {"batch_size": 8},
-     "reshard_after_forward: true"),
-    ("pp.schedule-virtual-stages", {"pp": 2, "options": {"pp": {"schedule": "dualpipev"}}}, {},
-     "exactly two stages on every rank"),
-    ("pp.microbatches", {"pp": 2, "options": {"pp": {"schedule": "dualpipev", "virtual_stages": 2, "microbatches": 2}}},
-     {}, "at least one microbatch per stage"),
-])
-def test_refused_pipeline_combinations_stop_before_torchrun(tmp_path, monkeypatch, capsys, rule, parallel, train, says):
+@pytest.mark.parametrize(
+    ("rule", "parallel", "train", "says"),
+    [
+        (
+            "pp.split-backward-not-with-compile",
+            {"pp": 2, "options": {"pp": ZBV}},
+            {"compile": True},
+            "donated buffers",
+        ),
+        (
+            "pp.split-backward-fsdp-reshard",
+            {"pp": 2, "dp_shard": 2, "options": {"pp": ZBV}},
+            {"batch_size": 8},
+            "reshard_after_forward: true",
+        ),
+        (
+            "pp.schedule-virtual-stages",
+            {"pp": 2, "options": {"pp": {"schedule": "dualpipev"}}},
+            {},
+            "exactly two stages on every rank",
+        ),
+        (
+            "pp.microbatches",
+            {"pp": 2, "options": {"pp": {"schedule": "dualpipev", "virtual_stages": 2, "microbatches": 2}}},
+            {},
+            "at least one microbatch per stage",
+        ),
+    ],
+)
+def test_refused_pipeline_combinations_stop_before_torchrun(
+    tmp_path, monkeypatch, capsys, rule, parallel, train, says
+):
     """The rule's report, exit 2, and neither a torchrun child nor a process group nor
     a run directory."""
     import torch.distributed as dist

@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-
 from harness import HERE, torchrun
 
 pytestmark = pytest.mark.distributed
@@ -22,15 +21,25 @@ transformers = pytest.importorskip("transformers")
 def loaded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf_load")
     config = transformers.AutoConfig.for_model(
-        "qwen3", vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=16)
+        "qwen3",
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=16,
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp / "hf", max_shard_size="20KB")
     assert (tmp / "hf/model.safetensors.index.json").is_file()
     out = tmp / "results.json"
     proc = torchrun(2, HERE / "hf_load.py", [str(out), str(tmp / "hf"), "fsdp", "tp", "pp"])
     if proc.returncode != 0 or not out.is_file():
-        pytest.fail(f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+        pytest.fail(
+            f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+        )
     return json.loads(out.read_text()), tmp / "hf"
 
 

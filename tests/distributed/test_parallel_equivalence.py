@@ -37,25 +37,65 @@ import time
 
 import pytest
 import torch
-
 from harness import run_scenarios
 from scenarios import ATTENTION, PP_SCHEDULES, VOCAB
 
 pytestmark = pytest.mark.distributed
 
 RTOL = 1e-5
-CHUNKED_TWO = ["ddp_chunked", "fsdp_chunked", "tp_chunked", "tp_sp_chunked", "tp_tied_chunked", "pp_chunked",
-               "packed_pp_zbv_chunked"]
+CHUNKED_TWO = [
+    "ddp_chunked",
+    "fsdp_chunked",
+    "tp_chunked",
+    "tp_sp_chunked",
+    "tp_tied_chunked",
+    "pp_chunked",
+    "packed_pp_zbv_chunked",
+]
 CHUNKED_FOUR = ["fsdp_tp_chunked", "pp_tp_chunked"]
 PACKED_PP = [f"packed_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION]
-TWO = ["ddp", "fsdp", "fsdp_accum", "tp", "tp_sp", "pp_gpipe", "tp_tied", "tp_qknorm", "tp_sp_qknorm",
-       "tp_qwen2", "tp_qwen3", "tp_sp_qwen3",
-       "packed_ddp", *PACKED_PP,
-       # activation checkpointing composes with each strategy (compiled: see composition_rules)
-       "fsdp_ac", "fsdp_ac_every2", "ddp_ac", "tp_ac", "tp_sp_ac", "pp_gpipe_ac", "pp_1f1b_ac",
-       "pp_interleaved_ac", "pp_zbv_ac", "pp_dualpipev_ac", *CHUNKED_TWO]
-FOUR = [*CHUNKED_FOUR, "fsdp_tp", "hsdp", "pp_tp", "pp_fsdp", "pp_ddp", "pp_fsdp_zbv", "fsdp_tp_tied", "fsdp_tp_qknorm",
-        "fsdp_tp_ac", "pp_tp_ac", "pp_fsdp_ac"]
+TWO = [
+    "ddp",
+    "fsdp",
+    "fsdp_accum",
+    "tp",
+    "tp_sp",
+    "pp_gpipe",
+    "tp_tied",
+    "tp_qknorm",
+    "tp_sp_qknorm",
+    "tp_qwen2",
+    "tp_qwen3",
+    "tp_sp_qwen3",
+    "packed_ddp",
+    *PACKED_PP,
+    # activation checkpointing composes with each strategy (compiled: see composition_rules)
+    "fsdp_ac",
+    "fsdp_ac_every2",
+    "ddp_ac",
+    "tp_ac",
+    "tp_sp_ac",
+    "pp_gpipe_ac",
+    "pp_1f1b_ac",
+    "pp_interleaved_ac",
+    "pp_zbv_ac",
+    "pp_dualpipev_ac",
+    *CHUNKED_TWO,
+]
+FOUR = [
+    *CHUNKED_FOUR,
+    "fsdp_tp",
+    "hsdp",
+    "pp_tp",
+    "pp_fsdp",
+    "pp_ddp",
+    "pp_fsdp_zbv",
+    "fsdp_tp_tied",
+    "fsdp_tp_qknorm",
+    "fsdp_tp_ac",
+    "pp_tp_ac",
+    "pp_fsdp_ac",
+]
 REFUSED = ["tp_uncovered"]
 ROLLED = ["rolled_pp_gpipe", "rolled_pp_zbv_zero_bubble"]
 

@@ -74,10 +74,20 @@ def build_undeclared(options: LlamaOptions, vocab_size: int, attention) -> Undec
 
 @hookimpl
 def forge_models():
-    common = dict(options=LlamaOptions, accepts=(), supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=llama_facts)
+    common = dict(
+        options=LlamaOptions, accepts=(), supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=llama_facts
+    )
     return [
-        ModelSpec(name="qknorm", summary="llama with per-head q/k RMSNorm, declared partial",
-                  impl="variants:build", **common),
-        ModelSpec(name="qknorm_undeclared", summary="llama with per-head q/k RMSNorm left out of its plan",
-                  impl="variants:build_undeclared", **common),
+        ModelSpec(
+            name="qknorm",
+            summary="llama with per-head q/k RMSNorm, declared partial",
+            impl="variants:build",
+            **common,
+        ),
+        ModelSpec(
+            name="qknorm_undeclared",
+            summary="llama with per-head q/k RMSNorm left out of its plan",
+            impl="variants:build_undeclared",
+            **common,
+        ),
     ]

@@ -53,5 +53,6 @@ class GreedyPacker:
                 cols.append(S - int(room[row]))
                 room[row] -= size
             offset += length
-        return RowLayout.from_placement(S, starts, sizes, rows, cols, rows=len(room),
-                                        boundaries="documents", metadata=True)
+        return RowLayout.from_placement(
+            S, starts, sizes, rows, cols, rows=len(room), boundaries="documents", metadata=True
+        )

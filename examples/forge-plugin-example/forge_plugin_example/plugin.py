@@ -7,7 +7,6 @@ loading the plugin imports neither torch nor numpy.
 from __future__ import annotations
 
 from forge_core.api import DOC_IDS, POSITIONS, AttentionBackendSpec, LoggerSpec, PackerSpec, hookimpl
-
 from forge_plugin_example.options import CsvOptions, WindowOptions
 
 

@@ -34,6 +34,10 @@ class WindowAttention:
         same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
         return (band[None] & same_doc)[:, None]
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: torch.Tensor
+    ) -> torch.Tensor:
         # Head counts come from the shapes (tensor parallelism shards heads per rank).
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=prepared, enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=prepared, enable_gqa=q.shape[1] != k.shape[1]
+        )

@@ -3,7 +3,6 @@
 import csv
 
 from forge_core.testing import run_context
-
 from forge_plugin_example.csv_logger import CsvLogger
 from forge_plugin_example.options import CsvOptions
 

@@ -21,13 +21,19 @@ def test_first_fit_places_documents_in_order():
     docs = [np.array([1, 2, eos]), np.array([3, 4, 5, eos]), np.array([6, eos]), np.array([7, eos])]
     out = pack_documents(packer, docs)
     assert out["input_ids"].tolist() == [[1, 2, eos, 6, eos], [3, 4, 5, eos, pad], [7, eos, pad, pad, pad]]
-    assert out["labels"].tolist() == [[2, eos, -100, eos, -100], [4, 5, eos, -100, -100], [eos, -100, -100, -100, -100]]
+    assert out["labels"].tolist() == [
+        [2, eos, -100, eos, -100],
+        [4, 5, eos, -100, -100],
+        [eos, -100, -100, -100, -100],
+    ]
     assert out["doc_ids"].tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 1], [0, 0, 1, 1, 1]]
     assert out["positions"].tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0], [0, 1, 0, 1, 2]]
 
 
 def test_long_document_is_split_and_its_chunks_keep_their_labels():
     eos = 99
-    out = pack_documents(GreedyPacker(None, seq_len=4, eos_id=eos, pad_id=0), [np.array(list(range(1, 7)) + [eos])])
+    out = pack_documents(
+        GreedyPacker(None, seq_len=4, eos_id=eos, pad_id=0), [np.array(list(range(1, 7)) + [eos])]
+    )
     assert out["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, eos, 0]]
     assert out["labels"].tolist() == [[2, 3, 4, 5], [6, eos, -100, -100]]
