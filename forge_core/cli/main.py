@@ -24,8 +24,6 @@ from typing import Any
 
 from forge_core.errors import EXIT_INVALID, Interrupted, outcome, show_tracebacks, traceback_text
 
-COMMANDS = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample", "eval")
-
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="path to a YAML config")
@@ -256,6 +254,8 @@ HANDLERS = {
     "sample": _sample,
     "eval": _eval,
 }
+#: The commands, in the order of ``forge-run --help``.
+COMMANDS = tuple(HANDLERS)
 
 
 def _stdout_closed() -> None:
