@@ -112,7 +112,8 @@ def main() -> None:
     for r in results:
         saved = base["peak_gib"] - r["peak_gib"]
         print(
-            f"{r['label']:<10} {r['peak_gib']:>8.3f} G {saved:>8.3f} G {r['peak_gib'] / base['peak_gib']:>7.3f} "
+            f"{r['label']:<10} {r['peak_gib']:>8.3f} G {saved:>8.3f} G "
+            f"{r['peak_gib'] / base['peak_gib']:>7.3f} "
             f"{r['step_s']:>7.2f}s {r['loss']:>10.4f}"
         )
 

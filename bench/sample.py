@@ -127,7 +127,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab} ({params / 1e6:.1f}M parameters); "
-        f"prompt {args.prompt_len} tokens, {args.new_tokens} new (greedy); {torch.get_num_threads()} threads; "
+        f"prompt {args.prompt_len} tokens, {args.new_tokens} new (greedy); "
+        f"{torch.get_num_threads()} threads; "
         f"best of {args.rounds}"
     )
     for name, value in rate.items():

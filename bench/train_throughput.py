@@ -15,12 +15,13 @@ precision, then where each configuration's time goes.
   1,024, a vocabulary of 32,768: byte tokens, the embedding and output layer padded to
   32,768 rows, so the output layer and the loss cost what a 32k tokenizer's do).
 - Forge uses ``train.loss.name: chunked`` where the vocabulary is 32k (the full logits
-  where it is 258: nothing to save there; ``--forge-loss`` overrides), its ``adamw`` plugin and its trainer step;
-  transformers the step a user writes (forward, ``F.cross_entropy`` over the float
-  logits, backward, ``clip_grad_norm_``, ``torch.optim.AdamW`` with the same
-  hyperparameters). Both start from Forge's initial weights and read the same packed
-  rows in the same order (stdlib corpus, byte tokenizer, ``concat`` without document
-  isolation, so both compute plain causal attention with sdpa).
+  where it is 258: nothing to save there; ``--forge-loss`` overrides), its ``adamw``
+  plugin and its trainer step; transformers the step a user writes (forward,
+  ``F.cross_entropy`` over the float logits, backward, ``clip_grad_norm_``,
+  ``torch.optim.AdamW`` with the same hyperparameters). Both start from Forge's initial
+  weights and read the same packed rows in the same order (stdlib corpus, byte
+  tokenizer, ``concat`` without document isolation, so both compute plain causal
+  attention with sdpa).
 - Per configuration: tokens/s (median step), CPU seconds per step (process time: steadier
   than wall-clock on a shared machine), peak RSS of the whole process and of the measured
   steps alone (``/proc/self/clear_refs`` resets the high-water mark after warm-up;
@@ -421,7 +422,8 @@ def report(results: list[dict]) -> None:
             f"{s['vocab'] or 258}; {precision}"
         )
         print(
-            "| config | tokens/s | CPU s/step | peak RSS MiB | steps' peak RSS MiB (rise) | first loss | MFU |"
+            "| config | tokens/s | CPU s/step | peak RSS MiB "
+            "| steps' peak RSS MiB (rise) | first loss | MFU |"
         )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
@@ -429,8 +431,10 @@ def report(results: list[dict]) -> None:
             name = f"{r['framework']} {r['mode']}{loss}"
             mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
             print(
-                f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} | {_mib(r['peak_rss_mib'])} | "
-                f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) | {r['first_loss']:.4f} | {mfu} |"
+                f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} "
+                f"| {_mib(r['peak_rss_mib'])} | "
+                f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) "
+                f"| {r['first_loss']:.4f} | {mfu} |"
             )
         by = {(r["framework"], r["mode"]): r for r in rows}
         for mode in ("eager", "compiled"):

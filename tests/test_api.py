@@ -26,7 +26,8 @@ def test_api_imports_neither_torch_nor_the_rest_of_forge():
     proc = _python(
         "import json, sys\n"
         "import forge_core.api\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('forge_core', 'forge_plugins', 'torch', 'numpy', 'cattrs', 'yaml'))))"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('forge_core', 'forge_plugins', 'torch', 'numpy', 'cattrs', 'yaml'))))"
     )
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout)

@@ -60,7 +60,8 @@ def _backend(name: str, flex: FlexAttention):
 #: ATEN_CPU_CAPABILITY=default (one of the kernel levels CI runs the numerical tests at).
 needs_compiled_flex = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason=f"compiled FlexAttention needs AVX2 on CPU (capability here: {torch.backends.cpu.get_cpu_capability()})",
+    reason="compiled FlexAttention needs AVX2 on CPU "
+    f"(capability here: {torch.backends.cpu.get_cpu_capability()})",
 )
 BACKENDS = ["eager", "sdpa", pytest.param("flex", marks=needs_compiled_flex)]
 #: Compiled flex specialises on shapes: run documents "alone" at the packed shape
@@ -335,14 +336,16 @@ def test_model_check_catches_a_leak_below_float32_rounding():
     # float64: the logits themselves give it away (~1e-8 of a row against ~1e-14).
     with pytest.raises(
         AssertionError,
-        match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ .*exceeds the rounding tolerance of float64",
+        match=r"^float64: row 0 document 1 \(tokens 5:6\): packed logits differ "
+        r".*exceeds the rounding tolerance of float64",
     ):
         check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS)
     # float32: the logits agree within rounding; the gradient on other documents, which
     # must be exactly 0, does not.
     with pytest.raises(
         AssertionError,
-        match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens \(embedding output 0\): \d+ entries are not exactly 0",
+        match=r"^float32: the loss of document 6:17 has gradient on other documents' tokens "
+        r"\(embedding output 0\): \d+ entries are not exactly 0",
     ):
         check_document_isolation(tiny_llama(backend), rows=MULTI_BLOCK_ROWS, dtypes=(torch.float32,))
 

@@ -336,11 +336,13 @@ def test_keys_that_are_not_strings_are_refused_in_files_and_overrides(tmp_path):
         ),
         (
             "$.train",
-            'key 2.5 (line 4) is a number, not a string: config keys are names; quote it ("2.5") if it is one',
+            "key 2.5 (line 4) is a number, not a string: config keys are names; "
+            'quote it ("2.5") if it is one',
         ),
         (
             "$.train",
-            'key yes (line 5) is a boolean, not a string: config keys are names; quote it ("yes") if it is one',
+            "key yes (line 5) is a boolean, not a string: config keys are names; "
+            'quote it ("yes") if it is one',
         ),
     ]
     with pytest.raises(ConfigError, match=r"\$\.train: key 1 \(line 1\) is an integer"):
@@ -355,11 +357,13 @@ def test_duplicate_keys_and_sections_are_refused_with_both_lines(tmp_path):
     assert info.value.issues == [
         (
             "$",
-            "key 'train' is given twice (lines 1 and 5): the second would silently replace the first; merge them into one",
+            "key 'train' is given twice (lines 1 and 5): the second would silently replace the first; "
+            "merge them into one",
         ),
         (
             "$.train",
-            "key 'lr' is given twice (lines 2 and 3): the second would silently replace the first; merge them into one",
+            "key 'lr' is given twice (lines 2 and 3): the second would silently replace the first; "
+            "merge them into one",
         ),
     ]
 

@@ -194,7 +194,9 @@ def test_a_leak_below_float32_rounding_is_caught_in_float64_and_by_the_exact_zer
     # ...but the gradient reaching other documents is not exactly 0.
     with pytest.raises(
         AssertionError,
-        match=r"document isolation broken at row 0, document 1 \(positions 5\.\.5 of 16\): the gradient of its outputs reaches the [qkv] of position [0-4] \(document 0, head \d\) .* must be exactly 0",
+        match=r"document isolation broken at row 0, document 1 \(positions 5\.\.5 of 16\): "
+        r"the gradient of its outputs reaches the [qkv] of position [0-4] \(document 0, head \d\) "
+        r".* must be exactly 0",
     ):
         case.gradient_stays_in_document(doc_ids)
     # float64 sees it in the outputs themselves.
@@ -203,13 +205,15 @@ def test_a_leak_below_float32_rounding_is_caught_in_float64_and_by_the_exact_zer
     )
     with pytest.raises(
         AssertionError,
-        match=r"document isolation broken at row 0, document 1 .*output differs .*rounding tolerance of float64",
+        match=r"document isolation broken at row 0, document 1 "
+        r".*output differs .*rounding tolerance of float64",
     ):
         case.isolates_documents(doc_ids)
     # The whole kit, float32 first: the exact-zero gradient check is what fails.
     with pytest.raises(
         AssertionError,
-        match=r"float32, 4 query / 2 key-value heads: document isolation broken at row 0, document 1 .*must be exactly 0",
+        match=r"float32, 4 query / 2 key-value heads: document isolation broken at row 0, document 1 "
+        r".*must be exactly 0",
     ):
         check_attention_backend(_MixesInOtherDocuments)
 
@@ -219,12 +223,14 @@ def test_float64_run_requires_a_backend_that_follows_its_input_dtype():
     check_attention_backend(_Float32Softmax, float64=False)  # fine within float32 rounding
     with pytest.raises(
         AssertionError,
-        match=r"float64, 4 query / 2 key-value heads, causal without doc_ids: forward .* exceeds the rounding tolerance of float64",
+        match=r"float64, 4 query / 2 key-value heads, causal without doc_ids: forward "
+        r".* exceeds the rounding tolerance of float64",
     ):
         check_attention_backend(_Float32Softmax)
     with pytest.raises(
         AssertionError,
-        match=r"on cpu, float64, .*failed on float64 inputs \(NotImplementedError: no float64 kernel\).*float64=False",
+        match=r"on cpu, float64, .*failed on float64 inputs "
+        r"\(NotImplementedError: no float64 kernel\).*float64=False",
     ):
         check_attention_backend(_NoFloat64)
     check_attention_backend(_NoFloat64, float64=False)
@@ -280,7 +286,8 @@ def test_assert_within_rounding_passes_rounding_and_names_a_real_difference():
     wrong[1, 2] += 1e-4 * want[1].norm()
     with pytest.raises(
         AssertionError,
-        match=r"off: max \|difference\| .* exceeds the rounding tolerance of float32 .* first mismatch at \[token 1, dim 2\]",
+        match=r"off: max \|difference\| .* exceeds the rounding tolerance of float32 "
+        r".* first mismatch at \[token 1, dim 2\]",
     ):
         assert_within_rounding(wrong, want, dtype=torch.float32, terms=1, what="off", dims=("token", "dim"))
     with pytest.raises(AssertionError, match="non-finite value nan"):

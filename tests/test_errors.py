@@ -64,7 +64,8 @@ def forge_models():
     spec = dict(max_seq_len_option=None, accepts=ACCEPTS)
     return [
         ModelSpec(name="raises", summary="Refuses its options", impl="forge_faults:model_raises", **spec),
-        ModelSpec(name="oldsig", summary="Old constructor signature", impl="forge_faults:model_old_signature", **spec),
+        ModelSpec(name="oldsig", summary="Old constructor signature",
+                  impl="forge_faults:model_old_signature", **spec),
         ModelSpec(name="exits", summary="Calls sys.exit", impl="forge_faults:model_exits", **spec),
         ModelSpec(name="ctrlc", summary="Interrupted", impl="forge_faults:model_interrupted", **spec),
         ModelSpec(name="absent", summary="Its module is missing", impl="forge_faults_gone:build", **spec),

@@ -261,7 +261,8 @@ def test_nothing_to_evaluate_is_a_clear_error(tmp_path):
     )
     with pytest.raises(
         ForgeError,
-        match=r"nothing to evaluate on in the held-out split: data.heldout.fraction 0.0 \(seed 0\) holds out no document",
+        match=r"nothing to evaluate on in the held-out split: "
+        r"data.heldout.fraction 0.0 \(seed 0\) holds out no document",
     ):
         build_eval_data(plan, registries, tokenizer)
 

@@ -15,7 +15,8 @@ TINY_LLAMA = {"dim": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "max_seq_
 
 needs_compiled_flex = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason=f"compiled FlexAttention needs AVX2 on CPU (capability here: {torch.backends.cpu.get_cpu_capability()})",
+    reason="compiled FlexAttention needs AVX2 on CPU "
+    f"(capability here: {torch.backends.cpu.get_cpu_capability()})",
 )
 
 

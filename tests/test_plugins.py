@@ -137,8 +137,8 @@ def test_a_hook_implementation_with_an_argument_the_hook_lacks_is_a_clean_error(
         load_plugins(extra=[("wrongarg", _WrongArgument())])
     message = str(info.value)
     assert (
-        "plugin 'wrongarg': its forge_packers() takes 'config', which the hook does not pass (it passes: nothing)"
-        in message
+        "plugin 'wrongarg': its forge_packers() takes 'config', "
+        "which the hook does not pass (it passes: nothing)" in message
     )
     assert "FORGE_BLOCK_PLUGINS=wrongarg" in message
 
@@ -274,8 +274,8 @@ def test_every_command_works_with_a_clash_and_a_config_chooses_explicitly(wsd_si
         out = capsys.readouterr().out
         assert "[component.shadowed]" in out
         assert (
-            f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; it shadows the one of {other!r}"
-            in out
+            f"schedule 'wsd' is the one of plugin {chosen!r}, as plugins.prefer says; "
+            f"it shadows the one of {other!r}" in out
         )
         from forge_core.judge import judge
 
@@ -306,8 +306,8 @@ def test_a_preference_that_names_nothing_real_is_a_config_error(wsd_site, forge_
         "'wsd', which 'optim' does."
     ) in err
     assert (
-        "$.plugins.prefer.optimizer.adamw: plugin 'optimm' does not register the optimizer 'adamw', which 'optim' does. Did you mean 'optim'?"
-        in err
+        "$.plugins.prefer.optimizer.adamw: plugin 'optimm' does not register the optimizer 'adamw', "
+        "which 'optim' does. Did you mean 'optim'?" in err
     )
 
 

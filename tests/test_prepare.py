@@ -214,7 +214,8 @@ def test_corpus_smaller_than_one_row_is_an_error(tmp_path):
     (tmp_path / "tiny.txt").write_text("hello\n\nworld!")
     config = tmp_path / "c.yaml"
     config.write_text(
-        f"data: {{source: text, source_options: {{paths: ['{tmp_path / 'tiny.txt'}'], separator: \"\\n\\n\"}}, "
+        f"data: {{source: text, source_options: {{paths: ['{tmp_path / 'tiny.txt'}'], "
+        f'separator: "\\n\\n"}}, '
         f"seq_len: 64, cache: {{dir: '{tmp_path / 'cache'}'}}}}\n"
     )
     cfg, registries = load_resolved(str(config))

@@ -43,6 +43,7 @@ def run_scenarios(
     proc = torchrun(nproc, HERE / "scenarios.py", [str(out), *names], env=env)
     if proc.returncode != 0 or not out.is_file():
         pytest.fail(
-            f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+            f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-8000:]}"
         )
     return json.loads(out.read_text())

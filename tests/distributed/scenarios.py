@@ -3,7 +3,8 @@ a few steps under several parallel layouts in ONE launch (each scenario builds i
 mesh on the same process group), and record per-step losses and gradient norms next to
 a single-process reference run of the same model on the same global batches, and then
 the evaluation loop's loss on held-out rows (:mod:`eval_loop`). A
-scenario whose model must be refused at build records the error instead. ``test_*.py`` in this folder launch it and assert.
+scenario whose model must be refused at build records the error instead. ``test_*.py``
+in this folder launch it and assert.
 
 Usage: ``torchrun --standalone --nproc-per-node N scenarios.py OUT.json NAME [NAME ...]``
 

@@ -38,7 +38,8 @@ def loaded(tmp_path_factory):
     proc = torchrun(2, HERE / "hf_load.py", [str(out), str(tmp / "hf"), "fsdp", "tp", "pp"])
     if proc.returncode != 0 or not out.is_file():
         pytest.fail(
-            f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+            f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-8000:]}"
         )
     return json.loads(out.read_text()), tmp / "hf"
 
