@@ -1,8 +1,9 @@
 """What must stay cheap stays torch-free: loading every entry point of the ``forge``
 group and calling each registration hook it implements, the kit and its pytest plugin,
-and the commands that only judge or list (``check``, ``show``, ``plugins``, ``rules``, a
-refused ``train``). One fresh interpreter does all of it, since in this process torch
-is long imported; the rest of the suite cannot see an import it should not make."""
+the commands that only judge or list (``check``, ``show``, ``plugins``, ``rules``, a
+refused ``train``) and the generator of the documentation pages. One fresh interpreter
+does all of it, since in this process torch is long imported; the rest of the suite
+cannot see an import it should not make."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ for ep in sorted(metadata.entry_points(group="forge"), key=lambda ep: ep.name):
             loaded.setdefault(ep.name, []).append(hook)
     assert not set(HEAVY) & set(sys.modules), (ep.name, sorted(set(HEAVY) & set(sys.modules)))
 codes = [forge_run(argv).code for argv in {commands!r}]
+import forge_core.docgen
+forge_core.docgen.generated_pages()
 print(json.dumps({{"loaded": loaded, "codes": codes, "heavy": sorted(set(HEAVY) & set(sys.modules))}}))
 """
 
 
-def test_entry_points_the_kit_and_the_judging_commands_import_no_torch(forge_config):
+def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(forge_config):
     valid = forge_config({"data": {"packer": "concat"}})
     refused = forge_config(
         {"data": {"packer": "concat"}, "parallel": {"pp": 2}}
