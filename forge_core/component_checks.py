@@ -69,7 +69,8 @@ def implementation_violations(ctx: Plan, registries: Registries) -> list[Violati
                 f"implementation {spec.impl!r}, but module {module!r} cannot be found ({why}): the run "
                 "would fail when it builds the component",
                 f"Reinstall {info.distribution if info else 'the plugin'}, or report the wrong impl path to "
-                f"its authors; or choose another {registry.kind.label} (available: {', '.join(registry.names())}).",
+                f"its authors; or choose another {registry.kind.label} "
+                f"(available: {', '.join(registry.names())}).",
                 ((path, get_path(ctx.config, path)),),
             )
         )

@@ -91,8 +91,9 @@ def check_model_supports_strategies(ctx: Plan) -> list[str]:
         problems.append(
             f"strategy {strategy.name!r} needs the model to supply {', '.join(missing)} through its parallel "
             f"contract, but model {model.name!r} does not declare {'them' if len(missing) > 1 else 'it'} "
-            f"(its spec supports: {', '.join(sorted(model.supports)) or 'nothing'}): the strategy cannot know "
-            f"how to split or shard it. Switch the strategy off ({off}) or choose a model that supports it"
+            f"(its spec supports: {', '.join(sorted(model.supports)) or 'nothing'}): the strategy cannot "
+            f"know how to split or shard it. Switch the strategy off ({off}) or choose a model that "
+            "supports it"
         )
     return problems
 
@@ -186,7 +187,10 @@ def check_eval_scheduled(ctx: Plan) -> str | None:
     if not ev.at_end and ev.every == 0:
         return "eval.enabled is true, but eval.every is 0 and eval.at_end is false: the run never evaluates"
     if not ev.at_end and ev.every > steps:
-        return f"eval.every = {ev.every} exceeds train.steps = {steps} and eval.at_end is false: the run never evaluates"
+        return (
+            f"eval.every = {ev.every} exceeds train.steps = {steps} and eval.at_end is false: "
+            "the run never evaluates"
+        )
     return None
 
 
@@ -197,7 +201,10 @@ RULES = [
         paths=("parallel.pp", "parallel.dp_replicate", "parallel.dp_shard", "parallel.tp"),
         summary="The product of the parallel degrees equals the world size.",
         check=check_world_size,
-        fix="Change the degrees, set parallel.dp_shard: -1 to take what is left, or launch as many processes as the product.",
+        fix=(
+            "Change the degrees, set parallel.dp_shard: -1 to take what is left, or launch as many "
+            "processes as the product."
+        ),
     ),
     Rule(
         id="model.seq-len",
@@ -211,15 +218,25 @@ RULES = [
         id="parallel.metadata-reaches-layers",
         severity="error",
         paths=("parallel.pp", "data.packer"),
-        summary="Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every active strategy; a strategy that declares it drops them is refused with document-isolating packing.",
+        summary=(
+            "Per-token metadata a packer emits (doc_ids, positions) must reach every layer under every "
+            "active strategy; a strategy that declares it drops them is refused with document-isolating "
+            "packing."
+        ),
         check=check_metadata_forwarded,
-        fix="Use a packer that does not isolate documents (data.packer: none, or concat with data.packer_options.isolate: false), or set parallel.pp: 1.",
+        fix=(
+            "Use a packer that does not isolate documents (data.packer: none, or concat with "
+            "data.packer_options.isolate: false), or set parallel.pp: 1."
+        ),
     ),
     Rule(
         id="parallel.model-supports-strategy",
         severity="error",
         paths=("model.name", *(f"parallel.{dim}" for dim in MESH_DIMS), "parallel.wrappers"),
-        summary="Every active parallelism strategy finds what it requires in the model's declared parallel contract.",
+        summary=(
+            "Every active parallelism strategy finds what it requires in the model's declared "
+            "parallel contract."
+        ),
         check=check_model_supports_strategies,
         fix="Set the strategy's degree back to 1 (or drop the wrapper), or choose a model whose spec "
         "supports it. Model authors: declare the piece in ModelSpec.supports and supply it from the "

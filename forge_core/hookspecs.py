@@ -139,9 +139,9 @@ def forge_models() -> list[ModelSpec]:
     ``pretrained_option`` cleared and ``attention`` wrapped in a probe that records the
     shape of ``q`` at every ``attend`` (and returns zeros instead of attending), and
     makes one forward ``model(torch.zeros(1, 4, dtype=torch.long))`` without metadata
-    under ``torch.no_grad()``; the model that trains never holds the probe. The module may define ``param_roles() -> dict[str, str]`` (parameter name to
-    role) to override the rule that decides which parameters take weight decay (see
-    ``forge_optimizers``).
+    under ``torch.no_grad()``; the model that trains never holds the probe. The module
+    may define ``param_roles() -> dict[str, str]`` (parameter name to role) to override
+    the rule that decides which parameters take weight decay (see ``forge_optimizers``).
 
     Parallelism strategies know the model only through its parallel contract: the
     spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``

@@ -153,7 +153,8 @@ def _key_problems(root: yaml.Node, where: str) -> list[tuple[str, str]]:
                         path,
                         (
                             f"key {show_value(key)} is given twice (lines {first_line[key]} and "
-                            f"{_line(key_node)}): the second would silently replace the first; merge them into one"
+                            f"{_line(key_node)}): the second would silently replace the first; "
+                            "merge them into one"
                         ),
                     )
                 )
@@ -531,7 +532,10 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         value = exc.args[0] if exc.args else "?"
         match = re.match(r"(.*) not in literal", str(value), re.S)
         got = _clip(str(match.group(1) if match else value))
-        return f"expected one of {', '.join(map(repr, choices))}, got {got}.{did_you_mean(got, map(str, choices))}"
+        return (
+            f"expected one of {', '.join(map(repr, choices))}, got {got}."
+            f"{did_you_mean(got, map(str, choices))}"
+        )
     if attrs.has(type_):
         return f"expected a mapping, got something else ({_clip(str(exc))})"
     return _clip(f"{type(exc).__name__}: {exc}", 300)
@@ -663,7 +667,8 @@ def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]
                 f"$.{given[0]}",
                 (
                     "give one source with data.source (and data.source_options), or a mixture with "
-                    "data.sources, not both: move it into data.sources as {name: ..., weight: ..., options: ...}"
+                    "data.sources, not both: move it into data.sources as "
+                    "{name: ..., weight: ..., options: ...}"
                 ),
             )
         )

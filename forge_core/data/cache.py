@@ -110,7 +110,8 @@ def open_entry(entry: Path, key: str, fingerprint: str, tokenizer: Any) -> Any:
     problems = []
     if made.get("key") != key or made.get("fingerprint") != fingerprint:
         problems.append(
-            f"it was made for source fingerprint {made.get('fingerprint')!r}, this source's is {fingerprint!r}"
+            f"it was made for source fingerprint {made.get('fingerprint')!r}, "
+            f"this source's is {fingerprint!r}"
         )
     wanted = {
         "identity": tokenizer.identity,
@@ -175,9 +176,9 @@ def cached_shards(
             waited = time.monotonic() - started
             if waited > wait_s:
                 raise ForgeError(
-                    f"gave up after {waited:.0f} s waiting for {lock.holder()} to tokenize {label} into {entry} "
-                    f"(data.cache.wait_s: {wait_s:g}). Raise data.cache.wait_s, or tokenize before "
-                    "launching with `forge-run prepare` and train on the shards."
+                    f"gave up after {waited:.0f} s waiting for {lock.holder()} to tokenize {label} "
+                    f"into {entry} (data.cache.wait_s: {wait_s:g}). Raise data.cache.wait_s, or tokenize "
+                    "before launching with `forge-run prepare` and train on the shards."
                 )
             if time.monotonic() >= next_note:
                 report(

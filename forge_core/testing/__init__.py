@@ -104,9 +104,9 @@ def __getattr__(name: str) -> Any:
         return getattr(isolation, name)
     if name == "assert_close":
         raise AttributeError(
-            "forge_core.testing.assert_close (fixed atol/rtol) was replaced by assert_within_rounding(got, want, "
-            "dtype=, terms=, what=), whose tolerance is derived from the dtype and the size of what is compared, "
-            "and assert_exactly_zero for what must vanish"
+            "forge_core.testing.assert_close (fixed atol/rtol) was replaced by "
+            "assert_within_rounding(got, want, dtype=, terms=, what=), whose tolerance is derived from "
+            "the dtype and the size of what is compared, and assert_exactly_zero for what must vanish"
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -308,9 +308,9 @@ def check_attention_backend(
     """
     if atol is not None or rtol is not None:
         raise ValueError(
-            "check_attention_backend no longer takes atol/rtol: tolerances are derived from the dtype and the "
-            "size of what is compared (forge_core.testing.tolerance), because fixed ones pass on one machine "
-            "and fail on another; pass rounding_factor= (default 16) to scale them"
+            "check_attention_backend no longer takes atol/rtol: tolerances are derived from the dtype and "
+            "the size of what is compared (forge_core.testing.tolerance), because fixed ones pass on one "
+            "machine and fail on another; pass rounding_factor= (default 16) to scale them"
         )
     resolved = resolve("attention", backend, options, extra_plugins)
     if honours is None:
@@ -331,7 +331,10 @@ def check_attention_backend(
         device_doc_ids = doc_ids.to(device)
         for run_dtype in dtypes:
             for heads, kv_heads in HEAD_SHAPES:
-                where = f"{resolved.label} on {device}, {dtype_name(run_dtype)}, {heads} query / {kv_heads} key-value heads"
+                where = (
+                    f"{resolved.label} on {device}, {dtype_name(run_dtype)}, "
+                    f"{heads} query / {kv_heads} key-value heads"
+                )
                 case = _Case(
                     instance,
                     device,
@@ -356,10 +359,10 @@ def check_attention_backend(
                     if run_dtype != torch.float64 or dtype == torch.float64:
                         raise
                     raise AssertionError(
-                        f"{where}: the backend failed on float64 inputs ({type(error).__name__}: {error}). The kit "
-                        "proves agreement and isolation in float64, so a backend should compute in its input's "
-                        "dtype; one without a float64 kernel passes float64=False and is checked in "
-                        f"{dtype_name(dtype)} only"
+                        f"{where}: the backend failed on float64 inputs ({type(error).__name__}: {error}). "
+                        "The kit proves agreement and isolation in float64, so a backend should compute in "
+                        "its input's dtype; one without a float64 kernel passes float64=False and is checked "
+                        f"in {dtype_name(dtype)} only"
                     ) from error
 
 
@@ -468,9 +471,10 @@ class _Case:
                     self.close(
                         p[row, :, start : start + length],
                         s[i, :, :length],
-                        f"{self.where}: document isolation broken at {self._span(row, n, start, length)}: the packed "
-                        f"row's {name} differs from the same document attended on its own, so tokens attend across "
-                        "documents (is the doc_ids mask from prepare() applied in attend()?)",
+                        f"{self.where}: document isolation broken at {self._span(row, n, start, length)}: "
+                        f"the packed row's {name} differs from the same document attended on its own, so "
+                        "tokens attend across documents (is the doc_ids mask from prepare() applied in "
+                        "attend()?)",
                         sizes[index],
                     )
 
@@ -498,16 +502,18 @@ class _Case:
                 if not outside.any():
                     continue
                 b, h, pos, _ = torch.nonzero(outside)[0].tolist()
-                source = next(((r, m, s, l) for r, m, s, l in segments if r == b and m == n), None)
+                source = next(((r, m, s, length) for r, m, s, length in segments if r == b and m == n), None)
                 reached = f"the {name} of position {pos} (document {int(owner[b, pos])}, head {h})"
                 if source is None:
                     raise AssertionError(
-                        f"{self.where}: row {b} holds no document {n} and gets no upstream gradient in this run, yet "
-                        f"{reached} has gradient {outside[b, h, pos].abs().max().item():.3g}: rows of the batch are mixed"
+                        f"{self.where}: row {b} holds no document {n} and gets no upstream gradient in this "
+                        f"run, yet {reached} has gradient {outside[b, h, pos].abs().max().item():.3g}: "
+                        "rows of the batch are mixed"
                     )
                 raise AssertionError(
-                    f"{self.where}: document isolation broken at {self._span(*source)}: the gradient of its outputs "
-                    f"reaches {reached} with {outside[b, h, pos].abs().max().item():.3g} (largest outside the document "
-                    f"{outside.abs().max().item():.3g}), where it must be exactly 0, so tokens attend across documents "
-                    "(is the doc_ids mask from prepare() applied in attend() and in its backward?)"
+                    f"{self.where}: document isolation broken at {self._span(*source)}: the gradient of its "
+                    f"outputs reaches {reached} with {outside[b, h, pos].abs().max().item():.3g} (largest "
+                    f"outside the document {outside.abs().max().item():.3g}), where it must be exactly 0, so "
+                    "tokens attend across documents (is the doc_ids mask from prepare() applied in attend() "
+                    "and in its backward?)"
                 )

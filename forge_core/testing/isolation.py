@@ -176,7 +176,8 @@ def _check_in(
                 close(
                     logits[row, s:e],
                     alone[0],
-                    f"row {row} document {d} (tokens {s}:{e}): packed logits differ from the document run alone",
+                    f"row {row} document {d} (tokens {s}:{e}): packed logits differ from the document "
+                    "run alone",
                     ("token within the document", "vocab"),
                 )
             )
@@ -202,7 +203,8 @@ def _check_in(
             close(
                 grad[0, start:end],
                 want[0, : end - start],
-                f"gradient of document {start}:{end} with respect to embedding output {n} differs from the document alone",
+                f"gradient of document {start}:{end} with respect to embedding output {n} differs from "
+                "the document alone",
                 ("token within the document", "dim"),
             )
         )

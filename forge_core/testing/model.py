@@ -65,11 +65,11 @@ CHECKS = ("backend", "isolation", "tensor_parallel", "pipeline", "facts")
 
 #: The stage forward contract, quoted by every pipeline failure.
 STAGE_CONTRACT = (
-    "a pipeline stage is a shallow copy of the model whose split's `first` modules (on every stage but the "
-    "first) and `last` modules (on every stage but the last) are None: without its `first` modules, forward "
-    "takes hidden states (batch, seq, dim) in place of input_ids; without its `last` modules it returns hidden "
-    "states; doc_ids and positions arrive as keyword arguments on every stage, which builds its own mask "
-    "from them (attention.prepare)"
+    "a pipeline stage is a shallow copy of the model whose split's `first` modules (on every stage but "
+    "the first) and `last` modules (on every stage but the last) are None: without its `first` modules, "
+    "forward takes hidden states (batch, seq, dim) in place of input_ids; without its `last` modules it "
+    "returns hidden states; doc_ids and positions arrive as keyword arguments on every stage, which builds "
+    "its own mask from them (attention.prepare)"
 )
 
 
@@ -158,8 +158,8 @@ def check_model(
         built = resolved.impl(resolved.options, vocab_size=vocab_size, attention=probe)
     except Exception as error:
         raise AssertionError(
-            f"{label}: the factory failed: build(options, vocab_size={vocab_size}, attention=<backend>) raised "
-            f"{type(error).__name__}: {error}"
+            f"{label}: the factory failed: build(options, vocab_size={vocab_size}, attention=<backend>) "
+            f"raised {type(error).__name__}: {error}"
         ) from error
     if not isinstance(built, torch.nn.Module):
         raise AssertionError(
@@ -268,11 +268,11 @@ def _backend_use(
         model(input_ids, doc_ids=doc_ids, positions=positions)
     if not probe.attended:
         raise AssertionError(
-            f"{label}: the forward never called attend() of the attention backend the model was built with (the "
-            "factory's `attention` argument), so it computes attention some other way: attention.backend does "
-            "not reach it and neither does the document mask, so packed documents attend to each other. Compute "
-            "every attention as attention.attend(q, k, v, prepared) with prepared = attention.prepare(doc_ids, "
-            "seq_len, device), made once per forward"
+            f"{label}: the forward never called attend() of the attention backend the model was built with "
+            "(the factory's `attention` argument), so it computes attention some other way: "
+            "attention.backend does not reach it and neither does the document mask, so packed documents "
+            "attend to each other. Compute every attention as attention.attend(q, k, v, prepared) with "
+            "prepared = attention.prepare(doc_ids, seq_len, device), made once per forward"
         )
     if not probe.prepared:
         raise AssertionError(
@@ -282,8 +282,8 @@ def _backend_use(
     if not any(given is not None and torch.equal(given.cpu(), doc_ids) for given, _ in probe.prepared):
         got = [None if given is None else tuple(given.shape) for given, _ in probe.prepared]
         raise AssertionError(
-            f"{label}: the forward received doc_ids {tuple(doc_ids.shape)} but called attention.prepare() with "
-            f"doc_ids {got}: pass the doc_ids keyword to prepare(), or the backend cannot keep packed "
+            f"{label}: the forward received doc_ids {tuple(doc_ids.shape)} but called attention.prepare() "
+            f"with doc_ids {got}: pass the doc_ids keyword to prepare(), or the backend cannot keep packed "
             "documents apart"
         )
     results = [id(result) for _, result in probe.prepared]
@@ -373,12 +373,14 @@ def _tensor_parallel(
                         r[:-1] or "the model" for r, m in zip(roots, holders) if not _resolve_path(m, path)
                     ]
                     if missing:
+                        holders_do = (
+                            "the model does" if scope_name == "root" else f"block(s) {', '.join(missing)} do"
+                        )
                         raise AssertionError(
-                            f"{where}: its {scope_name} scope's {kind} name {path!r}, which "
-                            f"{'the model does' if scope_name == 'root' else 'block(s) ' + ', '.join(missing) + ' do'} "
-                            "not hold: the strategy would skip it (torch only warns), and whatever the path meant "
-                            "to cover would stay a per-rank copy. Paths are relative to the model (root) or to "
-                            "each block"
+                            f"{where}: its {scope_name} scope's {kind} name {path!r}, which {holders_do} "
+                            "not hold: the strategy would skip it (torch only warns), and whatever the path "
+                            "meant to cover would stay a per-rank copy. Paths are relative to the model "
+                            "(root) or to each block"
                         )
             for path, style in scope.styles.items():
                 if type(style).__name__ in _INPUT_OUTPUT_STYLES:
@@ -392,11 +394,11 @@ def _tensor_parallel(
         if uncovered:
             raise AssertionError(
                 f"{where}: parameter(s) {', '.join(uncovered)} are neither sharded by a style nor declared "
-                "`replicated` or `partial`, so under tensor parallelism each rank would train its own copy and "
-                "their gradients would never be reduced (the tp strategy refuses such a plan at build). Add each "
-                "to its scope's `replicated` (computed on replicated activations: the same gradient on every "
-                "rank) or `partial` (applied to this rank's shard, such as per-head q/k norms: gradients summed "
-                "over the tensor-parallel ranks)"
+                "`replicated` or `partial`, so under tensor parallelism each rank would train its own copy "
+                "and their gradients would never be reduced (the tp strategy refuses such a plan at build). "
+                "Add each to its scope's `replicated` (computed on replicated activations: the same gradient "
+                "on every rank) or `partial` (applied to this rank's shard, such as per-head q/k norms: "
+                "gradients summed over the tensor-parallel ranks)"
             )
     return None
 
@@ -443,8 +445,8 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
                     h = stage(h, doc_ids=doc_ids, positions=positions)
             except Exception as error:
                 raise AssertionError(
-                    f"{where} raised {type(error).__name__}: {error} when called with {given} and the doc_ids and "
-                    f"positions keywords. The stage forward contract: {STAGE_CONTRACT}"
+                    f"{where} raised {type(error).__name__}: {error} when called with {given} and the "
+                    f"doc_ids and positions keywords. The stage forward contract: {STAGE_CONTRACT}"
                 ) from error
             if s < n_stages - 1:
                 if not (
@@ -467,15 +469,15 @@ def _pipeline(model, contract, spec, label, rows, seed, strategy_name, extra_plu
                     dtype=torch.float64,
                     terms=longest_sum(model64, doc_ids.shape[1]),
                     factor=factor,
-                    what=f"{dtype_name(torch.float64)}: {n_stages} pipeline stages run in sequence differ from the "
-                    "unsplit model on packed rows",
+                    what=f"{dtype_name(torch.float64)}: {n_stages} pipeline stages run in sequence differ "
+                    "from the unsplit model on packed rows",
                     dims=("row", "token", "vocab"),
                 ),
             )
         except AssertionError as error:
             raise AssertionError(
-                f"{label}: {error}. Does every stage build its mask from the doc_ids keyword (attention.prepare) "
-                f"and its positions from the positions keyword? {STAGE_CONTRACT}"
+                f"{label}: {error}. Does every stage build its mask from the doc_ids keyword "
+                f"(attention.prepare) and its positions from the positions keyword? {STAGE_CONTRACT}"
             ) from error
         done.append(f"pipeline[{n_stages}]")
     return None, done, worst
@@ -531,9 +533,10 @@ def _facts(model, contract, spec, options, seen, label) -> str | None:
     ]
     if wrong:
         raise AssertionError(
-            f"{label}: its spec's facts(options) disagree with the built model: {'; '.join(wrong)}. The parallelism "
-            "rules judge configs by these facts (heads divisible by tp, blocks per pipeline stage, tied "
-            "embeddings), so a wrong fact lets a config through that fails or trains wrong. Heads are counted "
-            "from q and k at attend(), blocks from the contract's blocks, tied from parameters registered twice"
+            f"{label}: its spec's facts(options) disagree with the built model: {'; '.join(wrong)}. "
+            "The parallelism rules judge configs by these facts (heads divisible by tp, blocks per pipeline "
+            "stage, tied embeddings), so a wrong fact lets a config through that fails or trains wrong. "
+            "Heads are counted from q and k at attend(), blocks from the contract's blocks, tied from "
+            "parameters registered twice"
         )
     return None

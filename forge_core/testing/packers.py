@@ -136,7 +136,8 @@ def check_packer(
         again = _pack(resolved, opts, documents, seq_len, where)
         if set(again) != set(out) or any(not np.array_equal(again[k], out[k]) for k in out):
             raise AssertionError(
-                f"{where}: packing the same documents twice gave different results (the packer must be deterministic)"
+                f"{where}: packing the same documents twice gave different results "
+                "(the packer must be deterministic)"
             )
         emitted = frozenset(out) - set(REQUIRED)
         reports.append(PackerReport(out[INPUT_IDS].shape[0], emitted, kept, labelled, out))
@@ -166,7 +167,8 @@ def _pack(
             raise AssertionError(f"{where}: {key!r} has dtype {value.dtype}; every array must be int64")
         if value.ndim != 2 or value.shape[1] != seq_len or value.shape[0] != rows:
             raise AssertionError(
-                f"{where}: {key!r} has shape {value.shape}; expected (rows, seq_len) = ({rows}, {seq_len}) like input_ids"
+                f"{where}: {key!r} has shape {value.shape}; expected (rows, seq_len) = "
+                f"({rows}, {seq_len}) like input_ids"
             )
     if rows == 0:
         raise AssertionError(f"{where}: pack() returned no rows for {len(documents)} documents")
@@ -262,8 +264,9 @@ def _check_tokens(
                 key = (doc[i], off[i])
                 if key in seen:
                     raise AssertionError(
-                        f"{at}: token {off[i]} of document {doc[i]} appears twice (also at row {seen[key][0]}, "
-                        f"column {seen[key][1]}); every token must be an input at most once"
+                        f"{at}: token {off[i]} of document {doc[i]} appears twice "
+                        f"(also at row {seen[key][0]}, column {seen[key][1]}); every token must be an input "
+                        "at most once"
                     )
                 seen[key] = (r, i)
             if i and doc[i] >= 0 and doc[i] == doc[i - 1] and off[i] != off[i - 1] + 1:
@@ -373,7 +376,8 @@ def _check_doc_ids(r: int, row: np.ndarray, doc: list[int], off: list[int], wher
         left, right = doc[i - 1], doc[i]
         if left == _PAD and right != _PAD:
             raise AssertionError(
-                f"{at}: a real token shares doc_id {row[i]} with the padding before it, so it attends to padding"
+                f"{at}: a real token shares doc_id {row[i]} with the padding before it, "
+                "so it attends to padding"
             )
         if left != _PAD and right != _PAD and not (left >= 0 and left == right and off[i] == off[i - 1] + 1):
             raise AssertionError(
@@ -392,11 +396,13 @@ def _check_positions(
         if ids_row is not None:
             if i and ids_row[i] != ids_row[i - 1] and row[i] != 0:
                 raise AssertionError(
-                    f"{at}: a new document starts (doc_ids {ids_row[i - 1]} -> {ids_row[i]}) but its position is {row[i]}, not 0"
+                    f"{at}: a new document starts (doc_ids {ids_row[i - 1]} -> {ids_row[i]}) "
+                    f"but its position is {row[i]}, not 0"
                 )
             if i and ids_row[i] == ids_row[i - 1] and row[i] != row[i - 1] + 1:
                 raise AssertionError(
-                    f"{at}: position {row[i]} after {row[i - 1]} within one document; positions must count up by one"
+                    f"{at}: position {row[i]} after {row[i - 1]} within one document; "
+                    "positions must count up by one"
                 )
         elif doc[i] >= 0 and off[i] == 0 and row[i] != 0:
             raise AssertionError(f"{at}: the first token of document {doc[i]} has position {row[i]}, not 0")

@@ -111,8 +111,9 @@ def assert_within_rounding(
     if bad.any():
         index = tuple(torch.nonzero(bad)[0].tolist())
         raise AssertionError(
-            f"{what}: max |difference| {diff.max().item():.3g} exceeds the rounding tolerance of {dtype_name(dtype)} "
-            f"({factor:g} * eps * sqrt({terms}) * |row|); first mismatch at {where(index, dims)}: "
+            f"{what}: max |difference| {diff.max().item():.3g} exceeds the rounding tolerance of "
+            f"{dtype_name(dtype)} ({factor:g} * eps * sqrt({terms}) * |row|); first mismatch at "
+            f"{where(index, dims)}: "
             f"got {got64[index].item():.9g}, expected {want64[index].item():.9g}, "
             f"difference {diff[index].item():.3g} against a tolerance of {tolerance[index].item():.3g} "
             f"(row norm {want64[index[:-1]].norm().item() if want64.dim() else abs(want64.item()):.3g}, "

@@ -99,8 +99,8 @@ def _vocab_shard(
     mesh = weight.device_mesh
     if len(sharded) > 1 or not weight.placements[sharded[0]].is_shard(0):
         raise ForgeError(
-            f"train.loss.name: chunked: the output head's weight is placed {tuple(weight.placements)} on mesh "
-            f"{mesh.mesh_dim_names}; the chunked loss handles a head sharded along the vocabulary "
+            f"train.loss.name: chunked: the output head's weight is placed {tuple(weight.placements)} "
+            f"on mesh {mesh.mesh_dim_names}; the chunked loss handles a head sharded along the vocabulary "
             "(Shard(0) on one mesh dimension) or a whole one. Set train.loss.name: full."
         )
     dim = sharded[0]

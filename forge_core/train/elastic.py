@@ -48,7 +48,7 @@ def notice(path: Any, saved_world: int, world: int) -> str:
     return (
         f"checkpoint {path} was written by {saved_world} process{'es' * (saved_world > 1)}; resuming on "
         f"{world}. Model and optimizer state are resharded, and the data goes on at the same global batch. "
-        f"Random number streams are per process and cannot carry over: {streams}, so anything drawn at random "
-        f"from here on (dropout, sampling in plugins) differs from an uninterrupted run; losses match it up "
-        f"to the rounding of sums."
+        f"Random number streams are per process and cannot carry over: {streams}, so anything drawn at "
+        f"random from here on (dropout, sampling in plugins) differs from an uninterrupted run; losses "
+        f"match it up to the rounding of sums."
     )

@@ -136,7 +136,8 @@ def build_eval_data(
         streams = heldout_documents(plan, registries, tokenizer, is_main=is_main)
         what = "the held-out split"
         empty = (
-            f"data.heldout.fraction {data.heldout.fraction} (seed {data.heldout.seed}) holds out no document: "
+            f"data.heldout.fraction {data.heldout.fraction} (seed {data.heldout.seed}) "
+            "holds out no document: "
             if not any(len(s) for _, s in streams)
             else ""
         )
@@ -271,9 +272,10 @@ def run_eval(
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Evaluate ``pmodel`` (a :class:`~forge_core.distributed.parallelize.ParallelModel`) on
-    ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every process of the run calls
-    it; ``slice_weight`` is ``dp_size / world_size`` (how much one process's sums count).
-    ``progress(batches done, batches in all)`` is called after every batch."""
+    ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every
+    process of the run calls it; ``slice_weight`` is ``dp_size / world_size`` (how much one
+    process's sums count). ``progress(batches done, batches in all)`` is called after every
+    batch."""
     from forge_core.distributed.placement import all_reduce_sum
     from forge_core.train.precision import autocast as precision_autocast
 

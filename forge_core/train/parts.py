@@ -35,7 +35,8 @@ class RunParts:
     tokenizer: Any
     #: The training rows (``.rows``, ``.seq_len``, ``.summary``).
     data: Any
-    #: The model with the plan's strategies applied (:class:`~forge_core.distributed.parallelize.ParallelModel`).
+    #: The model with the plan's strategies applied
+    #: (:class:`~forge_core.distributed.parallelize.ParallelModel`).
     pmodel: Any
     optimizers: list[Any]
     loader: Any

@@ -39,8 +39,8 @@ def check_precision(precision: str, device: torch.device) -> None:
     if device.type == "cpu" and not cpu_has_bf16():
         raise ForgeError(
             "train.precision: bf16, but this CPU has no native bf16 arithmetic (neither AVX512_BF16 nor AMX; "
-            f"PyTorch reports kernel level {torch.backends.cpu.get_cpu_capability()}): bf16 would be emulated, "
-            "slower than fp32. Set train.precision: fp32, or train on a CPU or GPU with bf16."
+            f"PyTorch reports kernel level {torch.backends.cpu.get_cpu_capability()}): bf16 would be "
+            "emulated, slower than fp32. Set train.precision: fp32, or train on a CPU or GPU with bf16."
         )
 
 

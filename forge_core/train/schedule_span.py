@@ -53,14 +53,15 @@ def resume_notice(train: Any, saved: int | None, step: int, lr_at: Callable[[int
         first = max(nxt, span + 1)  # the first step past the schedule's end
         flat = f"steps {first}-{train.steps}" if first < train.steps else f"step {train.steps}"
         return (
-            f"train.steps is {train.steps}, the learning-rate schedule spans the {span} steps the run started "
-            f"with (train.schedule_steps: 0): {flat} continue at its final learning rate "
+            f"train.steps is {train.steps}, the learning-rate schedule spans the {span} steps the run "
+            f"started with (train.schedule_steps: 0): {flat} continue at its final learning rate "
             f"{lr_at(span, span - 1):.2e}. To stretch the schedule over {train.steps} steps instead, set "
             f"train.schedule_steps={train.steps} ({change(train.steps)})."
         )
     return (
         f"train.steps is {train.steps}, below the {span} steps the learning-rate schedule spans (those the "
         f"run started with): the run stops at step {train.steps} with the learning rate at "
-        f"{lr_at(span, train.steps - 1):.2e}, before the schedule's final {lr_at(span, span - 1):.2e}. To end "
-        f"the schedule at step {train.steps}, set train.schedule_steps={train.steps} ({change(train.steps)})."
+        f"{lr_at(span, train.steps - 1):.2e}, before the schedule's final {lr_at(span, span - 1):.2e}. "
+        f"To end the schedule at step {train.steps}, set train.schedule_steps={train.steps} "
+        f"({change(train.steps)})."
     )

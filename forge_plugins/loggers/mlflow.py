@@ -85,8 +85,8 @@ class MlflowLogger:
         except Exception as exc:  # noqa: BLE001 - MLflow raises many kinds; all mean the same here
             raise ForgeError(
                 f"the mlflow logger could not start an MLflow run at {uri}: {type(exc).__name__}: "
-                f"{str(exc)[:500]}. Check logging.options.mlflow.tracking_uri (or MLFLOW_TRACKING_URI), or drop "
-                f"'mlflow' from logging.loggers."
+                f"{str(exc)[:500]}. Check logging.options.mlflow.tracking_uri (or MLFLOW_TRACKING_URI), "
+                f"or drop 'mlflow' from logging.loggers."
             ) from None
         write_run_id(out / RUN_ID_FILE, {"run_id": self.run_id, "tracking_uri": uri})
         self.curve.start(run)

@@ -164,7 +164,8 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
     if family not in FAMILIES:
         return {}, [
             f"config.json model_type is {family!r}: Forge's llama imports "
-            f"{', '.join(map(repr, FAMILIES))} checkpoints (architectures {', '.join(ARCHITECTURES.values())})"
+            f"{', '.join(map(repr, FAMILIES))} checkpoints "
+            f"(architectures {', '.join(ARCHITECTURES.values())})"
         ]
     architectures = config.get("architectures")
     if architectures and ARCHITECTURES[family] not in architectures:

@@ -2,8 +2,9 @@
 
 ``Llama.new_cache(batch, max_len)`` allocates one :class:`KVCache`; ``model(ids,
 cache=cache)`` then runs the usual forward on the new tokens only: their positions
-continue from ``cache.length`` (packed ``positions`` may still be given), each attention layer writes its rotated keys and values
-into the cache and attends over everything cached so far, and the cache advances.
+continue from ``cache.length`` (packed ``positions`` may still be given), each
+attention layer writes its rotated keys and values into the cache and attends over
+everything cached so far, and the cache advances.
 
 The first call on an empty cache (the prompt) goes through the configured attention
 backend exactly as training does. Later calls attend over the cache with torch's

@@ -21,7 +21,9 @@ def forge_models() -> list[ModelSpec]:
     return [
         ModelSpec(
             name="llama",
-            summary="Llama-style decoder (families llama, qwen2, qwen3, mistral): RMSNorm, rotary, GQA, SwiGLU",
+            summary=(
+                "Llama-style decoder (families llama, qwen2, qwen3, mistral): RMSNorm, rotary, GQA, SwiGLU"
+            ),
             impl="forge_plugins.models.llama:build",
             options=LlamaOptions,
             accepts={DOC_IDS, POSITIONS},

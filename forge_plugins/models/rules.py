@@ -198,7 +198,10 @@ def rules() -> list[Any]:
             id=INIT_FROM_HF,
             severity="error",
             paths=("model.options.init_from_hf",),
-            summary="The init_from_hf folder holds a supported config and safetensors weights that fit the options",
+            summary=(
+                "The init_from_hf folder holds a supported config and safetensors weights that fit "
+                "the options"
+            ),
             check=check_init_from_hf,
             fix="remove the model options the message names (they are read from the checkpoint), or "
             "point init_from_hf at a Llama, Qwen2, Qwen3 or Mistral folder written by save_pretrained",

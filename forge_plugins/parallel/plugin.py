@@ -25,7 +25,10 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     return [
         ParallelismSpec(
             name="pp",
-            summary="Pipeline parallelism over parallel.pp ranks: GPipe, 1F1B, interleaved, looped BFS, zero-bubble and V schedules",
+            summary=(
+                "Pipeline parallelism over parallel.pp ranks: GPipe, 1F1B, interleaved, looped BFS, "
+                "zero-bubble and V schedules"
+            ),
             impl="forge_plugins.parallel.pipeline:PipelineParallel",
             handles_meta_device=True,
             options=PipelineOptions,
@@ -37,7 +40,10 @@ def forge_parallelisms() -> list[ParallelismSpec]:
         ),
         ParallelismSpec(
             name="tp",
-            summary="Tensor parallelism (DTensor): applies the model's plan (column/row-wise layers, sharded embeddings and head)",
+            summary=(
+                "Tensor parallelism (DTensor): applies the model's plan (column/row-wise layers, sharded "
+                "embeddings and head)"
+            ),
             impl="forge_plugins.parallel.tensor:TensorParallel",
             handles_meta_device=True,
             options=TensorParallelOptions,

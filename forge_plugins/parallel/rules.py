@@ -277,7 +277,10 @@ def rules() -> list[Any]:
             paths=("parallel.options.tp.sequence_parallel", "parallel.tp", "data.seq_len"),
             summary="Sequence parallelism splits every row into tp equal slices.",
             check=check_sequence_parallel_divisible,
-            fix="Make data.seq_len a multiple of parallel.tp, or set parallel.options.tp.sequence_parallel: false.",
+            fix=(
+                "Make data.seq_len a multiple of parallel.tp, or set "
+                "parallel.options.tp.sequence_parallel: false."
+            ),
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL_NO_TP,
@@ -327,7 +330,10 @@ def rules() -> list[Any]:
             paths=("parallel.pp", "model.name"),
             summary="Tied input/output embeddings cannot be split across pipeline stages.",
             check=check_pp_tied_embeddings,
-            fix="Untie the model's input and output embeddings (an option of the model), or set parallel.pp: 1.",
+            fix=(
+                "Untie the model's input and output embeddings (an option of the model), "
+                "or set parallel.pp: 1."
+            ),
         ),
         Rule(
             id=PP_SCHEDULE,
@@ -358,7 +364,9 @@ def rules() -> list[Any]:
                 "parallel.dp_shard",
                 "parallel.options.fsdp.reshard_after_forward",
             ),
-            summary="Split-backward (zero-bubble) schedules with FSDP keep the gathered weights until backward.",
+            summary=(
+                "Split-backward (zero-bubble) schedules with FSDP keep the gathered weights until backward."
+            ),
             check=check_pp_split_backward_reshard,
             fix="Set parallel.options.fsdp.reshard_after_forward: false (exact, and fewer all-gathers "
             "under pp), or use a schedule without split backward.",

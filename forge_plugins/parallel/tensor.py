@@ -47,7 +47,10 @@ def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
 
 def _placement(param: torch.Tensor) -> str:
     if isinstance(param, DTensor):
-        return f"{tuple(param.placements)} on mesh {param.device_mesh.mesh_dim_names} of global shape {tuple(param.shape)}"
+        return (
+            f"{tuple(param.placements)} on mesh {param.device_mesh.mesh_dim_names} "
+            f"of global shape {tuple(param.shape)}"
+        )
     return f"a plain tensor of shape {tuple(param.shape)}"
 
 
@@ -108,8 +111,9 @@ class TensorParallel:
         contract = contract_of(model)
         if contract is None or contract.tensor_parallel is None:
             raise ForgeError(
-                f"model {model_name!r} supplies no tensor-parallel plan (parallel_contract().tensor_parallel), "
-                "so tensor parallelism cannot shard it. Set parallel.tp: 1, or use a model whose spec "
+                f"model {model_name!r} supplies no tensor-parallel plan "
+                "(parallel_contract().tensor_parallel), so tensor parallelism cannot shard it. "
+                "Set parallel.tp: 1, or use a model whose spec "
                 "declares TENSOR_PARALLEL in supports."
             )
         mesh = ctx.mesh["tp"]

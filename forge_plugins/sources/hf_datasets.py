@@ -59,7 +59,8 @@ def saved_files(path: str) -> list[str]:
         raise ForgeError(f"{OPTION}: give `path` (a save_to_disk folder) or `data_files`.")
     if not os.path.isdir(path):
         raise ForgeError(
-            f"{OPTION}.path: {path!r} is not a directory ({'a file' if os.path.exists(path) else 'it does not exist'})."
+            f"{OPTION}.path: {path!r} is not a directory "
+            f"({'a file' if os.path.exists(path) else 'it does not exist'})."
         )
     names = set(os.listdir(path))
     if not names & {"dataset_info.json", "state.json", "dataset_dict.json"}:

@@ -25,7 +25,10 @@ def forge_sources() -> list[SourceSpec]:
         ),
         SourceSpec(
             name="hf_datasets",
-            summary="A text column of a local Hugging Face `datasets` data set (saved folder, Parquet, JSON, Arrow)",
+            summary=(
+                "A text column of a local Hugging Face `datasets` data set "
+                "(saved folder, Parquet, JSON, Arrow)"
+            ),
             impl="forge_plugins.sources.hf_datasets:HFDatasetsSource",
             options=HFDatasetsOptions,
         ),

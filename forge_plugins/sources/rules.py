@@ -94,8 +94,8 @@ def check_shards_directory(ctx: Any) -> list[str]:
         configured = ctx.config.data.tokenizer
         if made_with in _BUILTIN_TOKENIZERS and configured in _BUILTIN_TOKENIZERS and made_with != configured:
             problems.append(
-                f"{prefix}{options.path} was tokenized with the {made_with!r} tokenizer, but data.tokenizer is "
-                f"{configured!r}: token ids of one mean nothing to the other"
+                f"{prefix}{options.path} was tokenized with the {made_with!r} tokenizer, but "
+                f"data.tokenizer is {configured!r}: token ids of one mean nothing to the other"
             )
     return problems
 
@@ -134,7 +134,9 @@ def rules() -> list[Any]:
             id=SHARDS_DIR,
             severity="error",
             paths=("data.source", "data.source_options.path", "data.tokenizer"),
-            summary="The shards path is a complete `forge-run prepare` output made with the configured tokenizer.",
+            summary=(
+                "The shards path is a complete `forge-run prepare` output made with the configured tokenizer."
+            ),
             check=check_shards_directory,
             fix="Point data.source_options.path at a directory written by `forge-run prepare` "
             "(run it again if it was interrupted), with the tokenizer it was prepared with.",

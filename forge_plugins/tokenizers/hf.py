@@ -51,7 +51,8 @@ def folder_problem(path: str) -> str | None:
         auto_map = data.get("auto_map") if isinstance(data, dict) else None
         if auto_map and (key is None or (isinstance(auto_map, dict) and key in auto_map)):
             return (
-                f"{os.path.join(path, file)} names custom tokenizer code (auto_map: {json.dumps(auto_map)[:200]}). "
+                f"{os.path.join(path, file)} names custom tokenizer code "
+                f"(auto_map: {json.dumps(auto_map)[:200]}). "
                 "Forge never runs code from model folders (it loads them with trust_remote_code=False). "
                 "Use a tokenizer that needs no custom code, for example one saved as tokenizer.json "
                 "by the `tokenizers` library or trained by `forge-run prepare --train-bpe`."
