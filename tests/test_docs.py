@@ -405,6 +405,16 @@ def test_every_kind_is_chosen_and_configured_by_keys_of_the_schema():
     assert [(k.name_path, k.options_path) for k in KINDS if not {k.name_path, k.options_path} <= keys] == []
 
 
+def test_the_formatter_leaves_exactly_the_generated_pages_alone():
+    """ruff formats the code blocks of Markdown pages: the generated ones are excluded,
+    so that the formatter and the generator never disagree on them."""
+    import tomllib
+
+    settings = tomllib.loads((REPO / "pyproject.toml").read_text())
+    excluded = settings["tool"]["ruff"]["format"]["exclude"]
+    assert sorted(excluded) == sorted(f"docs/{name}" for name in docgen.generated_pages())
+
+
 # --- every page ---------------------------------------------------------------------
 
 
