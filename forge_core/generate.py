@@ -129,29 +129,7 @@ def sample_tokens(
             logits = steps.send(token)
 
 
-def generate(
-    model: Any,
-    ids: list[int],
-    max_new_tokens: int,
-    *,
-    context: int,
-    temperature: float,
-    top_k: int,
-    top_p: float = 1.0,
-    seed: int = 0,
-    eos_id: int | None = None,
-) -> list[int]:
-    """``max_new_tokens`` sampled ids after ``ids`` (stops early at ``eos_id``)."""
-    return list(
-        sample_tokens(
-            model,
-            ids,
-            max_new_tokens,
-            context=context,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            eos_id=eos_id,
-        )
-    )
+def generate(model: Any, ids: list[int], max_new_tokens: int, **sampling: Any) -> list[int]:
+    """``max_new_tokens`` sampled ids after ``ids`` (stops early at ``eos_id``); the
+    keywords are :func:`sample_tokens`'s."""
+    return list(sample_tokens(model, ids, max_new_tokens, **sampling))

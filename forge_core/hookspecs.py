@@ -139,7 +139,8 @@ def forge_models() -> list[ModelSpec]:
     ``pretrained_option`` cleared and ``attention`` wrapped in a probe that records the
     shape of ``q`` at every ``attend`` (and returns zeros instead of attending), and
     makes one forward ``model(torch.zeros(1, 4, dtype=torch.long))`` without metadata
-    under ``torch.no_grad()``; the model that trains never holds the probe. The module
+    under ``torch.no_grad()``; the model that trains never holds the probe (a model that
+    cannot be built or run there leaves attention out of MFU, with a warning). The module
     may define ``param_roles() -> dict[str, str]`` (parameter name to role) to override
     the rule that decides which parameters take weight decay (see ``forge_optimizers``).
 

@@ -95,7 +95,9 @@ def test_attention_width_is_measured_on_a_meta_copy_and_the_model_keeps_its_back
         "max_seq_len: 16}}\nattention: {backend: sdpa}\n"
     )
     result = judge(str(path))
-    assert attention_width(result.plan, result.registries, 50) == 3 * 32
+    warnings = []
+    assert attention_width(result.plan, result.registries, 50, warnings.append) == 3 * 32
+    assert warnings == []
 
     from forge_core import components
 
@@ -136,3 +138,26 @@ def test_loss_sum_ignores_minus_100_and_counts_labelled_tokens():
     )
     torch.testing.assert_close(loss_sum / 3, mean)
     assert loss_fn(logits.bfloat16(), labels)[0].dtype == torch.float32
+
+
+def test_a_model_that_cannot_be_built_on_the_meta_device_leaves_attention_out_of_mfu(tmp_path, monkeypatch):
+    """The FLOPs measurement never stops a run: a model factory that fails on the meta
+    device gives d_attn 0 and one warning naming the model and the error."""
+    from forge_core import components
+    from forge_core.judge import judge
+    from forge_core.train import mfu
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name: llama, options: {dim: 32, n_layers: 1, n_heads: 4, max_seq_len: 16}}\n")
+    result = judge(str(path))
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("no meta here")
+
+    monkeypatch.setattr(components, "model", refuses)
+    warnings = []
+    assert mfu.attention_width(result.plan, result.registries, 50, warnings.append) == 0
+    assert warnings == [
+        "MFU leaves attention out: model 'llama' could not be built and run on the meta device to "
+        "measure it (RuntimeError: no meta here)"
+    ]

@@ -54,13 +54,21 @@ class MfuMeter:
         )
 
 
-def attention_width(plan: Any, registries: Any, vocab_size: int) -> int:
+def attention_width(plan: Any, registries: Any, vocab_size: int, warn: Callable[[str], None]) -> int:
     """``d_attn`` summed over layers, from one forward of a meta-device copy of the model
-    (pretrained weights not loaded); 0 when the model cannot be built there."""
+    (pretrained weights not loaded); 0, with a warning, when the model cannot be built
+    or run there: MFU then counts the parameter matmuls alone."""
     probe = flops.AttentionProbe(components.attention(plan, registries))
-    with torch.device("meta"):
-        model = components.model(components.without_pretrained(plan), registries, vocab_size, probe)
-    return flops.measure_attention_width(model, probe, torch.device("meta"))
+    try:
+        with torch.device("meta"):
+            model = components.model(components.without_pretrained(plan), registries, vocab_size, probe)
+        return flops.measure_attention_width(model, probe, torch.device("meta"))
+    except Exception as exc:  # noqa: BLE001 - a metric must not stop the run
+        warn(
+            f"MFU leaves attention out: model {plan.config.model.name!r} could not be built and run on "
+            f"the meta device to measure it ({type(exc).__name__}: {exc})"
+        )
+        return 0
 
 
 def build_meter(
@@ -71,6 +79,7 @@ def build_meter(
     device: torch.device,
     world_size: int,
     log: Callable[[str], None],
+    warn: Callable[[str], None],
 ) -> MfuMeter:
     """The meter of a built model, with the run's peak (measured now if not cached)."""
     train = plan.config.train
@@ -80,7 +89,7 @@ def build_meter(
     peak, source = peak_flops(device, dtype, train.peak_tflops)
     return MfuMeter(
         flops.matmul_params(model),
-        attention_width(plan, registries, vocab_size),
+        attention_width(plan, registries, vocab_size, warn),
         peak,
         source,
         train.peak_tflops <= 0,

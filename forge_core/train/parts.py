@@ -76,7 +76,12 @@ def seed_everything(seed: int) -> None:
 
 
 def build_parts(
-    plan: Any, registries: Any, placement: Placement, run_dir: Any, log: Callable[[str], None]
+    plan: Any,
+    registries: Any,
+    placement: Placement,
+    run_dir: Any,
+    log: Callable[[str], None],
+    warn: Callable[[str], None],
 ) -> RunParts:
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
@@ -94,7 +99,7 @@ def build_parts(
     )
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
-    mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log)
+    mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log, warn)
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
     pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg))

@@ -123,8 +123,9 @@ class Trainer:
         return self.progress.step
 
     def build(self) -> None:
+        pl = self.placement
         self.parts = build_parts(
-            self.plan, self.registries, self.placement, self.run_dir, lambda m: log(self.placement, m)
+            self.plan, self.registries, pl, self.run_dir, lambda m: log(pl, m), lambda m: warn(pl, m)
         )
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
