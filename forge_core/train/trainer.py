@@ -118,10 +118,6 @@ class Trainer:
     def pm(self) -> Any:
         return self.registries.plugins.pm
 
-    @property
-    def step(self) -> int:
-        return self.progress.step
-
     def build(self) -> None:
         pl = self.placement
         self.parts = build_parts(
