@@ -31,12 +31,6 @@ import torch
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
-from forge_core.deprecation import moved
-
-#: Moved to :mod:`forge_core.api`; the old name here warns for one release.
-__getattr__ = moved(
-    __name__, {"ModelSplit": "forge_core.api", "transformer_blocks": "forge_core.api:blocks_of"}
-)
 
 COMPILE_ORDER = 300
 
