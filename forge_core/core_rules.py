@@ -168,16 +168,13 @@ def check_eval_heldout(ctx: Plan) -> str | None:
 
 def check_eval_batch(ctx: Plan) -> str | None:
     cfg = ctx.config
+    if not cfg.eval.batch_size:
+        return None  # the training micro-batch: train.batch-divisible judges it
     dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
     rows = cfg.eval.batch_rows(cfg.train)
     if dp < 1 or rows % dp == 0:
         return None  # dp_shard unresolved: the world-size rule reports it
-    given = (
-        f"eval.batch_size = {rows}"
-        if cfg.eval.batch_size
-        else f"the evaluation batch (eval.batch_size: 0, the training micro-batch) = {rows} rows"
-    )
-    return f"{given} cannot be split evenly over {dp} data-parallel ranks"
+    return f"eval.batch_size = {rows} cannot be split evenly over {dp} data-parallel ranks"
 
 
 def check_eval_scheduled(ctx: Plan) -> str | None:

@@ -287,6 +287,9 @@ def test_check_judges_the_eval_section(tmp_path):
     )
     assert found["eval.batch-divisible"].severity == "error"
     assert "2 data-parallel ranks" in found["eval.batch-divisible"].message
+    # eval.batch_size 0 is the training micro-batch: one mistake, one error, the training rule's.
+    found = violations(tmp_path, 2, parallel={"dp_shard": 2}, train={"batch_size": 3})
+    assert "train.batch-divisible" in found and "eval.batch-divisible" not in found
     found = violations(tmp_path, data={"heldout": {"fraction": 0.1}}, eval={"enabled": True, "at_end": False})
     assert found["eval.scheduled"].severity == "warning"
     assert not violations(tmp_path, data={"heldout": {"fraction": 0.1}}, eval={"enabled": True, "every": 2})

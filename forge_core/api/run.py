@@ -41,5 +41,4 @@ class RunContext:
         every step that evaluates (``eval.every``), so no evaluation goes unlogged."""
         if step % max(1, self.config.logging.every) == 0 or step == self.total_steps:
             return True
-        ev = getattr(self.config, "eval", None)
-        return bool(ev is not None and ev.enabled and ev.every and step % ev.every == 0)
+        return self.config.eval.due(step, self.total_steps)

@@ -276,6 +276,14 @@ class EvalSection:
         micro-batch)."""
         return self.batch_size or max(1, train.batch_size // train.grad_accum)
 
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether the run evaluates after optimizer step ``step`` (1-based) of
+        ``total_steps``: every ``every`` steps from the start of the run, and the last with
+        ``at_end``."""
+        if not self.enabled:
+            return False
+        return bool(self.every and step % self.every == 0) or (self.at_end and step == total_steps)
+
 
 @attrs.frozen
 class LoggingSection:

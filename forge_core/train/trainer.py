@@ -314,10 +314,9 @@ class Trainer:
         }
 
     def eval_due(self) -> bool:
-        ev, step = self.config.eval, self.progress.step
-        if self.parts.eval_data is None:
-            return False
-        return bool(ev.every and step % ev.every == 0) or (ev.at_end and step == self.config.train.steps)
+        return self.parts.eval_data is not None and self.config.eval.due(
+            self.progress.step, self.config.train.steps
+        )
 
     def evaluate(self, run: RunContext) -> dict[str, Any]:
         """Evaluate now (every process), tell ``forge_eval_end``; the metrics to log."""
