@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from forge_core.api import option_doc
 from forge_core.cli.main import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
@@ -405,10 +406,10 @@ def config_keys() -> list[str]:
     def visit(cls: type, prefix: str) -> None:
         for f in resolved_fields(cls):
             out.append(prefix + f.name)
-            if isinstance(f.type, type) and attrs.has(f.type):
-                visit(f.type, f"{prefix}{f.name}.")
-            elif _list_item_class(f.type) is not None:
+            if _list_item_class(f.type) is not None:
                 visit(_list_item_class(f.type), f"{prefix}{f.name}[].")
+            elif _section_type(f.type) is not None:
+                visit(_section_type(f.type), f"{prefix}{f.name}.")
 
     visit(ForgeConfig, "")
     return out
@@ -475,14 +476,14 @@ def config_markdown(registries: Any) -> str:
     sections = resolved_fields(ForgeConfig)
     lines: list[str] = []
     for section in sections:
-        lines += [f"## `{section.name}`", "", section.metadata.get("doc", ""), ""]
+        lines += [f"## `{section.name}`", "", option_doc(section), ""]
         lines += [*_field_table(list(_walk(section.type, f"{section.name}."))), ""]
         for path, f in _walk(section.type, f"{section.name}."):
             if isinstance(f.type, type) and attrs.has(f.type):
-                lines += [f"### `{path}`", "", f.metadata.get("doc", ""), ""]
+                lines += [f"### `{path}`", "", option_doc(f), ""]
                 lines += [*_field_table(list(_walk(f.type, f"{path}."))), ""]
             elif _list_item_class(f.type) is not None:
-                lines += [f"### `{path}[]`", "", f"Each entry of `{path}`: {f.metadata.get('doc', '')}", ""]
+                lines += [f"### `{path}[]`", "", f"Each entry of `{path}`: {option_doc(f)}", ""]
                 lines += [*_field_table(list(_walk(_list_item_class(f.type), f"{path}[]."))), ""]
             elif path in option_blocks:
                 kind = option_blocks[path]
@@ -504,7 +505,7 @@ def config_markdown(registries: Any) -> str:
             "max_depth": str(MAX_DEPTH),
             "width": str(VALUE_WIDTH),
             "section_index": "\n".join(
-                f"- [`{f.name}`](#{_anchor(f.name)}): {f.metadata.get('doc', '')}" for f in sections
+                f"- [`{f.name}`](#{_anchor(f.name)}): {option_doc(f)}" for f in sections
             ),
             "sections": _join([lines]),
             "moved_keys": "\n".join(
