@@ -23,7 +23,7 @@ COMPONENT_SHADOWED = "component.shadowed"
 def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str, Any]]:
     """``(config path, kind, spec)`` of every component the run will build: every source
     of a mixture (``data.sources[i].name``) included."""
-    chosen = [(b.name_path, b.kind, ctx.specs[b.kind]) for b in OPTION_BLOCKS if b.kind != "source"]
+    chosen = [(b.name_path, b.name, ctx.specs[b.name]) for b in OPTION_BLOCKS if b.name != "source"]
     chosen += [
         (s.where if s.where == "data.source" else f"{s.where}.name", "source", s.spec) for s in ctx.sources
     ]

@@ -26,7 +26,7 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     """The plan of a resolved config, with the degrees resolved against ``world_size``
     (``None``: unknown, left unchecked)."""
     specs = {
-        block.kind: registries[block.kind].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
+        block.name: registries[block.name].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
     registry = registries["parallelism"]
     options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}

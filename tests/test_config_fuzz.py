@@ -54,14 +54,14 @@ def numeric_fields() -> dict[str, tuple[type, dict]]:
 
     visit(ForgeConfig, "")
     for block in OPTION_BLOCKS:
-        for name in REGISTRIES[block.kind].names():
-            for path, f in option_rows(REGISTRIES[block.kind].get(name).options, f"{block.options_path}."):
+        for name in REGISTRIES[block.name].names():
+            for path, f in option_rows(REGISTRIES[block.name].get(name).options, f"{block.options_path}."):
                 if _numeric(f.type):
                     found[path] = (_numeric(f.type), {block.name_path: name})
     for block in KEYED_BLOCKS:
-        for name in REGISTRIES[block.kind].names():
+        for name in REGISTRIES[block.name].names():
             for path, f in option_rows(
-                REGISTRIES[block.kind].get(name).options, f"{block.options_path}.{name}."
+                REGISTRIES[block.name].get(name).options, f"{block.options_path}.{name}."
             ):
                 if _numeric(f.type):
                     found[path] = (_numeric(f.type), {})

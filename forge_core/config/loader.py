@@ -610,7 +610,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
     issues: list[tuple[str, str]] = []
     values: dict[str, Any] = {}
     for block in OPTION_BLOCKS:
-        registry = registries[block.kind]
+        registry = registries[block.name]
         name = lookup(block.name_path)
         if not isinstance(name, str):
             continue  # not a name: the schema reports it
@@ -630,7 +630,7 @@ def _structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], lis
     issues += _structure_source_entries(lookup, registries["source"], values)
     issues += _structure_eval_source(lookup, registries["source"], values)
     for block in KEYED_BLOCKS:
-        registry = registries[block.kind]
+        registry = registries[block.name]
         names = lookup(block.name_path)
         if isinstance(names, list):
             for i, name in enumerate(names):

@@ -15,7 +15,7 @@ import attrs
 
 from forge_core.api import above, at_least, between, non_blank, option, satisfies
 from forge_core.deprecation import moved
-from forge_core.kinds import KINDS
+from forge_core.kinds import KINDS, Kind
 
 #: ``field`` was this module's own documented-field helper; ``option`` is the one every
 #: options class uses.
@@ -317,28 +317,14 @@ class ForgeConfig:
     plugins: PluginsSection = option(PluginsSection(), "Plugin loading.")
 
 
-@attrs.frozen
-class OptionBlock:
-    """Where a component's name (for a keyed block, the list of names) and option block
-    live, and its kind."""
-
-    kind: str
-    name_path: str
-    options_path: str
-
-
-#: Every single component choice in the config (one name, one option block), from
-#: :data:`~forge_core.kinds.KINDS`.
-OPTION_BLOCKS: tuple[OptionBlock, ...] = tuple(
-    OptionBlock(k.name, k.name_path, k.options_path) for k in KINDS if not k.keyed
-)
+#: Every single component choice in the config (one name, one option block): the kinds
+#: of :data:`~forge_core.kinds.KINDS` that are not keyed.
+OPTION_BLOCKS: tuple[Kind, ...] = tuple(k for k in KINDS if not k.keyed)
 
 #: Option maps keyed by component name (``parallel.options.<name>``), beside the list
 #: that enables components by name (strategies with a mesh dimension are enabled by
 #: their degree instead).
-KEYED_BLOCKS: tuple[OptionBlock, ...] = tuple(
-    OptionBlock(k.name, k.name_path, k.options_path) for k in KINDS if k.keyed
-)
+KEYED_BLOCKS: tuple[Kind, ...] = tuple(k for k in KINDS if k.keyed)
 
 
 for _cls in (
