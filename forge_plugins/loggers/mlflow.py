@@ -70,7 +70,7 @@ class MlflowLogger:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            missing("mlflow", "mlflow", "mlflow")
+            missing("mlflow")
             return
         out = Path(run.out_dir)
         uri = self.options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")

@@ -34,7 +34,7 @@ class TensorBoardLogger:
             from torch.utils.tensorboard import SummaryWriter
             from torch.utils.tensorboard.summary import hparams
         except ImportError:
-            missing("tensorboard", "tensorboard", "tensorboard")
+            missing("tensorboard")
             return
         log_dir = Path(run.out_dir) / self.options.log_dir
         started = any(log_dir.glob("events.out.tfevents.*"))

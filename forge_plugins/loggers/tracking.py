@@ -64,9 +64,11 @@ def flat_config(config: Any) -> dict[str, str | int | float | bool]:
     return flat
 
 
-def missing(logger: str, package: str, extra: str) -> None:
+def missing(name: str) -> None:
+    """The warning of a logger whose package (of the same name as the logger and its
+    extra) is not installed."""
     print(
-        f"warning: the {logger} logger needs the {package} package (pip install 'forge-trainer[{extra}]'); "
+        f"warning: the {name} logger needs the {name} package (pip install 'forge-trainer[{name}]'); "
         f"training goes on without it",
         file=sys.stderr,
         flush=True,

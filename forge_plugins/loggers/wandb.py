@@ -45,7 +45,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            missing("wandb", "wandb", "wandb")
+            missing("wandb")
             return
         o = self.options
         out = Path(run.out_dir)

@@ -26,7 +26,7 @@ def sharded_by(ctx: Any) -> list[str]:
     found = []
     if d["tp"] > 1:
         found.append(f"parallel.tp = {d['tp']} splits them by rows or columns")
-    if any(s.name == "fsdp" for s in ctx.strategies):
+    if ctx.is_active("fsdp"):
         found.append(f"fsdp (parallel.dp_shard = {d['dp_shard']}) shards them by rows")
     elif d["pp"] > 1 and d["dp_replicate"] > 1:
         found.append(

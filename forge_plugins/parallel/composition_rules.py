@@ -21,10 +21,6 @@ TP_COMPILE = "tp.not-with-compile"
 ACT_CKPT_EVERY = "act_ckpt.every-within-blocks"
 
 
-def _act_ckpt_on(ctx: Any) -> bool:
-    return any(s.name == "act_ckpt" for s in ctx.strategies)
-
-
 def check_tp_compile(ctx: Any) -> str | None:
     tp = ctx.degrees["tp"]
     if tp > 1 and ctx.config.train.compile:
@@ -46,7 +42,7 @@ def _largest_part(ctx: Any, blocks: int) -> int:
 
 
 def check_act_ckpt_every(ctx: Any) -> str | None:
-    if not _act_ckpt_on(ctx) or ctx.facts is None:
+    if not ctx.is_active("act_ckpt") or ctx.facts is None:
         return None
     every = ctx.options_of("act_ckpt").every
     largest = _largest_part(ctx, ctx.facts.blocks)
@@ -75,7 +71,13 @@ def rules() -> list[Any]:
         Rule(
             id=ACT_CKPT_EVERY,
             severity="warning",
-            paths=("parallel.options.act_ckpt.every", "parallel.wrappers", "parallel.pp", "model.name"),
+            paths=(
+                "parallel.options.act_ckpt.every",
+                "parallel.wrappers",
+                "parallel.pp",
+                "parallel.options.pp.virtual_stages",
+                "model.name",
+            ),
             summary="Activation checkpointing every k-th block checkpoints at least one block.",
             check=check_act_ckpt_every,
             fix="Lower parallel.options.act_ckpt.every to at most the blocks of one model part "
