@@ -137,3 +137,14 @@ def test_export_options_users_expect(tmp_path, capsys):
     )
     result = generate("the quick", max_new_tokens=5, do_sample=False)
     assert result[0]["generated_text"].startswith("the quick")
+
+
+def test_eval_of_a_run_started_from_a_hugging_face_checkpoint(tmp_path, capsys):
+    """The checkpoint holds every weight: eval builds the model without reading the HF
+    folder again (as sample and export-hf do), and evaluates."""
+    run_dir = trained_run(tmp_path, "llama")
+    capsys.readouterr()
+    corpus = str(tmp_path / "corpus" / "*.txt")
+    argv = ["eval", str(run_dir), "eval.source=text", f"eval.source_options={{paths: ['{corpus}']}}"]
+    assert cli.main([*argv, "eval.max_batches=1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] > 0

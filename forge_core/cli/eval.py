@@ -115,6 +115,7 @@ def main(args: Any) -> int:
     from forge_core.data.build import heldout_documents
     from forge_core.distributed.parallelize import single_process
     from forge_core.distributed.placement import choose_device
+    from forge_core.train import precision
     from forge_core.train.checkpoint import load_model, step_of
     from forge_core.train.evaluate import build_eval_data, run_eval
     from forge_core.train.loss import build_loss
@@ -125,6 +126,7 @@ def main(args: Any) -> int:
         raise ForgeError(f"--checkpoint {args.checkpoint}: a step is 0 or more")
     run_dir = Path(args.run_dir)
     plan, registries = load_plan(run_dir, list(args.overrides))
+    plan = components.without_pretrained(plan)  # the checkpoint holds every weight
     checkpoint = find_checkpoint(run_dir, args.checkpoint)
     config = plan.config
     tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
@@ -140,6 +142,7 @@ def main(args: Any) -> int:
     model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     device = choose_device(config.run.device)
+    precision.check_precision(config.train.precision, device)
     pmodel = single_process(model.to(device), loss_fn=build_loss(model, config))
     result = run_eval(pmodel, data, device=device, precision=config.train.precision, progress=_Progress())
     step = step_of(checkpoint)

@@ -169,7 +169,6 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
     Parameters shared under several names (tied embeddings) stay shared: a plain
     ``to_empty`` would give each name its own tensor. Nothing to do for a module with
     no meta tensor."""
-    from forge_core.api import ForgeError
 
     if not is_meta(module):
         return
@@ -210,7 +209,7 @@ def parallelize(
     gives every rank the weights a single process would have. Returns the
     :class:`ParallelModel`.
     """
-    from forge_core.api import ForgeError, ParallelContext
+    from forge_core.api import ParallelContext
     from forge_core.distributed.mesh import build_mesh, dp_coords, group_of
 
     mesh = build_mesh(plan.degrees, device)

@@ -169,3 +169,8 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of a batch on ``device`` (without waiting, where the device allows)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -276,7 +276,7 @@ def run_eval(
     process of the run calls it; ``slice_weight`` is ``dp_size / world_size`` (how much one
     process's sums count). ``progress(batches done, batches in all)`` is called after every
     batch."""
-    from forge_core.distributed.placement import all_reduce_sum
+    from forge_core.distributed.placement import all_reduce_sum, to_device
     from forge_core.train.precision import autocast as precision_autocast
 
     t0 = time.perf_counter()
@@ -290,7 +290,7 @@ def run_eval(
             for batch in rank_batches(
                 eval_set.rows, num_rows, data.batch_rows, pmodel.dp_rank, pmodel.dp_size
             ):
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                batch = to_device(batch, device)
                 with autocast:
                     loss_sum, tokens = pmodel.evaluate(batch, loss_fn)
                 sums[0] += loss_sum.double()

@@ -23,7 +23,7 @@ import torch
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS
 from forge_core.distributed.parallelize import clip_grad_norm
-from forge_core.distributed.placement import all_reduce_sum
+from forge_core.distributed.placement import all_reduce_sum, to_device
 from forge_core.train import flops, precision
 
 
@@ -38,10 +38,6 @@ class StepOutcome:
     stop_agreed: bool
     #: Whether the optimizers stepped (the loss and the gradient norm were finite).
     stepped: bool
-
-
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
@@ -92,7 +88,7 @@ def optimizer_step(
     autocast = precision.autocast(precision_name, device)
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     for i, batch in enumerate(micro):
-        batch = _to_device(batch, device)
+        batch = to_device(batch, device)
         with _grad_sync(pmodel.forward, i == len(micro) - 1), autocast:
             loss_sum, _ = pmodel.forward_backward(batch, None, normalizer)
         loss_total += loss_sum.detach().float()
