@@ -170,3 +170,24 @@ def test_kit_misuse_is_a_value_error():
 
 def test_the_fixture_carries_check_model(forge_conformance):
     assert forge_conformance.check_model is check_model
+
+
+class _FunctionalEmbedding(torch.nn.Module):
+    """Embeds with torch.nn.functional.embedding: the kit sees no embedding output."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(50, 8))
+        self.out = torch.nn.Linear(8, 50)
+
+    def forward(self, input_ids, doc_ids=None, positions=None):
+        return self.out(torch.nn.functional.embedding(input_ids, self.table))
+
+
+def test_isolation_refuses_a_model_whose_embedding_outputs_it_cannot_see():
+    """The exactly-zero gradient check needs the embedding outputs: a model that gives
+    none is refused, not passed with that check skipped."""
+    from forge_core.testing.isolation import check_document_isolation
+
+    with pytest.raises(AssertionError, match="no nn.Embedding output of the batch's shape"):
+        check_document_isolation(_FunctionalEmbedding(), dtypes=(torch.float64,))

@@ -181,6 +181,12 @@ def _check_in(
                     ("token within the document", "vocab"),
                 )
             )
+    if not embedded:
+        raise AssertionError(
+            f"{name}: no nn.Embedding output of the batch's shape {tuple(input_ids.shape[:2])} was seen, so "
+            "the check that a document's gradient is exactly 0 on other documents' tokens cannot run: "
+            "embed the tokens with a torch.nn.Embedding module"
+        )
     # Exactly zero, whatever the dtype: a masked attention probability is exp(-inf) = 0.
     for n, grad in enumerate(embedded):
         outside = grad.clone()
@@ -198,6 +204,11 @@ def _check_in(
         None,
         lambda out: (out[0, : end - start] * weights).sum(),
     )
+    if len(embedded_alone) != len(embedded):
+        raise AssertionError(
+            f"{name}: the packed forward passed {len(embedded)} embedding output(s), the document alone "
+            f"{len(embedded_alone)}: the model must embed the same way whatever the metadata"
+        )
     for n, (grad, want) in enumerate(zip(embedded, embedded_alone)):
         ratios.append(
             close(
