@@ -18,12 +18,30 @@ from typing import Any
 from forge_core.api import atomic_write, hookimpl
 
 
+class LossPoints:
+    """The training and evaluation losses of the whole run by step, the earlier ones read
+    back after a resume: what the loss curve draws, here and for the trackers."""
+
+    def __init__(self) -> None:
+        self.points: dict[int, float] = {}
+        self.eval_points: dict[int, float] = {}
+
+    def start(self, run: Any) -> None:
+        self.points = earlier_points(run)
+        self.eval_points = earlier_points(run, EVAL_LOSS)
+
+    def add(self, step: int, metrics: dict[str, Any]) -> None:
+        if isinstance(metrics.get("loss"), (int, float)):
+            self.points[step] = float(metrics["loss"])
+        if isinstance(metrics.get(EVAL_LOSS), (int, float)):
+            self.eval_points[step] = float(metrics[EVAL_LOSS])
+
+
 class PlotLogger:
     def __init__(self, options: Any) -> None:
         self.options = options
         self.enabled = False
-        self.points: dict[int, float] = {}
-        self.eval_points: dict[int, float] = {}
+        self.curve = LossPoints()
 
     @hookimpl
     def forge_train_start(self, run):
@@ -40,28 +58,25 @@ class PlotLogger:
             )
             return
         self.enabled = True
-        self.points = earlier_points(run)
-        self.eval_points = earlier_points(run, EVAL_LOSS)
+        self.curve.start(run)
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
         if self.enabled:
-            self.points[step] = metrics["loss"]
-            if isinstance(metrics.get(EVAL_LOSS), (int, float)):
-                self.eval_points[step] = float(metrics[EVAL_LOSS])
+            self.curve.add(step, metrics)
 
     @hookimpl
     def forge_train_end(self, run, step, status):
-        if not self.enabled or not self.points:
+        if not self.enabled or not self.curve.points:
             return
         path = Path(run.out_dir) / self.options.filename
         try:
             write_plot(
                 path,
-                self.points,
+                self.curve.points,
                 self.options.smooth,
                 title=f"{run.config.run.name}: training loss",
-                eval_points=self.eval_points,
+                eval_points=self.curve.eval_points,
             )
         except OSError as exc:
             print(

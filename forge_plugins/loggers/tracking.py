@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from forge_core.api import atomic_write
+from forge_plugins.loggers.plot import LossPoints, write_plot
 
 TRAIN_PREFIX = "train/"
 
@@ -99,25 +100,9 @@ def write_run_id(path: Path, data: dict[str, Any]) -> None:
 # --- the loss plot --------------------------------------------------------------
 
 
-class LossCurve:
-    """The losses of the whole run (earlier ones read back after a resume, as the
-    ``plot`` logger does), drawn into a PNG for a tracker to store."""
-
-    def __init__(self) -> None:
-        self.points: dict[int, float] = {}
-        self.eval_points: dict[int, float] = {}
-
-    def start(self, run: Any) -> None:
-        from forge_plugins.loggers.plot import EVAL_LOSS, earlier_points
-
-        self.points = earlier_points(run)
-        self.eval_points = earlier_points(run, EVAL_LOSS)
-
-    def add(self, step: int, metrics: dict[str, Any]) -> None:
-        if isinstance(metrics.get("loss"), (int, float)):
-            self.points[step] = float(metrics["loss"])
-        if isinstance(metrics.get("eval/loss"), (int, float)):
-            self.eval_points[step] = float(metrics["eval/loss"])
+class LossCurve(LossPoints):
+    """The losses of the whole run (:class:`~forge_plugins.loggers.plot.LossPoints`),
+    drawn into a PNG for a tracker to store."""
 
     @contextmanager
     def png(self, title: str) -> Iterator[Path | None]:
@@ -136,7 +121,6 @@ class LossCurve:
             )
             yield None
             return
-        from forge_plugins.loggers.plot import write_plot
 
         with tempfile.TemporaryDirectory(prefix="forge-loss-") as tmp:
             path = Path(tmp) / "loss.png"
