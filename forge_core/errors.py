@@ -4,9 +4,6 @@ A :class:`~forge_core.api.ForgeError`'s message is the whole story: the CLI prin
 without a traceback and exits with its ``exit_code`` (2, bad input, unless a subclass
 says otherwise). Anything else that escapes is described in one line
 (:func:`describe_unexpected`); the traceback is shown only with ``FORGE_TRACEBACK=1``.
-
-``ForgeError``, ``did_you_mean``, ``unknown_name`` and ``show_value`` moved to
-:mod:`forge_core.api`; the old names here warn for one release.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import traceback
 
 from forge_core.api import errors as _api
 from forge_core.api.errors import EXIT_INVALID
-from forge_core.deprecation import moved
 
 #: Exit statuses of ``forge-run`` (documented in docs/cli.md); EXIT_INVALID (2, bad
 #: input: config, files, a plugin or a component) is ForgeError's, in forge_core.api.
@@ -124,10 +120,3 @@ def outcome(exc: BaseException) -> tuple[str | None, int]:
     if isinstance(exc, Exception):
         return describe_unexpected(exc), EXIT_FAILED
     raise exc  # SystemExit and the like end the process as they mean to
-
-
-__getattr__ = moved(
-    __name__,
-    {name: "forge_core.api" for name in ("ForgeError", "did_you_mean", "unknown_name", "show_value")}
-    | {"VALUE_WIDTH": "forge_core.api.errors"},
-)

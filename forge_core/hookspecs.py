@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from forge_core.api.hooks import hookspec as _hookspec
-from forge_core.deprecation import moved
 
 if TYPE_CHECKING:
     from forge_core.api import (
@@ -31,9 +30,6 @@ if TYPE_CHECKING:
         SourceSpec,
         TokenizerSpec,
     )
-
-#: The markers moved to :mod:`forge_core.api`; the old names here warn for one release.
-__getattr__ = moved(__name__, {name: "forge_core.api" for name in ("hookimpl", "hookspec", "PROJECT")})
 
 
 # --- registration hooks -------------------------------------------------------------
@@ -104,9 +100,7 @@ def forge_packers() -> list[PackerSpec]:
     the document stream go into which row, and how labels and metadata follow
     (``boundaries``, ``metadata``). It reads no token; Forge materializes ``input_ids``,
     ``labels`` (-100 where no loss is taken) and, with ``metadata``, ``doc_ids`` and
-    ``positions`` when a batch is read. ``metadata`` must match ``emits``. The former
-    ``pack(documents)``, returning whole ``(rows, seq_len)`` int64 arrays, still runs
-    with a deprecation warning (every row in memory).
+    ``positions`` when a batch is read. ``metadata`` must match ``emits``.
 
     Example::
 
@@ -266,8 +260,7 @@ def forge_optimizers() -> list[OptimizerSpec]:
     every step the trainer sets ``group["lr"]`` of every parameter group to ``train.lr``
     times the schedule's factor, so a per-group multiplier must live under another key;
     the optimizer's ``state_dict()`` is saved in checkpoints and loaded on resume. A
-    factory whose first parameter has another name is called the old way, with a list
-    of parameters, and a FutureWarning.
+    factory that cannot be called with ``named_params=`` is refused, naming this call.
 
     Example::
 

@@ -15,20 +15,11 @@ import attrs
 from forge_core.api import Plan, Violation
 from forge_core.component_checks import component_violations
 from forge_core.config.schema import ForgeConfig
-from forge_core.deprecation import moved
 from forge_core.parallel_dims import world_size_from_env
 from forge_core.plan import make_plan
 from forge_core.registry import Registries
 from forge_core.resolve import load_resolved
 from forge_core.rules import evaluate
-
-__getattr__ = moved(
-    __name__,
-    {
-        "IMPLEMENTATION_FOUND": "forge_core.component_checks",
-        "COMPONENT_SHADOWED": "forge_core.component_checks",
-    },
-)
 
 
 @attrs.frozen

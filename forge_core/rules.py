@@ -5,9 +5,6 @@ engine evaluates every rule over a :class:`~forge_core.api.Plan` and reports eve
 :class:`~forge_core.api.Violation` at once, each naming the rule, the declaring plugin,
 the config fields with their values, why, and how to fix it. Errors stop a run before
 any process group or tensor exists; warnings are printed and the run goes on.
-
-``Rule`` and ``RuleContext`` (now ``Plan``) moved to :mod:`forge_core.api`, ``render``
-to :mod:`forge_core.cli.report`; the old names here warn for one release.
 """
 
 from __future__ import annotations
@@ -16,18 +13,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from forge_core.api.rules import Plan, Violation
-from forge_core.deprecation import moved
-
-__getattr__ = moved(
-    __name__,
-    {
-        "Rule": "forge_core.api",
-        "RuleContext": "forge_core.api:Plan",
-        "Severity": "forge_core.api",
-        "get_path": "forge_core.api",
-        "render": "forge_core.cli.report",
-    },
-)
 
 
 def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:

@@ -1,17 +1,13 @@
 """``forge_core.api``, the plugin contract: torch-free, a leaf of the import graph, and
-the only path Forge itself uses; every old import path still works for one release and
-warns naming the new one."""
+the only path into the kernel that the built-ins and the example package use."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import subprocess
 import sys
-import warnings
 
-import pytest
 from conftest import REPO
 
 API_DIR = REPO / "forge_core" / "api"
@@ -85,10 +81,10 @@ def test_every_public_name_is_exported():
     )
 
 
-def test_no_module_of_forge_or_the_example_package_uses_a_deprecated_path():
+def test_every_module_of_forge_and_the_example_package_imports_without_a_deprecation():
     """Every module of forge_core, forge_plugins and the example package imported in a
-    fresh interpreter with deprecation warnings as errors: nothing inside Forge still goes
-    through an old path."""
+    fresh interpreter with deprecation warnings as errors: none is left unimportable by a
+    move, and none leans on a deprecated path of its own dependencies."""
     code = f"""
 import importlib, pkgutil, sys, warnings
 warnings.simplefilter("error", DeprecationWarning)
@@ -128,59 +124,3 @@ def test_built_in_plugins_and_the_example_package_import_only_the_api_from_the_k
         and not name.startswith(("forge_core.api", "forge_core.testing"))
     ]
     assert not inside
-
-
-OLD_PATHS = [
-    ("forge_core.specs", "ModelSpec", "forge_core.api", "ModelSpec"),
-    ("forge_core.specs", "ParallelismSpec", "forge_core.api", "ParallelismSpec"),
-    ("forge_core.specs", "DOC_IDS", "forge_core.api", "DOC_IDS"),
-    ("forge_core.specs", "import_path", "forge_core.api", "import_path"),
-    ("forge_core.hookspecs", "hookimpl", "forge_core.api", "hookimpl"),
-    ("forge_core.hookspecs", "PROJECT", "forge_core.api", "PROJECT"),
-    ("forge_core.rules", "Rule", "forge_core.api", "Rule"),
-    ("forge_core.rules", "RuleContext", "forge_core.api", "Plan"),
-    ("forge_core.errors", "ForgeError", "forge_core.api", "ForgeError"),
-    ("forge_core.errors", "did_you_mean", "forge_core.api", "did_you_mean"),
-    ("forge_core.errors", "unknown_name", "forge_core.api", "unknown_name"),
-    ("forge_core.run_context", "RunContext", "forge_core.api", "RunContext"),
-    ("forge_core.train.parallel_context", "ParallelContext", "forge_core.api", "ParallelContext"),
-    ("forge_core.train.parallelize", "ModelSplit", "forge_core.api", "ModelSplit"),
-    ("forge_core.train.parallelize", "transformer_blocks", "forge_core.api", "blocks_of"),
-    ("forge_core.rules", "render", "forge_core.cli.report", "render"),
-    ("forge_core.judge", "IMPLEMENTATION_FOUND", "forge_core.component_checks", "IMPLEMENTATION_FOUND"),
-    ("forge_core.config.validators", "at_least", "forge_core.api", "at_least"),
-    ("forge_core.config.schema", "field", "forge_core.api", "option"),
-    ("forge_plugins.optim.options", "opt", "forge_core.api", "option"),
-]
-
-
-@pytest.mark.parametrize(
-    ("module", "name", "new_module", "new_name"), OLD_PATHS, ids=[f"{m}.{n}" for m, n, _, _ in OLD_PATHS]
-)
-def test_old_path_warns_and_names_the_new_one(module, name, new_module, new_name):
-    old = importlib.import_module(module)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        value = getattr(old, name)
-    assert value is getattr(importlib.import_module(new_module), new_name)
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert len(messages) == 1, messages
-    assert f"{module}.{name} is deprecated" in messages[0]
-    assert f"from {new_module} import {new_name}" in messages[0]
-    assert caught[0].filename == __file__  # the warning points at the caller's line
-
-
-def test_an_unknown_name_at_an_old_path_is_an_attribute_error():
-    import forge_core.specs
-
-    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        forge_core.specs.Nope  # noqa: B018
-
-
-def test_rule_context_alias_still_constructs_a_plan():
-    import forge_core.api as api
-    import forge_core.rules
-
-    with pytest.warns(DeprecationWarning, match="RuleContext is now called Plan"):
-        ctx_cls = forge_core.rules.RuleContext
-    assert ctx_cls is api.Plan

@@ -418,23 +418,39 @@ def test_builtin_packers_pass_the_kit(name, options, emitted, lossless):
 
 
 def _mutating(base: str, mutate, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
-    """A PackerSpec whose packer returns the built-in ``base``'s rows, mutated (through
-    the deprecated eager ``pack``, which hands the kit whole rows to break)."""
+    """A PackerSpec whose packer lays out rows as the built-in ``base`` does and whose
+    materialized rows are then changed by ``mutate`` (through :func:`_mutated_rows`: a
+    layout cannot break the per-token invariants the kernel computes, so the controls
+    break the rows the kit reads)."""
     from forge_core.api import import_path
-    from forge_core.data.packed_rows import pack_documents
 
     base_cls = import_path(base)
 
     class Mutated:
+        mutate_rows = staticmethod(mutate)
+
         def __init__(self, options, **kwargs):
             self.inner = base_cls(options, **kwargs)
 
-        def pack(self, documents):
-            out = pack_documents(self.inner, documents)
-            mutate(out)
-            return out
+        def layout(self, lengths):
+            return self.inner.layout(lengths)
 
     return _park(Mutated, emits=emits, emits_when=emits_when, options=options)
+
+
+@pytest.fixture
+def _mutated_rows(monkeypatch):
+    """The kit reads a packer's rows through ``_lazy_rows``; apply a mutant's change."""
+    import forge_core.testing.packers as kit
+
+    read = kit._lazy_rows
+
+    def mutated(packer, *args):
+        out = read(packer, *args)
+        getattr(packer, "mutate_rows", lambda rows: None)(out)
+        return out
+
+    monkeypatch.setattr(kit, "_lazy_rows", mutated)
 
 
 def _park(cls, emits=frozenset({DOC_IDS, POSITIONS}), emits_when=None, options=None):
@@ -563,8 +579,7 @@ def _no_labels(out):
         "wrong-labels",
     ],
 )
-@pytest.mark.filterwarnings("ignore:.*eager packer contract:FutureWarning")
-def test_broken_packers_fail_with_a_specific_message(spec, message):
+def test_broken_packers_fail_with_a_specific_message(spec, message, _mutated_rows):
     with pytest.raises(AssertionError, match=message):
         check_packer(spec)
 
@@ -618,13 +633,22 @@ def test_broken_lazy_packers_fail_with_a_specific_message(spec, message):
         check_packer(spec)
 
 
-def test_an_eager_only_packer_still_passes_with_a_warning_naming_the_lazy_contract():
-    spec = _mutating(BFD, lambda out: None)
-    with pytest.warns(
-        FutureWarning, match=r"eager packer contract \(deprecated\).*Implement layout\(lengths\) -> RowLayout"
-    ):
-        report = check_packer(spec, lossless=True)
+def test_an_unmutated_mutant_passes(_mutated_rows):
+    """The controls above fail only through their mutation."""
+    report = check_packer(_mutating(BFD, lambda out: None), lossless=True)
     assert report.emitted == {DOC_IDS, POSITIONS}
+
+
+def test_a_packer_with_only_the_old_pack_contract_is_refused_naming_layout():
+    class Old:
+        def __init__(self, options, **kwargs):
+            pass
+
+        def pack(self, documents):
+            return {}
+
+    with pytest.raises(AssertionError, match=r"no layout\(lengths\).*pack\(documents\).*is gone"):
+        check_packer(_park(Old))
 
 
 def test_lossless_is_enforced_when_asked():

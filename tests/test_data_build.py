@@ -8,25 +8,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from train_helpers import Recorder, tiny_config, write_config
+from train_helpers import tiny_config, write_config
 
 from forge_core import cli
 from forge_core.api import DOC_IDS, POSITIONS, PackerSpec, hookimpl
 
 
 class EagerBfd:
-    """A packer of the former contract: pack(documents) -> whole arrays."""
+    """A packer of the former preview contract: pack(documents) -> whole arrays."""
 
     def __init__(self, options, *, seq_len, eos_id, pad_id):
-        from forge_plugins.packers.bfd import BfdPacker
-
-        self.inner = BfdPacker(options, seq_len=seq_len, eos_id=eos_id, pad_id=pad_id)
-        self.stats = {"pieces": 1}
+        pass
 
     def pack(self, documents):
-        from forge_core.testing import pack_documents
-
-        return pack_documents(self.inner, documents)
+        raise AssertionError("never called")
 
 
 class NoMetadataBfd:
@@ -62,18 +57,14 @@ class Packers:
         ]
 
 
-def test_an_eager_packer_still_trains_with_a_warning_naming_the_lazy_contract(tmp_path, capsys):
+def test_a_packer_with_only_the_old_pack_contract_is_refused_naming_layout(tmp_path):
+    from forge_core.api import ForgeError
     from forge_core.testing import train_in_process
 
     cfg = tiny_config(tmp_path, "eager", data={"packer": "eager"}, train={"steps": 2})
-    rec = Recorder()
-    with pytest.warns(FutureWarning, match="eager packer contract"):
-        status = train_in_process(
-            write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()), ("r", rec))
-        )
-    assert status == "completed" and sorted(rec.metrics) == [1, 2]
-    err = capsys.readouterr().err
-    assert "implements only pack(documents)" in err and "Implement layout(lengths) -> RowLayout" in err
+    with pytest.raises(ForgeError, match=r"packer 'eager' .*pack\(documents\).*Implement layout\(lengths\)"):
+        train_in_process(write_config(tmp_path / "e.yaml", cfg), [], extra_plugins=(("p", Packers()),))
+    assert not (tmp_path / "eager" / "checkpoints").exists()
 
 
 def test_a_layout_that_breaks_the_spec_is_refused_before_training(tmp_path):

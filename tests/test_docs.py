@@ -278,7 +278,7 @@ def test_every_hook_docstring_is_in_the_hook_reference(pages):
 
 def test_rst_to_markdown_converts_roles_literals_and_examples():
     text = (
-        "Return :class:`~forge_core.specs.PackerSpec` or ``None``.\n\n"
+        "Return :class:`~forge_core.api.PackerSpec` or ``None``.\n\n"
         "Example::\n\n    x = 1\n    y = 2\n\nAfter."
     )
     assert docgen.rst_to_markdown(text) == (

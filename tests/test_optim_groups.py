@@ -206,16 +206,17 @@ class Third:
         ]
 
 
-def test_old_optimizer_signature_works_with_a_warning_naming_the_new_one():
+def test_an_optimizer_factory_of_the_old_signature_is_refused_naming_the_call():
+    from forge_core.api import ForgeError
+
     registries = load_registries(extra=(("third", Third()),))
     model = llama(registries, config(registries))
-    with pytest.warns(
-        FutureWarning,
-        match=r"optimizer 'old' \(plugin 'third'\).*build\(named_params, lr=\.\.\., "
-        r"options=\.\.\.\).*NamedParameter",
+    with pytest.raises(
+        ForgeError,
+        match=r"optimizer 'old' \(plugin 'third'\).*build\(named_params=\.\.\., lr=\.\.\., "
+        r"options=\.\.\.\).*NamedParameter.*Rename its first parameter",
     ):
-        opt = components.optimizer(config(registries, "old"), registries, model)
-    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+        components.optimizer(config(registries, "old"), registries, model)
     for name in ("new", "kw"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -17,7 +17,7 @@ from forge_core.api.fingerprint import files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.optim import NamedParameter
 from forge_core.api.options import option, option_doc
-from forge_core.api.packing import BOUNDARIES, Boundaries, EagerPacker, LazyPacker, RowLayout
+from forge_core.api.packing import BOUNDARIES, Boundaries, LazyPacker, RowLayout
 from forge_core.api.parallel import (
     BLOCKS,
     OUTPUT_HEAD,
@@ -84,7 +84,6 @@ __all__ = [
     "hookspec",
     "BOUNDARIES",
     "Boundaries",
-    "EagerPacker",
     "LazyPacker",
     "RowLayout",
     "BLOCKS",

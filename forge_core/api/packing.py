@@ -171,23 +171,3 @@ class LazyPacker(Protocol):
     ``doc_ids`` and ``positions``."""
 
     def layout(self, lengths: Any) -> RowLayout: ...
-
-
-@runtime_checkable
-class EagerPacker(Protocol):
-    """The former contract, deprecated: ``pack(documents)`` takes every document (1-D
-    int arrays, EOS appended) and returns the whole ``(rows, seq_len)`` int64 arrays.
-    Still run (with a warning), but it holds the whole corpus and every row in memory
-    (about 32 bytes per token); implement :class:`LazyPacker` instead. It remains the
-    way to emit per-token metadata other than ``doc_ids`` and ``positions``."""
-
-    def pack(self, documents: list[Any]) -> dict[str, Any]: ...
-
-
-#: The warning an eager-only packer gets, naming the new contract.
-EAGER_DEPRECATION = (
-    "implements only pack(documents), the eager packer contract (deprecated): every document "
-    "and every packed row is held in memory (about 32 bytes per token). Implement "
-    "layout(lengths) -> RowLayout (forge_core.api.RowLayout, see docs/plugin-guide/packer.md) "
-    "so that rows are read lazily from memory-mapped tokens."
-)

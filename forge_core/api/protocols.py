@@ -28,8 +28,7 @@ class AttentionBackend(Protocol):
 
 #: A packer: built as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``,
 #: ``layout(lengths)`` places the documents into rows
-#: (:class:`~forge_core.api.packing.LazyPacker`; the deprecated ``pack(documents)`` is
-#: :class:`~forge_core.api.packing.EagerPacker`).
+#: (:class:`~forge_core.api.packing.LazyPacker`).
 Packer = LazyPacker
 
 

@@ -18,7 +18,6 @@ later, while it was used.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,9 +148,9 @@ def _takes_named_params(build: Callable[..., Any]) -> bool:
 
 def optimizer(plan: Any, registries: Any, module: Any) -> Any:
     """The optimizer of ``module`` (one model part): its factory is called as
-    ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory written
-    for the old contract (a first parameter of another name, which received a one-shot
-    iterator of parameters) gets a list of the parameters, with a FutureWarning."""
+    ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory that
+    cannot take that call (a first positional parameter of another name, as in Forge's
+    previews) is refused, naming the call it must accept."""
     from forge_core.components.named_params import named_parameters
 
     named = named_parameters(module)
@@ -159,18 +158,15 @@ def optimizer(plan: Any, registries: Any, module: Any) -> Any:
     train = plan.config.train
 
     def make(build: Callable[..., Any]) -> Any:
-        if _takes_named_params(build):
-            return build(named_params=named, lr=train.lr, options=train.optimizer_options)
-        warnings.warn(
-            f"{describe(registries, 'optimizer', name)}: its factory {build.__qualname__}(...) takes the "
-            f"parameters under the old contract. Forge now calls build({NAMED_PARAMS}, lr=..., options=...) "
-            f"with a list of NamedParameter (name, param, role; see the forge_optimizers hook), so a factory "
-            f"can keep weight decay off biases, norms and embeddings; rename its first parameter to "
-            f"{NAMED_PARAMS!r} and read .param from each. Passing a plain list of parameters this time.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return build([p.param for p in named], lr=train.lr, options=train.optimizer_options)
+        if not _takes_named_params(build):
+            raise ComponentError(
+                f"{describe(registries, 'optimizer', name)}: its factory {build.__qualname__}(...) cannot "
+                f"take Forge's call build({NAMED_PARAMS}=..., lr=..., options=...), which passes a list of "
+                f"NamedParameter (name, param, role; see the forge_optimizers hook) so that a factory can "
+                f"keep weight decay off biases, norms and embeddings. Rename its first parameter to "
+                f"{NAMED_PARAMS!r} and read .param from each."
+            )
+        return build(named_params=named, lr=train.lr, options=train.optimizer_options)
 
     return _build(plan, registries, "optimizer", make)
 

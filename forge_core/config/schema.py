@@ -14,13 +14,7 @@ from typing import Any, Literal
 import attrs
 
 from forge_core.api import above, at_least, between, non_blank, option, satisfies
-from forge_core.deprecation import moved
 from forge_core.kinds import KINDS, Kind
-
-#: ``field`` was this module's own documented-field helper; ``option`` is the one every
-#: options class uses.
-__getattr__ = moved(__name__, {"field": "forge_core.api:option"})
-
 
 #: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
 _DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >= 1 or v == -1))

@@ -12,8 +12,7 @@ For every source of the plan (``plan.sources``: each entry of ``data.sources``, 
    evaluation.
 3. **layout**: the packer places the training documents from their lengths alone
    (:mod:`forge_core.api.packing`); rows are read from the memory map when a
-   batch is (:class:`~forge_core.data.packed_rows.PackedRows`). A packer that only has
-   the deprecated ``pack(documents)`` still runs, with a warning, on rows in memory.
+   batch is (:class:`~forge_core.data.packed_rows.PackedRows`).
 
 Several sources become one :class:`~forge_core.data.mixture.MixedRows`. The one-line
 summary says what was read, what the cache did, what the packer achieved, what was held
@@ -24,14 +23,13 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import numpy as np
 
-from forge_core.api import DOC_IDS, INPUT_IDS, LABELS, POSITIONS, ForgeError
+from forge_core.api import DOC_IDS, POSITIONS, ForgeError
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
@@ -133,28 +131,13 @@ def pack(
     seq_len: int,
     eos_id: int,
     pad_id: int,
-    report: Callable[[str], None] = _stderr,
 ) -> Any:
-    """Rows of ``stream`` under ``packer``: lazy through its layout, or (deprecated)
-    eager through ``pack``. The layout must keep the spec's promise about metadata."""
-    from forge_core.api.packing import EAGER_DEPRECATION
-    from forge_core.data.packed_rows import PackedRows, check_layout, eager_rows
+    """Rows of ``stream`` under ``packer``, read lazily through its layout. The layout
+    must keep the spec's promise about metadata."""
+    from forge_core.data.packed_rows import PackedRows, check_layout, require_layout
 
     who = f"packer {spec.name!r} ({type(packer).__module__}.{type(packer).__qualname__})"
-    if not hasattr(packer, "layout"):
-        if not hasattr(packer, "pack"):
-            raise ForgeError(
-                f"{who} has neither layout(lengths) nor pack(documents): it implements no "
-                "packer contract (see docs/plugin-guide/packer.md)."
-            )
-        message = f"{who} {EAGER_DEPRECATION}"
-        warnings.warn(message, FutureWarning, stacklevel=2)
-        report(f"warning: {message}")
-        rows = eager_rows(packer, stream, seq_len, who)
-        _check_emitted(
-            who, spec.emitted(options), frozenset(rows.keys) - {INPUT_IDS, LABELS}, "its rows carry"
-        )
-        return rows
+    require_layout(packer, who)
     layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
     emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
     _check_emitted(
@@ -168,8 +151,7 @@ def _check_emitted(who: str, declared: frozenset[str], emitted: frozenset[str], 
         raise ForgeError(
             f"{who}: its spec declares that it emits {', '.join(sorted(declared)) or 'nothing'} under these "
             f"options, but {what} {', '.join(sorted(emitted)) or 'no metadata'}. The rule engine trusts the "
-            "declaration: make the two agree (a lazy layout emits doc_ids and positions together; other "
-            "per-token keys need the deprecated pack())."
+            "declaration: make the two agree (a layout emits doc_ids and positions together)."
         )
 
 
@@ -219,7 +201,6 @@ def build_training_data(
             data.seq_len,
             eos,
             pad,
-            report if is_main else _quiet,
         )
         if rows.num_rows == 0:
             raise _too_small(source.describe(), stream, data.seq_len, type(packer).__name__)

@@ -11,19 +11,16 @@ labels, ``doc_ids`` and ``positions`` with whole-array numpy over that batch onl
 the layout (a few integers per piece) and the stream's per-document arrays.
 
 :func:`check_layout` is the kernel's check of what a packer returned, and
-:func:`pack_documents` packs in-memory documents completely (tests, examples and the
-deprecated eager packers).
+:func:`pack_documents` packs in-memory documents completely (tests and examples).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, RowLayout
-from forge_core.api.packing import EAGER_DEPRECATION
 
 
 def restart_counts(starts: np.ndarray, size: int) -> np.ndarray:
@@ -119,10 +116,6 @@ class DocumentStream:
                 )
             out[real] = ids
         return out, last
-
-    def documents(self) -> list[np.ndarray]:
-        """Every document with its EOS, in memory (for the deprecated eager packers)."""
-        return [self.gather(np.arange(self.offsets[d], self.offsets[d + 1]))[0] for d in range(len(self))]
 
 
 def layout_stats(layout: RowLayout, total: int) -> dict[str, float]:
@@ -258,8 +251,8 @@ class PackedRows:
 
 
 class ArrayRows:
-    """Rows already in memory (a dict of ``(rows, seq_len)`` arrays): what the
-    deprecated eager packers return, and what tests hand the loader directly."""
+    """Rows already in memory (a dict of ``(rows, seq_len)`` arrays): what tests hand
+    the loader directly."""
 
     def __init__(self, arrays: dict[str, np.ndarray], stats: dict[str, float] | None = None) -> None:
         if not arrays or INPUT_IDS not in arrays:
@@ -277,26 +270,6 @@ class ArrayRows:
         return {k: np.ascontiguousarray(v[rows], dtype=np.int64) for k, v in self.arrays.items()}
 
 
-def eager_rows(packer: Any, stream: DocumentStream, seq_len: int, who: str) -> ArrayRows:
-    """Run a deprecated ``pack(documents)`` packer over every document of ``stream``."""
-    documents = stream.documents()
-    rows = packer.pack(documents)
-    for key in (INPUT_IDS, LABELS):
-        if key not in rows:
-            raise ForgeError(f"{who}: pack() returned no {key!r}.")
-    shape = np.asarray(rows[INPUT_IDS]).shape
-    for key, value in rows.items():
-        if np.ndim(value) != 2 or np.shape(value) != shape or shape[1] != seq_len:
-            raise ForgeError(
-                f"{who}: {key!r} has shape {np.shape(value)}, input_ids {shape}; every "
-                f"array must be (rows, seq_len={seq_len})."
-            )
-    arrays = {k: np.ascontiguousarray(v, dtype=np.int64) for k, v in rows.items()}
-    extra = getattr(packer, "stats", None) or {}
-    stats = {"rows": shape[0], "tokens": stream.total, **{k: v for k, v in extra.items() if k != "rows"}}
-    return ArrayRows(arrays, stats)
-
-
 def pack_documents(
     packer: Any,
     documents: list[Any],
@@ -305,10 +278,9 @@ def pack_documents(
     eos_id: int | None = None,
     pad_id: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Pack in-memory documents (EOS appended) completely: every row, every key. For a
-    lazy packer, its layout materialized exactly as a training run reads it; for an
-    eager one, ``pack`` (with the deprecation warning). ``seq_len``, ``eos_id`` and
-    ``pad_id`` default to the packer's attributes of those names."""
+    """Pack in-memory documents (EOS appended) completely: every row, every key, the
+    packer's layout materialized exactly as a training run reads it. ``seq_len``,
+    ``eos_id`` and ``pad_id`` default to the packer's attributes of those names."""
 
     def given(value: int | None, name: str) -> int:
         if value is None:
@@ -321,11 +293,23 @@ def pack_documents(
 
     stream = DocumentStream.from_documents(documents)
     who = f"packer {type(packer).__name__}"
+    require_layout(packer, who)
+    layout = check_layout(packer.layout(stream.lengths.copy()), stream, given(seq_len, "seq_len"), who)
+    rows = PackedRows(layout, stream, eos_id=given(eos_id, "eos_id"), pad_id=given(pad_id, "pad_id"))
+    return rows.read(np.arange(layout.rows))
+
+
+def require_layout(packer: Any, who: str) -> None:
+    """Refuse a packer without ``layout(lengths)``, naming the contract (an old
+    ``pack(documents)`` packer is told what replaced it)."""
     if hasattr(packer, "layout"):
-        seq_len = given(seq_len, "seq_len")
-        layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
-        rows = PackedRows(layout, stream, eos_id=given(eos_id, "eos_id"), pad_id=given(pad_id, "pad_id"))
-        return rows.read(np.arange(layout.rows))
-    seq_len = given(seq_len, "seq_len")
-    warnings.warn(f"{who} {EAGER_DEPRECATION}", FutureWarning, stacklevel=2)
-    return eager_rows(packer, stream, seq_len, who).arrays
+        return
+    old = (
+        " It has pack(documents), the eager contract of Forge's previews, which is gone."
+        if hasattr(packer, "pack")
+        else ""
+    )
+    raise ForgeError(
+        f"{who} has no layout(lengths): it implements no packer contract.{old} Implement "
+        "layout(lengths) -> RowLayout (forge_core.api.RowLayout, see docs/plugin-guide/packer.md)."
+    )

@@ -17,10 +17,7 @@ What every packer must satisfy:
   ``"documents"`` pieces inside one document), leaves the lengths unmodified, and gives
   the same layout when called twice. Its rows are then materialized exactly as a run
   reads them, and must carry ``input_ids``, ``labels`` and exactly the metadata keys its
-  spec declares (``emits``, switched off by ``emits_when``). A packer that implements
-  only the deprecated ``pack(documents)`` is checked on what ``pack`` returns (int64
-  ``(rows, seq_len)`` arrays, its input unmodified, deterministic), with a
-  ``FutureWarning`` naming the lazy contract;
+  spec declares (``emits``, switched off by ``emits_when``);
 - inputs are document tokens or ``pad_id``; no token appears twice; tokens of one
   document that sit side by side in a row are in document order; padding has label -100;
 - a label is the next token of the input's document; where that token follows in the
@@ -37,7 +34,6 @@ What every packer must satisfy:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,8 +41,7 @@ import attrs
 import numpy as np
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError
-from forge_core.api.packing import EAGER_DEPRECATION
-from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
+from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout, require_layout
 from forge_core.testing.resolve import Resolved, resolve
 
 EOS_ID = 1
@@ -148,19 +143,20 @@ def _pack(
     resolved: Resolved, options: Any, documents: list[np.ndarray], seq_len: int, where: str
 ) -> dict[str, np.ndarray]:
     packer = resolved.impl(options, seq_len=seq_len, eos_id=EOS_ID, pad_id=PAD_ID)
-    if hasattr(packer, "layout"):
-        return _lazy_rows(packer, documents, seq_len, where)
-    warnings.warn(f"{where} {EAGER_DEPRECATION}", FutureWarning, stacklevel=4)
-    given = [doc.copy() for doc in documents]
-    result = packer.pack(given)
-    if any(not np.array_equal(a, b) for a, b in zip(given, documents)):
-        raise AssertionError(f"{where}: pack() modified the documents it was given")
-    if not isinstance(result, dict):
-        raise AssertionError(f"{where}: pack() must return a dict of arrays, got {type(result).__name__}")
+    try:
+        require_layout(packer, where)
+    except ForgeError as exc:
+        raise AssertionError(str(exc)) from None
+    out = _lazy_rows(packer, documents, seq_len, where)
+    _check_arrays(out, seq_len, where)
+    return out
+
+
+def _check_arrays(out: dict[str, np.ndarray], seq_len: int, where: str) -> None:
+    """Every key present as an int64 ``(rows, seq_len)`` array, the rows of one count."""
     for key in REQUIRED:
-        if key not in result:
-            raise AssertionError(f"{where}: pack() returned no {key!r} (keys: {sorted(result)})")
-    out = {key: np.asarray(value) for key, value in result.items()}
+        if key not in out:
+            raise AssertionError(f"{where}: the rows carry no {key!r} (keys: {sorted(out)})")
     rows = out[INPUT_IDS].shape[0] if out[INPUT_IDS].ndim == 2 else None
     for key, value in out.items():
         if value.dtype != np.int64:
@@ -170,9 +166,6 @@ def _pack(
                 f"{where}: {key!r} has shape {value.shape}; expected (rows, seq_len) = "
                 f"({rows}, {seq_len}) like input_ids"
             )
-    if rows == 0:
-        raise AssertionError(f"{where}: pack() returned no rows for {len(documents)} documents")
-    return out
 
 
 def _lazy_rows(packer: Any, documents: list[np.ndarray], seq_len: int, where: str) -> dict[str, np.ndarray]:

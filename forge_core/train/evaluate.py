@@ -47,10 +47,6 @@ def _stderr(message: str) -> None:
     print(f"forge: {message}", file=sys.stderr, flush=True)
 
 
-def _quiet(message: str) -> None:
-    pass
-
-
 @attrs.frozen
 class EvalSet:
     """The rows of one source to evaluate on: ``rows`` has ``num_rows``, ``seq_len`` and
@@ -130,7 +126,6 @@ def build_eval_data(
     config = plan.config
     data = config.data
     eos, pad, vocab = int(tokenizer.eos_id), int(tokenizer.pad_id), int(tokenizer.vocab_size)
-    say = report if is_main else _quiet
     chosen = plan.eval_source
     if chosen is None:
         streams = heldout_documents(plan, registries, tokenizer, is_main=is_main)
@@ -154,7 +149,7 @@ def build_eval_data(
         if not len(stream):
             continue
         packer = components.packer(plan, registries, tokenizer)
-        rows = pack(packer, plan.specs["packer"], data.packer_options, stream, data.seq_len, eos, pad, say)
+        rows = pack(packer, plan.specs["packer"], data.packer_options, stream, data.seq_len, eos, pad)
         if rows.num_rows:
             sets.append(EvalSet(label, rows, len(stream), int(stream.total)))
     if not sets:

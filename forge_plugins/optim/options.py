@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
 from forge_core.api import above, at_least, between, option
-
-
-def __getattr__(name: str) -> Any:
-    # ``opt`` was this module's own documented-field helper; a plugin may still import it.
-    if name == "opt":
-        warnings.warn(
-            f"{__name__}.opt is deprecated and will be removed in the next release: use "
-            "`from forge_core.api import option` (opt is now called option)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return option
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 #: A decay rate or momentum: 1 or more never forgets (and diverges).
 _decay = between(0, 1, high_open=True)
