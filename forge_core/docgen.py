@@ -468,8 +468,9 @@ def _component_tables(registries: Any, kind: Any) -> list[str]:
 
 def config_markdown(registries: Any) -> str:
     from forge_core.api.errors import VALUE_WIDTH
-    from forge_core.config.loader import MAX_DEPTH, MAX_NODES, MOVED_KEYS
+    from forge_core.config.overrides import MOVED_KEYS
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.yaml_reader import MAX_DEPTH, MAX_NODES
     from forge_core.kinds import KINDS
 
     option_blocks = {kind.options_path: kind for kind in KINDS}
