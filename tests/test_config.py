@@ -176,16 +176,16 @@ def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
 @pytest.mark.parametrize(
     "text,path,expected",
     [
-        ("train:\n  lr: .nan\n", "$.train.lr", "expected a finite number, got nan"),
-        ("train:\n  lr: .inf\n", "$.train.lr", "expected a finite number, got inf"),
-        ("train:\n  lr: -.inf\n", "$.train.lr", "expected a finite number, got -inf"),
-        ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf"),
+        ("train:\n  lr: .nan\n", "$.train.lr", "expected a finite number, got nan; lr must be above 0"),
+        ("train:\n  lr: .inf\n", "$.train.lr", "expected a finite number, got inf; lr must be above 0"),
+        ("train:\n  lr: -.inf\n", "$.train.lr", "expected a finite number, got -inf; lr must be above 0"),
+        ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf; lr must be above 0"),
         ("train:\n  steps: -5\n", "$.train.steps", "must be at least 1, got -5"),
         ("train:\n  steps: 0\n", "$.train.steps", "must be at least 1, got 0"),
         (
             f"train:\n  steps: {10**40}\n",
             "$.train.steps",
-            f"expected an integer from -2**63 to 2**63-1, got {10**40}",
+            f"expected an integer from -2**63 to 2**63-1, got {10**40}; steps must be at least 1",
         ),
         (
             "train:\n  optimizer_options: {beta1: 1.5}\n",

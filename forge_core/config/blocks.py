@@ -10,7 +10,7 @@ import attrs
 
 from forge_core.api import get_path, import_path, unknown_name
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, SourceEntry
-from forge_core.config.structuring import converter, structure
+from forge_core.config.structuring import structure
 
 #: A value a block lookup cannot use (its section is not a mapping); the section's own
 #: structuring reports why.
@@ -134,10 +134,16 @@ def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]
             raw.get("options", {}), registry.get(raw["name"]).options, f"{where}.options"
         )
         issues.extend(problems)
+        if attrs.has(type(entry)):
+            base = entry
+        else:
+            # The entry's own fields (weight, label) are the schema's to report, at their
+            # paths: an entry it refuses is left out here rather than raised.
+            base, entry_problems = structure({**raw, "options": {}}, SourceEntry, where)
+            if entry_problems:
+                issues.append(("", ""))
+                continue
         if not problems:
-            base = (
-                entry if attrs.has(type(entry)) else converter.structure({**raw, "options": {}}, SourceEntry)
-            )
             structured.append(attrs.evolve(base, options=value))
     if not issues:
         values["data.sources"] = structured

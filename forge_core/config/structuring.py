@@ -4,6 +4,7 @@ at its own path, every problem as ``(path, message)``."""
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import typing
@@ -12,7 +13,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from forge_core.api import INT_MAX, INT_MIN, did_you_mean, show_value
+from forge_core.api import INT_MAX, INT_MIN, describe, did_you_mean, show_value
 from forge_core.api.errors import VALUE_WIDTH
 from forge_core.config.errors import type_name
 
@@ -104,6 +105,17 @@ def _field_validator_errors(instance: Any, cl: type) -> list[Exception]:
     return errors
 
 
+def _say_what_is_allowed(located: list[tuple[Exception, Any]], cl: type) -> None:
+    """Complete a scalar's refusal (``expected a number, got 'abc'``) with what its field's
+    validator allows (``; weight must be above 0``), so the message says what to write."""
+    fields = attrs.fields_dict(cl)
+    for error, note in located:
+        field = fields.get(getattr(note, "name", None))
+        allowed = describe(field) if isinstance(error, ScalarError) and field is not None else ""
+        if allowed and error.args and "must be" not in error.args[0]:
+            error.args = (f"{error.args[0]}; {field.name} must be {allowed}",)
+
+
 def _attrs_structure_factory(conv: cattrs.Converter):
     """The default attrs hook, except that when the constructor fails because of field
     validators, every failing field is reported at its own path (``$.attention.options.window``)
@@ -119,6 +131,7 @@ def _attrs_structure_factory(conv: cattrs.Converter):
                 return base(value, cl)
             except cattrs.errors.ClassValidationError as exc:
                 located, unlocated = exc.group_exceptions()
+                _say_what_is_allowed(located, cl)
                 if located or any(isinstance(e, cattrs.ForbiddenExtraKeysError) for e in unlocated):
                     raise  # structuring errors of fields or keys, already located
                 # Every field structured, so the class's __init__ raised: a field
@@ -157,14 +170,31 @@ def make_converter() -> cattrs.Converter:
 converter = make_converter()
 
 
+#: Most unknown keys of one mapping named one by one (each with its did-you-mean); the
+#: others are counted. A pasted file of another tool's settings can hold thousands.
+MAX_UNKNOWN_KEYS_SHOWN = 10
+
+
+def unknown_key(key: str, cl: type) -> str:
+    """What is said about one key that the attrs class ``cl`` (a config section or an
+    options class) does not have: its did-you-mean among ``cl``'s keys. Every hint about
+    a key Forge does not know belongs here."""
+    hint = did_you_mean(str(key), [a.name for a in attrs.fields(cl)])
+    return f"unknown key {show_value(key)}" + (f".{hint}" if hint else "")
+
+
+def _unknown_keys(keys: set[str], cl: type) -> str:
+    """The unknown keys of one mapping: the first few by name, then how many more, then
+    the keys it has. Linear in the number of keys: only those shown get a did-you-mean."""
+    shown = heapq.nsmallest(MAX_UNKNOWN_KEYS_SHOWN, keys, key=str)
+    more = f"; and {len(keys) - len(shown):,} more unknown keys" if len(keys) > len(shown) else ""
+    known = ", ".join(a.name for a in attrs.fields(cl))
+    return "; ".join(unknown_key(key, cl) for key in shown) + f"{more} (keys here: {known})"
+
+
 def _format_exception(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        known = [a.name for a in attrs.fields(exc.cl)]
-        parts = [
-            f"unknown key {show_value(key)}.{did_you_mean(str(key), known)} Keys here: {', '.join(known)}"
-            for key in sorted(exc.extra_fields, key=str)
-        ]
-        return "; ".join(parts)
+        return _unknown_keys(exc.extra_fields, exc.cl)
     if isinstance(exc, KeyError):
         return f"required key {show_value(exc.args[0])} is missing"
     if isinstance(exc, (ScalarError, FieldValidatorError)):

@@ -4,6 +4,7 @@ use: deep nesting, alias bombs, duplicate keys, keys that are not strings."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +31,27 @@ _TAG_NAMES = {
 }
 
 
+class _TooMany(Exception):
+    """More than :data:`MAX_NODES` distinct values composed: reading stops there."""
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that reads ``3e-4`` as a float (YAML 1.2), not a string (YAML 1.1),
-    and refuses nesting deeper than :data:`MAX_DEPTH` while composing (PyYAML's
-    composer recurses once per level)."""
+    and, while composing, refuses nesting deeper than :data:`MAX_DEPTH` (PyYAML's
+    composer recurses once per level) and stops after :data:`MAX_NODES` values (so a
+    huge file costs no more than a config may hold)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._composed = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             return super().compose_node(parent, index)
+        self._composed += 1
+        if self._composed > MAX_NODES:
+            raise _TooMany
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -53,11 +63,30 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+class _ScalarResolver(yaml.resolver.Resolver):
+    """The tags :class:`_Loader` gives plain scalars, for :func:`_plain_scalar`."""
+
+
+for _resolver in (_Loader, _ScalarResolver):
+    _resolver.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+
+#: Text that YAML reads as one plain scalar, whatever it holds: no space, quote, flow or
+#: comment indicator, alias, tag or ``:``, and ending in a letter or digit (so not ``-``,
+#: ``---`` or ``...``). Most override values (``3e-4``, ``true``, ``bf16``) are such text.
+_PLAIN = re.compile(r"[A-Za-z0-9_.+-]*[A-Za-z0-9_]\Z")
+_SCALAR_TAGS = _ScalarResolver()
+
+
+def _plain_scalar(text: str) -> Any:
+    """``text`` read as the one plain scalar it is: the tag the loader's resolver gives
+    it, built by the safe constructor. What parsing it would return, without a parser
+    per override (100,000 overrides cost seconds of parser start-up otherwise)."""
+    tag = _SCALAR_TAGS.resolve(yaml.ScalarNode, text, (True, False))
+    return yaml.constructor.SafeConstructor().construct_object(yaml.ScalarNode(tag, text))
 
 
 def _line(node: yaml.Node) -> int:
@@ -146,13 +175,42 @@ def _key_problems(root: yaml.Node, where: str) -> list[tuple[str, str]]:
     return issues
 
 
-def parse_yaml(text: str, where: str) -> Any:
+def _position(text: str, index: int) -> str:
+    """``line L, column C`` of the character at ``index`` of ``text`` (both from 1)."""
+    line_start = text.rfind("\n", 0, index) + 1
+    return f"line {text.count(chr(10), 0, index) + 1}, column {index - line_start + 1}"
+
+
+def _unprintable(text: str, exc: yaml.reader.ReaderError, of: str) -> str:
+    """What PyYAML's reader refused: a character YAML allows nowhere, not even in quotes
+    (NUL and the other control characters but tab and line breaks; a lone surrogate,
+    which an undecodable byte of a command-line argument becomes)."""
+    char = chr(exc.character) if isinstance(exc.character, int) else str(exc.character)
+    kind = "a control character" if unicodedata.category(char) == "Cc" else "not a character"
+    damaged = " (is the file binary or damaged?)" if of else ""
+    return (
+        f"invalid YAML ({_position(text, exc.position)}{of}): {char!r} (U+{ord(char):04X}) is "
+        f"{kind}, which YAML does not allow anywhere: remove it{damaged}"
+    )
+
+
+def parse_yaml(text: str, where: str, source: str = "") -> Any:
     """Parse one YAML document of config data, refusing what a config never needs and
     an attacker could use: nesting deeper than :data:`MAX_DEPTH`, more than
     :data:`MAX_NODES` values once aliases are expanded, an alias inside itself,
     duplicate keys and keys that are not strings. Anchors and aliases within those
-    bounds are accepted (``defaults: &d {...}`` then ``<<: *d``)."""
-    loader = _Loader(text)
+    bounds are accepted (``defaults: &d {...}`` then ``<<: *d``). ``source`` (a file
+    name) is named in the message of a syntax error."""
+    of, in_file = (f" of {source!r}", f" (in {source!r})") if source else ("", "")
+    if _PLAIN.match(text):
+        try:
+            return _plain_scalar(text)
+        except ValueError as exc:  # int() of a number beyond Python's digit limit
+            raise ConfigError([(where, f"invalid YAML{in_file}: {exc}")]) from None
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here, before parsing
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError([(where, _unprintable(text, exc, of))]) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -179,13 +237,17 @@ def parse_yaml(text: str, where: str) -> Any:
         if issues:
             raise ConfigError(issues)
         return loader.construct_document(node)
+    except _TooMany:
+        right_file = f": is {source!r} the right file?" if source else ""
+        too_many = f"the YAML holds more than the {MAX_NODES:,} values a config may have{right_file}"
+        raise ConfigError([(where, too_many)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        at = f" (line {mark.line + 1}, column {mark.column + 1}{of})" if mark else in_file
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError([(where, f"invalid YAML{at}: {problem}")]) from None
     except ValueError as exc:  # int() of a number beyond Python's digit limit
-        raise ConfigError([(where, f"invalid YAML: {exc}")]) from None
+        raise ConfigError([(where, f"invalid YAML{in_file}: {exc}")]) from None
     finally:
         loader.dispose()
 
@@ -214,7 +276,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([("$", f"cannot read {str(path)!r}: {exc}")]) from None
-    raw = parse_yaml(text, "$")
+    raw = parse_yaml(text, "$", str(path))
     if raw is None:
         raise ConfigError(
             [
