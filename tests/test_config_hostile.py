@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from forge_core.config import yaml_reader
 from forge_core.config.errors import MAX_REPORTED, ConfigError
 from forge_core.config.schema import TrainSection
-from forge_core.config.structuring import MAX_UNKNOWN_KEYS_SHOWN, unknown_key
+from forge_core.config.structuring import MAX_UNKNOWN_SHOWN, unknown_key
 from forge_core.testing import forge_run
 
 
@@ -105,8 +105,8 @@ def test_100k_unknown_keys_are_reported_in_a_few_lines(forge_config):
     result = forge_run(["check", forge_config({}), *keys])
     line = _refused(result, "$.train")
     assert len(result.stderr) < 2_000 and result.stderr.count("\n") == 1
-    assert line.count("unknown key ") == MAX_UNKNOWN_KEYS_SHOWN
-    assert f"and {100_000 - MAX_UNKNOWN_KEYS_SHOWN:,} more unknown keys (keys here: steps, " in line
+    assert line.count("unknown key ") == MAX_UNKNOWN_SHOWN
+    assert f"and {100_000 - MAX_UNKNOWN_SHOWN:,} more unknown keys (keys here: steps, " in line
 
 
 def test_one_unknown_key_keeps_its_did_you_mean_and_the_keys_here(forge_config):
@@ -116,15 +116,28 @@ def test_one_unknown_key_keeps_its_did_you_mean_and_the_keys_here(forge_config):
 
 
 def test_a_report_of_many_problems_is_capped(forge_config):
-    bad = [f"logging.options.nope{i}.x=1" for i in range(3 * MAX_REPORTED)]
+    bad = [f"no-equals-sign-{i}" for i in range(3 * MAX_REPORTED)]
     result = forge_run(["check", forge_config({}), *bad])
     assert result.code == 2
     lines = result.stderr.splitlines()
     assert len(lines) == MAX_REPORTED + 1
-    assert (
-        lines[-1]
-        == f"error: and {2 * MAX_REPORTED:,} more problems; fix these first and run `forge-run check` again"
+    assert lines[-1] == (
+        f"error: and {2 * MAX_REPORTED:,} more problems; fix these first and run `forge-run check` again"
     )
+
+
+@pytest.mark.parametrize("where", ["logging.loggers", "logging.options"])
+def test_thousands_of_unknown_component_names_are_reported_in_a_few_lines(forge_config, where):
+    names = [f"logger_{i}" for i in range(3_000)]
+    given = f"[{', '.join(names)}]" if where == "logging.loggers" else f"{{{': {}, '.join(names)}: {{}}}}"
+    result = forge_run(["check", forge_config({}), f"{where}={given}"])
+    assert result.code == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == MAX_UNKNOWN_SHOWN + 1 and len(result.stderr) < 3_000
+    assert lines[0].startswith("error: $.logging.")
+    assert "unknown logger 'logger_0'. Available: console" in lines[0]
+    more = 3_000 - MAX_UNKNOWN_SHOWN
+    assert lines[-1] == f"error: $.{where}: and {more:,} more logger names that are not registered"
 
 
 def test_a_file_past_the_value_limit_stops_being_read_at_the_limit(tmp_path, monkeypatch):

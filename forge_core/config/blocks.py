@@ -10,7 +10,7 @@ import attrs
 
 from forge_core.api import get_path, import_path, unknown_name
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, SourceEntry
-from forge_core.config.structuring import structure
+from forge_core.config.structuring import MAX_UNKNOWN_SHOWN, structure
 
 #: A value a block lookup cannot use (its section is not a mapping); the section's own
 #: structuring reports why.
@@ -81,23 +81,39 @@ def structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list
         registry = registries[block.name]
         names = lookup(block.name_path)
         if isinstance(names, list):
-            for i, name in enumerate(names):
-                if isinstance(name, str) and name not in registry:
-                    issues.append((f"$.{block.name_path}[{i}]", registry.refusal(name)))
+            unknown = [
+                (f"$.{block.name_path}[{i}]", name)
+                for i, name in enumerate(names)
+                if isinstance(name, str) and name not in registry
+            ]
+            issues += _refusals(registry, unknown, f"$.{block.name_path}")
         given = lookup(block.options_path)
         if not isinstance(given, dict):
             continue
         keyed = {}
+        unknown = []
         for name, opts in given.items():
             where = f"$.{block.options_path}.{name}"
             if name not in registry:
-                issues.append((where, registry.refusal(name)))
+                unknown.append((where, name))
                 continue
             value, problems = structure(opts, registry.get(name).options, where)
             issues.extend(problems)
             keyed[name] = value
+        issues += _refusals(registry, unknown, f"$.{block.options_path}")
         values[block.options_path] = keyed
     return values, issues
+
+
+def _refusals(registry: Any, unknown: list[tuple[str, str]], where: str) -> list[tuple[str, str]]:
+    """``(path, why)`` for each of the first :data:`MAX_UNKNOWN_SHOWN` unusable names of
+    ``unknown`` (``(path, name)`` pairs), then how many more at ``where``: each refusal
+    computes a did-you-mean, which a list of 100,000 names must not cost."""
+    issues = [(path, registry.refusal(name)) for path, name in unknown[:MAX_UNKNOWN_SHOWN]]
+    if len(unknown) > MAX_UNKNOWN_SHOWN:
+        more = len(unknown) - MAX_UNKNOWN_SHOWN
+        issues.append((where, f"and {more:,} more {registry.kind.label} names that are not registered"))
+    return issues
 
 
 def _structure_source_entries(lookup: Any, registry: Any, values: dict[str, Any]) -> list[tuple[str, str]]:

@@ -22,10 +22,10 @@ from forge_core.kinds import KINDS, Kind
 __getattr__ = moved(__name__, {"field": "forge_core.api:option"})
 
 
-#: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
 #: Longest name that becomes a tracker's field (W&B refuses a project name past 128).
 NAME_CHARS = 128
 
+#: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
 _DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >= 1 or v == -1))
 
 

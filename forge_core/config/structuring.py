@@ -112,7 +112,7 @@ def _say_what_is_allowed(located: list[tuple[Exception, Any]], cl: type) -> None
     for error, note in located:
         field = fields.get(getattr(note, "name", None))
         allowed = describe(field) if isinstance(error, ScalarError) and field is not None else ""
-        if allowed and error.args and "must be" not in error.args[0]:
+        if allowed:
             error.args = (f"{error.args[0]}; {field.name} must be {allowed}",)
 
 
@@ -170,9 +170,10 @@ def make_converter() -> cattrs.Converter:
 converter = make_converter()
 
 
-#: Most unknown keys of one mapping named one by one (each with its did-you-mean); the
-#: others are counted. A pasted file of another tool's settings can hold thousands.
-MAX_UNKNOWN_KEYS_SHOWN = 10
+#: Most unknown keys of one mapping (or unknown names of one list) named one by one, each
+#: with its did-you-mean; the others are counted. A pasted file of another tool's
+#: settings can hold thousands.
+MAX_UNKNOWN_SHOWN = 10
 
 
 def unknown_key(key: str, cl: type) -> str:
@@ -186,7 +187,7 @@ def unknown_key(key: str, cl: type) -> str:
 def _unknown_keys(keys: set[str], cl: type) -> str:
     """The unknown keys of one mapping: the first few by name, then how many more, then
     the keys it has. Linear in the number of keys: only those shown get a did-you-mean."""
-    shown = heapq.nsmallest(MAX_UNKNOWN_KEYS_SHOWN, keys, key=str)
+    shown = heapq.nsmallest(MAX_UNKNOWN_SHOWN, keys, key=str)
     more = f"; and {len(keys) - len(shown):,} more unknown keys" if len(keys) > len(shown) else ""
     known = ", ".join(a.name for a in attrs.fields(cl))
     return "; ".join(unknown_key(key, cl) for key in shown) + f"{more} (keys here: {known})"
