@@ -177,8 +177,8 @@ def _key_problems(root: yaml.Node, where: str) -> list[tuple[str, str]]:
 
 def _position(text: str, index: int) -> str:
     """``line L, column C`` of the character at ``index`` of ``text`` (both from 1)."""
-    line_start = text.rfind("\n", 0, index) + 1
-    return f"line {text.count(chr(10), 0, index) + 1}, column {index - line_start + 1}"
+    line, line_start = text.count("\n", 0, index) + 1, text.rfind("\n", 0, index) + 1
+    return f"line {line}, column {index - line_start + 1}"
 
 
 def _unprintable(text: str, exc: yaml.reader.ReaderError, of: str) -> str:
