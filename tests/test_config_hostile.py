@@ -200,7 +200,7 @@ def test_a_file_past_the_value_limit_stops_being_read_at_the_limit(tmp_path, mon
         (
             {"logging": {"options": {"wandb": {"tags": ["t" * 65]}}}},
             "$.logging.options.wandb.tags",
-            "must be a list of strings of at most 64 characters",
+            "must be a list of strings of 1 to 64 characters",
         ),
         (
             {"logging": {"options": {"mlflow": {"tags": {"k": "v" * 5001}}}}},

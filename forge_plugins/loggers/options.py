@@ -70,13 +70,13 @@ class ProfilerOptions:
     )
 
 
-#: The trackers' own limits on what a run's fields hold (W&B: a project name, a tag;
-#: MLflow: a tag's key and value); a longer one fails only when the run starts.
+#: The trackers' own limits on what a run's fields hold (W&B: a project, run or group
+#: name, a tag; MLflow: a tag's key and value); a longer one fails only when the run starts.
 _NAME, _WANDB_TAG, _MLFLOW_KEY, _MLFLOW_VALUE = 128, 64, 250, 5000
 
 _tags = satisfies(
-    f"a list of strings of at most {_WANDB_TAG} characters",
-    lambda v: isinstance(v, list) and all(isinstance(t, str) and len(t) <= _WANDB_TAG for t in v),
+    f"a list of strings of 1 to {_WANDB_TAG} characters",
+    lambda v: isinstance(v, list) and all(isinstance(t, str) and 0 < len(t) <= _WANDB_TAG for t in v),
 )
 _string_map = satisfies(
     f"a mapping of strings to strings (keys of at most {_MLFLOW_KEY} characters, values of at "
