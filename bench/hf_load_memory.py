@@ -95,8 +95,9 @@ def worker(mode: str, hf_dir: str, out: str) -> None:
 
     from forge_core import components
     from forge_core import plan as planning
-    from forge_core.config.loader import resolve_components, structure
+    from forge_core.config.blocks import resolve_components
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import structure
     from forge_core.distributed.parallelize import parallelize
     from forge_core.registry import load_registries
 

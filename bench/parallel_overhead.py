@@ -77,8 +77,9 @@ def setup(args: argparse.Namespace, parallel: dict[str, Any], packing: bool = Fa
     import torch
 
     from forge_core import components
-    from forge_core.config.loader import resolve_components, structure
+    from forge_core.config.blocks import resolve_components
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import structure
     from forge_core.plan import make_plan
     from forge_core.registry import load_registries
 

@@ -468,8 +468,11 @@ def _component_tables(registries: Any, kind: Any) -> list[str]:
 
 def config_markdown(registries: Any) -> str:
     from forge_core.api.errors import VALUE_WIDTH
-    from forge_core.config.loader import MAX_DEPTH, MAX_NODES, MOVED_KEYS
+    from forge_core.config.errors import MAX_REPORTED
+    from forge_core.config.overrides import MOVED_KEYS
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import MAX_UNKNOWN_SHOWN
+    from forge_core.config.yaml_reader import MAX_DEPTH, MAX_NODES
     from forge_core.kinds import KINDS
 
     option_blocks = {kind.options_path: kind for kind in KINDS}
@@ -503,6 +506,8 @@ def config_markdown(registries: Any) -> str:
         {
             "max_nodes": f"{MAX_NODES:,}",
             "max_depth": str(MAX_DEPTH),
+            "max_reported": str(MAX_REPORTED),
+            "unknown_shown": str(MAX_UNKNOWN_SHOWN),
             "width": str(VALUE_WIDTH),
             "section_index": "\n".join(
                 f"- [`{f.name}`](#{_anchor(f.name)}): {option_doc(f)}" for f in sections

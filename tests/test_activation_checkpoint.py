@@ -11,8 +11,9 @@ import torch
 
 from forge_core import components
 from forge_core.api import blocks_of
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.distributed.parallelize import parallelize
 from forge_core.plan import make_plan
 from forge_core.train.loss import loss_fn

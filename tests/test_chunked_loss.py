@@ -220,7 +220,7 @@ def test_check_refuses_the_chunked_loss_for_a_model_without_a_declared_head(tmp_
 
 
 def test_the_loss_config_is_checked(tmp_path):
-    from forge_core.config.loader import ConfigError
+    from forge_core.config.errors import ConfigError
 
     for loss, path in (
         ({"name": "fused"}, "$.train.loss.name"),
@@ -233,8 +233,8 @@ def test_the_loss_config_is_checked(tmp_path):
 
 
 def test_build_loss_takes_over_the_head_only_when_chunked(tmp_path):
-    from forge_core.config.loader import structure
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import structure
 
     config, issues = structure({"train": {"loss": {"name": "chunked", "chunk_tokens": 3}}}, ForgeConfig)
     assert not issues

@@ -7,9 +7,12 @@ import attrs
 import pytest
 
 from forge_core.api import AttentionBackendSpec, hookimpl
-from forge_core.config import loader
-from forge_core.config.loader import ConfigError, apply_overrides, load_config, structure
+from forge_core.config import overrides, yaml_reader
+from forge_core.config.errors import ConfigError
+from forge_core.config.loader import load_config
+from forge_core.config.overrides import apply_overrides
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.judge import judge
 
 
@@ -173,16 +176,16 @@ def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
 @pytest.mark.parametrize(
     "text,path,expected",
     [
-        ("train:\n  lr: .nan\n", "$.train.lr", "expected a finite number, got nan"),
-        ("train:\n  lr: .inf\n", "$.train.lr", "expected a finite number, got inf"),
-        ("train:\n  lr: -.inf\n", "$.train.lr", "expected a finite number, got -inf"),
-        ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf"),
+        ("train:\n  lr: .nan\n", "$.train.lr", "expected a finite number, got nan; lr must be above 0"),
+        ("train:\n  lr: .inf\n", "$.train.lr", "expected a finite number, got inf; lr must be above 0"),
+        ("train:\n  lr: -.inf\n", "$.train.lr", "expected a finite number, got -inf; lr must be above 0"),
+        ("train:\n  lr: 1e999\n", "$.train.lr", "expected a finite number, got inf; lr must be above 0"),
         ("train:\n  steps: -5\n", "$.train.steps", "must be at least 1, got -5"),
         ("train:\n  steps: 0\n", "$.train.steps", "must be at least 1, got 0"),
         (
             f"train:\n  steps: {10**40}\n",
             "$.train.steps",
-            f"expected an integer from -2**63 to 2**63-1, got {10**40}",
+            f"expected an integer from -2**63 to 2**63-1, got {10**40}; steps must be at least 1",
         ),
         (
             "train:\n  optimizer_options: {beta1: 1.5}\n",
@@ -246,7 +249,10 @@ class _Counting:
 
     def __init__(self, monkeypatch):
         self.composed = self.constructed = 0
-        original_compose, original_construct = loader._Loader.compose_node, loader._Loader.construct_object
+        original_compose, original_construct = (
+            yaml_reader._Loader.compose_node,
+            yaml_reader._Loader.construct_object,
+        )
 
         def compose(this, parent, index):
             self.composed += 1
@@ -256,8 +262,8 @@ class _Counting:
             self.constructed += 1
             return original_construct(this, node, deep)
 
-        monkeypatch.setattr(loader._Loader, "compose_node", compose)
-        monkeypatch.setattr(loader._Loader, "construct_object", construct)
+        monkeypatch.setattr(yaml_reader._Loader, "compose_node", compose)
+        monkeypatch.setattr(yaml_reader._Loader, "construct_object", construct)
 
 
 def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path, monkeypatch):
@@ -295,12 +301,12 @@ def test_aliases_within_bounds_work_and_an_override_changes_one_place_only(tmp_p
         "logging:\n  options:\n    jsonl: &f {filename: m.jsonl}\n    plot: {<<: *f, filename: p.png}\n"
         "parallel:\n  options: {ddp: &d {bucket_cap_mb: 5.0}, fsdp: {}}\n"
     )
-    raw = loader.read_config_file(config)
+    raw = yaml_reader.read_config_file(config)
     assert raw["logging"]["options"]["plot"] == {"filename": "p.png"}
     shared = apply_overrides({"a": (inner := {"x": 1}), "b": inner}, ["a.x=2"])
     assert shared == {"a": {"x": 2}, "b": {"x": 1}}
     with pytest.raises(ConfigError, match="refers to a value that contains it"):
-        loader.parse_yaml("a: &a [1, *a]\n", "$")
+        yaml_reader.parse_yaml("a: &a [1, *a]\n", "$")
 
 
 @pytest.mark.parametrize("depth", [5_000, 100_000])
@@ -314,7 +320,7 @@ def test_deep_nesting_is_a_clean_error_in_files_and_overrides(tmp_path, monkeypa
         load_config(config)
     assert info.value.issues[0][0] == "$" and "nested more than 64 levels deep" in info.value.issues[0][1]
     assert (
-        count.composed <= 2 * loader.MAX_DEPTH + 2
+        count.composed <= 2 * yaml_reader.MAX_DEPTH + 2
     )  # stopped at the limit (keys count too), whatever the depth
     with pytest.raises(
         ConfigError, match=r"\$\.train\.x: invalid YAML \(line 1, column \d+\): nested more than 64"
@@ -441,7 +447,7 @@ def test_a_run_directory_written_before_the_move_still_loads():
             "options": {"pp": {"virtual_stages": 1}},
         }
     }
-    migrated = loader.migrate_moved_keys(saved)
+    migrated = overrides.migrate_moved_keys(saved)
     assert migrated["parallel"] == {
         "pp": 2,
         "options": {

@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forge_core.api import INT_MAX, INT_MIN
-from forge_core.config.loader import ConfigError, parse_yaml, structure_config
+from forge_core.config.errors import ConfigError
+from forge_core.config.loader import structure_config
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
+from forge_core.config.yaml_reader import parse_yaml
 from forge_core.docgen import builtin_registries, option_rows
 from forge_core.judge import judge_config
 from forge_core.reference import resolved_fields

@@ -43,8 +43,10 @@ from doc_chapters import (
 
 from forge_core import docgen
 from forge_core.cli.main import COMMANDS, build_parser
-from forge_core.config.loader import parse_yaml, resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
+from forge_core.config.yaml_reader import parse_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"

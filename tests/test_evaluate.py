@@ -296,7 +296,7 @@ def test_check_judges_the_eval_section(tmp_path):
 
 
 def test_eval_source_names_and_options_are_checked_like_any_source(tmp_path):
-    from forge_core.config.loader import ConfigError
+    from forge_core.config.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match=r"\$\.eval\.source: unknown data source 'textt'. Did you mean 'text'"

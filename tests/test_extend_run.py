@@ -116,8 +116,9 @@ class RecordingSchedule:
 
 def test_a_third_party_schedule_is_never_asked_past_its_span():
     from forge_core import components
-    from forge_core.config.loader import resolve_components, structure
+    from forge_core.config.blocks import resolve_components
     from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import structure
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
 

@@ -15,8 +15,9 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from forge_core import components
 from forge_core.api import ParallelContract
 from forge_core.components.named_params import named_parameters
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.judge import judge, judge_config
 from forge_core.train.checkpoint import _OPTIM_OPTIONS
 from forge_core.train.loss import loss_fn

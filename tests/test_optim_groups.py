@@ -13,8 +13,9 @@ from torch import nn
 from forge_core import components
 from forge_core.api import NamedParameter, OptimizerSpec
 from forge_core.components.named_params import named_parameters
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.judge import judge_config
 from forge_core.registry import load_registries
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from forge_core.cli.report import render
-from forge_core.config.loader import ConfigError
+from forge_core.config.errors import ConfigError
 from forge_core.judge import judge
 from forge_core.parallel_dims import active_strategies
 from forge_plugins.parallel import rules as R

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from forge_core.api import ModelSplit, ParallelContract, ParallelismSpec, hookimpl
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.distributed import parallelize as P
 from forge_core.plan import make_plan
 from forge_core.registry import load_registries

@@ -61,7 +61,9 @@ from forge_core.api.validators import (
     at_least,
     between,
     describe,
+    max_chars,
     non_blank,
+    path_fits,
     relative_path,
     satisfies,
 )
@@ -139,7 +141,9 @@ __all__ = [
     "at_least",
     "between",
     "describe",
+    "max_chars",
     "non_blank",
+    "path_fits",
     "relative_path",
     "satisfies",
 ]

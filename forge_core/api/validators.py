@@ -105,8 +105,68 @@ def _inside(value: Any) -> bool:
     return ".." not in value.replace("\\", "/").split("/")
 
 
-#: A relative path that stays inside the directory it is relative to (no ``..``).
-relative_path = Validator("a relative path inside the run directory (no '..', not absolute)", _inside)
+@attrs.frozen
+class _MaxChars(Validator):
+    """Says how long a too-long string is and what the limit is."""
+
+    limit: int = 0
+
+    def __call__(self, instance: Any, attribute: Any, value: Any) -> None:
+        if isinstance(value, str) and not self.test(value):
+            raise ValueError(
+                f"is {len(value):,} characters long, more than the {self.limit:,} it may have: "
+                f"shorten it (got {show_value(value)})"
+            )
+        super().__call__(instance, attribute, value)
+
+
+def max_chars(limit: int) -> Validator:
+    """A string of at most ``limit`` characters: for names that become a file name or a
+    tracker's field (a run name, a W&B project), which the file system or the tracker
+    refuses, or which no one reads, far sooner than the config would."""
+    return _MaxChars(
+        f"a string of at most {limit:,} characters", lambda v: isinstance(v, str) and len(v) <= limit, limit
+    )
+
+
+#: Most bytes of one path component, and of a whole path (Linux's NAME_MAX and PATH_MAX).
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def _path_problem(value: str) -> str | None:
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > PATH_MAX:
+        return f"is {size:,} bytes long, more than the {PATH_MAX:,} a path may have"
+    for part in value.replace("\\", "/").split("/"):
+        part_size = len(part.encode("utf-8", "surrogatepass"))
+        if part_size > NAME_MAX:
+            return (
+                f"has a part of {part_size:,} bytes ({show_value(part, 40)}), more than the "
+                f"{NAME_MAX} a file or directory name may have"
+            )
+    return None
+
+
+@attrs.frozen
+class _PathFits(Validator):
+    """Says which part of a path is too long, and by how much, before its own test."""
+
+    def __call__(self, instance: Any, attribute: Any, value: Any) -> None:
+        problem = _path_problem(value) if isinstance(value, str) else None
+        if problem:
+            raise ValueError(f"{problem}: shorten it")
+        super().__call__(instance, attribute, value)
+
+
+#: A path the file system can hold: at most :data:`PATH_MAX` bytes, each part at most
+#: :data:`NAME_MAX` (a longer one fails only when the run creates or opens it).
+path_fits = _PathFits(
+    f"a path of at most {PATH_MAX:,} bytes, each part at most {NAME_MAX}", lambda v: isinstance(v, str)
+)
+
+#: A relative path that stays inside the directory it is relative to (no ``..``), and
+#: that the file system can hold (as :data:`path_fits`).
+relative_path = _PathFits("a relative path inside the run directory (no '..', not absolute)", _inside)
 
 
 def describe(field: attrs.Attribute) -> str:

@@ -30,15 +30,10 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
     """``(plan, registries)`` of the run's saved config with ``overrides``, laid out for
     one process (no parallelism, no compile) with evaluation on; eval rules judged."""
     from forge_core.cli.report import render
-    from forge_core.config.loader import (
-        _moved_key_issues,
-        _overridden,
-        migrate_moved_keys,
-        plugin_settings,
-        read_config_file,
-        structure_config,
-    )
+    from forge_core.config.loader import plugin_settings, structure_config
+    from forge_core.config.overrides import migrate_moved_keys, with_overrides
     from forge_core.config.schema import ParallelSection, PluginsSection
+    from forge_core.config.yaml_reader import read_config_file
     from forge_core.judge import judge_config
     from forge_core.registry import load_registries
     from forge_core.train.rundir import CONFIG
@@ -50,8 +45,7 @@ def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
         raise ForgeError(f"{run_dir} has no {CONFIG}: is it the out_dir of a Forge run?")
     # The saved config is Forge's own: a key that moved since is read at its new place;
     # an override that names a moved key is refused like anywhere else.
-    raw, issues = _overridden(migrate_moved_keys(read_config_file(path)), list(overrides))
-    issues += _moved_key_issues(raw)
+    raw, issues = with_overrides(migrate_moved_keys(read_config_file(path)), overrides)
     plugins = plugin_settings(raw) or PluginsSection()
     registries = load_registries(block=tuple(plugins.block), prefer=plugins.prefer)
     config = structure_config(raw, lambda _: registries, issues)

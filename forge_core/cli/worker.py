@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     end_with_parent(signal.SIGTERM, int(os.environ.get(AGENT_PID_ENV, "0") or 0) or None)
     from forge_core.cli.train import InvalidConfig, run_here
-    from forge_core.config.loader import ConfigError
+    from forge_core.config.errors import ConfigError
 
     try:
         return run_here(argv[0], argv[1:])

@@ -13,8 +13,11 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.api import above, at_least, between, non_blank, option, satisfies
+from forge_core.api import above, at_least, between, max_chars, non_blank, option, path_fits, satisfies
 from forge_core.kinds import KINDS, Kind
+
+#: Longest name that becomes a tracker's field (W&B refuses a project name past 128).
+NAME_CHARS = 128
 
 #: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
 _DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >= 1 or v == -1))
@@ -22,9 +25,15 @@ _DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >
 
 @attrs.frozen
 class RunSection:
-    name: str = option("forge", "Name of the run, shown in logs.")
+    name: str = option(
+        "forge",
+        "Name of the run, shown in logs; the trackers' default project or experiment and run name.",
+        validator=max_chars(NAME_CHARS),
+    )
     out_dir: str = option(
-        "runs/forge", "Run directory: checkpoints, metrics, plots, tokenizer.", validator=non_blank
+        "runs/forge",
+        "Run directory: checkpoints, metrics, plots, tokenizer.",
+        validator=attrs.validators.and_(non_blank, path_fits),
     )
     seed: int = option(0, "Seed for model init, data order and dropout.", validator=at_least(0))
     device: Literal["auto", "cpu", "cuda"] = option(
@@ -60,13 +69,17 @@ class SourceEntry:
         "Its share of the training rows: weights are divided by their sum, so 7 and 3 "
         "mean 70% and 30%, whatever the sources' sizes (a small source is repeated, a large "
         "one sampled).",
-        validator=above(0),
+        validator=satisfies(
+            "above 0 (its share of the rows, such as 1; leave an entry out rather than weigh it 0)",
+            above(0).test,
+        ),
     )
     options: Any = option({}, "The source's own options, checked against its options class.")
     label: str = option(
         "",
         "Its name in the logs and the data summary (default: the source's name, numbered "
         "when two entries share it).",
+        validator=max_chars(NAME_CHARS),
     )
 
 
@@ -89,6 +102,7 @@ class CacheSection:
         "Where tokenized sources are cached ('' means $FORGE_CACHE_DIR/data, else "
         "$XDG_CACHE_HOME/forge/data, else ~/.cache/forge/data). Entries are keyed by the "
         "source's content, the tokenizer's identity and the format version.",
+        validator=path_fits,
     )
     wait_s: float = option(
         3600.0,

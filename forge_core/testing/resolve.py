@@ -67,7 +67,7 @@ def structure_options(spec: Any, options: Any) -> Any:
                 "options given as a mapping need the component's spec (its options class) to be "
                 "structured against: pass the spec or its registered name, or an options instance"
             )
-        from forge_core.config.loader import structure
+        from forge_core.config.structuring import structure
 
         value, issues = structure(options, options_cls, "$.options")
         if issues:

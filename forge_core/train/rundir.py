@@ -21,8 +21,9 @@ import yaml
 
 from forge_core.api import ForgeError
 from forge_core.api.files import atomic_write
-from forge_core.config.loader import plugin_settings, read_config_file, to_plain
+from forge_core.config.loader import plugin_settings, to_plain
 from forge_core.config.schema import PluginsSection
+from forge_core.config.yaml_reader import read_config_file
 
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
@@ -49,7 +50,8 @@ def load_run_config(run_dir: Path) -> tuple[Any, Any]:
     :class:`~forge_core.api.Plan` of its saved config, from which ``sample`` and
     ``export-hf`` build its components. A config saved before a key moved is read with
     the key at its new place (Forge wrote it, so the move is Forge's to make)."""
-    from forge_core.config.loader import migrate_moved_keys, structure_config
+    from forge_core.config.loader import structure_config
+    from forge_core.config.overrides import migrate_moved_keys
     from forge_core.plan import make_plan
     from forge_core.registry import load_registries
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 import attrs
 
-from forge_core.api import at_least, option, relative_path, satisfies
+from forge_core.api import at_least, max_chars, option, relative_path, satisfies
 
 
 @attrs.frozen
@@ -70,19 +70,33 @@ class ProfilerOptions:
     )
 
 
-_tags = satisfies("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+#: The trackers' own limits on what a run's fields hold (W&B: a project, run or group
+#: name, a tag; MLflow: a tag's key and value); a longer one fails only when the run starts.
+_NAME, _WANDB_TAG, _MLFLOW_KEY, _MLFLOW_VALUE = 128, 64, 250, 5000
+
+_tags = satisfies(
+    f"a list of strings of 1 to {_WANDB_TAG} characters",
+    lambda v: isinstance(v, list) and all(isinstance(t, str) and 0 < len(t) <= _WANDB_TAG for t in v),
+)
 _string_map = satisfies(
-    "a mapping of strings to strings",
-    lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+    f"a mapping of strings to strings (keys of at most {_MLFLOW_KEY} characters, values of at "
+    f"most {_MLFLOW_VALUE:,})",
+    lambda v: (
+        isinstance(v, dict)
+        and all(
+            isinstance(k, str) and isinstance(x, str) and len(k) <= _MLFLOW_KEY and len(x) <= _MLFLOW_VALUE
+            for k, x in v.items()
+        )
+    ),
 )
 
 
 @attrs.frozen
 class WandbOptions:
-    project: str = option("", "W&B project ('': run.name).")
-    entity: str = option("", "W&B entity (team or user; '': your default).")
-    name: str = option("", "Display name of the W&B run ('': run.name).")
-    group: str = option("", "W&B group, to gather related runs ('': none).")
+    project: str = option("", "W&B project ('': run.name).", max_chars(_NAME))
+    entity: str = option("", "W&B entity (team or user; '': your default).", max_chars(_NAME))
+    name: str = option("", "Display name of the W&B run ('': run.name).", max_chars(_NAME))
+    group: str = option("", "W&B group, to gather related runs ('': none).", max_chars(_NAME))
     tags: list[str] = option([], "W&B tags of the run.", _tags)
     mode: Literal["", "online", "offline", "disabled"] = option(
         "", "'offline' writes locally for `wandb sync` later; '': WANDB_MODE, else online."
@@ -94,6 +108,6 @@ class MlflowOptions:
     tracking_uri: str = option(
         "", "Tracking server or store URI ('': MLFLOW_TRACKING_URI, else a SQLite store in <run>/mlflow)."
     )
-    experiment: str = option("", "Experiment name ('': run.name); created when missing.")
-    run_name: str = option("", "Name of the MLflow run ('': run.name).")
+    experiment: str = option("", "Experiment name ('': run.name); created when missing.", max_chars(_NAME))
+    run_name: str = option("", "Name of the MLflow run ('': run.name).", max_chars(_NAME))
     tags: dict[str, str] = option({}, "Tags of the MLflow run.", _string_map)

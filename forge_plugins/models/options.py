@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.api import ModelFacts, Validator, above, at_least, option, satisfies
+from forge_core.api import ModelFacts, Validator, above, at_least, option, path_fits, satisfies
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -135,6 +135,7 @@ class LlamaOptions:
         "MistralForCausalLM to start from. Every unset option is read from its "
         "config.json; an option given here that differs is an error. Each process "
         "reads only the weights it holds. Empty: random init.",
+        path_fits,
     )
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from forge_core.api import at_least, non_blank, option
+from forge_core.api import at_least, non_blank, option, path_fits
 
 EncodingErrors = Literal["strict", "replace"]
 
@@ -45,6 +45,7 @@ class ShardsOptions:
         "",
         "Directory written by `forge-run prepare`. Its tokenizer must be the "
         "configured `data.tokenizer` (same identity), or the run stops.",
+        path_fits,
     )
 
 
@@ -69,6 +70,7 @@ class HFDatasetsOptions:
         "",
         "A folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk` "
         "(read with `datasets.load_from_disk`). Give this or `data_files`.",
+        path_fits,
     )
     data_files: list[str] = option(
         [],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from forge_core.api import option
+from forge_core.api import option, path_fits
 
 
 @attrs.frozen
@@ -15,4 +15,5 @@ class HFOptions:
         "writes, or a BPE tokenizer trained by `forge-run prepare`). Loaded with "
         "`transformers.AutoTokenizer`, offline and with `trust_remote_code=False`: a "
         "folder that needs its own code (an `auto_map`) is refused.",
+        path_fits,
     )

@@ -26,8 +26,9 @@ from safetensors.torch import load_file
 from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import Plan
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.distributed.parallelize import is_meta, parallelize
 from forge_core.registry import load_registries
 from forge_core.train.loss import loss_fn

@@ -38,8 +38,9 @@ import variants
 from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
-from forge_core.config.loader import resolve_components, structure
+from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
+from forge_core.config.structuring import structure
 from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process
 from forge_core.registry import load_registries
 from forge_core.train.loss import build_loss, loss_fn
