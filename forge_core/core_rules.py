@@ -214,6 +214,13 @@ def check_eval_scheduled(ctx: Plan) -> str | None:
     return None
 
 
+def check_eval_every_enabled(ctx: Plan) -> str | None:
+    ev = ctx.config.eval
+    if ev.enabled or ev.every == 0:
+        return None
+    return f"eval.every = {ev.every}, but eval.enabled is false: the run never evaluates"
+
+
 RULES = [
     Rule(
         id="parallel.world-size",
@@ -336,6 +343,15 @@ RULES = [
         summary="An enabled evaluation runs at least once.",
         check=check_eval_scheduled,
         fix="Set eval.every to a number of steps up to train.steps, or eval.at_end: true.",
+    ),
+    Rule(
+        id="eval.every-needs-enabled",
+        severity="warning",
+        paths=("eval.enabled", "eval.every"),
+        summary="A cadence of evaluation (eval.every) is set only where evaluation is enabled.",
+        check=check_eval_every_enabled,
+        fix="Set eval.enabled: true to evaluate at that cadence (on held-out documents: "
+        "data.heldout.fraction, or eval.source), or eval.every: 0 to leave it off.",
     ),
 ]
 
