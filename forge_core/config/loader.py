@@ -18,6 +18,7 @@ import yaml
 
 from forge_core.api import INT_MAX, INT_MIN, ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.errors import VALUE_WIDTH
+from forge_core.config.foreign_keys import unknown_key_hint
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, PluginsSection
 
 
@@ -519,7 +520,8 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         known = [a.name for a in attrs.fields(exc.cl)]
         parts = [
-            f"unknown key {show_value(key)}.{did_you_mean(str(key), known)} Keys here: {', '.join(known)}"
+            f"unknown key {show_value(key)}.{did_you_mean(str(key), known)}"
+            f"{unknown_key_hint(exc.cl, str(key))} Keys here: {', '.join(known)}"
             for key in sorted(exc.extra_fields, key=str)
         ]
         return "; ".join(parts)
