@@ -81,7 +81,7 @@ HF = Trainer(
     "the Hugging Face Trainer",
     "Trainer",
     (
-        Row("`max_steps`", "`train.steps`", ""),
+        Row("`max_steps`", "`train.steps`"),
         Row("`num_train_epochs`", "`train.steps`", "steps = epochs x rows / `train.batch_size`"),
         Row(
             "`per_device_train_batch_size`",
@@ -89,16 +89,16 @@ HF = Trainer(
             "Forge's is global: per-device x processes x accumulation, e.g. 8 x 4 processes x 2 = 64",
         ),
         Row("`gradient_accumulation_steps`", "`train.grad_accum`", "the global batch already includes it"),
-        Row("`learning_rate`", "`train.lr`", ""),
-        Row("`warmup_steps`", "`train.warmup_steps`", ""),
+        Row("`learning_rate`", "`train.lr`"),
+        Row("`warmup_steps`", "`train.warmup_steps`"),
         Row("`warmup_ratio`", "`train.warmup_steps`", "give the steps: ratio x `train.steps`"),
         Row(
             '`lr_scheduler_type="cosine"`',
             "`train.schedule: cosine`",
             "the Trainer decays to 0: set `train.schedule_options.min_lr_ratio: 0`",
         ),
-        Row('`lr_scheduler_type="linear"`', "`train.schedule: linear`", ""),
-        Row('`lr_scheduler_type="constant_with_warmup"`', "`train.schedule: constant`", ""),
+        Row('`lr_scheduler_type="linear"`', "`train.schedule: linear`"),
+        Row('`lr_scheduler_type="constant_with_warmup"`', "`train.schedule: constant`"),
         Row(
             "`weight_decay`",
             "`train.optimizer_options.weight_decay`",
@@ -114,10 +114,10 @@ HF = Trainer(
             "`train.optimizer_options.implementation: fused`",
             "`auto` picks fused on CUDA already",
         ),
-        Row('`optim="sgd"`', "`train.optimizer: sgd`", ""),
+        Row('`optim="sgd"`', "`train.optimizer: sgd`"),
         Row("`max_grad_norm`", "`train.grad_clip`", "1.0 in both; 0 disables"),
         Row("`bf16=True`", "`train.precision: bf16`", "autocast; fp16 is not offered"),
-        Row("`torch_compile=True`", "`train.compile: true`", ""),
+        Row("`torch_compile=True`", "`train.compile: true`"),
         Row("`save_steps`", "`checkpoint.every`", "0 saves only at the end and on SIGTERM/SIGINT"),
         Row(
             '`eval_strategy="steps"`, `eval_steps`',
@@ -130,21 +130,21 @@ HF = Trainer(
             "`parallel.wrappers: [act_ckpt]`",
             "every block; `parallel.options.act_ckpt.every` for every k-th",
         ),
-        Row("`save_total_limit`", "`checkpoint.keep`", ""),
+        Row("`save_total_limit`", "`checkpoint.keep`"),
         Row(
             "`resume_from_checkpoint`",
             "`checkpoint.resume: auto`",
             "the default: the latest complete checkpoint of `run.out_dir`",
         ),
-        Row("`output_dir`", "`run.out_dir`", ""),
+        Row("`output_dir`", "`run.out_dir`"),
         Row("`seed`", "`run.seed`", "seeds model init, data order and dropout"),
-        Row("`logging_steps`", "`logging.every`", ""),
+        Row("`logging_steps`", "`logging.every`"),
         Row(
             '`report_to=["wandb"]`',
             "`logging.loggers: [console, jsonl, wandb]`",
             "also `tensorboard`, `mlflow`",
         ),
-        Row("`dataloader_num_workers`", "`data.num_workers`", ""),
+        Row("`dataloader_num_workers`", "`data.num_workers`"),
         Row(
             "`DataCollatorWithFlattening` (packing)",
             "`data.packer: bfd`",
@@ -158,22 +158,21 @@ TORCHTITAN = Trainer(
     "torchtitan",
     "torchtitan",
     (
-        Row("`[training] steps`", "`train.steps`", ""),
+        Row("`[training] steps`", "`train.steps`"),
         Row(
             "`[training] local_batch_size`",
             "`train.batch_size`",
             "Forge's is global; torchtitan's `global_batch_size` is the same as Forge's",
         ),
-        Row("`[training] seq_len`", "`data.seq_len`", ""),
-        Row("`[training] max_norm`", "`train.grad_clip`", ""),
-        Row('`[training] mixed_precision_param = "bfloat16"`', "`train.precision: bf16`", ""),
+        Row("`[training] seq_len`", "`data.seq_len`"),
+        Row("`[training] max_norm`", "`train.grad_clip`"),
+        Row('`[training] mixed_precision_param = "bfloat16"`', "`train.precision: bf16`"),
         Row(
             "`[optimizer] name, lr, eps, weight_decay`",
             "`train.optimizer: adamw`, `train.lr`, `train.optimizer_options.eps`, "
             "`train.optimizer_options.weight_decay`",
-            "",
         ),
-        Row("`[lr_scheduler] warmup_steps`", "`train.warmup_steps`", ""),
+        Row("`[lr_scheduler] warmup_steps`", "`train.warmup_steps`"),
         Row(
             "`[lr_scheduler] decay_ratio, decay_type, min_lr_factor`",
             "`train.schedule: wsd`, `train.schedule_options.decay_fraction`, "
@@ -195,7 +194,7 @@ TORCHTITAN = Trainer(
             "`parallel.tp`",
             "`parallel.options.tp.sequence_parallel` too",
         ),
-        Row("`[parallelism] pipeline_parallel_degree`", "`parallel.pp`", ""),
+        Row("`[parallelism] pipeline_parallel_degree`", "`parallel.pp`"),
         Row(
             "`[parallelism] pipeline_parallel_schedule`",
             "`parallel.options.pp.schedule`",
@@ -210,12 +209,12 @@ TORCHTITAN = Trainer(
         Row(
             "`[validation] enable, freq, steps`", "`eval.enabled: true`, `eval.every`, `eval.max_batches`", ""
         ),
-        Row("`[checkpoint] interval`", "`checkpoint.every`", ""),
-        Row("`[checkpoint] keep_latest_k`", "`checkpoint.keep`", ""),
-        Row("`[compile] enable`", "`train.compile: true`", ""),
-        Row("`[metrics] log_freq`", "`logging.every`", ""),
-        Row("`[metrics] enable_tensorboard`", "`logging.loggers: [console, jsonl, tensorboard]`", ""),
-        Row("`[job] dump_folder`", "`run.out_dir`", ""),
+        Row("`[checkpoint] interval`", "`checkpoint.every`"),
+        Row("`[checkpoint] keep_latest_k`", "`checkpoint.keep`"),
+        Row("`[compile] enable`", "`train.compile: true`"),
+        Row("`[metrics] log_freq`", "`logging.every`"),
+        Row("`[metrics] enable_tensorboard`", "`logging.loggers: [console, jsonl, tensorboard]`"),
+        Row("`[job] dump_folder`", "`run.out_dir`"),
         Row("`--training.steps 100`", "`train.steps=100`", "overrides are `key=value`"),
     ),
 )
@@ -236,22 +235,22 @@ LITGPT = Trainer(
             "`train.grad_accum`",
             "Forge derives the micro-batch from the global batch and the accumulation",
         ),
-        Row("`train.max_seq_length`", "`data.seq_len`", ""),
-        Row("`train.lr_warmup_steps`", "`train.warmup_steps`", ""),
+        Row("`train.max_seq_length`", "`data.seq_len`"),
+        Row("`train.lr_warmup_steps`", "`train.warmup_steps`"),
         Row("`train.min_lr`", "`train.schedule_options.min_lr_ratio`", "a ratio of `train.lr`, not a rate"),
-        Row("`train.max_norm`", "`train.grad_clip`", ""),
-        Row("`train.save_interval`", "`checkpoint.every`", ""),
-        Row("`train.log_interval`", "`logging.every`", ""),
-        Row("`optimizer.init_args.lr`", "`train.lr`", ""),
-        Row("`optimizer.init_args.weight_decay`", "`train.optimizer_options.weight_decay`", ""),
-        Row("`precision: bf16-mixed`", "`train.precision: bf16`", ""),
+        Row("`train.max_norm`", "`train.grad_clip`"),
+        Row("`train.save_interval`", "`checkpoint.every`"),
+        Row("`train.log_interval`", "`logging.every`"),
+        Row("`optimizer.init_args.lr`", "`train.lr`"),
+        Row("`optimizer.init_args.weight_decay`", "`train.optimizer_options.weight_decay`"),
+        Row("`precision: bf16-mixed`", "`train.precision: bf16`"),
         Row("`devices: 8`", "`forge-run --nproc 8`", "`num_nodes`: `forge-run --nnodes`"),
-        Row("`out_dir`", "`run.out_dir`", ""),
-        Row("`seed`", "`run.seed`", ""),
+        Row("`out_dir`", "`run.out_dir`"),
+        Row("`seed`", "`run.seed`"),
         Row("`resume: auto`", "`checkpoint.resume: auto`", "the same word, and Forge's default"),
-        Row("`logger_name: tensorboard`", "`logging.loggers: [console, jsonl, tensorboard]`", ""),
+        Row("`logger_name: tensorboard`", "`logging.loggers: [console, jsonl, tensorboard]`"),
         Row("`tokenizer_dir`", "`data.tokenizer: hf`, `data.tokenizer_options.path`", "a local folder"),
-        Row("`model_name`, `model_config`", "`model.name`, `model.options`", ""),
+        Row("`model_name`, `model_config`", "`model.name`, `model.options`"),
     ),
 )
 
@@ -266,32 +265,31 @@ AXOLOTL = Trainer(
             "`train.batch_size`",
             "Forge's is global: micro x processes x accumulation, e.g. 2 x 8 processes x 4 = 64",
         ),
-        Row("`gradient_accumulation_steps`", "`train.grad_accum`", ""),
-        Row("`sequence_len`", "`data.seq_len`", ""),
+        Row("`gradient_accumulation_steps`", "`train.grad_accum`"),
+        Row("`sequence_len`", "`data.seq_len`"),
         Row(
             "`sample_packing: true`",
             "`data.packer: bfd`",
             "documents isolated by `doc_ids`, as multipack does",
         ),
-        Row("`learning_rate`", "`train.lr`", ""),
-        Row("`lr_scheduler: cosine`", "`train.schedule: cosine`", ""),
-        Row("`cosine_min_lr_ratio`", "`train.schedule_options.min_lr_ratio`", ""),
+        Row("`learning_rate`", "`train.lr`"),
+        Row("`lr_scheduler: cosine`", "`train.schedule: cosine`"),
+        Row("`cosine_min_lr_ratio`", "`train.schedule_options.min_lr_ratio`"),
         Row("`warmup_steps`", "`train.warmup_steps`", "`warmup_ratio`: give the steps"),
-        Row("`optimizer: adamw_torch`", "`train.optimizer: adamw`", ""),
-        Row("`weight_decay`", "`train.optimizer_options.weight_decay`", ""),
-        Row("`max_grad_norm`", "`train.grad_clip`", ""),
-        Row("`bf16: true`", "`train.precision: bf16`", ""),
-        Row("`torch_compile: true`", "`train.compile: true`", ""),
-        Row("`save_steps`", "`checkpoint.every`", ""),
-        Row("`save_total_limit`", "`checkpoint.keep`", ""),
-        Row("`auto_resume_from_checkpoints`", "`checkpoint.resume: auto`", ""),
-        Row("`output_dir`", "`run.out_dir`", ""),
-        Row("`seed`", "`run.seed`", ""),
-        Row("`logging_steps`", "`logging.every`", ""),
+        Row("`optimizer: adamw_torch`", "`train.optimizer: adamw`"),
+        Row("`weight_decay`", "`train.optimizer_options.weight_decay`"),
+        Row("`max_grad_norm`", "`train.grad_clip`"),
+        Row("`bf16: true`", "`train.precision: bf16`"),
+        Row("`torch_compile: true`", "`train.compile: true`"),
+        Row("`save_steps`", "`checkpoint.every`"),
+        Row("`save_total_limit`", "`checkpoint.keep`"),
+        Row("`auto_resume_from_checkpoints`", "`checkpoint.resume: auto`"),
+        Row("`output_dir`", "`run.out_dir`"),
+        Row("`seed`", "`run.seed`"),
+        Row("`logging_steps`", "`logging.every`"),
         Row(
             "`wandb_project`",
             "`logging.loggers: [console, jsonl, wandb]`, `logging.options.wandb.project`",
-            "",
         ),
         Row(
             "`datasets` (local files)",
@@ -304,8 +302,8 @@ AXOLOTL = Trainer(
             "`data.heldout.fraction`",
             "held out by a hash of each document; `eval.enabled: true` evaluates on it",
         ),
-        Row("`eval_steps`", "`eval.every`", ""),
-        Row("`gradient_checkpointing: true`", "`parallel.wrappers: [act_ckpt]`", ""),
+        Row("`eval_steps`", "`eval.every`"),
+        Row("`gradient_checkpointing: true`", "`parallel.wrappers: [act_ckpt]`"),
         Row(
             "`optimizer: muon`", "`train.optimizer: muon`", "Muon on the blocks' matrices, AdamW on the rest"
         ),
@@ -355,7 +353,9 @@ def foreign_hint(path: str) -> str:
         said.setdefault(sentence, []).append(trainer.name)
     parts = [" and ".join(f"{name}'s" for name in names) + f" {sentence}" for sentence, names in said.items()]
     text = "; ".join(parts)
-    return f"{text.replace('the ', 'The ', 1) if text.startswith('the ') else text}." if text else ""
+    if text.startswith("the "):
+        text = "T" + text[1:]  # "the Hugging Face Trainer" opens the sentence; torchtitan stays lower case
+    return f"{text}." if text else ""
 
 
 @functools.cache
