@@ -153,6 +153,9 @@ def test_check_also_answers_a_flag(tmp_path, forge_run):
     result = forge_run(["check", config, "--max_steps", "100"])
     assert result.code == 2 and "write train.steps=100" in result.stderr
     assert forge_run(["check", config, "train.steps=100"]).code == 0
+    # A command without overrides gets no override to write.
+    result = forge_run(["sample", str(tmp_path), "--max_steps", "100"])
+    assert result.code == 2 and "--max_steps is not an option. Options: --help, --prompt" in result.stderr
 
 
 def _tables(markdown: str) -> list[str]:

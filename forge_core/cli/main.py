@@ -192,11 +192,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Names
 def unknown_arguments(command: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
     """argparse's refusal of ``unknown``, with what to write instead: another trainer's
     flag (``--max_steps 100``) or a Forge key written as one gets its override
-    (``train.steps=100``), any other option a did-you-mean."""
+    (``train.steps=100``) where the command takes overrides, any other option a
+    did-you-mean."""
     from forge_core.api import did_you_mean
     from forge_core.config.foreign_keys import flag_hint
 
-    options = [s for a in command._actions for s in a.option_strings if s.startswith("--")]  # noqa: SLF001
+    actions = command._actions  # noqa: SLF001
+    options = [s for a in actions for s in a.option_strings if s.startswith("--")]
+    takes_overrides = any(a.dest == "overrides" for a in actions)
     hints = []
     for word in dict.fromkeys(w for w in unknown if w.startswith("-")):
         flag, eq, value = word.partition("=")
@@ -204,7 +207,7 @@ def unknown_arguments(command: argparse.ArgumentParser, argv: list[str], unknown
             at = argv.index(word) + 1
             following = argv[at] if at < len(argv) else ""
             value = following if following and not following.startswith("-") and "=" not in following else ""
-        hint = flag_hint(flag, value or None)
+        hint = flag_hint(flag, value or None) if takes_overrides else None
         hints.append(
             f"{flag}: {hint}"
             if hint
