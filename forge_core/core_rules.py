@@ -37,6 +37,29 @@ def check_world_size(ctx: Plan) -> list[str]:
     return []
 
 
+def world_size_fix(ctx: Plan) -> str:
+    """The remedy for this config: ``dp_shard: -1`` is offered only where it is not set
+    already and would resolve (the other degrees divide the world size)."""
+    degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
+    others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
+    names = "pp*dp_replicate*tp"
+    if degrees["dp_shard"] == -1:
+        return (
+            f"Launch a multiple of {names} = {others} processes, or change parallel.pp, "
+            f"parallel.dp_replicate or parallel.tp so that their product divides {ctx.world_size}."
+        )
+    product = others * degrees["dp_shard"]
+    if ctx.world_size % others == 0:
+        return (
+            f"Set parallel.dp_shard: -1 to take what the other degrees leave "
+            f"({ctx.world_size // others} here), or launch {product} processes."
+        )
+    return (
+        f"Launch {product} processes, or change the degrees: {names} = {others} does not divide "
+        f"the world size {ctx.world_size}, so parallel.dp_shard: -1 would not resolve either."
+    )
+
+
 def check_seq_len(ctx: Plan) -> str | None:
     option = ctx.specs["model"].max_seq_len_option
     if option is None:
@@ -191,6 +214,13 @@ def check_eval_scheduled(ctx: Plan) -> str | None:
     return None
 
 
+def check_eval_every_enabled(ctx: Plan) -> str | None:
+    ev = ctx.config.eval
+    if ev.enabled or ev.every == 0:
+        return None
+    return f"eval.every = {ev.every}, but eval.enabled is false: the run never evaluates"
+
+
 RULES = [
     Rule(
         id="parallel.world-size",
@@ -199,9 +229,10 @@ RULES = [
         summary="The product of the parallel degrees equals the world size.",
         check=check_world_size,
         fix=(
-            "Change the degrees, set parallel.dp_shard: -1 to take what is left, or launch as many "
-            "processes as the product."
+            "Change the degrees, set parallel.dp_shard: -1 to take what is left (where the other "
+            "degrees divide the world size), or launch as many processes as the product."
         ),
+        fix_for=world_size_fix,
     ),
     Rule(
         id="model.seq-len",
@@ -312,6 +343,15 @@ RULES = [
         summary="An enabled evaluation runs at least once.",
         check=check_eval_scheduled,
         fix="Set eval.every to a number of steps up to train.steps, or eval.at_end: true.",
+    ),
+    Rule(
+        id="eval.every-needs-enabled",
+        severity="warning",
+        paths=("eval.enabled", "eval.every"),
+        summary="A cadence of evaluation (eval.every) is set only where evaluation is enabled.",
+        check=check_eval_every_enabled,
+        fix="Set eval.enabled: true to evaluate at that cadence (on held-out documents: "
+        "data.heldout.fraction, or eval.source), or eval.every: 0 to leave it off.",
     ),
 ]
 

@@ -1,6 +1,6 @@
 """Write the generated documentation pages, or check that the committed ones are current.
 
-Six pages in ``docs/`` are produced from the code so they cannot drift from it:
+Seven pages in ``docs/`` are produced from the code so they cannot drift from it:
 
 - ``hooks.md``: every hookspec of :mod:`forge_core.hookspecs` with its exact signature and
   docstring, and the fields of every object a hook receives or returns;
@@ -8,6 +8,8 @@ Six pages in ``docs/`` are produced from the code so they cannot drift from it:
   default and meaning, and the options of every built-in component;
 - ``cli.md``: the usage text of every ``forge-run`` command, from
   :func:`forge_core.cli.main.build_parser`;
+- ``coming-from.md``: the tables of other trainers' settings under their Forge names,
+  from :mod:`forge_core.config.foreign_keys`, which the unknown-key errors quote;
 - ``reference/components.md`` and ``reference/rules.md``: ``forge-run plugins
   --markdown`` and ``forge-run rules --markdown`` for the built-in plugins only;
 - ``plugin-guide/example-package.md``: the example package of ``examples/`` (its README
@@ -545,6 +547,17 @@ def cli_markdown() -> str:
     )
 
 
+# --- coming-from.md -----------------------------------------------------------------
+
+
+def coming_from_markdown() -> str:
+    """The other trainers' tables, from :data:`forge_core.config.foreign_keys.TRAINERS`,
+    which the unknown-key and unknown-flag errors read too."""
+    from forge_core.config.foreign_keys import TRAINERS
+
+    return fill("coming-from.md", {f"table:{name}": trainer.table() for name, trainer in TRAINERS.items()})
+
+
 # --- all pages ----------------------------------------------------------------------
 
 
@@ -557,6 +570,7 @@ def generated_pages() -> dict[str, str]:
         "hooks.md": hooks_markdown(),
         "configuration.md": config_markdown(registries),
         "cli.md": cli_markdown(),
+        "coming-from.md": coming_from_markdown(),
         "reference/components.md": components_markdown(registries),
         "reference/rules.md": rules_markdown(registries),
         EXAMPLE_PAGE: example_markdown(),

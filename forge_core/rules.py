@@ -24,6 +24,7 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
         fields = tuple((path, ctx.get(path, "<unset>")) for path in rule.paths)
         try:
             result = rule.check(ctx)
+            fix = rule.fix_for(ctx) if result and rule.fix_for is not None else rule.fix
         except (Exception, SystemExit) as exc:  # a rule must not end the process either
             fix = (
                 "report this as a bug in Forge (kernel rules cannot be blocked)"
@@ -44,6 +45,6 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
             continue
         messages = [result] if isinstance(result, str) else list(result or [])
         violations.extend(
-            Violation(rule.id, rule.severity, entry.plugin, message, rule.fix, fields) for message in messages
+            Violation(rule.id, rule.severity, entry.plugin, message, fix, fields) for message in messages
         )
     return violations

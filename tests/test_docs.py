@@ -316,7 +316,7 @@ def test_every_template_is_the_prose_of_a_generated_page(pages):
     templates = {
         p.relative_to(docgen.TEMPLATES_DIR).as_posix() for p in docgen.TEMPLATES_DIR.rglob("*") if p.is_file()
     }
-    assert templates == {"hooks.md", "configuration.md", "cli.md", docgen.EXAMPLE_PAGE}
+    assert templates == {"hooks.md", "configuration.md", "cli.md", "coming-from.md", docgen.EXAMPLE_PAGE}
     assert templates < set(pages)
 
 

@@ -295,6 +295,22 @@ def test_check_judges_the_eval_section(tmp_path):
     assert not violations(tmp_path, data={"heldout": {"fraction": 0.1}}, eval={"enabled": True, "every": 2})
 
 
+def test_check_warns_when_eval_every_is_set_but_evaluation_is_off(tmp_path, forge_run):
+    """An evaluator plugin written from the docs silently never ran: eval.every without
+    eval.enabled. check says so, naming both keys and the fix; the run goes on."""
+    found = violations(tmp_path, eval={"every": 5})
+    warning = found["eval.every-needs-enabled"]
+    assert warning.severity == "warning"
+    assert "eval.every = 5, but eval.enabled is false: the run never evaluates" in warning.message
+    assert "Set eval.enabled: true" in warning.fix and "eval.every: 0" in warning.fix
+    path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, eval={"every": 5}))
+    result = forge_run(["check", path])
+    assert result.code == 0 and "[eval.every-needs-enabled]" in result.stdout + result.stderr
+    assert "eval.every-needs-enabled" not in violations(tmp_path, eval={"every": 0})
+    enabled = violations(tmp_path, data={"heldout": {"fraction": 0.1}}, eval={"enabled": True, "every": 5})
+    assert "eval.every-needs-enabled" not in enabled
+
+
 def test_eval_source_names_and_options_are_checked_like_any_source(tmp_path):
     from forge_core.config.errors import ConfigError
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+import attrs
 import pytest
 from conftest import make_distribution
 
@@ -105,6 +106,43 @@ def test_world_size_rule(forge_config):
     assert "parallel.world-size" not in found and result.plan.degrees["dp_shard"] == 4
     found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
     assert "not divisible" in found["parallel.world-size"].message
+
+
+def test_world_size_fix_offers_dp_shard_minus_one_only_where_it_helps(forge_config):
+    # dp_shard fixed at 2, and tp=2 divides the 2 processes: -1 would resolve to 1.
+    found, _ = errors(forge_config({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
+    fix = found["parallel.world-size"].fix
+    assert "Set parallel.dp_shard: -1" in fix and "(1 here)" in fix and "launch 4 processes" in fix
+    # dp_shard is -1 already: the fix must not tell the user to set it.
+    found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
+    fix = found["parallel.world-size"].fix
+    assert "dp_shard: -1" not in fix and "multiple of pp*dp_replicate*tp = 3 processes" in fix
+    # dp_shard fixed, and tp=3 does not divide 8: -1 would not resolve, so it is not offered.
+    found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": 2}}), world_size=8)
+    fix = found["parallel.world-size"].fix
+    assert fix.startswith("Launch 6 processes") and "would not resolve" in fix
+
+
+def test_a_rule_fix_for_the_plan_replaces_its_fix_and_its_failure_is_reported():
+    plan = Plan(config=ForgeConfig(), specs={})
+    tailored = Rule(
+        id="t.tailored",
+        severity="error",
+        paths=(),
+        summary="s",
+        check=lambda ctx: "bad",
+        fix="general",
+        fix_for=lambda ctx: f"tailored to {ctx.config.train.steps} steps",
+    )
+    broken = attrs.evolve(tailored, id="t.broken", fix_for=lambda ctx: 1 / 0)
+    quiet = attrs.evolve(tailored, id="t.quiet", check=lambda ctx: None, fix_for=lambda ctx: 1 / 0)
+    found = {
+        v.rule_id: v
+        for v in evaluate([RuleEntry(rule=r, plugin="p") for r in (tailored, broken, quiet)], plan)
+    }
+    assert found["t.tailored"].fix == f"tailored to {ForgeConfig().train.steps} steps"
+    assert "the rule itself failed: ZeroDivisionError" in found["t.broken"].message
+    assert "t.quiet" not in found
 
 
 def test_seq_len_within_model_maximum(forge_config):

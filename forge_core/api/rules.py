@@ -34,6 +34,9 @@ class Rule:
     ``check(plan)`` returns ``None`` (or an empty list) when the config is fine, otherwise
     a message, or a list of messages, saying what is wrong and why. ``paths`` are the
     config fields the rule is about (``"parallel.pp"``); the report shows their values.
+    ``fix`` is the remedy the rule reference prints; ``fix_for(plan)``, when given, is the
+    remedy a finding reports instead, for a rule whose fix depends on the config (the
+    world-size rule does not tell a config with ``dp_shard: -1`` to set it).
     """
 
     id: str
@@ -42,6 +45,7 @@ class Rule:
     summary: str
     check: Callable[[Plan], None | str | Iterable[str]]
     fix: str
+    fix_for: Callable[[Plan], str] | None = None
 
 
 @attrs.frozen

@@ -180,10 +180,40 @@ def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Names
     parser = build_parser()
     argv = normalize_argv(argv)
     if argv and argv[0] in COMMANDS:
-        args = subcommands(parser)[argv[0]].parse_intermixed_args(argv[1:])
+        command = subcommands(parser)[argv[0]]
+        args, unknown = command.parse_known_intermixed_args(argv[1:])
+        if unknown:
+            command.error(unknown_arguments(command, argv[1:], unknown))
         args.command = argv[0]
         return parser, args
     return parser, parser.parse_args(argv)
+
+
+def unknown_arguments(command: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
+    """argparse's refusal of ``unknown``, with what to write instead: another trainer's
+    flag (``--max_steps 100``) or a Forge key written as one gets its override
+    (``train.steps=100``) where the command takes overrides, any other option a
+    did-you-mean."""
+    from forge_core.api import did_you_mean
+    from forge_core.config.foreign_keys import flag_hint
+
+    actions = command._actions  # noqa: SLF001
+    options = [s for a in actions for s in a.option_strings if s.startswith("--")]
+    takes_overrides = any(a.dest == "overrides" for a in actions)
+    hints = []
+    for word in dict.fromkeys(w for w in unknown if w.startswith("-")):
+        flag, eq, value = word.partition("=")
+        if not eq:  # the value, if any, is the next word (argparse took it as a positional)
+            at = argv.index(word) + 1
+            following = argv[at] if at < len(argv) else ""
+            value = following if following and not following.startswith("-") and "=" not in following else ""
+        hint = flag_hint(flag, value or None) if takes_overrides else None
+        hints.append(
+            f"{flag}: {hint}"
+            if hint
+            else f"{flag} is not an option.{did_you_mean(flag, options)} Options: {', '.join(options)}"
+        )
+    return f"unrecognized arguments: {' '.join(unknown)}" + "".join(f"\n  {h}" for h in hints)
 
 
 # Each handler imports its command's module when it runs, so ``check`` stays torch-free.

@@ -252,7 +252,8 @@ class EvalSection:
     every: int = option(
         0,
         "Evaluate every N optimizer steps, counted from the start of the run, so the cadence "
-        "is the same after a resume (0: only at the end).",
+        "is the same after a resume (0: only at the end). Only with `enabled: true`: setting it "
+        "does not switch evaluation on, and `forge-run check` warns when it is set without.",
         validator=at_least(0),
     )
     at_end: bool = option(

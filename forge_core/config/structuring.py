@@ -16,6 +16,7 @@ import cattrs
 from forge_core.api import INT_MAX, INT_MIN, describe, did_you_mean, show_value
 from forge_core.api.errors import VALUE_WIDTH
 from forge_core.config.errors import type_name
+from forge_core.config.foreign_keys import unknown_key_hint
 
 
 class ScalarError(TypeError):
@@ -180,7 +181,7 @@ def unknown_key(key: str, cl: type) -> str:
     """What is said about one key that the attrs class ``cl`` (a config section or an
     options class) does not have: its did-you-mean among ``cl``'s keys. Every hint about
     a key Forge does not know belongs here."""
-    hint = did_you_mean(str(key), [a.name for a in attrs.fields(cl)])
+    hint = did_you_mean(str(key), [a.name for a in attrs.fields(cl)]) + unknown_key_hint(cl, str(key))
     return f"unknown key {show_value(key)}" + (f".{hint}" if hint else "")
 
 
