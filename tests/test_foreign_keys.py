@@ -74,7 +74,7 @@ def config_issues(tmp_path, data: dict) -> dict[str, str]:
 )
 def test_an_unknown_key_from_another_trainer_gets_its_row(tmp_path, data, path, said):
     message = config_issues(tmp_path, data)[path]
-    assert message.startswith("unknown key ") and said in message and "Keys here: " in message
+    assert message.startswith("unknown key ") and said in message and "(keys here: " in message
 
 
 def test_did_you_mean_still_comes_with_the_row(tmp_path):
