@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from forge_core.errors import EXIT_INVALID
@@ -86,10 +87,13 @@ def _clash_lines(registries: Any) -> list[str]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from forge_core.cli.report import render
     from forge_core.reference import components_markdown
     from forge_core.registry import load_registries
 
     registries = load_registries()
+    if registries.plugins.warnings:  # on stderr: --json and --markdown stay readable
+        print(render(registries.plugins.warnings), file=sys.stderr)
     if args.markdown:
         print(components_markdown(registries), end="")
         return 0
