@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import REPO, make_distribution
@@ -305,6 +306,39 @@ def test_a_blocked_name_no_plugin_has_is_a_warning_with_did_you_mean_and_the_ins
     # A name that is installed blocks it, and is no warning.
     real = forge_run(["check", forge_config({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})])
     assert "plugins.block-matches-no-plugin" not in real.output
+
+
+LONG_NAMES_PLUGIN = """
+from forge_core.api import PackerSpec, hookimpl
+
+@hookimpl
+def forge_packers():
+    return [PackerSpec(name=name, summary=f"summary of {name}", impl="x:Y")
+            for name in ("short", "fifteen_letters", "a_much_longer_packer_name_than_any")]
+"""
+
+
+def test_plugins_sizes_the_name_column_to_the_longest_name(tmp_path):
+    site = make_distribution(
+        tmp_path / "site",
+        "forge-longnames",
+        "0.1",
+        {"longplug": LONG_NAMES_PLUGIN},
+        {"longnames": "longplug"},
+    )
+    result = forge_run(["plugins"], paths=[site])
+    assert result.code == 0, result.output
+    # Every component row of every plugin: its kind, its name, then its summary.
+    rows = [
+        m
+        for m in map(re.compile(r"^    (\S+) +(\S+) +(\S.*)$").match, result.stdout.splitlines())
+        if m and m[1] != "rule"
+    ]
+    mine = {m[2]: m for m in rows if m[3].startswith("summary of")}
+    assert sorted(mine) == ["a_much_longer_packer_name_than_any", "fifteen_letters", "short"], result.stdout
+    assert all(m[3] == f"summary of {name}" for name, m in mine.items())  # no name ran into its summary
+    # All summaries start in one column, at least two spaces past the longest name.
+    assert {m.start(3) for m in rows} == {mine["a_much_longer_packer_name_than_any"].end(2) + 2}
 
 
 # --- the kernel's rules cannot be switched off ---------------------------------------
