@@ -5,7 +5,10 @@ built-ins are entry points of the ``forge-trainer`` distribution in the group ``
 third-party packages declare entry points in the same group. Three switches control
 loading:
 
-- ``FORGE_DISABLE_PLUGIN_AUTOLOAD=1`` loads only the built-ins;
+- ``FORGE_DISABLE_PLUGIN_AUTOLOAD=1`` loads only the built-ins, and the third-party
+  plugins named in ``FORGE_PLUGINS=name,name`` (pytest's ``PYTEST_PLUGINS`` with its
+  autoload switched off): a set of plugins that does not depend on what else is
+  installed, for a test suite or for finding which plugin breaks a run;
 - ``FORGE_BLOCK_PLUGINS=name,name`` and the config's ``plugins.block`` skip plugins by
   name (the entry-point name, as ``forge-run plugins`` shows it); a name no installed
   plugin has blocks nothing and is a warning with a did-you-mean;
@@ -53,6 +56,7 @@ ENTRY_POINT_GROUP = "forge"
 BUILTIN_DISTRIBUTION = "forge-trainer"
 AUTOLOAD_ENV = "FORGE_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK_ENV = "FORGE_BLOCK_PLUGINS"
+ONLY_ENV = "FORGE_PLUGINS"
 
 #: Plugins of the kernel itself: registered first, from these modules, whatever is
 #: installed; they cannot be blocked and their names cannot be taken.
@@ -66,6 +70,7 @@ HOOK_NAMES = frozenset(
 #: plugin concerned, or the kernel's for a blocked name that matches none).
 UNMARKED_HOOK = "plugins.hook-not-marked"
 BLOCK_MATCHES_NOTHING = "plugins.block-matches-no-plugin"
+NAMED_NOT_INSTALLED = "plugins.named-plugin-not-installed"
 
 
 @attrs.frozen
@@ -93,8 +98,12 @@ class LoadedPlugins:
         return self.pm.hook
 
 
+def _env_names(variable: str) -> list[str]:
+    return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+
+
 def env_blocklist() -> list[str]:
-    return [name.strip() for name in os.environ.get(BLOCK_ENV, "").split(",") if name.strip()]
+    return _env_names(BLOCK_ENV)
 
 
 def _autoload_disabled() -> bool:
@@ -351,6 +360,23 @@ def _unmatched_blocks(config_block: set[str], env_block: set[str], seen: set[str
     return found
 
 
+def _unmatched_wanted(wanted: set[str], seen: set[str]) -> list[Violation]:
+    """A warning for each name in FORGE_PLUGINS that no installed plugin has."""
+    return [
+        Violation(
+            NAMED_NOT_INSTALLED,
+            "warning",
+            next(iter(KERNEL_PLUGINS)),
+            f"{ONLY_ENV} names {name!r}, but no installed plugin has that name, so it loads "
+            f"nothing.{did_you_mean(name, seen)}",
+            f"Name plugins as `forge-run plugins` shows them (installed: {', '.join(sorted(seen))}), "
+            f"or install the distribution that provides {name!r}.",
+            (),
+        )
+        for name in sorted(wanted - seen)
+    ]
+
+
 def _kernel_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
     from forge_core import __version__
 
@@ -376,7 +402,7 @@ def load_plugins(block: Iterable[str] = (), extra: Iterable[tuple[str, Any]] = (
     infos = _kernel_plugins(pm)
     warnings: list[Violation] = []
     seen_names: set[str] = set()
-    skip_third_party = _autoload_disabled()
+    skip_third_party, wanted = _autoload_disabled(), set(_env_names(ONLY_ENV))
     for ep in _entry_points():
         dist_name, version = _distribution(ep)
         builtin = dist_name == BUILTIN_DISTRIBUTION
@@ -390,7 +416,7 @@ def load_plugins(block: Iterable[str] = (), extra: Iterable[tuple[str, Any]] = (
                 f"it (pip uninstall {dist_name}) or ask its authors to rename the entry point."
             )
         seen_names.add(ep.name)
-        if ep.name in blocked or (skip_third_party and not builtin):
+        if ep.name in blocked or (skip_third_party and not builtin and ep.name not in wanted):
             continue
         if ep.name in infos:
             other = infos[ep.name]
@@ -418,5 +444,9 @@ def load_plugins(block: Iterable[str] = (), extra: Iterable[tuple[str, Any]] = (
         pm=pm,
         infos=infos,
         blocked=tuple(sorted(blocked & seen_names)),
-        warnings=(*warnings, *_unmatched_blocks(config_block, env_block, seen_names)),
+        warnings=(
+            *warnings,
+            *_unmatched_blocks(config_block, env_block, seen_names),
+            *_unmatched_wanted(wanted, seen_names),
+        ),
     )

@@ -50,6 +50,30 @@ def test_autoload_switch_skips_third_party_but_keeps_builtins(fake_site):
     assert "fakeplug" not in names and "attention" in names
 
 
+def test_forge_plugins_names_the_third_party_plugins_loaded_with_autoload_off(fake_site, tmp_path):
+    other = make_distribution(
+        tmp_path / "other",
+        "forge-other",
+        "0.1",
+        {"otherplug": GOOD_PLUGIN.replace("shuffled", "other")},
+        {"other": "otherplug"},
+    )
+
+    def names(**env):
+        result = forge_run(["plugins", "--json"], paths=[fake_site, other], env=env)
+        assert result.code == 0, result.output
+        return {p["name"] for p in json.loads(result.stdout)}, result.stderr
+
+    both, _ = names()
+    assert {"fakeplug", "other"} <= both
+    only, quiet = names(FORGE_DISABLE_PLUGIN_AUTOLOAD="1", FORGE_PLUGINS="fakeplug")
+    assert "fakeplug" in only and "other" not in only and "attention" in only and quiet == ""
+    none, warned = names(FORGE_DISABLE_PLUGIN_AUTOLOAD="1", FORGE_PLUGINS="fakeplg")
+    assert "fakeplug" not in none
+    assert "FORGE_PLUGINS names 'fakeplg', but no installed plugin has that name" in warned
+    assert "Did you mean 'fakeplug'?" in warned and "fields:" not in warned  # no config field to name
+
+
 def test_env_blocklist_skips_named_plugin(fake_site):
     env = {"FORGE_BLOCK_PLUGINS": "fakeplug"}
     names = {
