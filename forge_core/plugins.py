@@ -2,8 +2,7 @@
 
 Every plugin is a module (or object) registered with pluggy under an explicit name. The
 built-ins are entry points of the ``forge-trainer`` distribution in the group ``forge``;
-third-party packages declare entry points in the same group. Three switches control
-loading:
+third-party packages declare entry points in the same group. Switches control loading:
 
 - ``FORGE_DISABLE_PLUGIN_AUTOLOAD=1`` loads only the built-ins, and the third-party
   plugins named in ``FORGE_PLUGINS=name,name`` (pytest's ``PYTEST_PLUGINS`` with its
@@ -339,41 +338,23 @@ def _refuse_kernel_blocks(config_block: set[str], env_block: set[str]) -> None:
             )
 
 
-def _unmatched_blocks(config_block: set[str], env_block: set[str], seen: set[str]) -> list[Violation]:
-    """A warning for each blocked name that no installed plugin has: it blocks nothing,
-    and a misspelled name would leave the plugin meant loaded without a word."""
-    found = []
-    for source, names in (("plugins.block", config_block), (BLOCK_ENV, env_block)):
-        for name in sorted(names - seen):
-            found.append(
-                Violation(
-                    BLOCK_MATCHES_NOTHING,
-                    "warning",
-                    next(iter(KERNEL_PLUGINS)),
-                    f"{source} names {name!r}, but no installed plugin has that name, so it blocks "
-                    f"nothing.{did_you_mean(name, seen)}",
-                    f"Name plugins as `forge-run plugins` shows them (installed: {', '.join(sorted(seen))}), "
-                    f"or remove {name!r} from {source}.",
-                    (("plugins.block", sorted(config_block)),) if source == "plugins.block" else (),
-                )
-            )
-    return found
-
-
-def _unmatched_wanted(wanted: set[str], seen: set[str]) -> list[Violation]:
-    """A warning for each name in FORGE_PLUGINS that no installed plugin has."""
+def _unmatched(
+    rule_id: str, source: str, names: set[str], seen: set[str], effect: str, fix: str, fields: tuple = ()
+) -> list[Violation]:
+    """A warning for each name in ``source`` (a switch naming plugins) that no installed
+    plugin has: a misspelled block leaves the plugin meant loaded without a word."""
     return [
         Violation(
-            NAMED_NOT_INSTALLED,
+            rule_id,
             "warning",
-            next(iter(KERNEL_PLUGINS)),
-            f"{ONLY_ENV} names {name!r}, but no installed plugin has that name, so it loads "
-            f"nothing.{did_you_mean(name, seen)}",
+            next(iter(KERNEL_PLUGINS)),  # the kernel's own check
+            f"{source} names {name!r}, but no installed plugin has that name, so it {effect}."
+            f"{did_you_mean(name, seen)}",
             f"Name plugins as `forge-run plugins` shows them (installed: {', '.join(sorted(seen))}), "
-            f"or install the distribution that provides {name!r}.",
-            (),
+            f"or {fix}.",
+            fields,
         )
-        for name in sorted(wanted - seen)
+        for name in sorted(names - seen)
     ]
 
 
@@ -446,7 +427,30 @@ def load_plugins(block: Iterable[str] = (), extra: Iterable[tuple[str, Any]] = (
         blocked=tuple(sorted(blocked & seen_names)),
         warnings=(
             *warnings,
-            *_unmatched_blocks(config_block, env_block, seen_names),
-            *_unmatched_wanted(wanted, seen_names),
+            *_unmatched(
+                BLOCK_MATCHES_NOTHING,
+                "plugins.block",
+                config_block,
+                seen_names,
+                "blocks nothing",
+                "remove it from plugins.block",
+                (("plugins.block", sorted(config_block)),),
+            ),
+            *_unmatched(
+                BLOCK_MATCHES_NOTHING,
+                BLOCK_ENV,
+                env_block,
+                seen_names,
+                "blocks nothing",
+                f"remove it from {BLOCK_ENV}",
+            ),
+            *_unmatched(
+                NAMED_NOT_INSTALLED,
+                ONLY_ENV,
+                wanted,
+                seen_names,
+                "loads nothing",
+                "install the distribution that provides it",
+            ),
         ),
     )

@@ -188,6 +188,32 @@ def test_culprit_names_a_built_component_by_its_own_methods_not_by_the_torch_mac
     assert blame.built_culprit(hooked.value) is None
 
 
+def test_culprit_names_torchs_adafactor_failing_on_a_sharded_parameter():
+    """The reported case: torch's Adafactor (whose class torch files under another
+    ``__module__`` than the one its code is in) on an FSDP-sharded parameter."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from forge_core.components import blame
+    from forge_core.testing.optimizer import _one_process_group
+
+    with _one_process_group():
+        mesh = init_device_mesh("cpu", (1,))
+        param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
+        optimizer = torch.optim.Adafactor([param])
+        blame.remember(optimizer, "optimizer 'adafactor' (plugin 'mine')")
+        param.grad = distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])
+        with pytest.raises(
+            RuntimeError, match="in-place operations that require placement changes"
+        ) as caught:
+            optimizer.step()
+    assert blame.built_culprit(caught.value) == "optimizer 'adafactor' (plugin 'mine')"
+    message = str(blame.failure(caught.value, "optimizer 'adafactor' (plugin 'mine')"))
+    assert message.startswith("optimizer 'adafactor' (plugin 'mine') failed: RuntimeError: aten.pow_.Scalar")
+    assert "forge_core.testing.check_optimizer shows this on one process" in message
+
+
 def test_a_kernel_failure_is_one_line_and_the_traceback_is_opt_in(faults, capsys, monkeypatch):
     from forge_core.train.trainer import Trainer
 

@@ -54,9 +54,25 @@ _MACHINERY = {
 }
 
 
+def _own_code(cls: type) -> set[Any]:
+    """The code objects of the functions ``cls`` itself defines (decorators unwrapped)."""
+    codes = set()
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)  # staticmethod, classmethod
+        try:
+            function = inspect.unwrap(function)
+        except ValueError:  # a __wrapped__ cycle
+            pass
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            codes.add(code)
+    return codes
+
+
 def _built_component(frame: Any) -> str | None:
     """The description of the built component whose own method ``frame`` runs (a method
-    of its class or a base class other than :data:`_MACHINERY`), if any."""
+    of its class or of a base class other than :data:`_MACHINERY`), if any. Matched by
+    code object: torch renames the ``__module__`` of its public classes."""
     owner = frame.f_locals.get("self")
     if owner is None:
         return None
@@ -66,11 +82,8 @@ def _built_component(frame: Any) -> str | None:
         return None
     if description is None:
         return None
-    module, qualname = frame.f_globals.get("__name__"), frame.f_code.co_qualname
     for cls in type(owner).__mro__:
-        if (cls.__module__, cls.__qualname__) in _MACHINERY:
-            continue
-        if cls.__module__ == module and qualname.startswith(cls.__qualname__ + "."):
+        if (cls.__module__, cls.__qualname__) not in _MACHINERY and frame.f_code in _own_code(cls):
             return description
     return None
 
