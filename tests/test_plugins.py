@@ -230,6 +230,25 @@ def test_a_plugin_interrupting_its_own_import_is_named_but_a_real_ctrl_c_is_an_i
         assert result.stderr == ""
 
 
+def test_a_ctrl_c_while_a_run_imports_its_plugins_stops_the_run_as_an_interrupt(tmp_path):
+    """A run handles SIGINT itself from its first moment (Interrupted, not KeyboardInterrupt):
+    a Ctrl-C while it imports a plugin is still the user's interrupt, not the plugin's fault."""
+    source, _ = INTERRUPTS["ctrlc"]
+    site = make_distribution(
+        tmp_path / "site", "forge-ctrlc", "0.3", {"ctrlcplug": source}, {"ctrlc": "ctrlcplug"}
+    )
+    result = forge_run([str(REPO / "configs" / "quickstart.yaml")], paths=[site])
+    assert result.code == 130, result.output
+    assert "SIGINT received during start-up" in result.stderr and "plugin 'ctrlc'" not in result.stderr
+
+
+def test_a_run_warns_about_a_blocked_name_no_plugin_has(capsys):
+    from forge_core.cli.train import judged
+
+    judged(str(REPO / "configs" / "quickstart.yaml"), ["plugins.block=[nope]"], 1)
+    assert "warning: [plugins.block-matches-no-plugin]" in capsys.readouterr().err
+
+
 def test_a_keyboard_interrupt_raised_by_a_registration_hook_is_named():
     class Interrupts:
         @hookimpl
