@@ -248,22 +248,22 @@ def register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str = "") -
 
 
 class PluginRaised(Exception):
-    """What plugin code raised (``original``), any BaseException but the user's Ctrl-C."""
+    """What plugin code raised (``original``), any BaseException but the user's Ctrl-C;
+    ``shown`` is ``RuntimeError: boom`` (the type alone when there is no message)."""
 
     def __init__(self, original: BaseException) -> None:
         super().__init__(str(original))
         self.original = original
+        self.shown = f"{type(original).__name__}: {original}" if str(original) else type(original).__name__
 
     def what(self) -> str:
         """``called sys.exit(3)``, ``raised KeyboardInterrupt itself ...``, or
         ``raised RuntimeError: boom``."""
-        exc = self.original
-        if isinstance(exc, SystemExit):
-            return f"called sys.exit({exc.code!r})"
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(self.original, SystemExit):
+            return f"called sys.exit({self.original.code!r})"
+        if isinstance(self.original, KeyboardInterrupt):
             return "raised KeyboardInterrupt itself (no Ctrl-C or SIGINT arrived meanwhile)"
-        text = str(exc)
-        return f"raised {type(exc).__name__}{': ' + text if text else ''}"
+        return f"raised {self.shown}"
 
 
 @contextlib.contextmanager
@@ -315,7 +315,7 @@ def _import_plugin(ep: metadata.EntryPoint, dist: str) -> Any:
     except PluginRaised as fault:
         exc = fault.original
         what = (
-            f"failed to import: {type(exc).__name__}: {exc}"
+            f"failed to import: {fault.shown}"
             if isinstance(exc, Exception)
             else f"{fault.what()} while being imported"
         )

@@ -109,7 +109,7 @@ def _results(plugins: LoadedPlugins, hook_name: str) -> Iterator[tuple[str, Any]
         except PluginRaised as fault:  # sys.exit(), a KeyboardInterrupt of its own, ...
             exc = fault.original
             raise ForgeError(
-                f"plugin {impl.plugin_name!r} raised in {hook_name}(): {type(exc).__name__}: {exc}. "
+                f"plugin {impl.plugin_name!r} raised in {hook_name}(): {fault.shown}. "
                 f"{_remedy(plugins, impl.plugin_name)}"
             ) from (exc if isinstance(exc, Exception) else None)
         if result is None:

@@ -256,7 +256,7 @@ def test_a_keyboard_interrupt_raised_by_a_registration_hook_is_named():
             raise KeyboardInterrupt
 
     with pytest.raises(
-        ForgeError, match=r"plugin 'interrupts' raised in forge_packers\(\): KeyboardInterrupt"
+        ForgeError, match=r"plugin 'interrupts' raised in forge_packers\(\): KeyboardInterrupt\. Block it"
     ):
         build_registries(load_plugins(extra=[("interrupts", Interrupts())]))
 
