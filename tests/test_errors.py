@@ -196,9 +196,9 @@ def test_culprit_names_torchs_adafactor_failing_on_a_sharded_parameter():
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from forge_core.components import blame
-    from forge_core.testing.optimizer import _one_process_group
+    from forge_core.testing.optimizer import one_process_group
 
-    with _one_process_group():
+    with one_process_group():
         mesh = init_device_mesh("cpu", (1,))
         param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
         optimizer = torch.optim.Adafactor([param])

@@ -86,7 +86,7 @@ def _named(module: torch.nn.Module) -> list[NamedParameter]:
 
 
 @contextlib.contextmanager
-def _one_process_group() -> Iterator[None]:
+def one_process_group() -> Iterator[None]:
     """A one-rank gloo group for the check, unless this process already has one."""
     if dist.is_initialized():
         if dist.get_world_size() != 1:
@@ -186,7 +186,7 @@ def check_optimizer(
     _step_all(make(named), named, grads, lambda name, g: g.clone())
     want = {name: p.detach() for name, p in plain.named_parameters()}
     worst = 0.0
-    with _one_process_group():
+    with one_process_group():
         for layout, shape, matrix, vector in LAYOUTS:
             mesh = init_device_mesh("cpu", shape)
 
