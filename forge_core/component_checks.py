@@ -1,7 +1,8 @@
 """The kernel's own checks of the components a plan will build, reported with the rule
 violations: every chosen implementation module is installed (found now by ``check``
 instead of as a traceback when the run builds it), and a name that ``plugins.prefer``
-took from one of several plugins is said every time."""
+took from one of several plugins is said every time. The plugin loader's warnings (a
+hook function not marked, a blocked name no plugin has) join them."""
 
 from __future__ import annotations
 
@@ -104,5 +105,10 @@ def shadow_violations(ctx: Plan, registries: Registries) -> list[Violation]:
 
 
 def component_violations(ctx: Plan, registries: Registries) -> list[Violation]:
-    """Both checks, errors (missing implementations) first."""
-    return implementation_violations(ctx, registries) + shadow_violations(ctx, registries)
+    """Both checks, errors (missing implementations) first, then what loading the plugins
+    warned about (:attr:`forge_core.plugins.LoadedPlugins.warnings`)."""
+    return (
+        implementation_violations(ctx, registries)
+        + shadow_violations(ctx, registries)
+        + list(registries.plugins.warnings)
+    )

@@ -21,7 +21,7 @@ import attrs
 
 from forge_core.api import ForgeError, Rule, did_you_mean, unknown_name
 from forge_core.kinds import KINDS, Kind
-from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, load_plugins
+from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, PluginRaised, call_plugin, load_plugins
 
 
 @attrs.frozen
@@ -105,12 +105,13 @@ def _results(plugins: LoadedPlugins, hook_name: str) -> Iterator[tuple[str, Any]
     hook = getattr(plugins.pm.hook, hook_name)
     for impl in hook.get_hookimpls():  # registration order
         try:
-            result = impl.function()
-        except (Exception, SystemExit) as exc:  # SystemExit: a plugin calling sys.exit()
+            result = call_plugin(impl.function)
+        except PluginRaised as fault:  # sys.exit(), a KeyboardInterrupt of its own, ...
+            exc = fault.original
             raise ForgeError(
-                f"plugin {impl.plugin_name!r} raised in {hook_name}(): {type(exc).__name__}: {exc}. "
+                f"plugin {impl.plugin_name!r} raised in {hook_name}(): {fault.shown}. "
                 f"{_remedy(plugins, impl.plugin_name)}"
-            ) from (None if isinstance(exc, SystemExit) else exc)
+            ) from (exc if isinstance(exc, Exception) else None)
         if result is None:
             continue
         if not isinstance(result, (list, tuple)):

@@ -1,5 +1,6 @@
-"""Shared helpers: a fake third-party distribution on a temporary path, a config writer,
-``forge-run`` in a subprocess, and a private cache for the session. The fixtures a
+"""Shared helpers: a fake third-party distribution on a temporary path, the environment
+that shows Forge that distribution and the built-ins only (:func:`only_plugins`), a
+config writer, ``forge-run`` in a subprocess, and a private cache for the session. The fixtures a
 plugin author gets (``forge_config``, ``forge_registries``, ``forge_run``, ...) come from
 Forge's pytest plugin, :mod:`forge_core.testing.pytest_plugin`."""
 
@@ -36,6 +37,23 @@ def make_distribution(
     lines = "\n".join(f"{k} = {v}" for k, v in entry_points.items())
     (info / "entry_points.txt").write_text(f"[forge]\n{lines}\n")
     return site
+
+
+def only_plugins(*names: str) -> dict[str, str]:
+    """Environment variables under which Forge loads the built-in plugins and the
+    third-party plugins ``names`` (entry-point names: those the test installs) and no
+    other, whatever else this environment has installed (the example package, which the
+    plugin guide tells a reader to install, registers a ``window`` backend and a
+    ``greedy`` packer of its own)."""
+    return {"FORGE_DISABLE_PLUGIN_AUTOLOAD": "1", "FORGE_PLUGINS": ",".join(names)}
+
+
+@pytest.fixture
+def builtins_only(monkeypatch):
+    """For a test that registers its plugins in process (``extra``): Forge loads the
+    built-ins and those, nothing else installed in the environment."""
+    for name, value in only_plugins().items():
+        monkeypatch.setenv(name, value)
 
 
 def run_cli(

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_distribution
+from conftest import make_distribution, only_plugins
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from forge_core.api import AttentionBackendSpec, NoOptions
@@ -465,29 +465,34 @@ PACKED = {
     "data": {"packer": "concat", "packer_options": {"isolate": True}, "seq_len": 512},
 }
 
-#: A third-party backend that does not mask across documents.
-WINDOW_PLUGIN = """
+#: A third-party backend that does not mask across documents (a name of its own: the
+#: example package registers a ``window`` backend).
+MASKLESS_PLUGIN = """
 from forge_core.api import AttentionBackendSpec, hookimpl
 
 @hookimpl
 def forge_attention_backends():
-    return [AttentionBackendSpec(name="window", summary="Sliding window, no doc_ids",
-                                 impl="windowplug:Window")]
+    return [AttentionBackendSpec(name="maskless_window", summary="Sliding window, no doc_ids",
+                                 impl="masklessplug:Window")]
 """
 
 
 def test_check_refuses_a_backend_that_ignores_the_packers_doc_ids(forge_config, tmp_path):
     site = make_distribution(
-        tmp_path / "site", "forge-window", "0.1", {"windowplug": WINDOW_PLUGIN}, {"window": "windowplug"}
+        tmp_path / "site",
+        "forge-maskless",
+        "0.1",
+        {"masklessplug": MASKLESS_PLUGIN},
+        {"maskless": "masklessplug"},
     )
-    result = forge_run(["check", forge_config(PACKED), "attention.backend=window"], paths=[site])
+    backend, env = "attention.backend=maskless_window", only_plugins("maskless")
+    result = forge_run(["check", forge_config(PACKED), backend], paths=[site], env=env)
     assert result.code == 2, result.stdout + result.stderr
     assert "[attention.honours-doc-ids] (plugin 'core_rules')" in result.stdout
-    assert "$.data.packer = 'concat', $.attention.backend = 'window'" in result.stdout
+    assert "$.data.packer = 'concat', $.attention.backend = 'maskless_window'" in result.stdout
     # Without isolation nothing needs honouring.
     result = forge_run(
-        ["check", forge_config(PACKED), "attention.backend=window", "data.packer_options.isolate=false"],
-        paths=[site],
+        ["check", forge_config(PACKED), backend, "data.packer_options.isolate=false"], paths=[site], env=env
     )
     assert result.code == 0, result.stdout + result.stderr
 

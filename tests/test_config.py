@@ -128,11 +128,13 @@ class _RangeOptions:
             raise ValueError("hi must be above lo")
 
 
-class _WindowPlugin:
+class _BandedPlugin:
+    """Names of its own (the example package registers a ``window`` backend)."""
+
     @hookimpl
     def forge_attention_backends(self):
         return [
-            AttentionBackendSpec(name="window", summary="s", impl="x.y:Z", options=_WindowOptions),
+            AttentionBackendSpec(name="banded", summary="s", impl="x.y:Z", options=_WindowOptions),
             AttentionBackendSpec(name="range", summary="s", impl="x.y:Z", options=_RangeOptions),
         ]
 
@@ -141,29 +143,29 @@ def _option_issues(cfg, backend, options):
     with pytest.raises(ConfigError) as info:
         judge(
             cfg({"attention": {"backend": backend, "options": options}}),
-            extra_plugins=(("window", _WindowPlugin()),),
+            extra_plugins=(("banded_plugin", _BandedPlugin()),),
         )
     return info.value.issues
 
 
-def test_validator_errors_in_option_blocks_are_reported_at_their_field(forge_config):
-    issues = _option_issues(forge_config, "window", {"window": 0})
+def test_validator_errors_in_option_blocks_are_reported_at_their_field(forge_config, builtins_only):
+    issues = _option_issues(forge_config, "banded", {"window": 0})
     assert issues == [("$.attention.options.window", "'window' must be >= 1: 0")]
     # Every failing validator at once, not only the first that __init__ runs.
-    issues = dict(_option_issues(forge_config, "window", {"window": 0, "mode": "sideways"}))
+    issues = dict(_option_issues(forge_config, "banded", {"window": 0, "mode": "sideways"}))
     assert issues == {
         "$.attention.options.window": "'window' must be >= 1: 0",
         "$.attention.options.mode": "'mode' must be in ['causal', 'full'] (got 'sideways')",
     }
     config = judge(
-        forge_config({"attention": {"backend": "window", "options": {"window": 2, "mode": "full"}}}),
-        extra_plugins=(("window", _WindowPlugin()),),
+        forge_config({"attention": {"backend": "banded", "options": {"window": 2, "mode": "full"}}}),
+        extra_plugins=(("banded_plugin", _BandedPlugin()),),
     ).config
     assert config.attention.options == _WindowOptions(window=2, mode="full")
     assert attrs.validators.get_disabled() is False
 
 
-def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config):
+def test_errors_of_a_whole_option_block_stay_at_the_block(forge_config, builtins_only):
     # A check across fields (__attrs_post_init__) belongs to no single field.
     assert _option_issues(forge_config, "range", {"lo": 2}) == [
         ("$.attention.options", "ValueError: hi must be above lo")

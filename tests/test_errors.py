@@ -17,7 +17,7 @@ from forge_core.cli import main
 FAULTS = """
 import os
 
-from forge_core.api import LoggerSpec, ModelSpec, SourceSpec, hookimpl
+from forge_core.api import LoggerSpec, ModelSpec, OptimizerSpec, SourceSpec, hookimpl
 
 ACCEPTS = {"doc_ids", "positions"}
 
@@ -41,6 +41,13 @@ def model_exits(options, vocab_size, attention):
 
 def model_interrupted(options, vocab_size, attention):
     raise KeyboardInterrupt
+
+
+def stock_sparse_adam(named_params, lr, options):
+    import torch
+
+    # torch's own class: the failure at step() is in torch's code, not in this package
+    return torch.optim.SparseAdam([p.param for p in named_params], lr=lr)
 
 
 class BombLogger:
@@ -75,6 +82,12 @@ def forge_models():
 @hookimpl
 def forge_loggers():
     return [LoggerSpec(name="bomb", summary="Raises at step 2", impl="forge_faults:BombLogger")]
+
+
+@hookimpl
+def forge_optimizers():
+    return [OptimizerSpec(name="sparse", summary="Dense gradients refused at step()",
+                          impl="forge_faults:stock_sparse_adam")]
 """
 
 
@@ -141,6 +154,64 @@ def test_a_component_failing_while_training_is_named(faults, capsys):
         "error: logger 'bomb' (plugin 'faults') failed: ValueError: cannot reach the dashboard"
     ), err
     assert "forge_faults.py" in err and "in forge_step_end" in err
+
+
+def test_a_stock_torch_optimizer_failing_at_its_step_is_named_with_its_plugin(faults, capsys):
+    code, err = run(capsys, faults(train={"steps": 2, "batch_size": 4, "optimizer": "sparse"}))
+    assert code == 2 and "Traceback" not in err, err
+    assert error_line(err).startswith(
+        "error: optimizer 'sparse' (plugin 'faults') failed: RuntimeError: SparseAdam does not "
+        "support dense gradients"
+    ), err
+    assert "bug in Forge" not in err
+
+
+def test_culprit_names_a_built_component_by_its_own_methods_not_by_the_torch_machinery_around_it():
+    """A frame whose ``self`` is a built component names it when the frame runs a method
+    of the component's class (torch's ``SparseAdam.step``); ``Module.__call__`` around a
+    model, where FSDP's hooks run, is machinery and names nobody."""
+    import torch
+
+    from forge_core.components import blame
+
+    optimizer = torch.optim.SparseAdam([torch.nn.Parameter(torch.ones(2))])
+    module = torch.nn.Linear(2, 2)
+    module.register_forward_pre_hook(lambda mod, args: json.loads("{"))
+    blame.remember(optimizer, "optimizer 'sparse' (plugin 'faults')")
+    blame.remember(module, "model 'linear' (plugin 'faults')")
+    optimizer.param_groups[0]["params"][0].grad = torch.ones(2)
+    with pytest.raises(RuntimeError) as stepped:
+        optimizer.step()
+    assert blame.built_culprit(stepped.value) == "optimizer 'sparse' (plugin 'faults')"
+    with pytest.raises(ValueError) as hooked:
+        module(torch.ones(2))
+    assert blame.built_culprit(hooked.value) is None
+
+
+def test_culprit_names_torchs_adafactor_failing_on_a_sharded_parameter():
+    """The reported case: torch's Adafactor (whose class torch files under another
+    ``__module__`` than the one its code is in) on an FSDP-sharded parameter."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from forge_core.components import blame
+    from forge_core.testing.optimizer import one_process_group
+
+    with one_process_group():
+        mesh = init_device_mesh("cpu", (1,))
+        param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
+        optimizer = torch.optim.Adafactor([param])
+        blame.remember(optimizer, "optimizer 'adafactor' (plugin 'mine')")
+        param.grad = distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])
+        with pytest.raises(
+            RuntimeError, match="in-place operations that require placement changes"
+        ) as caught:
+            optimizer.step()
+    assert blame.built_culprit(caught.value) == "optimizer 'adafactor' (plugin 'mine')"
+    message = str(blame.failure(caught.value, "optimizer 'adafactor' (plugin 'mine')"))
+    assert message.startswith("optimizer 'adafactor' (plugin 'mine') failed: RuntimeError: aten.pow_.Scalar")
+    assert "forge_core.testing.check_optimizer shows this on one process" in message
 
 
 def test_a_kernel_failure_is_one_line_and_the_traceback_is_opt_in(faults, capsys, monkeypatch):

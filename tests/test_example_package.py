@@ -21,12 +21,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, only_plugins
 
 from forge_core.testing import forge_run
 
 EXAMPLE = REPO / "examples" / "forge-plugin-example"
 IGNORED = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache")
+#: The built-ins and the example only: the same whether or not the environment has the
+#: example (or any other plugin) installed too, as the plugin guide tells a reader to do.
+ONLY_EXAMPLE = only_plugins("example")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def installed(tmp_path_factory) -> dict:
     )
     assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return {"source": source, "site": site, "env": {"PYTHONPATH": path}}
+    return {"source": source, "site": site, "env": {"PYTHONPATH": path, **ONLY_EXAMPLE}}
 
 
 def _config(tmp_path: Path, **data_overrides) -> str:
@@ -99,7 +102,7 @@ def _config(tmp_path: Path, **data_overrides) -> str:
 
 
 def test_plugins_lists_the_installed_distribution_and_its_components(installed):
-    result = forge_run(["plugins", "--json"], paths=[installed["site"]])
+    result = forge_run(["plugins", "--json"], paths=[installed["site"]], env=ONLY_EXAMPLE)
     assert result.code == 0, result.stderr
     plugins = {p["name"]: p for p in json.loads(result.stdout)}
     example = plugins["example"]
@@ -113,17 +116,22 @@ def test_plugins_lists_the_installed_distribution_and_its_components(installed):
     assert components == {("attention", "window"), ("packer", "greedy"), ("logger", "csv")}
     assert example["rules"] == ["example.window-covers-row"]
     # Without the installation on the path, the plugin is simply not there.
-    assert "example" not in {p["name"] for p in json.loads(forge_run(["plugins", "--json"]).stdout)}
+    alone = forge_run(["plugins", "--json"], env=only_plugins())
+    assert "example" not in {p["name"] for p in json.loads(alone.stdout)}
 
 
 def test_check_judges_a_config_using_the_example_components(installed, tmp_path):
     config = _config(tmp_path)
-    ok = forge_run(["check", config, "--json"], paths=[installed["site"]])
+    ok = forge_run(["check", config, "--json"], paths=[installed["site"]], env=ONLY_EXAMPLE)
     assert ok.code == 0, ok.stdout + ok.stderr
     assert json.loads(ok.stdout) == {"valid": True, "world_size": None, "violations": []}
 
     # The example's own rule: a window as long as the row is a warning, not an error.
-    wide = forge_run(["check", config, "attention.options.window=32", "--json"], paths=[installed["site"]])
+    wide = forge_run(
+        ["check", config, "attention.options.window=32", "--json"],
+        paths=[installed["site"]],
+        env=ONLY_EXAMPLE,
+    )
     assert wide.code == 0, wide.stderr
     (warning,) = json.loads(wide.stdout)["violations"]
     assert (warning["rule"], warning["severity"], warning["plugin"]) == (
@@ -134,13 +142,17 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
     assert warning["fields"] == {"attention.options.window": 32, "data.seq_len": 32}
 
     # Its options class validates: window >= 1.
-    bad = forge_run(["check", config, "attention.options.window=0"], paths=[installed["site"]])
+    bad = forge_run(
+        ["check", config, "attention.options.window=0"], paths=[installed["site"]], env=ONLY_EXAMPLE
+    )
     assert bad.code == 2 and "$.attention.options" in bad.stderr and "window" in bad.stderr, bad.stderr
 
     # Its declared capabilities feed the kernel's rules: greedy emits doc_ids, which the
     # pipeline carries to every stage, so the founding rule lets them pass.
     pp = forge_run(
-        ["check", config, "parallel.pp=2", "--world-size", "2", "--json"], paths=[installed["site"]]
+        ["check", config, "parallel.pp=2", "--world-size", "2", "--json"],
+        paths=[installed["site"]],
+        env=ONLY_EXAMPLE,
     )
     rules = {v["rule"]: v for v in json.loads(pp.stdout)["violations"]}
     assert "parallel.metadata-reaches-layers" not in rules, rules
@@ -149,7 +161,7 @@ def test_check_judges_a_config_using_the_example_components(installed, tmp_path)
 @pytest.mark.slow
 def test_trains_a_few_steps_with_the_example_components(installed, tmp_path):
     config = _config(tmp_path)
-    result = forge_run([config], paths=[installed["site"]])
+    result = forge_run([config], paths=[installed["site"]], env=ONLY_EXAMPLE)
     assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import REPO, make_distribution
@@ -47,6 +48,30 @@ def test_autoload_switch_skips_third_party_but_keeps_builtins(fake_site):
         p["name"] for p in json.loads(forge_run(["plugins", "--json"], paths=[fake_site], env=env).stdout)
     }
     assert "fakeplug" not in names and "attention" in names
+
+
+def test_forge_plugins_names_the_third_party_plugins_loaded_with_autoload_off(fake_site, tmp_path):
+    other = make_distribution(
+        tmp_path / "other",
+        "forge-other",
+        "0.1",
+        {"otherplug": GOOD_PLUGIN.replace("shuffled", "other")},
+        {"other": "otherplug"},
+    )
+
+    def names(**env):
+        result = forge_run(["plugins", "--json"], paths=[fake_site, other], env=env)
+        assert result.code == 0, result.output
+        return {p["name"] for p in json.loads(result.stdout)}, result.stderr
+
+    both, _ = names()
+    assert {"fakeplug", "other"} <= both
+    only, quiet = names(FORGE_DISABLE_PLUGIN_AUTOLOAD="1", FORGE_PLUGINS="fakeplug")
+    assert "fakeplug" in only and "other" not in only and "attention" in only and quiet == ""
+    none, warned = names(FORGE_DISABLE_PLUGIN_AUTOLOAD="1", FORGE_PLUGINS="fakeplg")
+    assert "fakeplug" not in none
+    assert "FORGE_PLUGINS names 'fakeplg', but no installed plugin has that name" in warned
+    assert "Did you mean 'fakeplug'?" in warned and "fields:" not in warned  # no config field to name
 
 
 def test_env_blocklist_skips_named_plugin(fake_site):
@@ -170,6 +195,193 @@ def test_a_plugin_calling_sys_exit_in_a_registration_hook_is_named():
 
     with pytest.raises(ForgeError, match=r"plugin 'exits' raised in forge_packers\(\): SystemExit: 4"):
         build_registries(load_plugins(extra=[("exits", Exits())]))
+
+
+INTERRUPTS = {
+    # raised by the plugin's own module: the plugin's fault, named, exit 2
+    "selfinterrupt": ("raise KeyboardInterrupt\n", 2),
+    "baseexc": ("class Stop(BaseException):\n    pass\n\nraise Stop('at import')\n", 2),
+    # a real SIGINT while the module is imported (the user's Ctrl-C): an interrupt, 130
+    "ctrlc": ("import signal\n\nsignal.raise_signal(signal.SIGINT)\n", 130),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTERRUPTS))
+def test_a_plugin_interrupting_its_own_import_is_named_but_a_real_ctrl_c_is_an_interrupt(tmp_path, name):
+    source, expected = INTERRUPTS[name]
+    site = make_distribution(
+        tmp_path / "site", f"forge-{name}", "0.3", {f"{name}plug": source}, {name: f"{name}plug"}
+    )
+    result = forge_run(["check", str(REPO / "configs" / "quickstart.yaml")], paths=[site])
+    assert result.code == expected, result.output
+    assert "Traceback" not in result.output
+    if expected == 2:
+        for needle in (
+            f"plugin {name!r}",
+            f"{name} = {name}plug",
+            f"forge-{name} 0.3",
+            f"FORGE_BLOCK_PLUGINS={name}",
+        ):
+            assert needle in result.stderr, (needle, result.stderr)
+        assert (
+            "KeyboardInterrupt itself" if name == "selfinterrupt" else "raised Stop: at import"
+        ) in result.stderr
+    else:
+        assert result.stderr == ""
+
+
+def test_a_ctrl_c_while_a_run_imports_its_plugins_stops_the_run_as_an_interrupt(tmp_path):
+    """A run handles SIGINT itself from its first moment (Interrupted, not KeyboardInterrupt):
+    a Ctrl-C while it imports a plugin is still the user's interrupt, not the plugin's fault."""
+    source, _ = INTERRUPTS["ctrlc"]
+    site = make_distribution(
+        tmp_path / "site", "forge-ctrlc", "0.3", {"ctrlcplug": source}, {"ctrlc": "ctrlcplug"}
+    )
+    result = forge_run([str(REPO / "configs" / "quickstart.yaml")], paths=[site])
+    assert result.code == 130, result.output
+    assert "SIGINT received during start-up" in result.stderr and "plugin 'ctrlc'" not in result.stderr
+
+
+def test_a_run_warns_about_a_blocked_name_no_plugin_has(capsys):
+    from forge_core.cli.train import judged
+
+    judged(str(REPO / "configs" / "quickstart.yaml"), ["plugins.block=[nope]"], 1)
+    assert "warning: [plugins.block-matches-no-plugin]" in capsys.readouterr().err
+
+
+def test_a_keyboard_interrupt_raised_by_a_registration_hook_is_named():
+    class Interrupts:
+        @hookimpl
+        def forge_packers(self):
+            raise KeyboardInterrupt
+
+    with pytest.raises(
+        ForgeError, match=r"plugin 'interrupts' raised in forge_packers\(\): KeyboardInterrupt\. Block it"
+    ):
+        build_registries(load_plugins(extra=[("interrupts", Interrupts())]))
+
+
+UNMARKED_PLUGIN = """
+from forge_core.api import PackerSpec, hookimpl
+from json import loads as forge_imported_helper  # imported, not the plugin's own: no word
+
+
+def forge_packers():  # the marker is missing: pluggy skips it
+    return [PackerSpec(name="forgotten", summary="never registered", impl="x:Y")]
+
+
+def forge_rule():  # neither marked nor a hook's name
+    return []
+
+
+@hookimpl
+def forge_optimizers():
+    return []
+"""
+
+
+def test_a_function_named_like_a_hook_but_not_marked_is_a_warning_naming_module_function_and_fix(
+    tmp_path, forge_config
+):
+    site = make_distribution(
+        tmp_path / "site",
+        "forge-unmarked",
+        "0.1",
+        {"unmarkedplug": UNMARKED_PLUGIN},
+        {"unmarked": "unmarkedplug"},
+    )
+    listing = forge_run(["plugins", "--json"], paths=[site])
+    assert listing.code == 0, listing.output
+    assert json.loads(listing.stdout)  # the warnings go to stderr, the JSON stays whole
+    for needle in (
+        "[plugins.hook-not-marked] (plugin 'unmarked')",
+        "plugin 'unmarked' (distribution forge-unmarked 0.1): unmarkedplug.forge_packers() is the hook "
+        "forge_packers but is not marked with @hookimpl, so Forge never calls it",
+        "`@hookimpl` on the line above `def forge_packers`",
+        "unmarkedplug.forge_rule() is named like a hook but is not marked with @hookimpl and is no "
+        "hook's name. Did you mean 'forge_rules'?",
+    ):
+        assert needle in " ".join(listing.stderr.split()), (needle, listing.stderr)
+    assert "forge_optimizers" not in listing.stderr and "forge_imported_helper" not in listing.stderr
+    check = forge_run(["check", forge_config({}), "--json"], paths=[site])
+    assert check.code == 0, check.output
+    warned = [v for v in json.loads(check.stdout)["violations"] if v["rule"] == "plugins.hook-not-marked"]
+    assert [v["plugin"] for v in warned] == ["unmarked", "unmarked"]
+
+
+def test_an_unmarked_hook_method_of_a_plugin_object_is_a_warning():
+    class Forgetful:
+        def forge_packers(self):
+            return []
+
+    (warning,) = load_plugins(extra=[("forgetful", Forgetful())]).warnings
+    assert "Forgetful.forge_packers() is the hook forge_packers but is not marked" in warning.message
+
+
+def test_the_built_in_plugins_load_without_warnings():
+    assert load_plugins().warnings == ()
+
+
+def test_a_blocked_name_no_plugin_has_is_a_warning_with_did_you_mean_and_the_installed_names(
+    forge_config,
+):
+    config = str(REPO / "configs" / "quickstart.yaml")
+    for override, hint in (
+        ("plugins.block=[nope]", ""),
+        ("plugins.block=[attentoin]", " Did you mean 'attention'?"),
+    ):
+        result = forge_run(["check", config, override, "--json"])
+        assert result.code == 0, result.output
+        (warning,) = [
+            v
+            for v in json.loads(result.stdout)["violations"]
+            if v["rule"] == "plugins.block-matches-no-plugin"
+        ]
+        name = override.split("[")[1].rstrip("]")
+        assert warning["severity"] == "warning" and warning["fields"] == {"plugins.block": [name]}
+        why = f"plugins.block names {name!r}, but no installed plugin has that name, so it blocks nothing."
+        assert warning["message"] == why + hint
+        assert "installed: attention, " in warning["fix"] and "sources, tokenizers" in warning["fix"]
+    env = forge_run(["check", config], env={"FORGE_BLOCK_PLUGINS": "packer"})
+    assert env.code == 0, env.output
+    assert "FORGE_BLOCK_PLUGINS names 'packer', but no installed plugin has that name" in env.stdout
+    assert "Did you mean 'packers'?" in env.stdout
+    # A name that is installed blocks it, and is no warning.
+    real = forge_run(["check", forge_config({"plugins": {"block": ["loggers"]}, "logging": {"loggers": []}})])
+    assert "plugins.block-matches-no-plugin" not in real.output
+
+
+LONG_NAMES_PLUGIN = """
+from forge_core.api import PackerSpec, hookimpl
+
+@hookimpl
+def forge_packers():
+    return [PackerSpec(name=name, summary=f"summary of {name}", impl="x:Y")
+            for name in ("short", "fifteen_letters", "a_much_longer_packer_name_than_any")]
+"""
+
+
+def test_plugins_sizes_the_name_column_to_the_longest_name(tmp_path):
+    site = make_distribution(
+        tmp_path / "site",
+        "forge-longnames",
+        "0.1",
+        {"longplug": LONG_NAMES_PLUGIN},
+        {"longnames": "longplug"},
+    )
+    result = forge_run(["plugins"], paths=[site])
+    assert result.code == 0, result.output
+    # Every component row of every plugin: its kind, its name, then its summary.
+    rows = [
+        m
+        for m in map(re.compile(r"^    (\S+) +(\S+) +(\S.*)$").match, result.stdout.splitlines())
+        if m and m[1] != "rule"
+    ]
+    mine = {m[2]: m for m in rows if m[3].startswith("summary of")}
+    assert sorted(mine) == ["a_much_longer_packer_name_than_any", "fifteen_letters", "short"], result.stdout
+    assert all(m[3] == f"summary of {name}" for name, m in mine.items())  # no name ran into its summary
+    # All summaries start in one column, at least two spaces past the longest name.
+    assert {m.start(3) for m in rows} == {mine["a_much_longer_packer_name_than_any"].end(2) + 2}
 
 
 # --- the kernel's rules cannot be switched off ---------------------------------------

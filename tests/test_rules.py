@@ -11,7 +11,7 @@ import os
 
 import attrs
 import pytest
-from conftest import make_distribution
+from conftest import make_distribution, only_plugins
 
 from forge_core.api import PackerSpec, ParallelismSpec, Plan, Rule, hookimpl
 from forge_core.cli.report import render
@@ -49,7 +49,9 @@ class _LossyWrapper:
         ]
 
 
-def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(forge_config):
+def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_packer(
+    forge_config, builtins_only
+):
     path = forge_config({"data": {"packer": "concat"}, "parallel": {"wrappers": ["lossy"]}})
     found, result = errors(path, extra=[("lossyplug", _LossyWrapper())])
     violation = found["parallel.metadata-reaches-layers"]
@@ -78,20 +80,24 @@ def test_founding_rule_lets_pipeline_parallelism_carry_packed_documents(forge_co
 @pytest.mark.parametrize(
     "packer", [["data.packer=none"], ["data.packer=concat", "data.packer_options.isolate=false"]]
 )
-def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(forge_config, packer):
+def test_founding_rule_accepts_a_lossy_strategy_without_document_isolation(
+    forge_config, packer, builtins_only
+):
     path = forge_config({"parallel": {"wrappers": ["lossy"]}})
     found, _ = errors(path, packer, extra=[("lossyplug", _LossyWrapper())])
     assert "parallel.metadata-reaches-layers" not in found
 
 
 class _ThirdPartyPacker:
+    """A name of its own: the example package registers a ``greedy`` packer."""
+
     @hookimpl
     def forge_packers(self):
-        return [PackerSpec(name="greedy", summary="third-party", impl="x.y:Z", emits={"doc_ids"})]
+        return [PackerSpec(name="doc_id_packer", summary="third-party", impl="x.y:Z", emits={"doc_ids"})]
 
 
-def test_third_party_packer_emitting_doc_ids_is_caught(forge_config):
-    path = forge_config({"data": {"packer": "greedy"}, "parallel": {"wrappers": ["lossy"]}})
+def test_third_party_packer_emitting_doc_ids_is_caught(forge_config, builtins_only):
+    path = forge_config({"data": {"packer": "doc_id_packer"}, "parallel": {"wrappers": ["lossy"]}})
     found, _ = errors(path, extra=[("thirdparty", _ThirdPartyPacker()), ("lossyplug", _LossyWrapper())])
     assert "emits doc_ids" in found["parallel.metadata-reaches-layers"].message
 
@@ -186,7 +192,9 @@ def test_check_cli_reports_founding_rule_with_exit_2(tmp_path, forge_config):
         tmp_path / "site", "forge-lossy", "1.0", {"lossyplug": LOSSY_PLUGIN}, {"lossy": "lossyplug"}
     )
     result = forge_run(
-        ["check", forge_config({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"], paths=[site]
+        ["check", forge_config({"data": {"packer": "concat"}}), "parallel.wrappers=[lossy]"],
+        paths=[site],
+        env=only_plugins("lossy"),
     )
     assert result.code == 2
     assert "[parallel.metadata-reaches-layers]" in result.stdout and "strategy 'lossy'" in result.stdout
@@ -232,9 +240,10 @@ def forge_rules():
         },
         {"strict": "strictplug"},
     )
-    listed = {r["id"]: r for r in json.loads(forge_run(["rules", "--json"], paths=[site]).stdout)}
+    env = only_plugins("strict")
+    listed = {r["id"]: r for r in json.loads(forge_run(["rules", "--json"], paths=[site], env=env).stdout)}
     assert listed["lab.max-steps"]["plugin"] == "strict"
-    result = forge_run(["check", forge_config({"train": {"steps": 5000}})], paths=[site])
+    result = forge_run(["check", forge_config({"train": {"steps": 5000}})], paths=[site], env=env)
     assert result.code == 2 and "[lab.max-steps] (plugin 'strict')" in result.stdout
 
 

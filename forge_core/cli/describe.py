@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from forge_core.errors import EXIT_INVALID
@@ -86,10 +87,13 @@ def _clash_lines(registries: Any) -> list[str]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from forge_core.cli.report import render
     from forge_core.reference import components_markdown
     from forge_core.registry import load_registries
 
     registries = load_registries()
+    if registries.plugins.warnings:  # on stderr: --json and --markdown stay readable
+        print(render(registries.plugins.warnings), file=sys.stderr)
     if args.markdown:
         print(components_markdown(registries), end="")
         return 0
@@ -125,14 +129,19 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    # Columns as wide as their longest entry (at least as wide as the built-ins need), so
+    # a long third-party name never runs into the summary; one width for every plugin.
+    listed = [(kind, spec.name) for entries in grouped.values() for kind, spec, _ in entries]
+    kind_width = max([12, *(len(kind) + 1 for kind, _ in listed)])
+    name_width = max([14, *(len(name) + 1 for _, name in listed)])
     for info in infos.values():
         origin = "built-in" if info.builtin else "third-party"
         print(f"{info.name}  ({info.distribution} {info.version}, {origin}, {info.module})")
         for kind, spec, others in grouped.get(info.name, []):
             clash = f"  [also registered by {', '.join(map(repr, others))}]" if others else ""
-            print(f"    {kind:<12} {spec.name:<14} {spec.summary}{clash}")
+            print(f"    {kind:<{kind_width}} {spec.name:<{name_width}} {spec.summary}{clash}")
         for rule_id in rules_by_plugin.get(info.name, []):
-            print(f"    {'rule':<12} {rule_id}")
+            print(f"    {'rule':<{kind_width}} {rule_id}")
     if registries.plugins.blocked:
         print(f"blocked: {', '.join(registries.plugins.blocked)}")
     for line in _clash_lines(registries):

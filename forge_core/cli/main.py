@@ -11,6 +11,9 @@ any order. What ends a command and its exit status (docs/cli.md lists them):
 - the reader of stdout going away (``forge-run rules | head``): quietly, 141, like a
   program killed by SIGPIPE;
 - an OSError (a file, a permission, the disk): its message, status 2;
+- an exception raised by the code of a component the command built (a method of the
+  built object, wherever its class lives: a stock torch optimizer's ``step``): a
+  :class:`~forge_core.errors.ComponentError` naming the component and its plugin, 2;
 - anything else is a bug: one line saying what and where, status 1; the traceback is
   shown with ``FORGE_TRACEBACK=1`` (which also prints it before any other error).
 """
@@ -22,6 +25,7 @@ import os
 import sys
 from typing import Any
 
+from forge_core.api import ForgeError
 from forge_core.errors import EXIT_INVALID, Interrupted, outcome, show_tracebacks, traceback_text
 
 
@@ -299,6 +303,18 @@ def _stdout_closed() -> None:
         pass  # stdout is not a file descriptor (captured in process): nothing to redirect
 
 
+def _blamed(exc: BaseException) -> BaseException:
+    """An exception no Forge code anticipated, raised by the code of a component a
+    command built (``eval``'s model, ``sample``'s tokenizer, ...), as the error naming
+    that component and its plugin; any other exception as it is."""
+    if not isinstance(exc, Exception) or isinstance(exc, (ForgeError, OSError)):
+        return exc
+    from forge_core.components import blame
+
+    who = blame.built_culprit(exc)
+    return exc if who is None else blame.failure(exc, who)
+
+
 def run_command(handler: Any, args: argparse.Namespace) -> int:
     """Run one command and turn whatever ends it into its exit status (module docstring)."""
     try:
@@ -306,7 +322,7 @@ def run_command(handler: Any, args: argparse.Namespace) -> int:
         sys.stdout.flush()  # inside the try: a closed pipe shows up here, not at exit
         return code
     except (Exception, KeyboardInterrupt, Interrupted) as exc:
-        message, code = outcome(exc)
+        message, code = outcome(_blamed(exc))
         if isinstance(exc, BrokenPipeError):
             _stdout_closed()
         if message is not None:

@@ -17,8 +17,8 @@ def render(violations: Iterable[Violation]) -> str:
         fields = ", ".join(f"$.{path} = {show_value(value)}" for path, value in v.fields)
         blocks.append(
             f"{v.severity}: [{v.rule_id}] (plugin {v.plugin!r})\n"
-            f"  fields: {fields}\n"
-            f"  why:    {v.message}\n"
+            + (f"  fields: {fields}\n" if fields else "")  # an environment variable has no field
+            + f"  why:    {v.message}\n"
             f"  fix:    {v.fix}"
         )
     return "\n".join(blocks)

@@ -34,11 +34,8 @@ from typing import Any
 from forge_core.api import ForgeError
 from forge_core.errors import (
     EXIT_OK,
-    TRACEBACK_ENV,
-    ComponentError,
     exit_for_signal,
     signal_name,
-    where_raised,
 )
 from forge_core.parallel_dims import launched_by_torchrun
 from forge_core.train.signals import StopSignal, alive, child_pids
@@ -135,12 +132,7 @@ def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeErr
     if collective is not None:
         return collective
     who = components.culprit(exc, registries)
-    if who is None:
-        return None
-    return ComponentError(
-        f"{who} failed: {components.original_error(exc)} (at {where_raised(exc)}; "
-        f"{TRACEBACK_ENV}=1 shows the traceback)"
-    )
+    return None if who is None else components.failure(exc, who)
 
 
 def run_here(config_path: str, overrides: Sequence[str]) -> int:

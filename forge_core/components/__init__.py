@@ -3,7 +3,7 @@ registries only (:mod:`forge_core.components.build`), and the names of the compo
 that failed (:mod:`forge_core.components.blame`). Used by the trainer, the data path and
 the commands alike."""
 
-from forge_core.components.blame import culprit, describe, original_error
+from forge_core.components.blame import built_culprit, culprit, describe, failure, original_error
 from forge_core.components.build import (
     attention,
     chosen_source,
@@ -20,9 +20,11 @@ from forge_core.components.build import (
 
 __all__ = [
     "attention",
+    "built_culprit",
     "chosen_source",
     "culprit",
     "describe",
+    "failure",
     "loggers",
     "model",
     "optimizer",

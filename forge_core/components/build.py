@@ -12,7 +12,7 @@ component's implementation is imported or constructed becomes a
 :class:`~forge_core.errors.ComponentError` naming the component, the plugin that
 registered it and the original error (a ForgeError from the plugin passes unchanged).
 :mod:`forge_core.components.blame` names the component whose code raised an exception
-later, while it was used.
+later, while it was used: every object built here is remembered for it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from forge_core.api import ForgeError
-from forge_core.components.blame import describe, original_error
+from forge_core.components.blame import describe, original_error, remember
 from forge_core.errors import TRACEBACK_ENV, ComponentError
 
 
@@ -42,7 +42,7 @@ def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], sp
             f"Install what it needs, or choose another {registries[kind].kind.label}."
         ) from exc
     try:
-        return make(impl)
+        built = make(impl)
     except ForgeError:
         raise
     except Exception as exc:
@@ -50,6 +50,8 @@ def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], sp
             f"building {what} failed: {original_error(exc)}. The cause is in its options, the "
             f"files they name, or the plugin itself ({TRACEBACK_ENV}=1 shows where it was raised)."
         ) from exc
+    remember(built, what)  # its methods' failures name it later, wherever its code lives
+    return built
 
 
 def tokenizer(plan: Any, registries: Any) -> Any:

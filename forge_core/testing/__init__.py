@@ -12,6 +12,10 @@
   ``doc_ids``/``positions`` invariants, and that the declared ``emits`` (and
   ``emits_when``) match the rows; :func:`pack_documents` materializes a packer's rows
   of in-memory documents exactly as a run reads them (for a packer's own tests).
+- :func:`check_optimizer`: an optimizer factory steps DTensor parameters, laid out as
+  FSDP and tensor parallelism lay them out, on one process, and lands where it does on
+  plain tensors; an in-place update DTensor cannot keep is named with its fix
+  (:mod:`forge_core.testing.optimizer`).
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
   does not.
 - :func:`check_model`: a model computes attention through the backend it is given,
@@ -59,6 +63,7 @@ _ATTENTION_NAMES = (
 )
 _MODEL_NAMES = ("check_model", "ModelReport")
 _ISOLATION_NAMES = ("check_document_isolation",)
+_OPTIMIZER_NAMES = ("check_optimizer", "OptimizerReport")
 _TOLERANCE_NAMES = (
     "assert_within_rounding",
     "assert_exactly_zero",
@@ -82,6 +87,7 @@ __all__ = [
     *_TOLERANCE_NAMES,
     *_MODEL_NAMES,
     *_ISOLATION_NAMES,
+    *_OPTIMIZER_NAMES,
 ]
 
 
@@ -102,6 +108,10 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import isolation
 
         return getattr(isolation, name)
+    if name in _OPTIMIZER_NAMES:
+        from forge_core.testing import optimizer
+
+        return getattr(optimizer, name)
     if name == "assert_close":
         raise AttributeError(
             "forge_core.testing.assert_close (fixed atol/rtol) was replaced by "
@@ -118,4 +128,5 @@ def __dir__() -> list[str]:
         | set(_TOLERANCE_NAMES)
         | set(_MODEL_NAMES)
         | set(_ISOLATION_NAMES)
+        | set(_OPTIMIZER_NAMES)
     )
