@@ -37,15 +37,17 @@ def checkpoints(tmp_path_factory):
     return root
 
 
-def folder(checkpoints, tmp_path, family="llama", config=None, drop=(), **changes):
+def folder(checkpoints, tmp_path, family="llama", config=None, drop=(), nulls=(), **changes):
     """A copy of a checkpoint with ``config.json`` changed (``changes``; ``None`` removes
-    a key), or replaced by ``config`` (a string), and files in ``drop`` removed."""
+    a key, ``nulls`` are keys set to null), or replaced by ``config`` (a string), and
+    files in ``drop`` removed."""
     out = tmp_path / "hf"
     shutil.copytree(checkpoints / family, out)
     path = out / "config.json"
     data = json.loads(path.read_text())
     for key, value in changes.items():
         data.pop(key, None) if value is None else data.__setitem__(key, value)
+    data.update(dict.fromkeys(nulls))
     path.write_text(config if config is not None else json.dumps(data))
     for name in drop:
         (out / name).unlink()
@@ -153,11 +155,18 @@ CASES = {
         ["rope type 'longrope' is not supported"],
     ),
     "qwen-sliding-window": (
-        {"family": "qwen2", "use_sliding_window": True},
+        # layer_types left out: the layers from max_window_layers on are windowed.
+        {
+            "family": "qwen2",
+            "use_sliding_window": True,
+            "sliding_window": 16,
+            "max_window_layers": 0,
+            "layer_types": None,
+        },
         {},
         None,
         "llama.init-from-hf",
-        ["use_sliding_window=true"],
+        ["use_sliding_window=true with sliding_window=16: 1 of the 1 layers attend within the window"],
     ),
     "activation": ({"hidden_act": "gelu"}, {}, None, "llama.init-from-hf", ["hidden_act='gelu'"]),
     "no-hidden-size": (
