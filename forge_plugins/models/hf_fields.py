@@ -154,18 +154,26 @@ def _json(value: Any) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else show_value(value)
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the floats
+        return False
+
+
 def _type_problem(where: str, value: Any, kind: str) -> str | None:
     if isinstance(value, bool):
         ok = kind == "bool"
     elif kind == "int":
         ok = isinstance(value, int)
     elif kind == "number":
-        ok = isinstance(value, (int, float)) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and _finite(value)
     else:
         ok = isinstance(value, {"bool": bool, "str": str}[kind])
     if ok:
         return None
-    what = "not finite" if isinstance(value, float) and kind == "number" else f"not {_KINDS[kind]}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    what = "not finite" if number and kind == "number" else f"not {_KINDS[kind]}"
     return f"config.json {where}={_json(value)} is {what}; {_FIX}"
 
 
@@ -216,15 +224,15 @@ def _shapes(values: dict[str, Any], family: str) -> list[str]:
     heads, hidden = values["num_attention_heads"], values["hidden_size"]
     if values["num_key_value_heads"] is DERIVED:
         values["num_key_value_heads"] = heads
-    if values["head_dim"] is DERIVED or (family == "llama" and hidden % heads):
-        # transformers' LlamaConfig requires the division whatever head_dim says.
-        if hidden % heads:
-            return [
-                f"config.json hidden_size={hidden} is not a multiple of num_attention_heads={heads}: "
-                "every head must have the same width; " + _FIX
-            ]
-        if values["head_dim"] is DERIVED:
-            values["head_dim"] = hidden // heads
+    derived = values["head_dim"] is DERIVED
+    # transformers' LlamaConfig requires the division whatever head_dim says.
+    if (derived or family == "llama") and hidden % heads:
+        return [
+            f"config.json hidden_size={hidden} is not a multiple of num_attention_heads={heads}: "
+            f"every head must have the same width; {_FIX}"
+        ]
+    if derived:
+        values["head_dim"] = hidden // heads
     problems = []
     kv = values["num_key_value_heads"]
     if heads % kv:
@@ -233,10 +241,12 @@ def _shapes(values: dict[str, Any], family: str) -> list[str]:
             f"grouped-query attention shares each key/value head among equally many query heads; {_FIX}"
         )
     if values["head_dim"] % 2:
-        problems.append(
-            f"config.json gives heads of odd width {values['head_dim']} (head_dim, or hidden_size / "
-            f"num_attention_heads): rotary embeddings rotate pairs of channels; {_FIX}"
+        width = (
+            f"hidden_size / num_attention_heads = {hidden}/{heads} = {values['head_dim']}"
+            if derived
+            else f"head_dim={values['head_dim']}"
         )
+        problems.append(f"config.json {width} is odd: rotary embeddings rotate pairs of channels; {_FIX}")
     return problems
 
 
@@ -273,8 +283,16 @@ def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], 
     source = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     params = dict(config.get(source) or {})
     where = {key: f"{source}.{key}" for key in params}
-    if any(isinstance(v, dict) for v in params.values()):
-        return {}, {}, [f"config.json {source} gives rotary parameters per layer type; Forge has one rotary"]
+    nested = [key for key, v in params.items() if isinstance(v, dict)]
+    if nested:
+        return (
+            {},
+            {},
+            [
+                f"config.json {source}.{nested[0]} is an object: rotary parameters per layer type, which "
+                "Forge does not implement (one rotary for every layer)"
+            ],
+        )
     if "rope_type" not in params:
         params["rope_type"], where["rope_type"] = params.get("type", "default"), f"{source}.type"
     if "rope_theta" not in params:

@@ -88,7 +88,8 @@ def _outside(folder: Path, files: dict[str, str]) -> list[str]:
         except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop
             real, inside = f"nowhere: {exc}", False
         if not inside:
-            found.append(f"{name!r} (for {key!r}, leads to {real})")
+            entry = f"for {key!r}, " if key != name else ""
+            found.append(f"{name!r} ({entry}leads to {real})")
     return found
 
 
