@@ -22,8 +22,8 @@ from typing import Any
 import attrs
 
 from forge_core.api import Validator, above, at_least, show_value
+from forge_plugins.models.options import FAMILIES
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 _QWEN = ("qwen2", "qwen3")
 
 
@@ -123,8 +123,7 @@ _ROPE_FIELDS: dict[str, tuple[str, Validator | None, Any]] = {
     "low_freq_factor": ("number", above(0), REFUSED),
     "high_freq_factor": ("number", above(0), REFUSED),
     # transformers' yarn: ``beta_fast or 32``, ``attention_factor`` computed when null,
-    # ``if truncate:`` (so null does not round), a null yarn factor is
-    # max_position_embeddings / original_max_position_embeddings.
+    # ``if truncate:`` (so null does not round); its null factor is below (_rope).
     "beta_fast": ("number", above(0), None),
     "beta_slow": ("number", above(0), None),
     "attention_factor": ("number", above(0), None),
@@ -132,7 +131,6 @@ _ROPE_FIELDS: dict[str, tuple[str, Validator | None, Any]] = {
     "mscale_all_dim": ("number", None, None),
     "truncate": ("bool", None, False),
 }
-_YARN_NULLS = {"factor": None}
 #: Keys of each rope type (transformers' names) besides rope_type and rope_theta.
 ROPE_KEYS = {
     "default": (),
@@ -271,28 +269,25 @@ def _layer_types(config: dict[str, Any], values: dict[str, Any]) -> list[str]:
     return []
 
 
-def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """``(params, where, problems)``: the rope dict transformers reads, ``rope_scaling``
+def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """``(params, where, problem)``: the rope dict transformers reads, ``rope_scaling``
     when it is a non-empty object, else ``rope_parameters`` (``null``: plain rotary),
     with ``rope_type`` and ``rope_theta`` filled as transformers fills them (from
     ``type``, else ``"default"``; from the top-level ``rope_theta``, else 10000), and
     the name of each key in config.json (for messages)."""
     for key in ("rope_scaling", "rope_parameters"):
         if config.get(key) is not None and not isinstance(config[key], dict):
-            return {}, {}, [f"config.json {key}={_json(config[key])} must be null or an object; {_FIX}"]
+            return {}, {}, f"config.json {key}={_json(config[key])} must be null or an object; {_FIX}"
     source = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     params = dict(config.get(source) or {})
     where = {key: f"{source}.{key}" for key in params}
     nested = [key for key, v in params.items() if isinstance(v, dict)]
     if nested:
-        return (
-            {},
-            {},
-            [
-                f"config.json {source}.{nested[0]} is an object: rotary parameters per layer type, which "
-                "Forge does not implement (one rotary for every layer)"
-            ],
+        per_layer = (
+            f"config.json {source}.{nested[0]} is an object: rotary parameters per layer type, which "
+            "Forge does not implement (one rotary for every layer)"
         )
+        return {}, {}, per_layer
     if "rope_type" not in params:
         params["rope_type"], where["rope_type"] = params.get("type", "default"), f"{source}.type"
     if "rope_theta" not in params:
@@ -301,48 +296,41 @@ def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], 
         params["partial_rotary_factor"] = config["partial_rotary_factor"]
         where["partial_rotary_factor"] = "partial_rotary_factor"
     if not isinstance(params["rope_type"], str):
-        return (
-            {},
-            {},
-            [
-                f"config.json {where['rope_type']}={_json(params['rope_type'])} must name a rope type "
-                f"(transformers has no rotary function for it); {_FIX}"
-            ],
+        unnamed = (
+            f"config.json {where['rope_type']}={_json(params['rope_type'])} must name a rope type "
+            f"(transformers has no rotary function for it); {_FIX}"
         )
-    return params, where, []
+        return {}, {}, unnamed
+    return params, where, None
 
 
 def _rope(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The rope dict with every key its rope type reads checked and each null read as
     transformers reads it (the key dropped, or its value)."""
-    params, where, problems = _rope_dict(config)
-    if problems:
-        return {}, problems
+    params, where, problem = _rope_dict(config)
+    if problem:
+        return {}, [problem]
     rope_type = params["rope_type"]
     read = ("rope_theta", "partial_rotary_factor", *ROPE_KEYS.get(rope_type, ()))
     if rope_type == "yarn":
         read += ("mscale", "mscale_all_dim")
-    out = dict(params)
-    for key in read:
-        if key not in params:
-            continue
+    out, problems = dict(params), []
+    for key in (key for key in read if key in params):
         kind, valid, null = _ROPE_FIELDS[key]
-        value = params[key]
-        if value is None:
-            null = _YARN_NULLS.get(key, null) if rope_type == "yarn" else null
-            if null is REFUSED:
-                problems.append(
-                    f"config.json {where[key]} is null, which transformers cannot compute a "
-                    f"{rope_type!r} rotary with; give its value"
-                )
-            elif null is None:
-                del out[key]
-            else:
-                out[key] = null
-            continue
-        problem = _checked(where[key], value, kind, valid, "")
-        if problem:
-            problems.append(problem)
+        if params[key] is not None:
+            problem = _checked(where[key], params[key], kind, valid, "")
+            problems += [problem] if problem else []
+        elif (rope_type, key) == ("yarn", "factor"):
+            del out[key]  # yarn computes it: max_position_embeddings / original_max_position_embeddings
+        elif null is REFUSED:
+            problems.append(
+                f"config.json {where[key]} is null, which transformers cannot compute a "
+                f"{rope_type!r} rotary with; give its value"
+            )
+        elif null is None:
+            del out[key]
+        else:
+            out[key] = null
     return out, problems
 
 
