@@ -15,11 +15,9 @@ from hypothesis import strategies as st
 from forge_core import cli
 from forge_plugins.models.hf_config import ARCHITECTURES, options_from_hf_config
 from forge_plugins.models.hf_fields import FIELDS
-from forge_plugins.models.options import LlamaOptions, ffn_hidden_size, head_dim, with_defaults
+from forge_plugins.models.options import FAMILIES, LlamaOptions, ffn_hidden_size, head_dim, with_defaults
 
 transformers = pytest.importorskip("transformers")
-
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @pytest.fixture(scope="module")
@@ -348,10 +346,8 @@ FIELD_CASES = {
 @pytest.mark.parametrize("name", sorted(FIELD_CASES))
 def test_every_config_field_is_checked_by_type_and_range_naming_it(checkpoints, tmp_path, capsys, name):
     family, changes, phrase = FIELD_CASES[name]
-    hf = folder(checkpoints, tmp_path, family, nulls=[k for k, v in changes.items() if v is None])
-    edit = json.loads((hf / "config.json").read_text())
-    edit.update({k: v for k, v in changes.items() if v is not None})
-    (hf / "config.json").write_text(json.dumps(edit))
+    values = {k: v for k, v in changes.items() if v is not None}
+    hf = folder(checkpoints, tmp_path, family, nulls=[k for k in changes if k not in values], **values)
     code, out = check(tmp_path, capsys, hf)
     assert code == 2, out
     assert "[llama.init-from-hf]" in out and f"config.json {phrase}" in out, out
