@@ -359,3 +359,19 @@ def test_weights_are_written_in_shards_with_an_index(tmp_path):
         "t3": files[1].name,
         "t4": files[2].name,
     }
+
+
+def test_a_null_sliding_window_reads_as_no_window_and_exports_as_null(tmp_path):
+    """Mistral's class default is a 4096 window, but ``sliding_window: null`` is none:
+    the model covers all 8192 positions, and the export writes the null back."""
+    random_hf(tmp_path / "in", "mistral", sliding_window=None, max_position_embeddings=8192)
+    assert json.loads((tmp_path / "in/config.json").read_text())["sliding_window"] is None
+    model = forge_from(tmp_path / "in")
+    assert model.options.sliding_window == 0 and model.options.max_seq_len == 8192
+    hf_interop.export(model.state_dict(), model.options, tmp_path / "out")
+    config = json.loads((tmp_path / "out/config.json").read_text())
+    assert config["sliding_window"] is None and config["max_position_embeddings"] == 8192
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=False).eval()
+    assert hf.config.sliding_window is None
+    with torch.no_grad():
+        same_logits(model(tokens()), hf(tokens()).logits, model)

@@ -11,8 +11,8 @@
   resolution was given explicitly; the message shows both values.
 - :func:`hf_config_kwargs`: the ``transformers`` config of the family for export.
 
-transformers fills keys a ``config.json`` leaves out with its config class's defaults,
-which differ by family (:data:`_FAMILY_DEFAULTS`); they are read the same way here.
+Each field is read as transformers' config class of the family reads it, absent or
+``null`` (:mod:`forge_plugins.models.hf_fields`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, show_value
+from forge_plugins.models.hf_fields import ROPE_KEYS, read_fields
 from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where
-from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes
+from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes, stored_layers
 from forge_plugins.models.options import (
     FAMILIES,
     LlamaOptions,
@@ -41,58 +42,6 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
 }
-_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-#: transformers' config-class defaults for keys a config.json may leave out.
-_COMMON_DEFAULTS = {
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-}
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None, "head_dim": None},
-    "qwen2": {
-        "max_position_embeddings": 32768,
-        "num_key_value_heads": 32,
-        "head_dim": None,
-        "use_sliding_window": False,
-    },
-    "qwen3": {
-        "max_position_embeddings": 32768,
-        "num_key_value_heads": 32,
-        "head_dim": 128,
-        "use_sliding_window": False,
-    },
-    "mistral": {
-        "max_position_embeddings": 131072,
-        "num_key_value_heads": 8,
-        "head_dim": None,
-        "sliding_window": 4096,
-    },
-}
-#: Keys of each rope type (transformers' names) besides rope_type and rope_theta.
-_ROPE_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": (
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "truncate",
-    ),
-}
-
-
-def _get(config: dict[str, Any], family: str, key: str) -> Any:
-    if config.get(key) is not None:
-        return config[key]
-    return _FAMILY_DEFAULTS[family].get(key, _COMMON_DEFAULTS.get(key))
 
 
 def yarn_attention_factor(
@@ -108,31 +57,23 @@ def yarn_attention_factor(
     return get(factor)
 
 
-def _rope(config: dict[str, Any], family: str) -> tuple[float, RopeScaling, list[str]]:
-    """``(rope_theta, rope scaling, problems)`` from ``rope_parameters`` (transformers 5)
-    or ``rope_theta`` + ``rope_scaling`` (earlier)."""
-    params = config.get("rope_parameters")
-    if not isinstance(params, dict):
-        legacy = config.get("rope_scaling")
-        params = dict(legacy) if isinstance(legacy, dict) else {}
-        if config.get("rope_theta") is not None:
-            params.setdefault("rope_theta", config["rope_theta"])
-    theta = params.get("rope_theta", _get(config, family, "rope_theta"))
-    rope_type = params.get("rope_type") or params.get("type") or "default"
+def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]:
+    """``(rope scaling, problems)`` from the rope dict of
+    :func:`~forge_plugins.models.hf_fields.read_fields` (checked, nulls read)."""
+    rope_type = params["rope_type"]
     problems = []
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
+    partial = params.get("partial_rotary_factor", 1.0)
+    if partial != 1:
         problems.append(f"partial_rotary_factor={partial!r}: Forge rotates every channel of a head")
-    if rope_type not in _ROPE_KEYS:
+    if rope_type not in ROPE_KEYS:
         problems.append(
             f"rope type {rope_type!r} is not supported (Forge implements "
-            f"{', '.join(_ROPE_KEYS)}; dynamic only within the original context)"
+            f"{', '.join(ROPE_KEYS)}; dynamic only within the original context)"
         )
-        return float(theta), RopeScaling(), problems
-    max_pos = _get(config, family, "max_position_embeddings")
+        return RopeScaling(), problems
     values: dict[str, Any] = {"type": rope_type}
-    for key in _ROPE_KEYS[rope_type]:
-        if params.get(key) is not None:
+    for key in ROPE_KEYS[rope_type]:
+        if key in params:
             values[key] = params[key]
     if rope_type == "dynamic":
         values["original_max_position_embeddings"] = max_pos
@@ -141,9 +82,9 @@ def _rope(config: dict[str, Any], family: str) -> tuple[float, RopeScaling, list
             problems.append("rope type 'llama3' without original_max_position_embeddings")
         values["original_max_position_embeddings"] = max_pos
     if rope_type == "yarn":
-        if params.get("factor") is None:
+        if "factor" not in values:
             values["factor"] = max_pos / values["original_max_position_embeddings"]
-        if params.get("attention_factor") is None:
+        if "attention_factor" not in values:
             values["attention_factor"] = yarn_attention_factor(
                 values["factor"], params.get("mscale"), params.get("mscale_all_dim")
             )
@@ -154,64 +95,72 @@ def _rope(config: dict[str, Any], family: str) -> tuple[float, RopeScaling, list
     except (TypeError, ValueError) as exc:
         problems.append(f"rope parameters {params!r} are not valid ({exc})")
         scaling = RopeScaling()
-    return float(theta), scaling, problems
+    return scaling, problems
 
 
-def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``(option values, problems)`` for a ``config.json``. The values cover every option
-    a checkpoint decides; a problem names the field Forge cannot reproduce."""
+def _family(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     family = config.get("model_type")
-    if family not in FAMILIES:
-        return {}, [
-            f"config.json model_type is {family!r}: Forge's llama imports "
+    if not isinstance(family, str) or family not in FAMILIES:
+        return None, [
+            f"config.json model_type is {show_value(family)}: Forge's llama imports "
             f"{', '.join(map(repr, FAMILIES))} checkpoints "
             f"(architectures {', '.join(ARCHITECTURES.values())})"
         ]
     architectures = config.get("architectures")
+    if architectures is not None and (
+        not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
+    ):
+        return None, [f"config.json architectures={show_value(architectures)} must be a list of class names"]
     if architectures and ARCHITECTURES[family] not in architectures:
-        return {}, [
+        return None, [
             f"config.json architectures is {architectures!r}; a {family} checkpoint Forge can load is "
             f"a {ARCHITECTURES[family]} (the causal language model with its lm_head)"
         ]
-    missing = [
-        key for key in _REQUIRED if not isinstance(config.get(key), int) or isinstance(config.get(key), bool)
-    ]
-    if missing:
-        return {}, [f"config.json has no integer {key!r}" for key in missing]
-    n_heads = config["num_attention_heads"]
-    theta, scaling, problems = _rope(config, family)
+    return family, []
+
+
+def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(option values, problems)`` for a ``config.json``. The values cover every option
+    a checkpoint decides; a problem names the field Forge cannot reproduce. A field of
+    the wrong type or out of range gives no values, only its problem."""
+    family, problems = _family(config)
+    if family is None:
+        return {}, problems
+    fields, problems = read_fields(config, family)
+    if problems:
+        return {}, problems
+    max_pos = fields["max_position_embeddings"]
+    scaling, problems = _rope(fields["rope"], max_pos)
     window = 0
     if family == "mistral":
-        window = int(_get(config, family, "sliding_window") or 0)
-    elif family in ("qwen2", "qwen3") and _get(config, family, "use_sliding_window"):
+        window = fields["sliding_window"] or 0
+    elif fields.get("windowed_layers"):
         problems.append(
-            "use_sliding_window=true: Forge's attention backends have no sliding-window mask, so "
-            "the layers past max_window_layers would attend differently"
+            f"use_sliding_window=true with sliding_window={fields['sliding_window']}: "
+            f"{fields['windowed_layers']} of the {fields['num_hidden_layers']} layers attend within the "
+            "window (layer_types, or the layers from max_window_layers on), and Forge's attention "
+            "backends have no sliding-window mask, so they would attend differently"
         )
-    if _get(config, family, "hidden_act") != "silu":
-        problems.append(f"hidden_act={config['hidden_act']!r}; Forge's llama uses silu (SwiGLU)")
-    if family == "llama" and (config.get("pretraining_tp") or 1) != 1:
-        problems.append(
-            f"pretraining_tp={config['pretraining_tp']!r}; Forge computes the projections whole (1)"
-        )
-    max_pos = int(_get(config, family, "max_position_embeddings"))
+    if fields["hidden_act"] != "silu":
+        problems.append(f"hidden_act={fields['hidden_act']!r}; Forge's llama uses silu (SwiGLU)")
+    if family == "llama" and fields["pretraining_tp"] != 1:
+        tp = fields["pretraining_tp"]
+        problems.append(f"pretraining_tp={tp!r}; Forge computes the projections whole (1)")
     values: dict[str, Any] = {
         "family": family,
-        "dim": config["hidden_size"],
-        "n_layers": config["num_hidden_layers"],
-        "n_heads": n_heads,
-        "n_kv_heads": _get(config, family, "num_key_value_heads") or n_heads,
-        "head_dim": _get(config, family, "head_dim") or config["hidden_size"] // n_heads,
-        "ffn_hidden": config["intermediate_size"],
-        "norm_eps": float(_get(config, family, "rms_norm_eps")),
-        "rope_theta": theta,
+        "dim": fields["hidden_size"],
+        "n_layers": fields["num_hidden_layers"],
+        "n_heads": fields["num_attention_heads"],
+        "n_kv_heads": fields["num_key_value_heads"],
+        "head_dim": fields["head_dim"],
+        "ffn_hidden": fields["intermediate_size"],
+        "norm_eps": float(fields["rms_norm_eps"]),
+        "rope_theta": float(fields["rope"]["rope_theta"]),
         "rope_scaling": scaling,
         "max_seq_len": min(max_pos, window) if window else max_pos,
-        "tie_embeddings": bool(_get(config, family, "tie_word_embeddings")),
-        "attention_bias": bool(_get(config, family, "attention_bias"))
-        if family in ("llama", "qwen3")
-        else False,
-        "mlp_bias": bool(_get(config, family, "mlp_bias")) if family == "llama" else False,
+        "tie_embeddings": fields["tie_word_embeddings"],
+        "attention_bias": fields.get("attention_bias", False),
+        "mlp_bias": fields.get("mlp_bias", False),
         "sliding_window": window,
     }
     for key in ("attention_bias", "mlp_bias"):
@@ -287,6 +236,15 @@ def weight_mismatches(options: LlamaOptions, hf_dir: str | Path, vocab_size: int
     """Weights the options need that the folder lacks, shapes that differ (both shown),
     and tensors the options would leave unread, from the safetensors headers."""
     found = checkpoint_shapes(hf_dir)
+    layers = stored_layers(found)
+    if len(layers) != options.n_layers or max(layers, default=-1) != options.n_layers - 1:
+        # Before anything per layer: the count is config.json's, and could be anything.
+        held = f"model.layers.{min(layers)} to model.layers.{max(layers)}" if layers else "no layer"
+        return [
+            f"config.json num_hidden_layers={options.n_layers} but the weights hold {len(layers)} "
+            f"layers ({held}); correct num_hidden_layers, or point init_from_hf at the folder "
+            "whose weights this config.json describes"
+        ]
     expected = expected_hf_shapes(options, vocab_size)
     problems = []
     missing = [key for key in expected if key not in found]
@@ -363,7 +321,7 @@ def rope_config(options: LlamaOptions) -> dict[str, Any] | None:
     if scaling.type == "default":
         return None
     out: dict[str, Any] = {"rope_type": scaling.type}
-    for key in _ROPE_KEYS[scaling.type]:
+    for key in ROPE_KEYS[scaling.type]:
         if key == "original_max_position_embeddings" and scaling.type == "dynamic":
             continue  # dynamic takes it from max_position_embeddings
         out[key] = getattr(scaling, key)

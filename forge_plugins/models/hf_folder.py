@@ -50,7 +50,8 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
         )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, and integers beyond Python's digit limit.
         raise HFFolderMismatch(f"{where(hf_dir)}: config.json is not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise HFFolderMismatch(f"{where(hf_dir)}: config.json holds {type(config).__name__}, not an object")
@@ -64,17 +65,61 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
     return config
 
 
+def _roots(folder: Path) -> tuple[Path, ...]:
+    """Where a folder's weight files may lie once symlinks are resolved: the folder, and
+    for a snapshot of the Hugging Face hub cache (``models--org--name/snapshots/REV``,
+    whose files link to ``../../blobs/HASH``) that model's blobs."""
+    real = folder.resolve()
+    return (real, real.parent.parent / "blobs") if real.parent.name == "snapshots" else (real,)
+
+
+def _outside(folder: Path, files: dict[str, str]) -> list[str]:
+    """``"file (for entry, leads to path)"`` for every weight file that leaves the folder
+    (an absolute path, ``..``, a symlink out of it), given ``entry -> file``."""
+    roots = _roots(folder)
+    first: dict[str, str] = {}
+    for key, name in files.items():
+        first.setdefault(name, key)
+    found = []
+    for name, key in first.items():
+        try:
+            real = str((folder / name).resolve())
+            inside = any(Path(real).is_relative_to(root) for root in roots)
+        except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop
+            real, inside = f"nowhere: {exc}", False
+        if not inside:
+            entry = f"for {key!r}, " if key != name else ""
+            found.append(f"{name!r} ({entry}leads to {real})")
+    return found
+
+
+def _refuse_outside(hf_dir: str | Path, what: str, outside: list[str]) -> None:
+    if outside:
+        raise HFFolderMismatch(
+            f"{where(hf_dir)}: {what} weight files outside the folder: {'; '.join(outside[:3])}"
+            f"{f' and {len(outside) - 3} more' if len(outside) > 3 else ''}. A checkpoint's weight "
+            "files lie in its own folder: copy them there and name them relative to it (as "
+            "save_pretrained writes them)"
+        )
+
+
 def weight_map(hf_dir: str | Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (from the sharded index, or the
-    single file's header)."""
+    single file's header). A file outside the folder is refused: an index naming
+    ``../other/model.safetensors`` or ``/abs/path`` would make ``check`` judge, and the
+    build load, weights the folder does not hold."""
     folder = Path(hf_dir)
     index = folder / INDEX
     if index.is_file():
         try:
             names = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            mapping = {str(key): folder / str(file) for key, file in names.items()}
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            files = {str(key): file for key, file in names.items()}
+            if not all(isinstance(file, str) and file for file in files.values()):
+                raise TypeError("a weight_map entry is not a file name")
+        except (OSError, ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
             raise HFFolderMismatch(f"{where(hf_dir)}: {INDEX} is not a safetensors index ({exc!r})") from None
+        _refuse_outside(hf_dir, f"{INDEX} names", _outside(folder, files))
+        mapping = {key: folder / file for key, file in files.items()}
         absent = sorted({path.name for path in mapping.values() if not path.is_file()})
         if absent:
             raise HFFolderMissing(
@@ -82,6 +127,7 @@ def weight_map(hf_dir: str | Path) -> dict[str, Path]:
             )
         return mapping
     if (folder / SINGLE).is_file():
+        _refuse_outside(hf_dir, f"{SINGLE} links to", _outside(folder, {SINGLE: SINGLE}))
         return {key: folder / SINGLE for key in safetensors_header(folder / SINGLE)}
     others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
     found = f" (found {', '.join(others[:3])}: not read, pickles can run code)" if others else ""
@@ -101,7 +147,7 @@ def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
                 raise ValueError(f"header length {size}")
             header = json.loads(f.read(size))
         return {name: entry for name, entry in header.items() if name != "__metadata__"}
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, RecursionError, TypeError, AttributeError) as exc:
         raise HFFolderMismatch(f"{path}: not a readable safetensors file ({exc})") from None
 
 

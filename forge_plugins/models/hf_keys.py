@@ -17,6 +17,7 @@ they are (no permutation).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
 
@@ -42,6 +43,8 @@ _TOP_KEYS = {
 _TOP_KEYS_BACK = {hf: forge for forge, hf in _TOP_KEYS.items()}
 #: Checkpoint entries that are not parameters (older transformers saved the rotary table).
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq")
+#: A layer's Hugging Face prefix, its index written as to_hf_key writes it.
+_HF_LAYER = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,17})\.")
 
 
 def to_hf_key(key: str) -> str:
@@ -61,6 +64,13 @@ def from_hf_key(key: str) -> str | None:
     if match and match.group(2) in _LAYER_MODULES_BACK:
         return f"layers.{match.group(1)}.{_LAYER_MODULES_BACK[match.group(2)]}.{match.group(3)}"
     return None
+
+
+def stored_layers(hf_keys: Iterable[str]) -> set[int]:
+    """The layer indices that Hugging Face tensor names hold (one pass over the names:
+    the layer count a ``config.json`` claims is checked against it before anything is
+    built per layer)."""
+    return {int(match.group(1)) for key in hf_keys if (match := _HF_LAYER.match(key))}
 
 
 def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int, ...]]:
