@@ -537,3 +537,147 @@ def test_mkdocs_publishes_the_pages_and_not_the_templates():
 
     published = {f.src_uri for f in get_files(load_config(str(REPO / "mkdocs.yml"))).documentation_pages()}
     assert published == {p.relative_to(DOCS).as_posix() for p in _pages()}
+
+
+# --- the founding rule, as every page tells it ----------------------------------------
+
+METADATA_RULE = "parallel.metadata-reaches-layers"
+
+
+def _metadata_rule():
+    (entry,) = [e for e in docgen.builtin_registries().rules if e.rule.id == METADATA_RULE]
+    return entry.rule
+
+
+def metadata_rule_verdicts(extra_plugins=()) -> dict[str, bool]:
+    """``{strategy: refused?}``: the founding rule's own verdict on every registered
+    strategy switched on (degree 2, or as a wrapper) beside the quickstart's
+    document-isolating ``concat``. Only that rule's findings count."""
+    from forge_core.judge import judge
+
+    strategies = judge(str(REPO / "configs/quickstart.yaml"), extra_plugins=extra_plugins).registries
+    verdicts = {}
+    for name, entry in strategies["parallelism"].entries.items():
+        on = f"parallel.{entry.spec.mesh_dim}=2" if entry.spec.mesh_dim else f"parallel.wrappers=[{name}]"
+        judged = judge(str(REPO / "configs/quickstart.yaml"), [on], 2, extra_plugins)
+        assert judged.plan.emitted, (
+            "the quickstart's packer must emit metadata for this test to mean anything"
+        )
+        verdicts[name] = any(v.rule_id == METADATA_RULE for v in judged.violations)
+    return verdicts
+
+
+def contradiction_finder(rule, verdicts: dict[str, bool], specs: dict) -> "re.Pattern":
+    """Claims the rule's verdicts forbid: a clause naming a strategy the rule lets
+    through together with the metadata (or packing) the rule is about and the rule's
+    words for losing it or refusing it ("drops", "refused", not "reach"; "forward",
+    "carry" and "pass" are the prose's words for reaching).
+
+    The words come from the rule's summary (a new wording makes this fail, not pass
+    silently); the strategies' names come from their specs: the name (`pp`), the
+    degree (`parallel.pp`) and the summary's leading noun ("Pipeline parallelism")."""
+    summary = rule.summary.lower()
+    for word in ("drops", "refused", "must reach", "metadata", "packing"):
+        assert word in summary, f"the summary of {rule.id} no longer says {word!r}: update this test"
+    keys = re.search(r"\(([^)]*)\)", rule.summary).group(1).split(", ")  # "(doc_ids, positions)"
+    objects = [
+        *map(re.escape, keys),
+        *(k.replace("_", " ") for k in keys),
+        "document ids",
+        "metadata",
+        "pack\\w*",
+    ]
+    verbs = (
+        r"\bdrop(?:s|ped|ping)?\b|\brefus(?:e|es|ed|ing)\b"
+        r"|\b(?:not|cannot|never)\s+(?:\w+\s+)?(?:reach|forward|carry|pass)\w*"
+    )
+    names = []
+    for name, refused in verdicts.items():
+        if refused:
+            continue
+        spec = specs[name]
+        names.append(rf"`{re.escape(name)}`")
+        if spec.mesh_dim:
+            names.append(re.escape(f"parallel.{spec.mesh_dim}"))
+        noun = re.match(r"(\w+) parallelism\b", spec.summary)
+        if noun:
+            names.append(rf"\b{noun.group(1)}\b")
+    return re.compile(
+        rf"(?=.*(?:{'|'.join(names)}))(?=.*(?:{'|'.join(objects)}))(?=.*(?:{verbs}))", re.I | re.S
+    )
+
+
+def _clauses(markdown: str) -> list[str]:
+    """The prose of a page, one clause at a time (code blocks out, lines of a paragraph
+    joined, a table row on its own; a clause ends at ``.``, ``;``, ``:`` or a blank line)."""
+    prose = re.sub(r"\n(?![\n|])", " ", without_code(markdown)).replace("\n|", "\n\n|")
+    return [c.strip() for c in re.split(r"[.;:!?](?:\s|$)|\n\s*\n", prose) if c.strip()]
+
+
+def contradictions(finder, markdown: str) -> list[str]:
+    return [clause for clause in _clauses(markdown) if finder.search(clause)]
+
+
+@pytest.fixture(scope="module")
+def founding_rule_finder():
+    verdicts = metadata_rule_verdicts()
+    # What the README and the reference say: the built-in pipeline passes.
+    assert verdicts["pp"] is False, verdicts
+    specs = {n: e.spec for n, e in docgen.builtin_registries()["parallelism"].entries.items()}
+    return contradiction_finder(_metadata_rule(), verdicts, specs)
+
+
+def test_no_page_contradicts_the_founding_rule(founding_rule_finder):
+    """No page (nor the README) says a strategy drops the metadata, or is refused with
+    packing, when the rule itself lets it through."""
+    problems = [
+        f"{page.relative_to(REPO)}: {clause[:200]!r}"
+        for page in [*_pages(), REPO / "README.md"]
+        for clause in contradictions(founding_rule_finder, page.read_text())
+    ]
+    assert not problems, f"these contradict rule {METADATA_RULE}:\n" + "\n".join(problems)
+
+
+def test_the_contradiction_check_sees_the_old_claims(founding_rule_finder):
+    old = (
+        "- The spec's `emits` is a promise the rule engine acts on: a packer that emits\n"
+        "  `doc_ids` is refused together with pipeline parallelism, which cannot carry them to\n"
+        "  every layer.\n\n"
+        "Two stages (`data.packer=none`: the built-in pipeline does not carry document ids to later\n"
+        "stages, and `forge-run check` refuses the default `concat` packer with it).\n"
+    )
+    assert len(contradictions(founding_rule_finder, old)) == 2
+    # The README's sentence says what holds, though it names both the pipeline and refusal.
+    readme = (
+        "Pipeline parallelism, the case that\nmotivated it, carries them: every stage gets its "
+        "microbatch's `doc_ids` and `positions`; the rule\nstill refuses any strategy that declares "
+        "it drops them.\n"
+    )
+    assert contradictions(founding_rule_finder, readme) == []
+
+
+def test_the_contradiction_check_follows_the_rules_verdict():
+    """A strategy that declares it drops the metadata is refused by the rule, and then
+    saying so is no contradiction: the forbidden claims come from the verdicts."""
+    from forge_core.api import ParallelismSpec, hookimpl
+
+    class Dropper:
+        @hookimpl
+        def forge_parallelisms(self):
+            return [
+                ParallelismSpec(
+                    name="relay",
+                    summary="Relay parallelism: hands later layers hidden states only",
+                    impl="nowhere:Relay",
+                    order=150,
+                    forwards=frozenset(),
+                    drops_metadata_because="Later layers get hidden states only.",
+                )
+            ]
+
+    verdicts = metadata_rule_verdicts((("dropper", Dropper()),))
+    assert verdicts["relay"] is True and verdicts["pp"] is False
+    specs = {"relay": None, "pp": docgen.builtin_registries()["parallelism"].get("pp")}
+    finder = contradiction_finder(_metadata_rule(), {"relay": True, "pp": False}, specs)
+    assert contradictions(finder, "Relay parallelism drops `doc_ids`, so packing is refused with it.\n") == []
+    assert contradictions(finder, "Pipeline parallelism drops `doc_ids`, so packing is refused with it.\n")
