@@ -88,6 +88,7 @@ def test_every_worked_chapter_has_runnable_blocks():
         "packaging.md",
         "testing.md",
         "model.md",
+        "hf-export.md",
         "source.md",
         "tokenizer.md",
         "optimizer.md",
