@@ -33,6 +33,7 @@ import yaml
 from doc_chapters import (
     GUIDE,
     DocSyntaxError,
+    Setting,
     code_blocks,
     console_steps,
     play,
@@ -95,6 +96,54 @@ def test_every_worked_chapter_has_runnable_blocks():
         "schedule.md",
     }
     assert expected <= set(CHAPTERS), f"chapters without runnable blocks: {sorted(expected - set(CHAPTERS))}"
+
+
+# --- getting started, as pasted ----------------------------------------------------
+
+GETTING_STARTED = "docs/getting-started.md"
+#: Appended to every training command of the page when the test plays it: the reader's
+#: commands, for 4 steps of a model and a corpus small enough for a test (every shipped
+#: config the page trains takes them; tp=2 and pp=2 divide them). A resume with more
+#: steps is the train tests' to prove; here the command must run as pasted.
+SMALL = (
+    "train.steps=4",
+    "train.warmup_steps=1",
+    "checkpoint.every=2",
+    "train.batch_size=4",
+    "model.options.dim=16",
+    "model.options.n_layers=2",
+    "model.options.n_heads=2",
+    "model.options.n_kv_heads=2",
+    "model.options.max_seq_len=16",
+    "data.seq_len=16",
+    "data.source_options.max_bytes=20000",
+    "data.cache.dir=cache",
+)
+
+
+def test_every_getting_started_command_is_run():
+    """Every ``forge-run`` command on the page is in a block the test below runs, but
+    the installation's (it makes the environment the test runs in)."""
+    blocks = code_blocks((REPO / GETTING_STARTED).read_text(), GETTING_STARTED)
+    unrun = [
+        f"{GETTING_STARTED}:{b.line}"
+        for b in blocks
+        if b.lang == "console" and "$ forge-run" in b.text and not b.runnable and "pip install" not in b.text
+    ]
+    assert not unrun, f"console blocks with forge-run commands not marked <!-- runnable -->: {unrun}"
+    assert sum(b.runnable for b in blocks) >= 9
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_getting_started_commands_run_as_pasted(tmp_path):
+    """The page's commands, from a checkout's root (``configs/`` linked in), each
+    training command with :data:`SMALL` appended."""
+    setting = Setting(links=("configs",), train_overrides=SMALL)
+    played = play_chapters(
+        {GETTING_STARTED: (REPO / GETTING_STARTED).read_text()}, tmp_path, {GETTING_STARTED: setting}
+    )
+    assert played[GETTING_STARTED] is None, played[GETTING_STARTED]
 
 
 # The harness itself must be able to fail, or the chapter tests prove nothing.
