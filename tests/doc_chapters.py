@@ -293,7 +293,7 @@ def _forget_modules_under(project: Path) -> None:
             del sys.modules[name]
 
 
-def _forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
+def forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
     """``(env, argv)`` for a plain ``[VAR=value ...] forge-run ...`` command, else None."""
     if any(c in command for c in "|&;<>`$()"):
         return None
@@ -305,7 +305,7 @@ def _forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
     return (env, words[1:]) if words and words[0] == "forge-run" else None
 
 
-def _trains(argv: list[str]) -> bool:
+def trains(argv: list[str]) -> bool:
     """Whether a ``forge-run`` argv trains: ``[--nproc N] CONFIG.yaml ...``."""
     words = argv[2:] if argv[:1] == ["--nproc"] else argv
     return bool(words) and words[0].endswith((".yaml", ".yml"))
@@ -345,11 +345,11 @@ def play_here(markdown: str, project: Path, where: str, setting: Setting = Setti
         elif block.lang == "console":
             expected_rc = int(block.options.get("exit", "0"))
             for command, shown in console_steps(block.text):
-                forge = _forge_run_argv(command)
+                forge = forge_run_argv(command)
                 if re.fullmatch(r"pip install (-e )?\.", command):
                     rc, output = 0, emulate_pip_install(project)
                 elif forge is not None:
-                    argv = [*forge[1], *setting.train_overrides] if _trains(forge[1]) else forge[1]
+                    argv = [*forge[1], *setting.train_overrides] if trains(forge[1]) else forge[1]
                     rc, output = _in_process(lambda: cli.main(argv), forge[0])
                 elif command.startswith("python -m pytest "):
                     # In process too (this process already imported torch).

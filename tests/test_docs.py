@@ -36,9 +36,11 @@ from doc_chapters import (
     Setting,
     code_blocks,
     console_steps,
+    forge_run_argv,
     play,
     play_chapters,
     squash,
+    trains,
     without_code,
 )
 
@@ -237,6 +239,13 @@ def test_a_marker_shown_inside_a_code_block_is_text():
 def test_console_steps_parse_commands_continuations_and_output():
     steps = console_steps("$ forge-run check a.yaml \\\n    x=1\nerror: boom\n...\n$ ls\nout\n")
     assert steps == [("forge-run check a.yaml x=1", ["error: boom", "..."]), ("ls", ["out"])]
+
+
+def test_a_forge_run_command_drops_its_comment_and_training_is_recognised():
+    assert forge_run_argv("forge-run show a.yaml x=1   # the config") == ({}, ["show", "a.yaml", "x=1"])
+    assert forge_run_argv('forge-run sample r --prompt "# x"') == ({}, ["sample", "r", "--prompt", "# x"])
+    assert trains(["a.yaml", "x=1"]) and trains(["--nproc", "2", "configs/q.yml"])
+    assert not trains(["show", "a.yaml"]) and not trains(["export-hf", "runs/q", "hf-out"])
 
 
 # --- hook reference -----------------------------------------------------------------
