@@ -608,25 +608,25 @@ def _metadata_rule():
     return entry.rule
 
 
-def metadata_rule_verdicts(extra_plugins=()) -> dict[str, bool]:
-    """``{strategy: refused?}``: the founding rule's own verdict on every registered
-    strategy switched on (degree 2, or as a wrapper) beside the quickstart's
+def metadata_rule_verdicts(extra_plugins=()) -> dict[str, tuple[object, bool]]:
+    """``{strategy: (spec, refused?)}``: the founding rule's own verdict on every
+    registered strategy switched on (degree 2, or as a wrapper) beside the quickstart's
     document-isolating ``concat``. Only that rule's findings count."""
     from forge_core.judge import judge
 
-    strategies = judge(str(REPO / "configs/quickstart.yaml"), extra_plugins=extra_plugins).registries
+    config = str(REPO / "configs/quickstart.yaml")
     verdicts = {}
-    for name, entry in strategies["parallelism"].entries.items():
+    for name, entry in judge(config, extra_plugins=extra_plugins).registries["parallelism"].entries.items():
         on = f"parallel.{entry.spec.mesh_dim}=2" if entry.spec.mesh_dim else f"parallel.wrappers=[{name}]"
-        judged = judge(str(REPO / "configs/quickstart.yaml"), [on], 2, extra_plugins)
+        judged = judge(config, [on], 2, extra_plugins)
         assert judged.plan.emitted, (
             "the quickstart's packer must emit metadata for this test to mean anything"
         )
-        verdicts[name] = any(v.rule_id == METADATA_RULE for v in judged.violations)
+        verdicts[name] = (entry.spec, any(v.rule_id == METADATA_RULE for v in judged.violations))
     return verdicts
 
 
-def contradiction_finder(rule, verdicts: dict[str, bool], specs: dict) -> "re.Pattern":
+def contradiction_finder(rule, verdicts: dict[str, tuple[object, bool]]) -> "re.Pattern":
     """Claims the rule's verdicts forbid: a clause naming a strategy the rule lets
     through together with the metadata (or packing) the rule is about and the rule's
     words for losing it or refusing it ("drops", "refused", not "reach"; "forward",
@@ -651,10 +651,9 @@ def contradiction_finder(rule, verdicts: dict[str, bool], specs: dict) -> "re.Pa
         r"|\b(?:not|cannot|never)\s+(?:\w+\s+)?(?:reach|forward|carry|pass)\w*"
     )
     names = []
-    for name, refused in verdicts.items():
+    for name, (spec, refused) in verdicts.items():
         if refused:
             continue
-        spec = specs[name]
         names.append(rf"`{re.escape(name)}`")
         if spec.mesh_dim:
             names.append(re.escape(f"parallel.{spec.mesh_dim}"))
@@ -681,9 +680,8 @@ def contradictions(finder, markdown: str) -> list[str]:
 def founding_rule_finder():
     verdicts = metadata_rule_verdicts()
     # What the README and the reference say: the built-in pipeline passes.
-    assert verdicts["pp"] is False, verdicts
-    specs = {n: e.spec for n, e in docgen.builtin_registries()["parallelism"].entries.items()}
-    return contradiction_finder(_metadata_rule(), verdicts, specs)
+    assert verdicts["pp"][1] is False, verdicts
+    return contradiction_finder(_metadata_rule(), verdicts)
 
 
 def test_no_page_contradicts_the_founding_rule(founding_rule_finder):
@@ -735,8 +733,7 @@ def test_the_contradiction_check_follows_the_rules_verdict():
             ]
 
     verdicts = metadata_rule_verdicts((("dropper", Dropper()),))
-    assert verdicts["relay"] is True and verdicts["pp"] is False
-    specs = {"relay": None, "pp": docgen.builtin_registries()["parallelism"].get("pp")}
-    finder = contradiction_finder(_metadata_rule(), {"relay": True, "pp": False}, specs)
+    assert verdicts["relay"][1] is True and verdicts["pp"][1] is False
+    finder = contradiction_finder(_metadata_rule(), verdicts)
     assert contradictions(finder, "Relay parallelism drops `doc_ids`, so packing is refused with it.\n") == []
     assert contradictions(finder, "Pipeline parallelism drops `doc_ids`, so packing is refused with it.\n")
