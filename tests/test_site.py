@@ -255,14 +255,11 @@ def layout_problems(browser: Browser, html: Path, where: str, width: int) -> lis
 
 
 def _site_pages() -> list[str]:
-    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    """Every page MkDocs publishes, as it finds them."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
 
-    def flatten(nav):
-        for item in nav:
-            value = next(iter(item.values())) if isinstance(item, dict) else item
-            yield from flatten(value) if isinstance(value, list) else [value]
-
-    return list(flatten(config["nav"]))
+    return sorted(f.src_uri for f in get_files(load_config(str(REPO / "mkdocs.yml"))).documentation_pages())
 
 
 def test_every_page_fits_its_column_and_the_navigation_one_row(site, chromium):
