@@ -24,6 +24,12 @@ A fence whose info string has more than a language, or a marker with no fence ri
 it, is a :class:`DocSyntaxError`: the first renders as prose on the site, the second
 would silently never run.
 
+A page outside the plugin guide can be played too (``docs/getting-started.md``): a
+:class:`Setting` links the repository's folders it names (``configs/``) into the
+project directory and appends reduced-size overrides to every training command
+(``forge-run [--nproc N] CONFIG.yaml ...``), so the commands a reader pastes are the
+ones run, on a smaller model.
+
 All chapters are played in one runner process (this file run as a script), so torch is
 imported once: ``forge-run`` commands call ``forge_core.cli.main`` (what the console
 script runs), ``python -m pytest`` calls ``pytest.main``, Python blocks are executed,
@@ -67,6 +73,15 @@ _MARK = re.compile(r"^<!--[ \t]*((?:runnable|fragment)(?![-\w])[^\n]*?)[ \t]*-->
 
 class DocSyntaxError(ValueError):
     """A code block or marker that would not render as code, or would silently not run."""
+
+
+@attrs.frozen
+class Setting:
+    """How a page is played: the repository paths linked into its project directory,
+    and the overrides appended to its training commands."""
+
+    links: tuple[str, ...] = ()
+    train_overrides: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -178,12 +193,15 @@ def chapter_env(project: Path) -> dict[str, str]:
     return env
 
 
-def play_chapters(chapters: dict[str, str], root: Path) -> dict[str, str | None]:
+def play_chapters(
+    chapters: dict[str, str], root: Path, settings: dict[str, Setting] | None = None
+) -> dict[str, str | None]:
     """Play chapters (``{where: markdown}``) in one fresh Python process, each in its own
-    project directory under ``root``; ``{where: failure message or None}``. One process
-    imports torch once for every chapter, and nothing a chapter does leaks into the test
-    process."""
-    (root / ".chapters.json").write_text(json.dumps(chapters))
+    project directory under ``root`` (with its :class:`Setting` from ``settings``, if
+    any); ``{where: failure message or None}``. One process imports torch once for every
+    chapter, and nothing a chapter does leaks into the test process."""
+    settings = {where: attrs.asdict(setting) for where, setting in (settings or {}).items()}
+    (root / ".chapters.json").write_text(json.dumps({"chapters": chapters, "settings": settings}))
     done = subprocess.run(
         [sys.executable, __file__, "--play", str(root / ".chapters.json")],
         cwd=root,
@@ -206,13 +224,14 @@ def play(markdown: str, project: Path, where: str) -> None:
 
 def _play_all_here(spec: Path) -> None:
     """The runner process of :func:`play_chapters`."""
-    chapters = json.loads(spec.read_text())
+    played = json.loads(spec.read_text())
     results: dict[str, str | None] = {}
-    for n, (where, markdown) in enumerate(chapters.items()):
+    for n, (where, markdown) in enumerate(played["chapters"].items()):
         project = spec.parent / f"chapter{n}"
         project.mkdir()
+        setting = played["settings"].get(where, {})
         try:
-            play_here(markdown, project, where)
+            play_here(markdown, project, where, Setting(**{k: tuple(v) for k, v in setting.items()}))
             results[where] = None
         except (AssertionError, DocSyntaxError) as exc:
             results[where] = str(exc)
@@ -274,11 +293,11 @@ def _forget_modules_under(project: Path) -> None:
             del sys.modules[name]
 
 
-def _forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
+def forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
     """``(env, argv)`` for a plain ``[VAR=value ...] forge-run ...`` command, else None."""
     if any(c in command for c in "|&;<>`$()"):
         return None
-    words = shlex.split(command)
+    words = shlex.split(command, comments=True)  # a trailing `# what it does` is no argument
     env = {}
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         key, _, value = words.pop(0).partition("=")
@@ -286,12 +305,20 @@ def _forge_run_argv(command: str) -> tuple[dict[str, str], list[str]] | None:
     return (env, words[1:]) if words and words[0] == "forge-run" else None
 
 
-def play_here(markdown: str, project: Path, where: str) -> None:
+def trains(argv: list[str]) -> bool:
+    """Whether a ``forge-run`` argv trains: ``[--nproc N] CONFIG.yaml ...``."""
+    words = argv[2:] if argv[:1] == ["--nproc"] else argv
+    return bool(words) and words[0].endswith((".yaml", ".yml"))
+
+
+def play_here(markdown: str, project: Path, where: str, setting: Setting = Setting()) -> None:
     """Execute every runnable block of ``markdown`` in ``project``, in order. Python
     blocks and ``forge-run`` commands run in this process (``forge-run`` is
     ``forge_core.cli:main``); other commands run with bash."""
     from forge_core import cli
 
+    for name in setting.links:
+        (project / name).symlink_to(REPO / name)
     os.chdir(project)
     sys.path.insert(0, str(project))
     os.environ["PYTHONPATH"] = str(project)  # for the commands run with bash
@@ -318,11 +345,12 @@ def play_here(markdown: str, project: Path, where: str) -> None:
         elif block.lang == "console":
             expected_rc = int(block.options.get("exit", "0"))
             for command, shown in console_steps(block.text):
-                forge = _forge_run_argv(command)
+                forge = forge_run_argv(command)
                 if re.fullmatch(r"pip install (-e )?\.", command):
                     rc, output = 0, emulate_pip_install(project)
                 elif forge is not None:
-                    rc, output = _in_process(lambda: cli.main(forge[1]), forge[0])
+                    argv = [*forge[1], *setting.train_overrides] if trains(forge[1]) else forge[1]
+                    rc, output = _in_process(lambda: cli.main(argv), forge[0])
                 elif command.startswith("python -m pytest "):
                     # In process too (this process already imported torch).
                     args = shlex.split(command)[3:]

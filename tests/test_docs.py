@@ -33,11 +33,14 @@ import yaml
 from doc_chapters import (
     GUIDE,
     DocSyntaxError,
+    Setting,
     code_blocks,
     console_steps,
+    forge_run_argv,
     play,
     play_chapters,
     squash,
+    trains,
     without_code,
 )
 
@@ -90,12 +93,61 @@ def test_every_worked_chapter_has_runnable_blocks():
         "packaging.md",
         "testing.md",
         "model.md",
+        "hf-export.md",
         "source.md",
         "tokenizer.md",
         "optimizer.md",
         "schedule.md",
     }
     assert expected <= set(CHAPTERS), f"chapters without runnable blocks: {sorted(expected - set(CHAPTERS))}"
+
+
+# --- getting started, as pasted ----------------------------------------------------
+
+GETTING_STARTED = "docs/getting-started.md"
+#: Appended to every training command of the page when the test plays it: the reader's
+#: commands, for 4 steps of a model and a corpus small enough for a test (every shipped
+#: config the page trains takes them; tp=2 and pp=2 divide them). A resume with more
+#: steps is the train tests' to prove; here the command must run as pasted.
+SMALL = (
+    "train.steps=4",
+    "train.warmup_steps=1",
+    "checkpoint.every=2",
+    "train.batch_size=4",
+    "model.options.dim=16",
+    "model.options.n_layers=2",
+    "model.options.n_heads=2",
+    "model.options.n_kv_heads=2",
+    "model.options.max_seq_len=16",
+    "data.seq_len=16",
+    "data.source_options.max_bytes=20000",
+    "data.cache.dir=cache",
+)
+
+
+def test_every_getting_started_command_is_run():
+    """Every ``forge-run`` command on the page is in a block the test below runs, but
+    the installation's (it makes the environment the test runs in)."""
+    blocks = code_blocks((REPO / GETTING_STARTED).read_text(), GETTING_STARTED)
+    unrun = [
+        f"{GETTING_STARTED}:{b.line}"
+        for b in blocks
+        if b.lang == "console" and "$ forge-run" in b.text and not b.runnable and "pip install" not in b.text
+    ]
+    assert not unrun, f"console blocks with forge-run commands not marked <!-- runnable -->: {unrun}"
+    assert sum(b.runnable for b in blocks) >= 9
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_getting_started_commands_run_as_pasted(tmp_path):
+    """The page's commands, from a checkout's root (``configs/`` linked in), each
+    training command with :data:`SMALL` appended."""
+    setting = Setting(links=("configs",), train_overrides=SMALL)
+    played = play_chapters(
+        {GETTING_STARTED: (REPO / GETTING_STARTED).read_text()}, tmp_path, {GETTING_STARTED: setting}
+    )
+    assert played[GETTING_STARTED] is None, played[GETTING_STARTED]
 
 
 # The harness itself must be able to fail, or the chapter tests prove nothing.
@@ -189,6 +241,13 @@ def test_a_marker_shown_inside_a_code_block_is_text():
 def test_console_steps_parse_commands_continuations_and_output():
     steps = console_steps("$ forge-run check a.yaml \\\n    x=1\nerror: boom\n...\n$ ls\nout\n")
     assert steps == [("forge-run check a.yaml x=1", ["error: boom", "..."]), ("ls", ["out"])]
+
+
+def test_a_forge_run_command_drops_its_comment_and_training_is_recognised():
+    assert forge_run_argv("forge-run show a.yaml x=1   # the config") == ({}, ["show", "a.yaml", "x=1"])
+    assert forge_run_argv('forge-run sample r --prompt "# x"') == ({}, ["sample", "r", "--prompt", "# x"])
+    assert trains(["a.yaml", "x=1"]) and trains(["--nproc", "2", "configs/q.yml"])
+    assert not trains(["show", "a.yaml"]) and not trains(["export-hf", "runs/q", "hf-out"])
 
 
 # --- hook reference -----------------------------------------------------------------
@@ -539,3 +598,144 @@ def test_mkdocs_publishes_the_pages_and_not_the_templates():
 
     published = {f.src_uri for f in get_files(load_config(str(REPO / "mkdocs.yml"))).documentation_pages()}
     assert published == {p.relative_to(DOCS).as_posix() for p in _pages()}
+
+
+# --- the founding rule, as every page tells it ----------------------------------------
+
+METADATA_RULE = "parallel.metadata-reaches-layers"
+
+
+def _metadata_rule():
+    (entry,) = [e for e in docgen.builtin_registries().rules if e.rule.id == METADATA_RULE]
+    return entry.rule
+
+
+def metadata_rule_verdicts(extra_plugins=()) -> dict[str, tuple[object, bool]]:
+    """``{strategy: (spec, refused?)}``: the founding rule's own verdict on every
+    registered strategy switched on (degree 2, or as a wrapper) beside the quickstart's
+    document-isolating ``concat``. Only that rule's findings count."""
+    from forge_core.judge import judge
+
+    config = str(REPO / "configs/quickstart.yaml")
+    verdicts = {}
+    for name, entry in judge(config, extra_plugins=extra_plugins).registries["parallelism"].entries.items():
+        on = f"parallel.{entry.spec.mesh_dim}=2" if entry.spec.mesh_dim else f"parallel.wrappers=[{name}]"
+        judged = judge(config, [on], 2, extra_plugins)
+        assert judged.plan.emitted, (
+            "the quickstart's packer must emit metadata for this test to mean anything"
+        )
+        verdicts[name] = (entry.spec, any(v.rule_id == METADATA_RULE for v in judged.violations))
+    return verdicts
+
+
+def contradiction_finder(rule, verdicts: dict[str, tuple[object, bool]]) -> "re.Pattern":
+    """Claims the rule's verdicts forbid: a clause naming a strategy the rule lets
+    through together with the metadata (or packing) the rule is about and the rule's
+    words for losing it or refusing it ("drops", "refused", not "reach"; "forward",
+    "carry" and "pass" are the prose's words for reaching).
+
+    The words come from the rule's summary (a new wording makes this fail, not pass
+    silently); the strategies' names come from their specs: the name (`pp`), the
+    degree (`parallel.pp`) and the summary's leading noun ("Pipeline parallelism")."""
+    summary = rule.summary.lower()
+    for word in ("drops", "refused", "must reach", "metadata", "packing"):
+        assert word in summary, f"the summary of {rule.id} no longer says {word!r}: update this test"
+    keys = re.search(r"\(([^)]*)\)", rule.summary).group(1).split(", ")  # "(doc_ids, positions)"
+    objects = [
+        *map(re.escape, keys),
+        *(k.replace("_", " ") for k in keys),
+        "document ids",
+        "metadata",
+        "pack\\w*",
+    ]
+    verbs = (
+        r"\bdrop(?:s|ped|ping)?\b|\brefus(?:e|es|ed|ing)\b"
+        r"|\b(?:not|cannot|never)\s+(?:\w+\s+)?(?:reach|forward|carry|pass)\w*"
+    )
+    names = []
+    for name, (spec, refused) in verdicts.items():
+        if refused:
+            continue
+        names.append(rf"`{re.escape(name)}`")
+        if spec.mesh_dim:
+            names.append(re.escape(f"parallel.{spec.mesh_dim}"))
+        noun = re.match(r"(\w+) parallelism\b", spec.summary)
+        if noun:
+            names.append(rf"\b{noun.group(1)}\b")
+    return re.compile(
+        rf"(?=.*(?:{'|'.join(names)}))(?=.*(?:{'|'.join(objects)}))(?=.*(?:{verbs}))", re.I | re.S
+    )
+
+
+def _clauses(markdown: str) -> list[str]:
+    """The prose of a page, one clause at a time (code blocks out, lines of a paragraph
+    joined, a table row on its own; a clause ends at ``.``, ``;``, ``:`` or a blank line)."""
+    prose = re.sub(r"\n(?![\n|])", " ", without_code(markdown)).replace("\n|", "\n\n|")
+    return [c.strip() for c in re.split(r"[.;:!?](?:\s|$)|\n\s*\n", prose) if c.strip()]
+
+
+def contradictions(finder, markdown: str) -> list[str]:
+    return [clause for clause in _clauses(markdown) if finder.search(clause)]
+
+
+@pytest.fixture(scope="module")
+def founding_rule_finder():
+    verdicts = metadata_rule_verdicts()
+    # What the README and the reference say: the built-in pipeline passes.
+    assert verdicts["pp"][1] is False, verdicts
+    return contradiction_finder(_metadata_rule(), verdicts)
+
+
+def test_no_page_contradicts_the_founding_rule(founding_rule_finder):
+    """No page (nor the README) says a strategy drops the metadata, or is refused with
+    packing, when the rule itself lets it through."""
+    problems = [
+        f"{page.relative_to(REPO)}: {clause[:200]!r}"
+        for page in [*_pages(), REPO / "README.md"]
+        for clause in contradictions(founding_rule_finder, page.read_text())
+    ]
+    assert not problems, f"these contradict rule {METADATA_RULE}:\n" + "\n".join(problems)
+
+
+def test_the_contradiction_check_sees_the_old_claims(founding_rule_finder):
+    old = (
+        "- The spec's `emits` is a promise the rule engine acts on: a packer that emits\n"
+        "  `doc_ids` is refused together with pipeline parallelism, which cannot carry them to\n"
+        "  every layer.\n\n"
+        "Two stages (`data.packer=none`: the built-in pipeline does not carry document ids to later\n"
+        "stages, and `forge-run check` refuses the default `concat` packer with it).\n"
+    )
+    assert len(contradictions(founding_rule_finder, old)) == 2
+    # The README's sentence says what holds, though it names both the pipeline and refusal.
+    readme = (
+        "Pipeline parallelism, the case that\nmotivated it, carries them: every stage gets its "
+        "microbatch's `doc_ids` and `positions`; the rule\nstill refuses any strategy that declares "
+        "it drops them.\n"
+    )
+    assert contradictions(founding_rule_finder, readme) == []
+
+
+def test_the_contradiction_check_follows_the_rules_verdict():
+    """A strategy that declares it drops the metadata is refused by the rule, and then
+    saying so is no contradiction: the forbidden claims come from the verdicts."""
+    from forge_core.api import ParallelismSpec, hookimpl
+
+    class Dropper:
+        @hookimpl
+        def forge_parallelisms(self):
+            return [
+                ParallelismSpec(
+                    name="relay",
+                    summary="Relay parallelism: hands later layers hidden states only",
+                    impl="nowhere:Relay",
+                    order=150,
+                    forwards=frozenset(),
+                    drops_metadata_because="Later layers get hidden states only.",
+                )
+            ]
+
+    verdicts = metadata_rule_verdicts((("dropper", Dropper()),))
+    assert verdicts["relay"][1] is True and verdicts["pp"][1] is False
+    finder = contradiction_finder(_metadata_rule(), verdicts)
+    assert contradictions(finder, "Relay parallelism drops `doc_ids`, so packing is refused with it.\n") == []
+    assert contradictions(finder, "Pipeline parallelism drops `doc_ids`, so packing is refused with it.\n")

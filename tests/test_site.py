@@ -6,8 +6,11 @@ holding exactly the block's text), and no fence or marker text may be visible as
 a fence that Python-Markdown does not recognise renders as a paragraph, and the prose
 after it as code, which a Markdown-level check cannot see. ``coming-from.md``, whose
 tables are its content, is read the same way, and every Markdown table of these pages
-must be a table on the page. Screenshots of two pages are
-kept under ``$CI_ARTIFACTS/screenshots/`` (default ``.ci/artifacts/screenshots/``).
+must be a table on the page; every block marked ``file=PATH`` shows ``PATH`` as its title.
+Every page of the site is measured at 1280 px (and the widest tables' page at 1600 px):
+no table or code block is wider than the column it is in, and the top navigation is one
+row. Screenshots of two pages are kept under ``$CI_ARTIFACTS/screenshots/`` (default
+``.ci/artifacts/screenshots/``).
 
 Without Chromium the browser tests skip, except under CI (``CI`` set), where they fail:
 ``.ci/run`` installs it.
@@ -15,6 +18,7 @@ Without Chromium the browser tests skip, except under CI (``CI`` set), where the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -67,6 +71,13 @@ def build_site(config: Path, site: Path) -> subprocess.CompletedProcess:
         cwd=config.parent,
         timeout=300,
     )
+
+
+def repo_config() -> dict:
+    """The repository's mkdocs.yml, for a site built elsewhere: its hooks by absolute path."""
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config["hooks"] = [str(REPO / hook) for hook in config.get("hooks", [])]
+    return config
 
 
 def built_page(site: Path, page: str) -> Path:
@@ -131,7 +142,7 @@ def test_a_strict_build_fails_on_a_link_outside_the_docs(tmp_path):
     (tmp_path / "docs" / "index.md").write_text("# Home\n\nSee [the example](../examples/README.md).\n")
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "README.md").write_text("# Example\n")
-    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config = repo_config()
     config["nav"] = ["index.md"]
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
@@ -183,7 +194,7 @@ def test_the_browser_check_sees_a_fence_that_renders_as_prose(tmp_path, chromium
     )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text(page)
-    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config = repo_config()
     config["nav"] = ["index.md"]
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
@@ -210,3 +221,128 @@ def test_screenshots_go_where_ci_keeps_artifacts(monkeypatch, tmp_path):
     monkeypatch.delenv("CI_ARTIFACTS")
     assert artifacts_dir() == REPO / ".ci" / "artifacts"
     assert ".ci/artifacts/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+# --- layout: what fits at a laptop's width -------------------------------------------
+
+#: Every table and code block (``pre``) of the page's main column wider than its own box
+#: (its content scrolls or is cut off) or reaching past the column; and the rows the
+#: top navigation takes (its visible items, one ``offsetTop`` per row).
+_LAYOUT = """(() => {
+  const main = document.querySelector('[role="main"]');
+  const right = main.getBoundingClientRect().right;
+  const wide = [...main.querySelectorAll('table, pre')]
+    .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > right + 1)
+    .map(e => `${e.tagName.toLowerCase()} ${e.scrollWidth} px wide in ${e.clientWidth} px: `
+              + e.textContent.trim().replace(/\\s+/g, ' ').slice(0, 60));
+  const items = [...document.querySelectorAll('.navbar-nav > li')].filter(li => li.offsetParent);
+  return {wide: wide, nav: items.length, rows: new Set(items.map(li => li.offsetTop)).size};
+})()"""
+
+#: The page whose tables are widest, measured at a wider screen too.
+WIDE_PAGES = {1600: ("coming-from.md",)}
+
+
+def layout_problems(browser: Browser, html: Path, where: str, width: int) -> list[str]:
+    browser.open(html.as_uri())
+    shown = browser.evaluate(_LAYOUT)
+    problems = [f"{where} at {width} px: {wide}" for wide in shown["wide"]]
+    if shown["rows"] != 1:
+        problems.append(
+            f"{where} at {width} px: the navigation's {shown['nav']} items take {shown['rows']} rows"
+        )
+    return problems
+
+
+def _site_pages() -> list[str]:
+    """Every page MkDocs publishes, as it finds them."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
+
+    return sorted(f.src_uri for f in get_files(load_config(str(REPO / "mkdocs.yml"))).documentation_pages())
+
+
+def test_every_page_fits_its_column_and_the_navigation_one_row(site, chromium):
+    problems = []
+    with Browser(chromium, width=1280) as browser:
+        for page in _site_pages():
+            problems += layout_problems(browser, built_page(site, page), f"docs/{page}", 1280)
+    for width, pages in WIDE_PAGES.items():
+        with Browser(chromium, width=width) as browser:
+            for page in pages:
+                problems += layout_problems(browser, built_page(site, page), f"docs/{page}", width)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layout_check_sees_a_wide_table_a_wide_block_and_a_crowded_navigation(tmp_path, chromium):
+    """The negative control: without the stylesheet a table of long keys and a long
+    command overflow, and thirteen top entries wrap."""
+    words = f"`{'per_device_train_batch_size.' * 12}`"  # one word: no space to wrap at
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(
+        f"# Wide\n\n| key | note |\n| --- | --- |\n| {words} | x |\n\n"
+        f"```console\n$ forge-run {'x' * 300}\n```\n"
+    )
+    config = repo_config()
+    del config["extra_css"]
+    config["nav"] = [{f"Entry number {i}": "index.md"} for i in range(13)]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    done = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stdout + done.stderr
+    with Browser(chromium, width=1280) as browser:
+        problems = layout_problems(browser, built_page(tmp_path / "site", "index.md"), "index.md", 1280)
+    assert any(p.startswith("index.md at 1280 px: table ") for p in problems), problems
+    assert any(p.startswith("index.md at 1280 px: pre ") for p in problems), problems
+    assert any("the navigation's" in p and "1 rows" not in p for p in problems), problems
+
+
+# --- the file a plugin-guide block belongs to ----------------------------------------
+
+
+def _file_titles_hook():
+    """mkdocs_hooks/file_titles.py, loaded by path as MkDocs loads it."""
+    spec = importlib.util.spec_from_file_location("file_titles", REPO / "mkdocs_hooks" / "file_titles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_hook_titles_exactly_the_file_blocks():
+    titled = _file_titles_hook().titled(
+        "<!-- runnable file=pkg/a_b.py -->\n```python\nx = 1\n```\n\n"
+        "<!-- runnable exit=2 -->\n```console\n$ ls\n```\n\n"
+        "Text.\n<!-- runnable file=stray.py -->\nMore text.\n\n"
+        "```markdown\n<!-- runnable file=shown.py -->\n```\n"
+    )
+    assert titled.count('class="code-title"') == 1
+    assert '<p class="code-title"><code>pkg/a_b.py</code></p>\n\n```python\nx = 1' in titled
+    assert "<!-- runnable exit=2 -->\n```console" in titled
+
+
+#: For every code block, the title shown right above it (or null).
+_TITLES = """(() => {
+  const main = document.querySelector('[role="main"]');
+  return [...main.querySelectorAll('pre > code')].map(code => {
+    const pre = code.parentElement;
+    const box = pre.parentElement.classList.contains('codehilite') ? pre.parentElement : pre;
+    const title = box.previousElementSibling;
+    return [title && title.matches('p.code-title') ? title.textContent : null, code.textContent];
+  });
+})()"""
+
+
+def test_plugin_guide_blocks_show_the_file_they_belong_to(site, chromium):
+    problems, titled = [], 0
+    with Browser(chromium) as browser:
+        for path in sorted((REPO / "docs" / "plugin-guide").glob("*.md")):
+            page = path.relative_to(REPO / "docs").as_posix()
+            browser.open(built_page(site, page).as_uri())
+            shown = {code.rstrip("\n"): title for title, code in browser.evaluate(_TITLES)}
+            for block in code_blocks(path.read_text(), page):
+                expected = block.options.get("file") if block.runnable else None
+                got = shown.get(block.text.rstrip("\n"), "(block not found)")
+                if got != expected:
+                    problems.append(f"docs/{page}:{block.line}: titled {got!r}, expected {expected!r}")
+                titled += expected is not None
+    assert not problems, "\n".join(problems)
+    assert titled >= 80, f"only {titled} blocks with a file title"
