@@ -134,8 +134,8 @@ def main(args: Any) -> int:
     max_shard_size = getattr(args, "max_shard_size", None)
     max_shard_size = parse_size(max_shard_size) if max_shard_size else None
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
+    plan, registries = load_run_config(run_dir)  # first: it proves run_dir is a run directory
     _refuse_run_folder(given, out_dir, run_dir, overwrite)
-    plan, registries = load_run_config(run_dir)
     config, spec = plan.config, plan.specs["model"]
     if not spec.hf_export:
         raise ForgeError(
