@@ -4,7 +4,8 @@ token shards, exports and a plugin's own files (a tracker's run id, a loss curve
 
 - :func:`atomic_write`: replace one file, so a reader sees the old or the new content.
 - :func:`move_into_place`: make a directory written aside (``<out>.partial``) appear as
-  ``out`` in one step, replacing an older one only once the new one is whole.
+  ``out`` in one step, replacing an older one only once the new one is whole (a
+  symlinked ``out``: the directory it points to).
 - :func:`directory_problem`: why a directory cannot be used to write in, without
   creating anything (what ``forge-run check`` reports and the run refuses).
 
@@ -80,8 +81,13 @@ def move_into_place(tmp: Path, out: Path, *, replace: bool = True) -> None:
     ``tmp`` has taken its place; when that last rename fails, ``out`` is put back as it
     was (and ``tmp`` left for the caller to remove). With ``replace=False`` an existing
     ``out`` is not touched: the rename fails (``OSError``) unless ``out`` is an empty
-    directory."""
-    tmp, out = Path(tmp), Path(out)
+    directory.
+
+    An ``out`` that is a symbolic link means the directory it points to: that directory
+    is replaced and the link kept (replacing the link itself would leave the old
+    directory behind under its real name). Write ``tmp`` beside the link's target
+    (``os.path.realpath(out)``): a rename cannot cross file systems."""
+    tmp, out = Path(tmp), Path(os.path.realpath(out))
     _sync_tree(tmp)
     old = out.with_name(out.name + ".old")
     if replace and out.exists():

@@ -15,11 +15,18 @@ option is cleared (the checkpoint holds every weight). Everything is written to
 ``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
 refused unless ``--overwrite``, and then replaced only by a complete export; a failed
 export (a full disk included: a clean error, exit 2) leaves nothing half-written.
+
+The export never destroys a run: an OUT_DIR that is, contains or lies inside the run
+exported from (symlinks resolved) is refused, and so is ``--overwrite`` of a folder
+holding any Forge run or checkpoint (:func:`holds_run`). An OUT_DIR that is a symbolic
+link means the folder it points to: that folder is replaced, the link is kept and shows
+the new export.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import shutil
 import sys
@@ -63,6 +70,44 @@ def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
     return False
 
 
+#: Names that only a Forge run directory or a checkpoint holds: a folder with one of them
+#: anywhere inside is never replaced by an export.
+RUN_MARKERS = frozenset({".metadata", "manifest.json", "run.json", "run.lock", "checkpoints"})
+
+
+def holds_run(folder: Path) -> Path | None:
+    """The first file or folder under ``folder`` that marks a Forge run or checkpoint
+    (:data:`RUN_MARKERS`), or ``None``. Symlinks inside are not followed."""
+    for directory, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            if name in RUN_MARKERS:
+                return Path(directory) / name
+    return None
+
+
+def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bool) -> None:
+    """Refuse an output that would replace (part of) the run exported from, or, with
+    ``--overwrite``, a folder holding any run or checkpoint. ``target`` is ``out_dir``
+    with symlinks resolved."""
+    run = run_dir.resolve()
+    shown = f"{str(out_dir)!r}" + (f" (the link to {str(target)!r})" if target != out_dir.absolute() else "")
+    if target == run or run in target.parents or target in run.parents:
+        where = "is" if target == run else ("lies inside" if run in target.parents else "contains")
+        raise ForgeError(
+            f"export-hf OUT_DIR: {shown} {where} the run directory {str(run_dir)!r} being exported; "
+            f"writing there would replace its checkpoints, config and metrics. Give a folder outside "
+            f"the run (for example {str(run.parent / (run.name + '-hf'))!r})."
+        )
+    if overwrite and target.is_dir():
+        found = holds_run(target)
+        if found is not None:
+            raise ForgeError(
+                f"export-hf OUT_DIR: {shown} holds a Forge run or checkpoint ({str(found)!r}); "
+                f"--overwrite would delete it. Give another folder, or remove what is there yourself "
+                f"if it is no longer needed."
+            )
+
+
 def main(args: Any) -> int:
     import torch
 
@@ -74,20 +119,23 @@ def main(args: Any) -> int:
     from forge_core.train.run_lock import ensure_out_dir
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
-    out_dir = Path(args.out_dir)
+    given = Path(args.out_dir)
+    # A symlink means the folder it points to (kept as a link, showing the new export).
+    out_dir = Path(os.path.realpath(given))
     overwrite = bool(getattr(args, "overwrite", False))
     if out_dir.exists() and not overwrite:
         raise ForgeError(
-            f"export-hf OUT_DIR: {str(out_dir)!r} already exists. Choose another directory or "
+            f"export-hf OUT_DIR: {str(given)!r} already exists. Choose another directory or "
             "pass --overwrite (it is replaced only once the new export is complete)."
         )
     if out_dir.exists() and not out_dir.is_dir():
-        raise ForgeError(f"export-hf OUT_DIR: {str(out_dir)!r} is an existing file, not a directory.")
+        raise ForgeError(f"export-hf OUT_DIR: {str(given)!r} is an existing file, not a directory.")
     dtype = getattr(torch, DTYPES[getattr(args, "dtype", "fp32")])
     max_shard_size = getattr(args, "max_shard_size", None)
     max_shard_size = parse_size(max_shard_size) if max_shard_size else None
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
-    plan, registries = load_run_config(run_dir)
+    plan, registries = load_run_config(run_dir)  # first: it proves run_dir is a run directory
+    _refuse_run_folder(given, out_dir, run_dir, overwrite)
     config, spec = plan.config, plan.specs["model"]
     if not spec.hf_export:
         raise ForgeError(
@@ -137,11 +185,11 @@ def main(args: Any) -> int:
     if not with_tokenizer:
         print(
             f"note: the run's tokenizer ({config.data.tokenizer}) cannot be written in Hugging Face form; "
-            f"{out_dir} holds the model only",
+            f"{given} holds the model only",
             file=sys.stderr,
         )
     print(
-        f"exported {checkpoint} to {out_dir} ({DTYPES[getattr(args, 'dtype', 'fp32')]}"
+        f"exported {checkpoint} to {given} ({DTYPES[getattr(args, 'dtype', 'fp32')]}"
         f"{', with its tokenizer' if with_tokenizer else ''})"
     )
     return 0

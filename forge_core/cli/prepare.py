@@ -8,6 +8,11 @@ files: the configured tokenizer must load from a directory (its options have a
 ``path``, like the built-in ``hf``), and is built with ``path`` set to the trained
 files. The shards then carry that tokenizer in ``DIR/tokenizer``. The last lines
 printed are the config settings that train on the result.
+
+One prepare at a time per output: it holds ``DIR.lock`` (beside ``DIR``, as ``DIR`` only
+appears when complete), the lock a run takes on its run directory
+(:meth:`~forge_core.train.run_lock.RunLock.take`); a second prepare on the same ``--out``
+is refused at once, naming the one that holds it, before it touches anything.
 """
 
 from __future__ import annotations
@@ -24,10 +29,6 @@ from forge_core.api import ForgeError
 
 
 def main(args: Any) -> int:
-    from forge_core import components
-    from forge_core.data.bpe import train_bpe
-    from forge_core.data.prepare import prepare
-    from forge_core.data.shards import TOKENIZER_DIR
     from forge_core.plan import make_plan
     from forge_core.resolve import load_resolved
 
@@ -40,6 +41,37 @@ def main(args: Any) -> int:
         )
     plan = make_plan(config, registries, world_size=None)
     out = Path(args.out)
+    lock = lock_output(out)
+    try:
+        return _prepare(args, config, registries, plan, out)
+    finally:
+        lock.release()
+
+
+def lock_output(out: Path) -> Any:
+    """Take ``OUT.lock``, or refuse naming the prepare that holds it."""
+    from forge_core.train.run_lock import RunLock, describe, ensure_out_dir
+
+    fix = "Give --out a directory you can write."
+    ensure_out_dir(out.parent, "prepare --out", fix)
+
+    def held(path: Path, holder: dict[str, Any]) -> ForgeError:
+        return ForgeError(
+            f"prepare --out: {str(out)!r} is being written by another `forge-run prepare`: "
+            f"{describe(holder)}. Two at once would remove each other's partial output. Wait for "
+            f"it to finish (or stop it), or give this one another --out. The lock is {path}; it is "
+            f"released when its holder exits, even when killed."
+        )
+
+    return RunLock.take(out.with_name(out.name + ".lock"), "prepare --out", held, fix=fix)
+
+
+def _prepare(args: Any, config: Any, registries: Any, plan: Any, out: Path) -> int:
+    from forge_core import components
+    from forge_core.data.bpe import train_bpe
+    from forge_core.data.prepare import prepare
+    from forge_core.data.shards import TOKENIZER_DIR
+
     overwrite = bool(getattr(args, "overwrite", False))
     if out.exists() and not overwrite:
         raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")

@@ -25,9 +25,14 @@ only). A file made to run code when loaded is refused outright
 (:class:`~forge_core.train.checkpoint_reader.UnsafeCheckpoint`), not skipped: nothing
 from it is executed, see :mod:`forge_core.train.checkpoint_reader`.
 
+Resume refuses a run directory holding checkpoints none of which can be loaded
+(:func:`no_usable_checkpoint`) rather than training from step 0 over them.
+
 Pruning keeps ``checkpoint.keep`` checkpoints counting only those known intact (saved
 or resumed by this process, or verified when pruning needs them), so the last
-checkpoint that verified is never deleted in favour of a damaged one.
+checkpoint that verified is never deleted in favour of a damaged one. It runs after
+every save and after a resume, so a run killed between moving ``latest`` and pruning
+(or restarted with nothing left to train) leaves no more than ``keep``.
 
 A full disk during a save is reported as such (:class:`ForgeError`, exit 2): the partial
 write is removed and the previous checkpoint stays as it was. Model and optimizer state
@@ -153,7 +158,7 @@ def digests(paths: list[Path]) -> dict[str, str]:
 def _manifest(path: Path) -> dict[str, Any] | None:
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested absurdly deep
         return None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(v, int) for v in files.values()):
@@ -297,6 +302,22 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
             f"checkpoint.every steps and on SIGTERM/SIGINT."
         )
     return found, root.parent
+
+
+def no_usable_checkpoint(root: Path, skipped: list[str]) -> ForgeError:
+    """The refusal of a run directory holding checkpoints none of which can be loaded:
+    each one with why, and the ways out."""
+    fallback = "; falling back to the newest complete one"
+    listed = "\n".join(
+        "  - " + message.removeprefix("skipping checkpoint ").removesuffix(fallback) for message in skipped
+    )
+    return ForgeError(
+        f"{root} holds checkpoints, but none of them can be loaded:\n{listed}\n"
+        f"Refusing to start again from step 0 over them. To train from scratch, set "
+        f"checkpoint.resume: never (the damaged checkpoints are replaced as new ones are saved), "
+        f"or give the run another run.out_dir; or delete the damaged checkpoints "
+        f"(rm -r {root}/step-*) if they are no longer needed."
+    )
 
 
 # --- files on disk ------------------------------------------------------------------
@@ -535,11 +556,18 @@ class CheckpointManager:
 
     def find_resume(self, warn: Any) -> Path | None:
         """Rank 0 picks (and verifies) the checkpoint; every process gets the same answer,
-        or the same error."""
+        or the same error. Checkpoints that exist but none of which can be loaded are an
+        error (:func:`no_usable_checkpoint`): a run never starts again from step 0 over
+        them on its own."""
         found: Any = None
         if self.rank == 0:
+            skipped: list[str] = []
             try:
-                path = find_latest(self.root, warn)
+                path = find_latest(self.root, skipped.append)
+                if path is None and _step_dirs(self.root):
+                    raise no_usable_checkpoint(self.root, skipped)
+                for message in skipped:
+                    warn(message)
                 found = None if path is None else str(path)
             except ForgeError as exc:
                 found = exc
@@ -576,6 +604,8 @@ class CheckpointManager:
         for part, optimizer in zip(parts, optimizers, strict=True):
             set_optimizer_state_dict(part, optimizer, full["optim"], options=_OPTIM_OPTIONS)
         self.intact.add(path)
+        if self.rank == 0:  # a run killed before it pruned, or with nothing left to train, prunes here
+            self._prune(path)
         return state
 
     @staticmethod

@@ -11,7 +11,9 @@ when Forge reads it. DCP itself has two pickle paths that would:
   layout pickles), ``pathlib`` paths and ``collections.OrderedDict``. Anything else
   (``os.system``, ``builtins.eval``, ``operator.getitem``...) raises
   :class:`UnsafeCheckpoint` before it is called. The result is then checked for shape:
-  every storage entry points at a plain file name inside the checkpoint directory.
+  every storage entry points at a plain file name inside the checkpoint directory, and
+  per file the entries tile it exactly (an offset or a length that lies is refused
+  before any read).
 - Non-tensor state (the optimizer's lr, betas, eps...) is stored as byte blobs that
   ``DefaultLoadPlanner.load_bytes`` reads with ``torch.load(weights_only=False)``.
   :class:`SafeLoadPlanner` reads them with ``weights_only=True``. (Tensors DCP already
@@ -122,6 +124,42 @@ def _check_shape(md: Any, path: Path) -> None:
             raise CorruptCheckpoint(f"{path}: a storage entry of {name} has a bad offset or length")
 
 
+def _check_against_files(md: Any, path: Path) -> None:
+    """The storage entries describe the files beside the metadata: DCP writes each data
+    file as its entries one after the other, so per file they tile it exactly, from
+    offset 0 to its last byte. An offset or a length that points anywhere else would make
+    DCP read the wrong bytes (or ask for 10^15 of them): refused before anything is read."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for info in md.storage_data.values():
+        spans.setdefault(info.relative_path, []).append((info.offset, info.length))
+    for name, entries in sorted(spans.items()):
+        file = path.parent / name
+        if not file.is_file():
+            raise _misdescribed(path, f"storage entries read {name}, which is not a file beside it")
+        size = file.stat().st_size
+        end = 0
+        for offset, length in sorted(entries):
+            if offset != end:
+                raise _misdescribed(
+                    path,
+                    f"a storage entry of {name} starts at byte {offset}, where the entry before it "
+                    f"ends at {end}",
+                )
+            end = offset + length
+        if end != size:
+            raise _misdescribed(path, f"its storage entries cover {end} bytes of {name}, which has {size}")
+
+
+def _misdescribed(path: Path, what: str) -> UnsafeCheckpoint:
+    return UnsafeCheckpoint(
+        f"refusing to load {path}: {what}, so the metadata does not describe the files of its "
+        f"checkpoint (torch.distributed.checkpoint writes each file as its entries end to end). It was "
+        f"altered after the checkpoint was written; nothing was read through it. Do not use this "
+        f"checkpoint: delete its directory ({path.parent}) to fall back to an earlier one, or start a "
+        f"new run (checkpoint.resume: never or another run.out_dir)."
+    )
+
+
 def read_metadata(directory: str | Path) -> Any:
     """The DCP metadata of a checkpoint directory, unpickled safely and checked.
     Raises :class:`UnsafeCheckpoint` or :class:`CorruptCheckpoint`."""
@@ -138,6 +176,7 @@ def read_metadata(directory: str | Path) -> Any:
             f"{path} is not readable checkpoint metadata ({type(exc).__name__}: {str(exc)[:200]})"
         ) from None
     _check_shape(md, path)
+    _check_against_files(md, path)
     return md
 
 

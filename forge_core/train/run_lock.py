@@ -1,4 +1,5 @@
-"""One run per run directory: ``<out_dir>/run.lock``.
+"""One run per run directory: ``<out_dir>/run.lock``. The same lock
+(:meth:`RunLock.take`) keeps two ``forge-run prepare`` off one output directory.
 
 Two runs writing one ``run.out_dir`` would resume from each other's checkpoints in
 flight, delete each other's temporaries and interleave their metrics. Rank 0 of a run
@@ -89,20 +90,35 @@ class RunLock:
     def acquire(cls, out_dir: str | Path, warn: Callable[[str], None] | None = None) -> RunLock:
         """Take the lock on ``out_dir`` (created if needed), or raise :class:`ForgeError`
         naming the run that holds it."""
-        warn = warn or (lambda message: None)
         out_dir = Path(out_dir)
         ensure_out_dir(out_dir)
-        path = out_dir / LOCK
+        return cls.take(
+            out_dir / LOCK, OUT_DIR, cls._held, warn, "Set run.out_dir to a directory you can write."
+        )
+
+    @classmethod
+    def take(
+        cls,
+        path: Path,
+        what: str,
+        held: Callable[[Path, dict[str, Any]], ForgeError],
+        warn: Callable[[str], None] | None = None,
+        fix: str = "",
+    ) -> RunLock:
+        """Take the lock file ``path`` (its directory exists), the same way for any
+        directory one process at a time may write: ``held(path, holder)`` is the refusal
+        when another live process has it; ``what`` (a config path or an argument) and
+        ``fix`` head and end the error when the file cannot be written."""
+        warn = warn or (lambda message: None)
         for _ in range(10):  # the file may be replaced under us by a holder releasing it
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 raise ForgeError(
-                    f"{OUT_DIR}: cannot write in {str(out_dir)!r} ({exc.strerror or exc}). Set "
-                    f"run.out_dir to a directory you can write."
+                    f"{what}: cannot write in {str(path.parent)!r} ({exc.strerror or exc}). {fix}"
                 ) from None
             try:
-                lock = cls._take(path, fd, warn)
+                lock = cls._take(path, fd, warn, held)
             except BaseException:
                 os.close(fd)
                 raise
@@ -110,16 +126,22 @@ class RunLock:
                 return lock
             os.close(fd)
         raise ForgeError(
-            f"{OUT_DIR}: cannot take the lock {path}: it keeps changing. Is another run "
-            f"starting on {str(out_dir)!r}?"
+            f"{what}: cannot take the lock {path}: it keeps changing. Is another process "
+            f"starting on {str(path.parent)!r}?"
         )
 
     @classmethod
-    def _take(cls, path: Path, fd: int, warn: Callable[[str], None]) -> RunLock | None:
+    def _take(
+        cls,
+        path: Path,
+        fd: int,
+        warn: Callable[[str], None],
+        held: Callable[[Path, dict[str, Any]], ForgeError],
+    ) -> RunLock | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise cls._held(path, _read(fd)) from None
+            raise held(path, _read(fd)) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
@@ -135,7 +157,7 @@ class RunLock:
             same_host = previous.get("host") == socket.gethostname()
             start = previous.get("proc_start")
             if same_host and _alive(pid, start if isinstance(start, int) else None):
-                raise cls._held(path, previous)
+                raise held(path, previous)
             why = (
                 "that process is no longer running"
                 if same_host
@@ -143,7 +165,7 @@ class RunLock:
             )
             warn(
                 f"taking over the lock {path} left by {describe(previous)}: {why} (it did not end "
-                f"cleanly; its unfinished checkpoint writes are removed)"
+                f"cleanly; what it left unfinished is removed)"
             )
         lock = cls(path, fd)
         lock.record()

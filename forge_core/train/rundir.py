@@ -40,9 +40,10 @@ def save_run_info(run_dir: Path, info: dict[str, Any]) -> None:
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((run_dir / RUN_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        info = json.loads((run_dir / RUN_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested absurdly deep
         return {}
+    return info if isinstance(info, dict) else {}
 
 
 def load_run_config(run_dir: Path) -> tuple[Any, Any]:

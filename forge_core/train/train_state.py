@@ -95,7 +95,12 @@ def write(path: Path, state: dict[str, Any]) -> None:
 
 
 def read(path: Path) -> dict[str, Any]:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if data.pop("format", None) != FORMAT:
-        raise ValueError(f"{path}: unknown train-state format")
-    return decode(data)
+    """The train state in ``path``; a ``ValueError`` for anything that is not one (a file
+    nested deeper than Python can read included: its callers name the file)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
+            raise ValueError(f"{path}: unknown train-state format")
+        return decode(data)
+    except RecursionError:
+        raise ValueError("nested too deep to read (no train state Forge writes is)") from None

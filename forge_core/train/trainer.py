@@ -206,13 +206,18 @@ class Trainer:
             },
         )
 
-    def resume(self) -> None:
+    def find_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (``checkpoint.resume: auto``), chosen before the
+        run directory is written to, so a refusal (every checkpoint damaged) leaves it as
+        it was."""
         if self.config.checkpoint.resume != "auto":
-            return
-        parts, progress = self.parts, self.progress
-        path = parts.checkpoints.find_resume(lambda m: warn(self.placement, m))
+            return None
+        return self.parts.checkpoints.find_resume(lambda m: warn(self.placement, m))
+
+    def resume(self, path: Path | None) -> None:
         if path is None:
             return
+        parts, progress = self.parts, self.progress
         identity = str(parts.tokenizer.identity)
 
         def same_tokenizer(state: dict[str, Any]) -> None:
@@ -385,8 +390,9 @@ class Trainer:
 
     def _run(self) -> str:
         self.build()
+        checkpoint = self.find_checkpoint()
         self.prepare_run_dir()
-        self.resume()
+        self.resume(checkpoint)
         self.stop.start_training()
         cfg, pl, progress = self.config, self.placement, self.progress
         total = cfg.train.steps

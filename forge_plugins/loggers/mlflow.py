@@ -16,8 +16,10 @@ parameter.
 
 Needs MLflow (``pip install 'forge-trainer[mlflow]'``: the ``mlflow-skinny`` client and
 the SQL store's libraries; the full ``mlflow`` package works too); without it the run
-goes on and a warning says so. A tracking server that cannot be reached stops the run
-before its first step with the reason.
+goes on and a warning says so. A tracking server that cannot be reached is known within
+``timeout`` seconds (each request at the start, connecting included, without MLflow's
+retries); then, as ``unreachable`` says, the run stops before its first step with the
+reason (``stop``, the default) or goes on without this logger after a warning (``warn``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ import yaml
 from forge_core.api import ForgeError, hookimpl
 from forge_plugins.loggers.tracking import (
     LossCurve,
+    cannot_start,
     flat_config,
     missing,
     numeric_metrics,
@@ -78,16 +83,28 @@ class MlflowLogger:
         if not uri:
             uri, artifacts = local_store(out)
             (out / LOCAL_DIR).mkdir(parents=True, exist_ok=True)
+        timeout = self.options.timeout
         try:
-            self._open(MlflowClient(uri), run, artifacts, read_run_id(out / RUN_ID_FILE), uri)
+            with bounded_requests(timeout):
+                self._open(MlflowClient(uri), run, artifacts, read_run_id(out / RUN_ID_FILE), uri)
         except ForgeError:
             raise
         except Exception as exc:  # noqa: BLE001 - MLflow raises many kinds; all mean the same here
-            raise ForgeError(
-                f"the mlflow logger could not start an MLflow run at {uri}: {type(exc).__name__}: "
-                f"{str(exc)[:500]}. Check logging.options.mlflow.tracking_uri (or MLFLOW_TRACKING_URI), "
-                f"or drop 'mlflow' from logging.loggers."
-            ) from None
+            self.client = None
+            bound = (
+                f" (each request had {timeout} s, connecting included, and no retry: "
+                f"logging.options.mlflow.timeout)"
+                if uri.startswith(("http://", "https://"))
+                else ""
+            )
+            cannot_start(
+                "mlflow",
+                self.options,
+                f"an MLflow run at {uri}",
+                f"{type(exc).__name__}: {str(exc)[:500]}{bound}",
+                "Check logging.options.mlflow.tracking_uri (or MLFLOW_TRACKING_URI)",
+            )
+            return
         write_run_id(out / RUN_ID_FILE, {"run_id": self.run_id, "tracking_uri": uri})
         self.curve.start(run)
 
@@ -167,6 +184,25 @@ class MlflowLogger:
                     client.log_artifact(self.run_id, str(png))
         finally:
             client.set_terminated(self.run_id, status=_STATUS.get(status, "FAILED"))
+
+
+@contextmanager
+def bounded_requests(timeout: int) -> Iterator[None]:
+    """MLflow's HTTP requests while the run starts: ``timeout`` seconds each (connecting
+    included) and no retries. MLflow's defaults (120 s, 7 retries with backoff) keep an
+    unreachable server silent for about five minutes; MLflow reads these settings from
+    the environment at every request, so they are set only for the start."""
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    saved = {name: os.environ.get(name) for name in bounds}
+    os.environ.update(bounds)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _millis() -> int:

@@ -91,6 +91,18 @@ _string_map = satisfies(
 )
 
 
+#: What a tracker that cannot start its run (server unreachable, not logged in) does.
+_UNREACHABLE_DOC = (
+    "When the tracker cannot start its run at the start (no answer within timeout, refused, "
+    "not logged in): 'stop' ends the run before its first step with the reason; 'warn' says so "
+    "and training goes on without this logger."
+)
+
+
+def _timeout(what: str) -> str:
+    return f"Seconds {what} may take at the start before the tracker counts as unreachable."
+
+
 @attrs.frozen
 class WandbOptions:
     project: str = option("", "W&B project ('': run.name).", max_chars(_NAME))
@@ -101,6 +113,8 @@ class WandbOptions:
     mode: Literal["", "online", "offline", "disabled"] = option(
         "", "'offline' writes locally for `wandb sync` later; '': WANDB_MODE, else online."
     )
+    timeout: int = option(30, _timeout("starting the W&B run (wandb's init_timeout)"), at_least(1))
+    unreachable: Literal["stop", "warn"] = option("stop", _UNREACHABLE_DOC)
 
 
 @attrs.frozen
@@ -111,3 +125,7 @@ class MlflowOptions:
     experiment: str = option("", "Experiment name ('': run.name); created when missing.", max_chars(_NAME))
     run_name: str = option("", "Name of the MLflow run ('': run.name).", max_chars(_NAME))
     tags: dict[str, str] = option({}, "Tags of the MLflow run.", _string_map)
+    timeout: int = option(
+        10, _timeout("each request to a tracking server (connecting included, no retries)"), at_least(1)
+    )
+    unreachable: Literal["stop", "warn"] = option("stop", _UNREACHABLE_DOC)

@@ -1,7 +1,8 @@
 """What the experiment-tracker loggers (``tensorboard``, ``wandb``, ``mlflow``) share:
 metric names, the config as hyperparameters, the tracker's run id kept in the run
-directory (so a resumed run continues the same tracked run), the loss plot, and the
-warning for a package that is not installed.
+directory (so a resumed run continues the same tracked run), the loss plot, the
+warning for a package that is not installed, and what a tracker that cannot start its
+run does (``unreachable``: stop the run before its first step, or warn and go on).
 
 Metric names: a key with a ``/`` (``eval/loss``) is logged as it is; any other key
 (``loss``) as ``train/<key>``. Every numeric value is forwarded (``True``/``False``
@@ -21,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import atomic_write
+from forge_core.api import ForgeError, atomic_write
 from forge_plugins.loggers.plot import LossPoints, write_plot
 
 TRAIN_PREFIX = "train/"
@@ -73,6 +74,24 @@ def missing(name: str) -> None:
         f"training goes on without it",
         file=sys.stderr,
         flush=True,
+    )
+
+
+def cannot_start(name: str, options: Any, what: str, reason: str, fix: str) -> None:
+    """A tracker that cannot start its run: a :class:`ForgeError` before the first step
+    (``unreachable: stop``), or a warning and the run goes on without it (``warn``)."""
+    if options.unreachable == "warn":
+        print(
+            f"warning: the {name} logger could not start {what}: {reason}; training goes on without it "
+            f"(logging.options.{name}.unreachable: warn)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    raise ForgeError(
+        f"the {name} logger could not start {what}: {reason}. {fix}, or set "
+        f"logging.options.{name}.unreachable: warn to train without it, or drop {name!r} from "
+        f"logging.loggers."
     )
 
 

@@ -9,8 +9,10 @@ resumed run continues the same W&B run (``resume="allow"``). ``mode: offline`` (
 uploads later.
 
 Needs the ``wandb`` package (``pip install 'forge-trainer[wandb]'``); without it the run
-goes on and a warning says so. A W&B run that cannot start (not logged in, no network)
-stops the run before its first step with the reason and what to do.
+goes on and a warning says so. A W&B run that cannot start (not logged in, no network:
+known within ``timeout`` seconds, wandb's ``init_timeout``) stops the run before its
+first step with the reason and what to do (``unreachable: stop``, the default), or
+training goes on without this logger after a warning (``unreachable: warn``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError, hookimpl
+from forge_core.api import hookimpl
 from forge_plugins.loggers.tracking import (
     LossCurve,
+    cannot_start,
     missing,
     numeric_metrics,
     plain_config,
@@ -64,14 +67,21 @@ class WandbLogger:
                 kwargs[key] = getattr(o, key)
         if o.tags:
             kwargs["tags"] = list(o.tags)
+        kwargs["settings"] = wandb.Settings(init_timeout=o.timeout)
         try:
             self.run = wandb.init(**kwargs)
         except Exception as exc:  # noqa: BLE001 - W&B raises many kinds; all mean the same here
-            raise ForgeError(
-                f"the wandb logger could not start a W&B run: {type(exc).__name__}: {exc}. Log in (`wandb "
-                f"login`, or set WANDB_API_KEY), or set logging.options.wandb.mode: offline (no network; "
-                f"`wandb sync {out / 'wandb'}` uploads later), or drop 'wandb' from logging.loggers."
-            ) from None
+            self.run = None
+            cannot_start(
+                "wandb",
+                o,
+                "a W&B run",
+                f"{type(exc).__name__}: {str(exc)[:500]} "
+                f"(it had {o.timeout} s: logging.options.wandb.timeout)",
+                f"Log in (`wandb login`, or set WANDB_API_KEY), or set logging.options.wandb.mode: offline "
+                f"(no network; `wandb sync {out / 'wandb'}` uploads later)",
+            )
+            return
         write_run_id(out / RUN_ID_FILE, {"run_id": self.run.id, "project": self.run.project})
         self.curve.start(run)
         print(
