@@ -13,8 +13,10 @@ Each step of the loop:
    (:mod:`forge_core.train.evaluate`), call ``forge_eval_end`` and add the eval metrics
    to the step's; the cadence counts steps from the start of the run, so a resumed run
    evaluates the same steps;
-4. report metrics through ``forge_step_end``; act on a non-finite loss (policy: skip or
-   stop); save on ``checkpoint.every``, on SIGTERM/SIGINT and at the end.
+4. add what plugins return from ``forge_step_metrics``
+   (:mod:`forge_core.train.plugin_metrics`) and report metrics through
+   ``forge_step_end``; act on a non-finite loss (policy: skip or stop); save on
+   ``checkpoint.every``, on SIGTERM/SIGINT and at the end.
 
 The whole run holds the run directory's lock (:mod:`forge_core.train.run_lock`), taken
 by rank 0 before anything is built or written.
@@ -43,7 +45,7 @@ from forge_core import components
 from forge_core.api import ForgeError, RunContext
 from forge_core.distributed.placement import Placement, broadcast_object
 from forge_core.plugins import register
-from forge_core.train import rundir, schedule_span
+from forge_core.train import plugin_metrics, rundir, schedule_span
 from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_stale_temporaries
 from forge_core.train.parts import RunParts, build_parts
@@ -415,6 +417,7 @@ class Trainer:
                     metrics = self.train_step()
                     if self.eval_due():
                         metrics.update(self.evaluate(run))
+                    metrics.update(plugin_metrics.collect(self.pm, run, progress.step, metrics))
                     self.pm.hook.forge_step_end(run=run, step=progress.step, metrics=dict(metrics))
                     if run.should_log(progress.step):
                         self.parts.memory.next_window()
