@@ -2,7 +2,8 @@
 
 1. count, over every data-parallel rank, the tokens whose label is not
    :data:`~forge_core.api.IGNORE_INDEX` and the attended pairs (one small all-reduce
-   that also carries whether any process received a stop signal);
+   that also carries whether any process received a stop signal, and the caller's own
+   counts: a mixture's labelled tokens per source);
 2. for each micro-batch, :meth:`~forge_core.distributed.parallelize.ParallelModel.forward_backward`
    under the chosen precision with that count as its normalizer (the gradient convention,
    docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync only on the
