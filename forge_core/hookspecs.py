@@ -366,8 +366,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     (this process's resident-memory high-water mark since it started) and, on CUDA,
     ``mem_cuda_allocated_peak_gib`` and ``mem_cuda_reserved_peak_gib`` (peaks since the
     previous logged step), each also as ``<key>_max``, the largest over all processes.
-    It is a fresh dict, safe to keep. A logger that reports to another system should
-    forward every key it gets, not a fixed list: other keys may be added.
+    With several sources (``data.sources``), ``data/<source>/tokens`` (this step's
+    labelled tokens read from each source, over all processes) and ``data/<source>/share``
+    (that source's share of the labelled tokens since the run started), so the mixture
+    the run really trained on is on record. Plugins add their own through
+    ``forge_step_metrics``. It is a fresh dict, safe to keep. A logger that reports to
+    another system should forward every key it gets, not a fixed list: other keys may be
+    added.
     """
 
 
@@ -404,6 +409,49 @@ def forge_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
                             hits += int((logits[0].argmax(-1) == ids[1:]).sum())
                             total += len(ids) - 1
                 print(f"step {step}: next-token accuracy {hits / max(total, 1):.1%}")
+    """
+
+
+@_hookspec
+def forge_step_metrics(run: RunContext, step: int, metrics: dict[str, Any]) -> dict[str, float] | None:
+    """Add metrics of your own to a step: called on every process after every optimizer
+    step (and after that step's ``forge_eval_end``), before ``forge_step_end``, with the
+    ``run`` given to ``forge_train_start``. Return a ``dict`` of metric name to number
+    (``int``, ``float`` or ``bool``; a NumPy scalar is taken as a ``float``), or ``None``
+    to add nothing at this step.
+
+    What every process returns joins that step's ``metrics`` for ``forge_step_end``, so
+    every logger receives it like a built-in metric: a key of the step's line in
+    ``metrics.jsonl`` (non-finite numbers as ``null``), a scalar in TensorBoard, W&B and
+    MLflow (a name without ``/`` as ``train/<name>``). Loggers report what the main
+    process returns and only on the steps they log (``run.should_log(step)``): compute an
+    expensive metric on those steps alone, and reduce it over processes yourself when it
+    differs between them (every process is called, so a collective is safe here).
+
+    ``step`` counts optimizer steps from 1. ``metrics`` is the step's metrics so far
+    (what ``forge_step_end`` documents, the evaluation's on a step that evaluated),
+    read-only. A name Forge already reports, or one another plugin returned at the same
+    step, stops the run with an error naming both: prefix yours with the plugin's name
+    (``myplugin/accuracy``). A value that is not a number stops it too (a tensor: call
+    ``.item()``).
+
+    Example, throughput per process and the accuracy an evaluator measured in
+    ``forge_eval_end`` on the same step::
+
+        class PerProcess:
+            def __init__(self):
+                self.accuracy = None
+
+            @hookimpl
+            def forge_eval_end(self, run, metrics):
+                self.accuracy = my_accuracy(run.view)
+
+            @hookimpl
+            def forge_step_metrics(self, run, metrics):
+                added = {"perf/tokens_per_s_per_process": metrics["tokens_per_s"] / run.world_size}
+                if self.accuracy is not None:
+                    added["eval/my_accuracy"], self.accuracy = self.accuracy, None
+                return added
     """
 
 

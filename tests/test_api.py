@@ -67,6 +67,7 @@ def test_every_public_name_is_exported():
             "files",
             "fingerprint",
             "hooks",
+            "metrics",
             "optim",
             "options",
             "packing",

@@ -126,3 +126,24 @@ def test_a_run_reads_it_through_the_cache(saved, tmp_path):
     rows = data.rows.read(np.arange(data.rows.num_rows))
     tokens = int((rows["input_ids"] != 257).sum())
     assert tokens == sum(len(t.encode()) + 1 for t in TEXTS[:-1])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_datasets_draws_no_progress_bar_into_the_console(tmp_path, capfd, streaming):
+    """A file ``datasets`` has not seen makes it build its cache, with a tqdm bar of its
+    own ("Generating train split") whose redraws are raw carriage returns in a log: the
+    source switches them off while it loads, and back on after."""
+    rows = tmp_path / "fresh.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"{tmp_path.name} {i}"}) + "\n" for i in range(50)))
+    assert datasets.is_progress_bar_enabled()
+    capfd.readouterr()
+    assert len(docs(data_files=[str(rows)], streaming=streaming)) == 50
+    err = capfd.readouterr().err
+    assert "\r" not in err and "Generating" not in err and "examples" not in err, err
+    assert datasets.is_progress_bar_enabled()  # left as it was
+    datasets.disable_progress_bars()
+    try:
+        docs(data_files=[str(rows)])
+        assert not datasets.is_progress_bar_enabled()  # not switched on behind the user's back
+    finally:
+        datasets.enable_progress_bars()

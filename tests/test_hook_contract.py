@@ -231,6 +231,8 @@ def _returns_phrase(func: Any) -> str:
     annotation = inspect.signature(func).return_annotation
     if annotation in (None, "None"):
         return "Its return value is ignored"
+    if str(annotation).startswith("dict["):
+        return "Return a ``dict``"
     inner = re.fullmatch(r"list\[(\w+)\]", str(annotation))
     assert inner, f"{func.__name__}: unexpected return annotation {annotation!r}"
     return f"Return a list of :class:`~forge_core.api.{inner.group(1)}`"

@@ -108,6 +108,25 @@ def test_resume_mid_run_gives_exactly_the_uninterrupted_batches(workers, stop):
     assert all(np.array_equal(a, b) for a, b in zip(got, reference)) and len(got) == 30
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_says_which_source_each_row_of_its_last_batch_came_from(workers):
+    """``last_sources`` against the rows themselves (their first column is the source),
+    on both data-parallel ranks, with workers and after a resume."""
+    rows = mixed()
+    for rank in (0, 1):
+        loader = StatefulLoader(rows, 5, dp_rank=rank, dp_size=2, seed=2, num_workers=workers)
+        for b in range(25):
+            if b == 11:  # resumed: the counts go on from the restored position
+                state = loader.state_dict()
+                loader.close()
+                loader = StatefulLoader(rows, 5, dp_rank=rank, dp_size=2, seed=2, num_workers=workers)
+                loader.load_state_dict(state)
+            batch = next(loader)
+            assert loader.last_sources.tolist() == batch["input_ids"][:, 0].tolist(), (rank, b)
+        loader.close()
+    assert StatefulLoader(part(0, 20), 5).last_sources is None  # one source: nothing to say
+
+
 def test_resume_refuses_another_mixture():
     state = StatefulLoader(mixed(), 6, seed=9).state_dict()
     for other in (mixed(weights=(0.4, 0.4, 0.2)), mixed(sizes=(7, 51, 13))):
@@ -196,20 +215,52 @@ def test_check_finds_every_mixture_entry_implementation(tmp_path, two_corpora):
     assert not judge(write_config(tmp_path / "ok.yaml", cfg), world_size=1).errors
 
 
-def test_a_mixture_trains_and_resumes_exactly(tmp_path, two_corpora):
-    from train_helpers import Recorder, SignalAt, write_config
+def labelled_by_source(rows, batch_size, seed, batches):
+    """What the loader's first ``batches`` batches hold, counted from their row keys:
+    ``[{source: labelled tokens}]`` per batch (the part a key falls in is its source)."""
+    loader = StatefulLoader(rows, batch_size, seed=seed)
+    counts = []
+    for keys in itertools.islice(loader.keys(0, 0), batches):
+        labelled = (rows.read(keys)["labels"] != -100).sum(axis=1)
+        part = np.searchsorted(rows.base, keys, side="right") - 1
+        counts.append({rows.labels[i]: int(labelled[part == i].sum()) for i in range(len(rows.labels))})
+    return counts
+
+
+def test_a_mixture_trains_and_resumes_exactly_and_logs_the_realized_mixture(tmp_path, two_corpora):
+    from train_helpers import Recorder, SignalAt, read_metrics, write_config
 
     from forge_core.cli.train import train
+    from forge_core.data.build import build_training_data
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
+    from forge_plugins.tokenizers.byte import ByteTokenizer
 
     straight, resumed = Recorder(), Recorder()
-    train(
-        write_config(tmp_path / "s.yaml", mixture_config(tmp_path, "straight", *two_corpora)),
-        [],
-        extra_plugins=(("rec", straight),),
-    )
-    cut = write_config(tmp_path / "c.yaml", mixture_config(tmp_path, "cut", *two_corpora))
+    config = mixture_config(tmp_path, "straight", *two_corpora, grad_accum=2)
+    config["logging"] = {"loggers": ["jsonl"]}
+    train(write_config(tmp_path / "s.yaml", config), [], extra_plugins=(("rec", straight),))
+    cut = write_config(tmp_path / "c.yaml", mixture_config(tmp_path, "cut", *two_corpora, grad_accum=2))
     assert train(cut, [], extra_plugins=(("stop", SignalAt(3)),)) == "interrupted"
     train(cut, [], extra_plugins=(("rec", resumed),))
     assert sorted(resumed.metrics) == [4, 5, 6]
     for step in (4, 5, 6):
         assert resumed.metrics[step]["loss"] == straight.metrics[step]["loss"]
+        mixture = {k: v for k, v in straight.metrics[step].items() if k.startswith("data/")}
+        assert mixture == {k: v for k, v in resumed.metrics[step].items() if k.startswith("data/")}
+    # The logged counts are those of the rows the loader handed out: 6 steps x 2 micro-batches.
+    cfg, registries = load_resolved(cut)
+    rows = build_training_data(make_plan(cfg, registries, 1), registries, ByteTokenizer(), report=print).rows
+    micro = labelled_by_source(rows, 2, cfg.run.seed, 12)
+    records = {r["step"]: r for r in read_metrics(tmp_path / "straight")}
+    assert sorted(records) == [1, 2, 3, 4, 5, 6]
+    total = {"prose": 0, "text#1": 0}
+    for step, r in records.items():
+        expected = {s: micro[2 * step - 2][s] + micro[2 * step - 1][s] for s in total}
+        assert {s: r[f"data/{s}/tokens"] for s in total} == expected, step
+        assert sum(expected.values()) == r["tokens"]
+        total = {s: total[s] + expected[s] for s in total}
+        assert {s: r[f"data/{s}/share"] for s in total} == pytest.approx(
+            {s: n / sum(total.values()) for s, n in total.items()}
+        )
+    assert 0 < total["text#1"] < total["prose"]  # both sources were read, the heavier more

@@ -20,12 +20,13 @@ from forge_core.testing import train_in_process
 
 class EvalMetrics:
     """Stands in for the evaluation loop: adds ``eval/*`` keys to the metrics every
-    logger gets (the dict is shared: this plugin runs first, being registered last)."""
+    logger gets, one of them named after a source label MLflow would refuse (``text#1``)."""
 
-    @hookimpl(tryfirst=True)
-    def forge_step_end(self, step, metrics):
+    @hookimpl
+    def forge_step_metrics(self, step):
         if step % 2 == 0:
-            metrics["eval/loss"] = 10.0 + step
+            return {"eval/loss": 10.0 + step, "eval/text#1/loss": 20.0 + step}
+        return None
 
 
 def run(
@@ -213,6 +214,9 @@ def test_mlflow_local_store_logs_params_metrics_plot_and_resumes_the_same_run(tm
         4: 14.0,
         6: 16.0,
     }
+    # MLflow refuses '#' in a metric name: the logger writes it as '_' instead of failing the run.
+    refused = client.get_metric_history(stored["run_id"], "eval/text_1/loss")
+    assert {m.step: m.value for m in refused} == {2: 22.0, 4: 24.0, 6: 26.0}
     artifacts = {a.path for a in client.list_artifacts(stored["run_id"])}
     assert artifacts == {"loss.png", "config"}
     configs = {a.path for a in client.list_artifacts(stored["run_id"], "config")}

@@ -3,7 +3,7 @@
     from forge_core.api import hookimpl, ModelSpec, Rule, ForgeError, DOC_IDS
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
-``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``files``, ``fingerprint``,
+``rules``, ``errors``, ``run``, ``metrics``, ``batch``, ``packing``, ``files``, ``fingerprint``,
 ``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``validators``) and
 nothing here imports torch or any other part of Forge, so a plugin's registration
 module stays as light as ``forge-run check`` needs it. Trainer internals are free to
@@ -15,6 +15,7 @@ from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_
 from forge_core.api.files import atomic_write, fsync_dir
 from forge_core.api.fingerprint import files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
+from forge_core.api.metrics import format_perplexity
 from forge_core.api.optim import NamedParameter
 from forge_core.api.options import option, option_doc
 from forge_core.api.packing import BOUNDARIES, Boundaries, LazyPacker, RowLayout
@@ -84,6 +85,7 @@ __all__ = [
     "PROJECT",
     "hookimpl",
     "hookspec",
+    "format_perplexity",
     "BOUNDARIES",
     "Boundaries",
     "LazyPacker",

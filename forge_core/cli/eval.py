@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, format_perplexity
 
 
 def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:
@@ -167,13 +167,13 @@ def main(args: Any) -> int:
         )
         return 0
     print(
-        f"{run_dir} step {step}: eval loss {result.loss:.4f}, perplexity {result.perplexity:.4g} over "
+        f"{run_dir} step {step}: eval loss {result.loss:.4f}, "
+        f"perplexity {format_perplexity(result.perplexity)} over "
         f"{result.tokens:,} tokens ({result.rows:,} rows of {data.what}, {result.seconds:.1f}s)"
     )
     if len(result.by_source) > 1:
+        metrics = result.metrics()
         for label, (loss, tokens) in result.by_source.items():
-            print(
-                f"  {label}: loss {loss:.4f}, perplexity {result.metrics()[f'eval/{label}/perplexity']:.4g} "
-                f"over {tokens:,} tokens"
-            )
+            ppl = format_perplexity(metrics[f"eval/{label}/perplexity"])
+            print(f"  {label}: loss {loss:.4f}, perplexity {ppl} over {tokens:,} tokens")
     return 0

@@ -25,7 +25,9 @@ A :class:`~forge_core.data.mixture.MixedRows` (several sources with weights) is 
 its own order instead (:mod:`forge_core.data.mixture`): global batch ``b`` is slots
 ``b * global_batch`` onwards of the mixture, each rank again taking its contiguous
 slice; there are no epochs over the whole, each source runs through its own. Its state
-is the number of global batches consumed.
+is the number of global batches consumed. ``last_sources`` says which source each row
+of the batch last handed out came from (computed from the mixture's closed form, so it
+holds with workers too): what the trainer counts the realized mixture with.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class StatefulLoader:
             )
         self.epoch = 0
         self.batch = 0  # batches of ``epoch`` already handed out
+        #: For a mixture: the source index of every row of the batch last handed out.
+        self.last_sources: np.ndarray | None = None
         self._iter: Iterator[dict[str, torch.Tensor]] | None = None
 
     # -- iteration -----------------------------------------------------------------
@@ -159,6 +163,9 @@ class StatefulLoader:
         if self._iter is None:
             self._iter = self._start()
         batch = next(self._iter)
+        if self.mixture is not None:
+            first = self.batch * self.global_batch + self.dp_rank * self.batch_size
+            self.last_sources = self.mixture.plan.slots(first, self.batch_size)[0]
         # Count here, in the training process, not where batches are produced.
         self.batch += 1
         if self.batch == self.batches_per_epoch:  # never for a mixture (0)

@@ -2,7 +2,8 @@
 
 1. count, over every data-parallel rank, the tokens whose label is not
    :data:`~forge_core.api.IGNORE_INDEX` and the attended pairs (one small all-reduce
-   that also carries whether any process received a stop signal);
+   that also carries whether any process received a stop signal, and the caller's own
+   counts: a mixture's labelled tokens per source);
 2. for each micro-batch, :meth:`~forge_core.distributed.parallelize.ParallelModel.forward_backward`
    under the chosen precision with that count as its normalizer (the gradient convention,
    docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync only on the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -38,6 +40,8 @@ class StepOutcome:
     stop_agreed: bool
     #: Whether the optimizers stepped (the loss and the gradient norm were finite).
     stepped: bool
+    #: The caller's ``counts`` summed over the global batch.
+    counts: tuple[float, ...] = ()
 
 
 def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
@@ -54,16 +58,22 @@ def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
 
 
 def global_counts(
-    micro: list[dict[str, torch.Tensor]], slice_weight: float, stop: bool, device: torch.device
-) -> tuple[float, float, float]:
-    """``(labelled tokens, attended pairs, stop requests)`` over every process. Every
-    process of a data-parallel slice reads the same batch: ``slice_weight`` counts each
-    batch once."""
+    micro: list[dict[str, torch.Tensor]],
+    slice_weight: float,
+    stop: bool,
+    device: torch.device,
+    counts: Sequence[float] = (),
+) -> tuple[float, float, float, tuple[float, ...]]:
+    """``(labelled tokens, attended pairs, stop requests, counts)`` over every process,
+    ``counts`` being the caller's own per-batch counts. Every process of a data-parallel
+    slice reads the same batch: ``slice_weight`` counts each batch once."""
     labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
     pairs = sum(flops.attended_pairs(b.get(DOC_IDS), *b[INPUT_IDS].shape[:2]) for b in micro)
     w = slice_weight
-    labelled, pairs, stops = all_reduce_sum([labelled * w, pairs * w, 1.0 if stop else 0.0], device)
-    return labelled, pairs, stops
+    labelled, pairs, stops, *summed = all_reduce_sum(
+        [labelled * w, pairs * w, 1.0 if stop else 0.0, *(c * w for c in counts)], device
+    )
+    return labelled, pairs, stops, tuple(summed)
 
 
 def optimizer_step(
@@ -77,10 +87,12 @@ def optimizer_step(
     slice_weight: float,
     grad_clip: float,
     stop: bool,
+    counts: Sequence[float] = (),
 ) -> StepOutcome:
     """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
-    afterwards whether or not the optimizers stepped."""
-    labelled, pairs, stops = global_counts(micro, slice_weight, stop, device)
+    afterwards whether or not the optimizers stepped. ``counts`` (this process's numbers
+    about its batches) come back summed over the global batch, in the same all-reduce."""
+    labelled, pairs, stops, summed = global_counts(micro, slice_weight, stop, device, counts)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -105,4 +117,4 @@ def optimizer_step(
         optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped)
+    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped, summed)

@@ -13,8 +13,10 @@ Each step of the loop:
    (:mod:`forge_core.train.evaluate`), call ``forge_eval_end`` and add the eval metrics
    to the step's; the cadence counts steps from the start of the run, so a resumed run
    evaluates the same steps;
-4. report metrics through ``forge_step_end``; act on a non-finite loss (policy: skip or
-   stop); save on ``checkpoint.every``, on SIGTERM/SIGINT and at the end.
+4. add what plugins return from ``forge_step_metrics``
+   (:mod:`forge_core.train.plugin_metrics`) and report metrics through
+   ``forge_step_end``; act on a non-finite loss (policy: skip or stop); save on
+   ``checkpoint.every``, on SIGTERM/SIGINT and at the end.
 
 The whole run holds the run directory's lock (:mod:`forge_core.train.run_lock`), taken
 by rank 0 before anything is built or written.
@@ -43,7 +45,7 @@ from forge_core import components
 from forge_core.api import ForgeError, RunContext
 from forge_core.distributed.placement import Placement, broadcast_object
 from forge_core.plugins import register
-from forge_core.train import rundir, schedule_span
+from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span
 from forge_core.train import train_state as ts
 from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_stale_temporaries
 from forge_core.train.parts import RunParts, build_parts
@@ -101,6 +103,8 @@ class Trainer:
     #: Built by :meth:`build`.
     parts: RunParts | None
     progress: Progress
+    #: The realized mixture's counts, for a ``data.sources`` mixture (built by :meth:`build`).
+    tally: mixture_tally.MixtureTally | None
 
     def __init__(
         self, plan: Any, registries: Any, placement: Placement, stop: StopSignal | None = None
@@ -113,6 +117,7 @@ class Trainer:
         self.stop = stop or StopSignal()
         self.parts = None
         self.progress = Progress()
+        self.tally = None
 
     @property
     def pm(self) -> Any:
@@ -123,6 +128,8 @@ class Trainer:
         self.parts = build_parts(
             self.plan, self.registries, pl, self.run_dir, lambda m: log(pl, m), lambda m: warn(pl, m)
         )
+        mixture = self.parts.loader.mixture
+        self.tally = mixture_tally.MixtureTally(mixture.labels) if mixture is not None else None
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
     def _set_schedule(self, steps: int) -> None:
@@ -240,6 +247,8 @@ class Trainer:
         parts.loader.load_state_dict(state["loader"])
         ts.restore_rng(state["rng"], self.placement.device)
         progress.last_saved = progress.step
+        if self.tally is not None:
+            self.tally.load_state_dict(state.get(mixture_tally.STATE_KEY))
         log(self.placement, f"resumed from {path} at step {progress.step}")
         self._resume_schedule(state.get(schedule_span.STATE_KEY))
 
@@ -268,6 +277,8 @@ class Trainer:
             "tokenizer_identity": str(parts.tokenizer.identity),
             schedule_span.STATE_KEY: progress.schedule_steps,
         }
+        if self.tally is not None:
+            state[mixture_tally.STATE_KEY] = self.tally.state_dict()
         path = parts.checkpoints.save(
             progress.step,
             parts.pmodel.parts,
@@ -286,7 +297,10 @@ class Trainer:
         parts, progress, pl = self.parts, self.progress, self.placement
         train = self.config.train
         t0 = time.perf_counter()
-        micro = [next(parts.loader) for _ in range(train.grad_accum)]
+        micro, sources = [], []
+        for _ in range(train.grad_accum):
+            micro.append(next(parts.loader))
+            sources.append(parts.loader.last_sources)
         lr = train.lr * progress.schedule(progress.step)
         outcome = optimizer_step(
             parts.pmodel,
@@ -298,6 +312,7 @@ class Trainer:
             slice_weight=parts.slice_weight,
             grad_clip=train.grad_clip,
             stop=self.stop.received is not None,
+            counts=self.tally.local(micro, sources) if self.tally is not None else (),
         )
         step_time = time.perf_counter() - t0
         progress.stop_agreed = outcome.stop_agreed
@@ -316,6 +331,7 @@ class Trainer:
             "step_time": step_time,
             "skipped": not outcome.stepped,
             **parts.memory.measure(),
+            **(self.tally.metrics(outcome.counts) if self.tally is not None else {}),
         }
 
     def eval_due(self) -> bool:
@@ -421,6 +437,7 @@ class Trainer:
                     metrics = self.train_step()
                     if self.eval_due():
                         metrics.update(self.evaluate(run))
+                    metrics.update(plugin_metrics.collect(self.pm, run, progress.step, metrics))
                     self.pm.hook.forge_step_end(run=run, step=progress.step, metrics=dict(metrics))
                     if run.should_log(progress.step):
                         self.parts.memory.next_window()

@@ -2,7 +2,12 @@
 tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
 when tqdm is missing). A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
 (on the plain line, or as a line of its own above the bar, which would overwrite it),
-and the summary at the end gives the last of them. Acts on the main process only."""
+and the summary at the end gives the last of them. Acts on the main process only.
+
+The bar shows the figures of the step its counter shows: they are set before the
+counter moves, because moving it is what redraws the bar. Its rate and remaining time
+come from the steps alone (:class:`StepTimes`), not from tqdm's clock, which starts
+before the trackers log in and the first step warms up."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from forge_core.api import hookimpl
+from forge_core.api import format_perplexity, hookimpl
 
 
 def _fmt_loss(value: float) -> str:
@@ -33,16 +38,63 @@ def _fmt_eval(metrics: dict[str, Any]) -> str:
     """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not evaluate."""
     if "eval/loss" not in metrics:
         return ""
+    perplexity = format_perplexity(metrics["eval/perplexity"])
     return (
-        f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {metrics['eval/perplexity']:.4g}  "
+        f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {perplexity}  "
         f"({metrics.get('eval/tokens', 0):,} tokens)"
     )
 
 
+class StepTimes:
+    """Seconds per step as the steps themselves take them: the time from the end of the
+    first step this process saw to the end of the latest, over the steps in between, so
+    evaluations and checkpoints on the way count and start-up does not (building,
+    trackers logging in, the first step's warm-up). Until a second step ends, the first
+    step's own ``step_time``. ``clock`` is a monotonic clock in seconds."""
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self.clock = clock
+        self.first_end: float | None = None
+        self.first_time: float | None = None
+        self.since_first = 0
+        self.last_end = 0.0
+
+    def step_end(self, step_time: float) -> None:
+        self.last_end = self.clock()
+        if self.first_end is None:
+            self.first_end, self.first_time = self.last_end, step_time
+        else:
+            self.since_first += 1
+
+    def seconds_per_step(self) -> float | None:
+        if self.since_first:
+            return (self.last_end - self.first_end) / self.since_first
+        return self.first_time if self.first_time and self.first_time > 0 else None
+
+
+def _step_timed(tqdm: type) -> type:
+    """``tqdm`` whose rate (and so its remaining time) is ``steps.seconds_per_step()``."""
+
+    class StepTimedBar(tqdm):
+        steps: StepTimes | None = None
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            shown = super().format_dict
+            seconds = self.steps.seconds_per_step() if self.steps is not None else None
+            return {**shown, "rate": 1.0 / seconds} if seconds else shown
+
+    return StepTimedBar
+
+
 class ConsoleLogger:
+    #: The clock step times are measured with (a test gives a fake one).
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, options: Any) -> None:
         self.options = options
         self.bar = None
+        self.steps = StepTimes()
         self.started = 0.0
         self.tokens = 0
         self.last: dict[str, Any] = {}
@@ -53,6 +105,7 @@ class ConsoleLogger:
         if not run.is_main:
             return
         self.started = time.perf_counter()
+        self.steps = StepTimes(self.clock)
         if self.options.bar:
             try:
                 from tqdm import tqdm
@@ -61,7 +114,7 @@ class ConsoleLogger:
                     "warning: tqdm is not installed; the console logger prints lines instead", file=sys.stderr
                 )
             else:
-                self.bar = tqdm(
+                self.bar = _step_timed(tqdm)(
                     total=run.total_steps,
                     initial=run.start_step,
                     desc=run.config.run.name,
@@ -70,6 +123,7 @@ class ConsoleLogger:
                     dynamic_ncols=True,
                     mininterval=0.2 if sys.stderr.isatty() else 5.0,
                 )
+                self.bar.steps = self.steps
 
     @hookimpl
     def forge_step_end(self, run, step, metrics):
@@ -77,6 +131,7 @@ class ConsoleLogger:
             return
         self.tokens += metrics["tokens"]
         self.last = metrics
+        self.steps.step_end(metrics["step_time"])
         logged = run.should_log(step)
         evaluated = _fmt_eval(metrics)
         if evaluated:
@@ -84,14 +139,14 @@ class ConsoleLogger:
         if self.bar is not None:
             if evaluated:
                 self._write(f"step {step}/{run.total_steps}  {evaluated}")
-            self.bar.update(step - self.bar.n)
-            if logged:
+            if logged:  # before the counter moves: moving it redraws the bar
                 memory = _fmt_memory(metrics).replace(" ", "=", 1)
                 self.bar.set_postfix_str(
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
                     f"tok/s={metrics['tokens_per_s']:,.0f} mfu={metrics['mfu']:.1%} {memory}".rstrip(),
                     refresh=False,
                 )
+            self.bar.update(step - self.bar.n)
         elif logged:
             line = (
                 f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
@@ -123,7 +178,7 @@ class ConsoleLogger:
             at, metrics = self.last_eval
             summary += (
                 f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
-                f"{metrics['eval/perplexity']:.4g}) at step {at}"
+                f"{format_perplexity(metrics['eval/perplexity'])}) at step {at}"
             )
         print(f"forge: {summary}; run directory {run.out_dir}", file=sys.stderr, flush=True)
 

@@ -2,10 +2,11 @@
 
 On the main process: the resolved config as parameters (``train.lr`` ...) and as the
 artifact ``config.yaml``, every numeric metric of every logged step (names as in
-:mod:`forge_plugins.loggers.tracking`), and when the run ends the loss curve as the
-artifact ``loss.png``, with the run's status (``FINISHED``, ``KILLED`` when interrupted,
-``FAILED``). The MLflow run id is kept in ``<run>/mlflow-run.json`` so that a resumed
-run continues the same MLflow run.
+:mod:`forge_plugins.loggers.tracking`, with each character MLflow refuses in a metric
+name, such as the ``#`` of a source label ``text#1``, written as ``_``), and when the
+run ends the loss curve as the artifact ``loss.png``, with the run's status
+(``FINISHED``, ``KILLED`` when interrupted, ``FAILED``). The MLflow run id is kept in
+``<run>/mlflow-run.json`` so that a resumed run continues the same MLflow run.
 
 Where it goes: ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a local store in the
 run directory (``sqlite:///<run>/mlflow/mlflow.db``, artifacts in
@@ -25,6 +26,7 @@ reason (``stop``, the default) or goes on without this logger after a warning (`
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +53,8 @@ LOCAL_DIR = "mlflow"
 _STATUS = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
 #: MLflow accepts at most this many parameters or metrics in one ``log_batch``.
 _BATCH = 100
+#: What MLflow refuses in a metric name (it accepts word characters, ``/ . - :`` and spaces).
+_REFUSED = re.compile(r"[^\w/.\- :]")
 #: Longest parameter value MLflow stores.
 _MAX_VALUE = 6000
 
@@ -169,7 +173,7 @@ class MlflowLogger:
         from mlflow.entities import Metric
 
         now = _millis()
-        batch = [Metric(k, v, now, step) for k, v in numeric_metrics(metrics).items()]
+        batch = [Metric(metric_name(k), v, now, step) for k, v in numeric_metrics(metrics).items()]
         for i in range(0, len(batch), _BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _BATCH])
 
@@ -203,6 +207,11 @@ def bounded_requests(timeout: int) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def metric_name(name: str) -> str:
+    """``name`` as MLflow accepts it: a refused character becomes ``_``."""
+    return _REFUSED.sub("_", name)
 
 
 def _millis() -> int:

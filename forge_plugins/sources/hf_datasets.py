@@ -15,6 +15,11 @@ that is not a string. ``datasets`` is an optional dependency (``pip install
 'forge-trainer[datasets]'``), imported only when the source is built; Forge sets
 ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` before importing it, so nothing is fetched.
 
+``datasets``' own progress bars ("Generating train split", "Loading dataset from disk")
+are switched off while the source loads (and switched back on after, if they were on):
+in a log file their redraws are raw carriage returns and escape codes, and Forge reports
+the source's progress itself.
+
 The fingerprint (the token cache's key) hashes every byte of the files read, with the
 format, split and column.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from forge_core.api import ForgeError, files_fingerprint
@@ -51,6 +57,18 @@ def import_datasets() -> Any:
             f"the hf_datasets source needs the `datasets` package, which is not installed: {EXTRA}"
         ) from None
     return datasets
+
+
+@contextmanager
+def quiet(datasets: Any) -> Iterator[None]:
+    """``datasets`` without its progress bars, as it was afterwards."""
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
 
 
 def saved_files(path: str) -> list[str]:
@@ -130,6 +148,10 @@ class HFDatasetsSource:
         )
 
     def _load(self) -> Any:
+        with quiet(self.datasets):
+            return self._load_quietly()
+
+    def _load_quietly(self) -> Any:
         ds, o = self.datasets, self.options
         try:
             if o.path:
