@@ -334,3 +334,20 @@ def test_the_llama_contract():
             assert any(name.startswith(s) for s in styled) or any(
                 name == d or name.startswith(d + ".") for d in declared
             ), (sequence_parallel, name)
+
+
+def test_the_tp_strategy_hands_on_a_view_output_as_a_tensor_of_its_own():
+    # DTensor.to_local() (the output head's use_local_output) is a view; FSDP warns on a
+    # root module returning one. The hook keeps the storage and the gradient.
+    from forge_plugins.parallel.tensor import own_output
+
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    view = (x * 2).view_as(x)
+    assert view._base is not None
+    out = own_output(None, (), view)
+    assert out._base is None and out.data_ptr() == view.data_ptr() and torch.equal(out, view)
+    weights = torch.randn(2, 3, dtype=torch.float64)
+    (out * weights).sum().backward()
+    assert torch.equal(x.grad, 2 * weights)
+    plain = x * 3
+    assert own_output(None, (), plain) is plain  # not a view: untouched
