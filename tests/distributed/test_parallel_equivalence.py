@@ -179,12 +179,12 @@ def test_partial_parameters_train_like_one_process_on_every_rank(two, four, name
 
 
 @pytest.mark.parametrize("name", TWO + FOUR)
-def test_no_layout_hands_fsdp_a_view_as_the_models_output(two, four, name):
+def test_no_layout_hands_fsdp_a_view_as_the_models_output(request, name):
     """Under fsdp x tp the output head's logits were ``DTensor.to_local()``, a view, and
     FSDP warned on every rank that an in-place op on the root's output would drop its
     pre-backward hook (the gradient matching one process is asserted above). The
     head now hands on the gathered tensor itself; no layout's training warns so."""
-    results = two if name in two else four
+    results = request.getfixturevalue("two" if name in TWO else "four")  # one launch, not both
     for rank, got in enumerate(results[name]["ranks"]):
         assert not [w for w in got["warnings"] if "returned a view tensor" in w], (name, rank)
 
