@@ -117,7 +117,9 @@ def test_a_kernel_compiled_at_one_cpu_kernel_level_is_not_loaded_at_another(tmp_
     # Both processes share torch's default cache (under TMPDIR), as every process on a
     # machine does. torch 2.13's own key hands the second the first's AVX2 kernel, which
     # at AVX512 returns zeros for whole rows (measured: 176 of 272 rows, worst difference
-    # 2.73): the issue's "got 0 where 0.0179 was expected".
+    # 2.73). The two flex tests of test_attention.py, run on one thread at avx2 and then
+    # at avx512 on one shared cache, fail exactly as seen once in a loaded suite: "got 0,
+    # expected 0.0179779828" (max 2.59) and packed logits off by 5.16.
     runs = []
     for level in ("avx2", "avx512"):  # torch ignores upper case here
         env = {**os.environ, "TMPDIR": str(tmp_path), "ATEN_CPU_CAPABILITY": level, "OMP_NUM_THREADS": "1"}
