@@ -33,7 +33,7 @@ def _saved(path: str, split: str) -> list[str] | str | None:
 
 def _read(path: str) -> str:
     with open(path, encoding="utf-8") as f:
-        return f.read(FIRST_RECORD_BYTES)
+        return f.read()
 
 
 def _first_json_record(path: str) -> list[str] | None:
