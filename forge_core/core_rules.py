@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from forge_core import hardware
 from forge_core.api import DOC_IDS, OUTPUT_HEAD, Plan, Rule, hookimpl
 from forge_core.api.files import directory_problem
 from forge_core.parallel_dims import MESH_DIMS
@@ -221,6 +222,47 @@ def check_eval_every_enabled(ctx: Plan) -> str | None:
     return f"eval.every = {ev.every}, but eval.enabled is false: the run never evaluates"
 
 
+def _cpu_without_bf16(ctx: Plan) -> str | None:
+    """Why bf16 would run on a CPU without native bf16 here, or None: bf16 not asked for,
+    or the flags unknown (not Linux), or they list it."""
+    if ctx.config.train.precision != "bf16":
+        return None
+    flags = hardware.cpu_flags()
+    if flags is None or hardware.cpu_has_native_bf16(flags):
+        return None
+    return (
+        "this machine's CPU has no native bf16 arithmetic (/proc/cpuinfo lists none of "
+        f"{', '.join(sorted(hardware.BF16_FLAGS))}): bf16 would be emulated through fp32, slower than "
+        "fp32, and the run stops at start with this error"
+    )
+
+
+def check_bf16_on_cpu(ctx: Plan) -> str | None:
+    if ctx.config.run.device != "cpu":
+        return None
+    why = _cpu_without_bf16(ctx)
+    return f"train.precision: bf16 with run.device: cpu, but {why}" if why else None
+
+
+def check_bf16_on_auto_device(ctx: Plan) -> str | None:
+    # A warning, not an error: with run.device: auto the run takes a GPU where it finds
+    # one, and check may be judging the config on another machine than the run's.
+    if ctx.config.run.device != "auto" or hardware.cuda_gpu_visible() is not False:
+        return None
+    why = _cpu_without_bf16(ctx)
+    return (
+        f"train.precision: bf16 with run.device: auto, and no CUDA GPU is visible here, so a run on this "
+        f"machine trains on the CPU; but {why}"
+        if why
+        else None
+    )
+
+
+BF16_FIX = (
+    "Set train.precision: fp32, or train on a CUDA GPU with bf16 or a CPU with AVX512_BF16 or "
+    "AMX (run.device: cuda, or auto where a GPU is)."
+)
+
 RULES = [
     Rule(
         id="parallel.world-size",
@@ -335,6 +377,22 @@ RULES = [
         summary="The evaluation batch splits evenly over data-parallel ranks.",
         check=check_eval_batch,
         fix="Make eval.batch_size a multiple of dp_replicate * dp_shard (0 takes the training micro-batch).",
+    ),
+    Rule(
+        id="train.bf16-on-cpu",
+        severity="error",
+        paths=("train.precision", "run.device"),
+        summary="bf16 on the CPU needs native bf16 arithmetic (AVX512_BF16 or AMX), read from /proc/cpuinfo.",
+        check=check_bf16_on_cpu,
+        fix=BF16_FIX,
+    ),
+    Rule(
+        id="train.bf16-on-auto-device",
+        severity="warning",
+        paths=("train.precision", "run.device"),
+        summary="bf16 with run.device: auto on a machine with no visible GPU and a CPU without native bf16.",
+        check=check_bf16_on_auto_device,
+        fix=BF16_FIX,
     ),
     Rule(
         id="eval.scheduled",

@@ -19,7 +19,9 @@ from forge_core.api import (
     OUTPUT_HEAD,
     PIPELINE,
     POSITIONS,
+    SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
+    ForgeError,
     ModelFacts,
     ModelSpec,
     ParallelContract,
@@ -40,6 +42,7 @@ FLAWS = (
     "supports_without_split",
     "build_forward_needs_metadata",
     "head_not_linear",
+    "refuses_sequence_parallel",
 )
 
 
@@ -67,7 +70,7 @@ def spec(**changes) -> ModelSpec:
         impl="kit_models:build",
         options=KitOptions,
         accepts={DOC_IDS, POSITIONS},
-        supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
+        supports={BLOCKS, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE, OUTPUT_HEAD},
         facts=kit_facts,
     )
     return ModelSpec(**{**fields, **changes})
@@ -155,6 +158,8 @@ class Decoder(nn.Module):
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+        if sequence_parallel and self.o.flaw == "refuses_sequence_parallel":
+            raise ForgeError("model 'kitdecoder' does not support sequence parallelism")
         block = {
             "mix.wq": ColwiseParallel(),
             "mix.wk": ColwiseParallel(),

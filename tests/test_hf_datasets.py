@@ -147,3 +147,38 @@ def test_datasets_draws_no_progress_bar_into_the_console(tmp_path, capfd, stream
         assert not datasets.is_progress_bar_enabled()  # not switched on behind the user's back
     finally:
         datasets.enable_progress_bars()
+
+
+def test_check_reads_the_fields_and_names_a_text_field_the_data_does_not_have(saved, tmp_path, forge_config):
+    """Before: check said valid and the run failed once it read the data. Now check reads
+    the schema (Parquet footer, Arrow stream, saved folder's dataset_info.json), the first
+    JSON record or the CSV header, without torch or datasets."""
+    from forge_core.judge import judge
+
+    root, arrow = saved
+    (tmp_path / "rows.csv").write_text("id,body\n1,hello\n")
+
+    def problems(**options):
+        path = forge_config({"data": {"source": "hf_datasets", "source_options": options, "packer": "none"}})
+        return [v for v in judge(path, [], 1).errors if v.rule_id == "hf_datasets.readable"]
+
+    for options, where in (
+        ({"data_files": [str(root / "part-*.parquet")]}, "part-0.parquet"),
+        ({"data_files": [str(root / "rows.jsonl")]}, "rows.jsonl"),
+        ({"data_files": [str(arrow)]}, arrow.name),
+        ({"path": str(root / "saved")}, "saved"),
+        ({"path": str(root / "dict"), "split": "test"}, "dict"),
+    ):
+        (violation,) = problems(**options, text_field="txt")
+        read = violation.message.partition("'txt' is not a field of ")[2]
+        assert violation.message.startswith("data.source_options.text_field: ") and where in read
+        assert "(fields: text, id). Did you mean 'text'?" in read, (where, violation.message)
+        assert ("data.source_options.text_field", "txt") in violation.fields
+        assert not problems(**options), where  # the default, "text", is there
+    (violation,) = problems(data_files=[str(tmp_path / "rows.csv")])
+    assert "'text' is not a field of" in violation.message and "(fields: id, body)" in violation.message
+    (violation,) = problems(path=str(root / "dict"), split="validation")
+    assert "no split 'validation' (splits: train, test)" in violation.message
+    # A JSON array (not JSON Lines) cannot be told without reading it all: the build says.
+    (tmp_path / "array.json").write_text(json.dumps([{"body": "x"}]))
+    assert not problems(data_files=[str(tmp_path / "array.json")])

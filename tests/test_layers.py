@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The rooms of forge_core from the ground floor up; a room may import those before it.
 FLOORS = [
-    {"api", "parallel_dims"},
+    {"api", "parallel_dims", "hardware"},
     {"kinds"},
     {"errors", "hookspecs", "config", "rules", "core_rules"},
     {"plugins"},

@@ -129,8 +129,14 @@ FLAW_MESSAGES = dict(
         ("wrong_facts", r"facts\(options\) disagree with the built model: heads 8 \(the model has 4\)"),
         (
             "supports_without_split",
-            r"declares supports \['blocks', 'output_head', 'pipeline', 'tensor_parallel'\] "
-            r"but parallel_contract\(\) does not supply \['pipeline'\]",
+            r"declares supports \['blocks', 'output_head', 'pipeline', 'sequence_parallel', "
+            r"'tensor_parallel'\] but parallel_contract\(\) does not supply \['pipeline'\]",
+        ),
+        (
+            # check refuses sequence parallelism only for a model that leaves it out of supports
+            "refuses_sequence_parallel",
+            r"declares supports \[.*'sequence_parallel'.*\] but parallel_contract\(\) does not supply "
+            r"\['sequence_parallel'\]",
         ),
         (
             "head_not_linear",

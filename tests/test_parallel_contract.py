@@ -14,6 +14,7 @@ from forge_core.api import (
     BLOCKS,
     OUTPUT_HEAD,
     PIPELINE,
+    SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
     ForgeError,
     ModelFacts,
@@ -122,6 +123,25 @@ def test_strategies_that_require_nothing_and_models_that_support_everything_pass
     for model in ("renamed", "llama"):
         found, _ = judged(forge_config, model, {"tp": 2}, 2)
         assert "parallel.model-supports-strategy" not in found, model
+
+
+def test_sequence_parallel_for_a_model_that_does_not_declare_it_is_refused_at_check(forge_config):
+    # Before: check said valid, and the run stopped at build (the model's plan refusing
+    # sequence_parallel=True) after every process had started.
+    sp = {"tp": 2, "options": {"tp": {"sequence_parallel": True}}}
+    found, result = judged(forge_config, "renamed", sp, 2)
+    (message,) = found["tp.model-supports-sequence-parallel"]
+    assert "model 'renamed' does not declare sequence_parallel" in message
+    (violation,) = [v for v in result.errors if v.rule_id == "tp.model-supports-sequence-parallel"]
+    assert ("parallel.options.tp.sequence_parallel", True) in violation.fields
+    assert "sequence_parallel: false" in violation.fix and "SEQUENCE_PARALLEL" in violation.fix
+    found, _ = judged(forge_config, "llama", sp, 2)  # the built-in model declares it
+    assert not found
+    found, _ = judged(forge_config, "renamed", {"tp": 2}, 2)  # tensor parallelism alone
+    assert "tp.model-supports-sequence-parallel" not in found
+    # Without tensor parallelism at all, the kernel's rule speaks, once.
+    found, _ = judged(forge_config, "blocks_only", sp, 2)
+    assert "tp.model-supports-sequence-parallel" not in found and "parallel.model-supports-strategy" in found
 
 
 def test_the_head_rule_reads_the_declared_facts_whatever_the_options_are_called(forge_config):
@@ -314,7 +334,8 @@ def test_the_llama_contract():
     from forge_plugins.models.plugin import forge_models
 
     (spec,) = forge_models()
-    assert spec.supports == {BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD} and spec.facts is llama_facts
+    assert spec.supports == {BLOCKS, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE, OUTPUT_HEAD}
+    assert spec.facts is llama_facts
     model = Llama(LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2), 16, SdpaAttention(None))
     contract = model.parallel_contract()
     assert blocks_of(model) == list(model.layers.values())
@@ -334,3 +355,20 @@ def test_the_llama_contract():
             assert any(name.startswith(s) for s in styled) or any(
                 name == d or name.startswith(d + ".") for d in declared
             ), (sequence_parallel, name)
+
+
+def test_the_tp_strategy_hands_on_a_view_output_as_a_tensor_of_its_own():
+    # DTensor.to_local() (the output head's use_local_output) is a view; FSDP warns on a
+    # root module returning one. The hook keeps the storage and the gradient.
+    from forge_plugins.parallel.tensor import own_output
+
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    view = (x * 2).view_as(x)
+    assert view._base is not None
+    out = own_output(None, (), view)
+    assert out._base is None and out.data_ptr() == view.data_ptr() and torch.equal(out, view)
+    weights = torch.randn(2, 3, dtype=torch.float64)
+    (out * weights).sum().backward()
+    assert torch.equal(x.grad, 2 * weights)
+    plain = x * 3
+    assert own_output(None, (), plain) is plain  # not a view: untouched

@@ -1,5 +1,6 @@
-"""``train.precision: bf16``: refused with a clear error where the hardware has no bf16,
-and where it has, a few steps train with the loss in fp32 (full and chunked loss)."""
+"""``train.precision: bf16``: refused with a clear error where the hardware has no bf16
+(by ``check`` from the CPU flags, and by the run), and where it has, a few steps train
+with the loss in fp32 (full and chunked loss)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 import torch
 from train_helpers import Recorder, tiny_config, write_config
 
+from forge_core import hardware
 from forge_core.api import ForgeError
+from forge_core.judge import judge
 from forge_core.testing import train_in_process
 from forge_core.train import precision
 
@@ -76,3 +79,52 @@ def test_bf16_steps_train_with_the_loss_in_fp32(tmp_path, monkeypatch, loss):
     losses_seen = [rec.metrics[step]["loss"] for step in range(1, 9)]
     assert losses_seen[-1] < losses_seen[0] - 0.3, losses_seen
     assert len(dtypes) == 8 and all(d == (torch.bfloat16, torch.float32) for d in dtypes), dtypes
+
+
+# --- what check says before anything starts (torch-free, from the CPU flags) ---------
+
+XEON_FLAGS = "fpu vme sse sse2 avx avx2 avx512f avx512bw avx512_vnni"
+
+
+def _judged(forge_config, device, tmp_path, monkeypatch, flags, gpu=False):
+    """judge a bf16 config on a machine whose /proc/cpuinfo lists ``flags``."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    gpus = tmp_path / "gpus"
+    gpus.mkdir(exist_ok=True)
+    if gpu:
+        (gpus / "0000:01:00.0").mkdir(exist_ok=True)
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(hardware, "NVIDIA_GPUS", gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    path = forge_config(
+        {"run": {"device": device}, "train": {"precision": "bf16"}, "data": {"packer": "none"}}
+    )
+    return {v.rule_id: v for v in judge(path, [], 1).violations if v.rule_id.startswith("train.bf16")}
+
+
+def test_check_refuses_bf16_on_a_cpu_without_it(forge_config, tmp_path, monkeypatch):
+    found = _judged(forge_config, "cpu", tmp_path, monkeypatch, XEON_FLAGS)
+    (violation,) = found.values()
+    assert violation.rule_id == "train.bf16-on-cpu" and violation.severity == "error"
+    assert ("train.precision", "bf16") in violation.fields
+    assert "this machine's CPU has no native bf16 arithmetic" in violation.message
+    assert "train.precision: fp32" in violation.fix
+    for native in ("avx512_bf16", "amx_bf16 amx_tile"):
+        assert not _judged(forge_config, "cpu", tmp_path, monkeypatch, f"{XEON_FLAGS} {native}"), native
+    # Arm lists its extensions under Features; unreadable flags (not Linux) say nothing.
+    assert not _judged(forge_config, "cpu", tmp_path, monkeypatch, "fp asimd bf16")
+    monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "missing")
+    assert hardware.cpu_flags() is None
+
+
+def test_check_warns_on_bf16_with_device_auto_and_no_gpu_in_sight(forge_config, tmp_path, monkeypatch):
+    found = _judged(forge_config, "auto", tmp_path, monkeypatch, XEON_FLAGS)
+    assert [(v.rule_id, v.severity) for v in found.values()] == [("train.bf16-on-auto-device", "warning")]
+    assert "no CUDA GPU is visible here" in found["train.bf16-on-auto-device"].message
+    assert not _judged(forge_config, "auto", tmp_path, monkeypatch, XEON_FLAGS, gpu=True)
+    assert not _judged(
+        forge_config, "cuda", tmp_path, monkeypatch, XEON_FLAGS
+    )  # the GPU's answer is the run's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert hardware.cuda_gpu_visible() is False

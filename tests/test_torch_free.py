@@ -40,11 +40,27 @@ print(json.dumps({{"loaded": loaded, "codes": codes, "heavy": sorted(set(HEAVY) 
 """
 
 
-def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(forge_config):
+def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(forge_config, tmp_path):
     valid = forge_config({"data": {"packer": "concat"}})
     refused = forge_config(
         {"data": {"packer": "concat"}, "parallel": {"pp": 2}}
     )  # train refuses it before building
+    # check reads the hf_datasets files' fields (a Parquet schema through pyarrow) and the
+    # CPU flags for bf16 without torch.
+    import pyarrow
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pyarrow.table({"body": ["some text"]}), tmp_path / "rows.parquet")
+    fields = forge_config(
+        {
+            "data": {
+                "source": "hf_datasets",
+                "source_options": {"data_files": [str(tmp_path / "rows.parquet")]},
+                "packer": "none",
+            },
+            "train": {"precision": "bf16"},
+        }
+    )
     commands = [
         ["check", valid],
         ["show", valid],
@@ -52,13 +68,14 @@ def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(fo
         ["rules"],
         ["check", refused, "--world-size", "1"],
         [refused],
+        ["check", fields],
     ]
     code = DRIVER.format(heavy=HEAVY, commands=commands)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["heavy"] == [], report
-    assert report["codes"] == [0, 0, 0, 0, 2, 2], report
+    assert report["codes"] == [0, 0, 0, 0, 2, 2, 2], report
     # Every built-in plugin was loaded and registered something: nothing was skipped.
     assert {
         "attention",

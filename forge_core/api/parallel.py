@@ -72,6 +72,8 @@ class ModelSplit:
 #: ``ParallelismSpec.requires``.
 BLOCKS = "blocks"  # the model names its repeated blocks
 TENSOR_PARALLEL = "tensor_parallel"  # ... supplies a tensor-parallel plan
+#: ... whose plan also exists with sequence parallelism (``parallel.options.tp.sequence_parallel``)
+SEQUENCE_PARALLEL = "sequence_parallel"
 PIPELINE = "pipeline"  # ... supplies a pipeline split
 OUTPUT_HEAD = "output_head"  # ... names its output projection (train.loss.name: chunked)
 
@@ -141,7 +143,10 @@ class ParallelContract:
     - ``pipeline``: the :class:`PipelineSplit`, or ``None`` (no pipeline parallelism).
     - ``tensor_parallel``: called as ``tensor_parallel(sequence_parallel=bool)``, returns
       the :class:`TensorParallelPlan`; it builds torch styles, so it imports torch itself
-      (lazily, in the model's package). ``None``: no tensor parallelism.
+      (lazily, in the model's package). ``None``: no tensor parallelism. A model that
+      cannot run with sequence parallelism raises a ``ForgeError`` for ``True`` and
+      leaves ``SEQUENCE_PARALLEL`` out of its spec's ``supports``, so that ``forge-run
+      check`` refuses the option before any process starts.
     - ``output_head``: the root attribute holding the output projection, or ``None``. The
       model promises that the head is a linear map (``weight`` of shape ``(vocab, dim)``,
       optional ``bias``), called once on the final hidden states, and that its result is

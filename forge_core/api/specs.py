@@ -147,9 +147,11 @@ class ModelSpec(ComponentSpec):
       ``max_shard_size`` keywords when the function accepts them; the state dict is
       already in the dtype asked for).
     - ``supports``: the pieces of the parallel contract its implementation supplies
-      through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``,
-      ``OUTPUT_HEAD`` from :mod:`forge_core.api`); a strategy that ``requires`` one it
-      lacks is refused, and so is ``train.loss.name: chunked`` without ``OUTPUT_HEAD``.
+      through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``,
+      ``SEQUENCE_PARALLEL``, ``PIPELINE``, ``OUTPUT_HEAD`` from :mod:`forge_core.api`); a
+      strategy that ``requires`` one it lacks is refused, and so are
+      ``parallel.options.tp.sequence_parallel`` without ``SEQUENCE_PARALLEL`` and
+      ``train.loss.name: chunked`` without ``OUTPUT_HEAD``.
     - ``facts``: a torch-free function of the structured options returning
       :class:`~forge_core.api.ModelFacts` (layers, heads, kv heads, tied embeddings),
       which the parallelism rules read whatever the options are called; ``None`` when

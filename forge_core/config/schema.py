@@ -219,7 +219,9 @@ class TrainSection:
         "fp32",
         "fp32, or bf16 autocast: matmuls in bf16, the loss, norms and softmax in "
         "fp32, parameters and optimizer state fp32. Needs a CUDA GPU with bf16 or a CPU with "
-        "native bf16 (AVX512_BF16 or AMX); elsewhere the run stops with an error.",
+        "native bf16 (AVX512_BF16 or AMX); elsewhere the run stops with an error. forge-run "
+        "check reads the CPU flags: it refuses bf16 with run.device: cpu on such a CPU, and "
+        "warns with run.device: auto when no GPU is visible either.",
     )
     loss: LossSection = option(LossSection(), "The loss: full logits, or chunked.")
     compile: bool = option(False, "torch.compile the model.")

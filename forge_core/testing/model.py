@@ -16,9 +16,10 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   is exactly 0.
 - **tensor parallel** (a model whose contract supplies a plan): for both
   ``sequence_parallel`` values (a model may refuse ``True`` with a ``ForgeError``,
-  reported as skipped), every path the plan names exists, and every parameter
-  is sharded by a style or declared ``replicated`` or ``partial``, decided by names,
-  with the function the ``tp`` strategy uses after applying the plan
+  reported as skipped, and then must not declare ``SEQUENCE_PARALLEL``), every path
+  the plan names exists, and every parameter is sharded by a style or declared
+  ``replicated`` or ``partial``, decided by names, with the function the ``tp``
+  strategy uses after applying the plan
   (:func:`~forge_core.api.tensor_parallel_coverage`); no process group is needed.
 - **pipeline** (a model whose contract has a split): the stages the registered ``pp``
   strategy cuts (its own ``stages(model, model_name, n_stages)``) run in sequence in
@@ -48,6 +49,7 @@ from forge_core.api import (
     INPUT_IDS,
     OUTPUT_HEAD,
     PIPELINE,
+    SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
     ForgeError,
     TensorParallelPlan,
@@ -497,6 +499,11 @@ def _facts(model, contract, spec, options, seen, label) -> str | None:
         supplied.add(BLOCKS)
         if contract.tensor_parallel is not None:
             supplied.add(TENSOR_PARALLEL)
+            try:
+                contract.tensor_parallel(sequence_parallel=True)
+                supplied.add(SEQUENCE_PARALLEL)
+            except ForgeError:
+                pass  # refused: the tensor-parallel check reports it as skipped
         if contract.pipeline is not None:
             supplied.add(PIPELINE)
         if contract.output_head is not None:

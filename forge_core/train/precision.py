@@ -6,7 +6,9 @@ the loss and the norms in fp32 (:mod:`forge_core.train.loss` casts the logits to
 least fp32; the built-in RMSNorm computes in fp32). It pays only where the hardware
 computes in bf16: a CUDA GPU that supports it, or a CPU with AVX512_BF16 or AMX. On
 other CPUs PyTorch emulates bf16 through fp32 conversions, slower than fp32 and less
-accurate, so the run stops with an error instead.
+accurate, so the run stops with an error instead. ``forge-run check`` says so first,
+from the CPU flags without torch (rules ``train.bf16-on-cpu``, ``train.bf16-on-auto-device``,
+:mod:`forge_core.hardware`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ gradients are needed on CPU the forward still runs the compiled kernel and the b
 is :mod:`~forge_plugins.attention.flex_cpu_backward`, which recomputes
 attention block by block over the same ``BlockMask`` (memory: one query block's scores,
 ``heads x block_size x kept keys``, never ``S x S``). On CUDA the native backward is used.
+
+Building the backend points inductor at a cache directory keyed by what the compiled
+kernel depends on (:mod:`~forge_plugins.attention.inductor_cache`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from forge_plugins.attention.eager import check_heads
 from forge_plugins.attention.flex_cpu_backward import flex_attention_cpu_trainable
 from forge_plugins.attention.flex_kernel import flex_forward
+from forge_plugins.attention.inductor_cache import use_keyed_cache_dir
 from forge_plugins.attention.masks import document_block_mask
 
 
@@ -40,6 +44,9 @@ class FlexAttention:
         self.options = options
         self.block_size = options.block_size
         self._causal: dict[tuple[int, str], Any] = {}
+        # Before anything compiles (train.compile traces the blocks before flex's first
+        # call): the cache directory keyed by what the compiled kernel depends on.
+        use_keyed_cache_dir()
 
     def prepare(self, doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | str) -> Any:
         if doc_ids is not None:

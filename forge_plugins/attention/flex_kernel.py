@@ -9,6 +9,10 @@ compiles once more (about 12 s on CPU), because on CPU torch 2.13's kernel compi
 dynamic shapes (what ``torch.compile`` switches to on the second shape) fails to build
 (a C++ error in the generated code); pipeline microbatches and a smaller evaluation
 batch are such new shapes.
+
+Compiled kernels are cached in a directory keyed by what they depend on (torch version,
+CPU kernel level, thread count), not in the cache every process on the machine shares,
+unless the user set ``TORCHINDUCTOR_CACHE_DIR`` (:mod:`~forge_plugins.attention.inductor_cache`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from forge_plugins.attention.inductor_cache import use_keyed_cache_dir
+
 #: The compiled kernel once made; a caller may set it to another implementation of
 #: ``flex_attention`` (PyTorch's unfused one runs every dtype without compiling).
 compiled: Any = None
@@ -28,6 +34,7 @@ def compiled_flex_attention() -> Any:
     """``torch.compile(flex_attention)``, created on first use and shared process-wide."""
     global compiled
     if compiled is None:
+        use_keyed_cache_dir()
         compiled = torch.compile(flex_attention, dynamic=False)
     return compiled
 

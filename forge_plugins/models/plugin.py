@@ -9,6 +9,7 @@ from forge_core.api import (
     OUTPUT_HEAD,
     PIPELINE,
     POSITIONS,
+    SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
     ModelSpec,
     hookimpl,
@@ -31,7 +32,7 @@ def forge_models() -> list[ModelSpec]:
             max_seq_len_option="max_seq_len",
             resolve_options="forge_plugins.models.hf_config:resolve_options",
             pretrained_option="init_from_hf",
-            supports={BLOCKS, TENSOR_PARALLEL, PIPELINE, OUTPUT_HEAD},
+            supports={BLOCKS, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE, OUTPUT_HEAD},
             facts=llama_facts,
         )
     ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import PIPELINE, TENSOR_PARALLEL
+from forge_core.api import PIPELINE, SEQUENCE_PARALLEL, TENSOR_PARALLEL
 from forge_plugins.parallel.split import (
     LOOP_SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
@@ -27,6 +27,7 @@ from forge_plugins.parallel.split import (
 TP_HEADS = "tp.heads-divisible"
 TP_SEQUENCE_PARALLEL = "tp.sequence-parallel"
 TP_SEQUENCE_PARALLEL_NO_TP = "tp.sequence-parallel-without-tp"
+TP_MODEL_SEQUENCE_PARALLEL = "tp.model-supports-sequence-parallel"
 DDP_WITH_TP = "ddp.not-with-tp"
 PP_LAYERS = "pp.layers"
 PP_MICROBATCHES = "pp.microbatches"
@@ -96,6 +97,24 @@ def check_sequence_parallel_divisible(ctx: Any) -> str | None:
             "parallelism gives every tensor-parallel rank an equal slice of each row"
         )
     return None
+
+
+def check_model_sequence_parallel(ctx: Any) -> str | None:
+    """The model's plan exists with sequence parallelism (declared on its spec). A model
+    that does not support tensor parallelism at all is the kernel rule's to report."""
+    model = ctx.specs["model"]
+    if (
+        not _sequence_parallel(ctx)
+        or ctx.degrees["tp"] <= 1
+        or TENSOR_PARALLEL not in model.supports
+        or SEQUENCE_PARALLEL in model.supports
+    ):
+        return None
+    return (
+        f"parallel.options.tp.sequence_parallel is on, but model {model.name!r} does not declare "
+        f"{SEQUENCE_PARALLEL} (its spec supports: {', '.join(sorted(model.supports))}): its "
+        "tensor-parallel plan shards the layers but not the sequence between them"
+    )
 
 
 def check_ddp_with_tp(ctx: Any) -> str | None:
@@ -281,6 +300,16 @@ def rules() -> list[Any]:
                 "Make data.seq_len a multiple of parallel.tp, or set "
                 "parallel.options.tp.sequence_parallel: false."
             ),
+        ),
+        Rule(
+            id=TP_MODEL_SEQUENCE_PARALLEL,
+            severity="error",
+            paths=("parallel.options.tp.sequence_parallel", "parallel.tp", "model.name"),
+            summary="Sequence parallelism needs a model whose spec declares SEQUENCE_PARALLEL.",
+            check=check_model_sequence_parallel,
+            fix="Set parallel.options.tp.sequence_parallel: false (tensor parallelism alone works), or "
+            "choose a model that supports it. Model authors: supply a plan for sequence_parallel=True "
+            "and declare SEQUENCE_PARALLEL in ModelSpec.supports.",
         ),
         Rule(
             id=TP_SEQUENCE_PARALLEL_NO_TP,

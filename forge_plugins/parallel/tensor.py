@@ -14,7 +14,12 @@ For the part it is given (the whole model, or a pipeline stage), the strategy:
    whose gradient nobody reduces, so the build stops naming it;
 5. registers a gradient finisher that SUMS the gradients of ``partial`` parameters over
    the tensor-parallel group (one all-reduce of one buffer per dtype), after the last
-   backward of each step and before clipping.
+   backward of each step and before clipping;
+6. hands the part's output on as a tensor of its own, not a view: a style with
+   ``use_local_output=True`` (the output head's, which gathers the logits) returns
+   ``DTensor.to_local()``, which is a view, and under FSDP that is the root module's
+   output, on which FSDP warns that an in-place op would drop its pre-backward hook.
+   :class:`_OwnTensor` gives the same storage, no copy, the same gradient.
 
 The model builds identical weights on every rank (same seed); distributing a module
 keeps each rank's slice of its local copy.
@@ -102,6 +107,25 @@ class PartialGradientSum:
                 offset += g.numel()
 
 
+class _OwnTensor(torch.autograd.Function):
+    """``view.detach()`` with the view's gradient: the same storage, no longer a view."""
+
+    @staticmethod
+    def forward(ctx, view: torch.Tensor) -> torch.Tensor:
+        return view.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def own_output(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook: the part's output as a tensor of its own when it is a view."""
+    if isinstance(output, torch.Tensor) and not isinstance(output, DTensor) and output._base is not None:
+        return _OwnTensor.apply(output)
+    return output
+
+
 class TensorParallel:
     def __init__(self, options: Any) -> None:
         self.options = options
@@ -146,4 +170,6 @@ class TensorParallel:
             ctx.add_gradient_finisher(
                 PartialGradientSum([_owner(model, n) for n in partial], mesh.get_group())
             )
+        # Before FSDP (a later strategy) registers its own hooks, so they see this output.
+        model.register_forward_hook(own_output)
         return model

@@ -11,7 +11,8 @@ local disk, never downloaded.
 One row is one document: its ``text_field``; rows whose text is empty or whitespace are
 skipped. Errors name the folder or files and the row: a missing path, a pattern matching
 nothing, a folder ``datasets`` cannot read, a split or column that is absent, a value
-that is not a string. ``datasets`` is an optional dependency (``pip install
+that is not a string (``forge-run check`` finds a missing column or split already,
+:mod:`~forge_plugins.sources.hf_fields`). ``datasets`` is an optional dependency (``pip install
 'forge-trainer[datasets]'``), imported only when the source is built; Forge sets
 ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` before importing it, so nothing is fetched.
 

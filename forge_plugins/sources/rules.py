@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import ForgeError, read_shard_index
+from forge_core.api import ForgeError, did_you_mean, read_shard_index
 from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
 
 TEXT_FILES = "text.files-exist"
@@ -53,22 +53,43 @@ def check_stdlib_files(ctx: Any) -> list[str]:
     return _problems(ctx, StdlibOptions, StdlibSource)
 
 
+def _text_field_problem(options: Any, files: list[str], fmt: str) -> str | None:
+    """Why ``text_field`` is not a field of the data (read without torch or datasets),
+    or None: it is one, or the fields cannot be told cheaply."""
+    from forge_plugins.sources.hf_datasets import OPTION
+    from forge_plugins.sources.hf_fields import fields
+
+    found, where = fields(options, files, fmt)
+    if found is None or isinstance(found, str):
+        return found  # unknown, or a saved DatasetDict without the split
+    field = options.text_field
+    if field in found:
+        return None
+    return (
+        f"{OPTION}.text_field: {field!r} is not a field of {where} (fields: {', '.join(found)})."
+        f"{did_you_mean(field, found)} Set {OPTION}.text_field to the field that holds the text."
+    )
+
+
 def check_hf_datasets(ctx: Any) -> list[str]:
     import importlib.util
 
     from forge_plugins.sources import hf_datasets as hf
 
-    def files(options: Any) -> None:
+    def readable(options: Any) -> None:
         if bool(options.path) == bool(options.data_files):
             raise ForgeError(
                 f"{hf.OPTION}: give exactly one of `path` (a save_to_disk folder) and `data_files`."
             )
         if options.path:
-            hf.saved_files(options.path)
+            files, fmt = hf.saved_files(options.path), "saved"
         else:
-            hf.data_files(options.data_files, options.format)
+            files, fmt = hf.data_files(options.data_files, options.format)
+        # The files exist: do they hold the text field (the build finds out only when it reads)?
+        if problem := _text_field_problem(options, files, fmt):
+            raise ForgeError(problem)
 
-    problems = _problems(ctx, HFDatasetsOptions, files)
+    problems = _problems(ctx, HFDatasetsOptions, readable)
     if _entries(ctx, HFDatasetsOptions) and importlib.util.find_spec("datasets") is None:
         problems.append(
             f"the hf_datasets source needs the `datasets` package, which is not installed: {hf.EXTRA}"
@@ -124,11 +145,19 @@ def rules() -> list[Any]:
         Rule(
             id=HF_DATASETS,
             severity="error",
-            paths=("data.source", "data.source_options.path", "data.source_options.data_files"),
-            summary="The hf_datasets source's folder or files exist, and `datasets` is installed.",
+            paths=(
+                "data.source",
+                "data.source_options.path",
+                "data.source_options.data_files",
+                "data.source_options.split",
+                "data.source_options.text_field",
+            ),
+            summary="The hf_datasets source's folder or files exist and hold the split and the "
+            "text_field, and `datasets` is installed.",
             check=check_hf_datasets,
             fix="Point data.source_options.path at a save_to_disk folder, or data_files at local files; "
-            "install the extra with pip install 'forge-trainer[datasets]'.",
+            "set data.source_options.text_field to a field the data has (and split to a split of a "
+            "saved DatasetDict); install the extra with pip install 'forge-trainer[datasets]'.",
         ),
         Rule(
             id=SHARDS_DIR,

@@ -2,7 +2,8 @@
 a few steps under several parallel layouts in ONE launch (each scenario builds its own
 mesh on the same process group), and record per-step losses and gradient norms next to
 a single-process reference run of the same model on the same global batches, and then
-the evaluation loop's loss on held-out rows (:mod:`eval_loop`). A
+the evaluation loop's loss on held-out rows (:mod:`eval_loop`), and the warnings
+each layout's training raised on any rank (``warnings``). A
 scenario whose model must be refused at build records the error instead. ``test_*.py``
 in this folder launch it and assert.
 
@@ -27,6 +28,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 import attrs
@@ -424,7 +426,9 @@ def main() -> None:
             continue
         if sc.rolled:
             roll_metadata(pmodel)
-        got = {**train(pmodel, plan, data), "eval_loop": run_eval_loop(sc, pmodel)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = {**train(pmodel, plan, data), "eval_loop": run_eval_loop(sc, pmodel)}
         every = [None] * world
         dist.all_gather_object(
             every,
@@ -435,6 +439,7 @@ def main() -> None:
                 "eval_loop": got["eval_loop"],
                 "qk_norms": qk_norms(pmodel),
                 "vocab_shard": vocab_shard(pmodel),
+                "warnings": sorted({f"{w.category.__name__}: {w.message}" for w in caught}),
             },
         )
         results[name] = {

@@ -178,6 +178,17 @@ def test_partial_parameters_train_like_one_process_on_every_rank(two, four, name
     assert ranks[0]["qk_norms"] == pytest.approx(ref["qk_norms"], abs=atol, rel=0)
 
 
+@pytest.mark.parametrize("name", TWO + FOUR)
+def test_no_layout_hands_fsdp_a_view_as_the_models_output(request, name):
+    """Under fsdp x tp the output head's logits were ``DTensor.to_local()``, a view, and
+    FSDP warned on every rank that an in-place op on the root's output would drop its
+    pre-backward hook (the gradient matching one process is asserted above). The
+    head now hands on the gathered tensor itself; no layout's training warns so."""
+    results = request.getfixturevalue("two" if name in TWO else "four")  # one launch, not both
+    for rank, got in enumerate(results[name]["ranks"]):
+        assert not [w for w in got["warnings"] if "returned a view tensor" in w], (name, rank)
+
+
 def test_a_parameter_outside_the_tensor_parallel_plan_is_refused_at_build(two):
     """q/k norms neither sharded nor declared: every rank would train its own copy.
     The build stops with the parameter names and the model."""

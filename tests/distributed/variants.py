@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from forge_core.api import BLOCKS, PIPELINE, TENSOR_PARALLEL, ModelSpec, hookimpl
+from forge_core.api import BLOCKS, PIPELINE, SEQUENCE_PARALLEL, TENSOR_PARALLEL, ModelSpec, hookimpl
 from forge_plugins.models.llama import Attention, Llama, RMSNorm, tensor_parallel_plan
 from forge_plugins.models.options import LlamaOptions, llama_facts
 from forge_plugins.models.rotary import apply_rotary
@@ -75,7 +75,10 @@ def build_undeclared(options: LlamaOptions, vocab_size: int, attention) -> Undec
 @hookimpl
 def forge_models():
     common = dict(
-        options=LlamaOptions, accepts=(), supports={BLOCKS, TENSOR_PARALLEL, PIPELINE}, facts=llama_facts
+        options=LlamaOptions,
+        accepts=(),
+        supports={BLOCKS, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE},
+        facts=llama_facts,
     )
     return [
         ModelSpec(
