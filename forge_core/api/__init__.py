@@ -13,7 +13,7 @@ move; these names are what Forge keeps stable.
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.files import atomic_write, fsync_dir
-from forge_core.api.fingerprint import files_fingerprint
+from forge_core.api.fingerprint import FileSet, files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.optim import NamedParameter
 from forge_core.api.options import option, option_doc
@@ -78,6 +78,7 @@ __all__ = [
     "unknown_name",
     "atomic_write",
     "fsync_dir",
+    "FileSet",
     "files_fingerprint",
     "PROJECT",
     "hookimpl",

@@ -16,7 +16,7 @@ that is not a string. ``datasets`` is an optional dependency (``pip install
 ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` before importing it, so nothing is fetched.
 
 The fingerprint (the token cache's key) hashes every byte of the files read, with the
-format, split and column.
+format, split and column (once: the cache's file manifest checks them by stat later).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from forge_core.api import ForgeError, files_fingerprint
+from forge_core.api import FileSet, ForgeError
 
 OPTION = "data.source_options"
 EXTRA = "pip install 'forge-trainer[datasets]'"
@@ -123,11 +123,14 @@ class HFDatasetsSource:
         mode = ", streaming" if self.options.streaming else ""
         return f"hf_datasets: {what}, split {self.options.split!r}, column {self.options.text_field!r}{mode}"
 
-    def fingerprint(self) -> str:
+    def fingerprint_files(self) -> FileSet:
         o = self.options
-        return files_fingerprint(
+        return FileSet(
             "hf_datasets/1", self.files, {"format": self.format, "split": o.split, "text_field": o.text_field}
         )
+
+    def fingerprint(self) -> str:
+        return self.fingerprint_files().fingerprint()
 
     def _load(self) -> Any:
         ds, o = self.datasets, self.options
