@@ -20,7 +20,7 @@ from forge_core.testing import forge_run
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
-from tests.train_helpers import tiny_config, write_config
+from train_helpers import tiny_config, write_config
 
 BYTE = ByteTokenizer()
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9

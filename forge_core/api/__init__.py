@@ -38,7 +38,7 @@ from forge_core.api.parallel import (
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
-from forge_core.api.shards import Shards, read_shard_index
+from forge_core.api.shards import Shards, TokenDocuments, read_shard_index
 from forge_core.api.specs import (
     AttentionBackendSpec,
     ComponentSpec,
@@ -121,6 +121,7 @@ __all__ = [
     "get_path",
     "RunContext",
     "Shards",
+    "TokenDocuments",
     "read_shard_index",
     "AttentionBackendSpec",
     "ComponentSpec",
