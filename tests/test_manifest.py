@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from train_helpers import tiny_config, write_config
 
 from forge_core.api import FileSet, files_fingerprint
 from forge_core.api import fingerprint as fp_module
@@ -20,7 +21,6 @@ from forge_core.testing import forge_run
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
-from train_helpers import tiny_config, write_config
 
 BYTE = ByteTokenizer()
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9

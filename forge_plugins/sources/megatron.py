@@ -124,8 +124,9 @@ class MegatronSource:
             or ends[-1] > h["bin_size"]
         ):
             raise ForgeError(
-                f"{OPTION}.path: {self.idx_path}: its sequence pointers do not lay the sequences back to "
-                f"back inside {self.bin_path} ({h['bin_size']} bytes): the index is damaged or not of this .bin."
+                f"{OPTION}.path: {self.idx_path}: its sequence pointers do not lay the sequences back "
+                f"to back inside {self.bin_path} ({h['bin_size']} bytes): the index is damaged or not "
+                "of this .bin."
             )
         if doc_index[0] != 0 or doc_index[-1] != n or np.any(np.diff(doc_index) < 0):
             raise ForgeError(

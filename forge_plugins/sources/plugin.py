@@ -39,7 +39,7 @@ def forge_sources() -> list[SourceSpec]:
         ),
         SourceSpec(
             name="token_file",
-            summary="A flat token file (.npy, or raw .bin with a dtype), documents split at EOS, memory-mapped",
+            summary="A flat token file (.npy, or raw .bin with a dtype), documents split at EOS",
             impl="forge_plugins.sources.token_file:TokenFileSource",
             options=TokenFileOptions,
             pretokenized=True,

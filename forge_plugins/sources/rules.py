@@ -116,8 +116,9 @@ def _dtype_problems(ctx: Any, cls: type, dtype_of: Any) -> list[str]:
         if dtype in ("uint8", "int8"):
             problems.append(
                 f"{prefix}$.data.source_options.path: {options.path} holds {dtype} tokens (ids up to "
-                f"{255 if dtype == 'uint8' else 127}), but data.tokenizer byte has {ByteTokenizer.vocab_size} "
-                f"ids (EOS is {ByteTokenizer.eos_id}): the tokens were not made by it"
+                f"{255 if dtype == 'uint8' else 127}), but data.tokenizer byte has "
+                f"{ByteTokenizer.vocab_size} ids (EOS is {ByteTokenizer.eos_id}): the tokens were not "
+                "made by it"
             )
     return problems
 
