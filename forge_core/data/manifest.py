@@ -3,7 +3,7 @@
 A source that names its files (``fingerprint_files()``, a
 :class:`~forge_core.api.FileSet`) is fingerprinted here instead of by hashing every
 byte at every start. Under the token cache directory, ``manifests/<key>.json`` (the key:
-SHA-256 of the kind, the settings and the files' real paths) records for each file its
+SHA-256 of the kind, the settings and the files' absolute paths) records for each file its
 device, inode, size, modification time in nanoseconds and the SHA-256 of its bytes. At a
 start, a file whose four stat fields all equal its record keeps the recorded digest;
 any other (a new file, one replaced, grown, shrunk or touched) is hashed again, and the
@@ -58,16 +58,12 @@ class Checked:
     manifest: Path
 
 
-def manifest_path(root: str | os.PathLike, files: fp.FileSet) -> Path:
-    """Where the manifest of ``files`` lives under the cache directory ``root``."""
+def manifest_path(root: str | os.PathLike, files: fp.FileSet, paths: list[str] | None = None) -> Path:
+    """Where the manifest of ``files`` (at absolute ``paths``) lives under the cache
+    directory ``root``."""
+    paths = [os.path.abspath(p) for p in files.files] if paths is None else paths
     blob = json.dumps(
-        {
-            "kind": files.kind,
-            "settings": files.settings,
-            "files": [os.path.realpath(p) for p in files.files],
-        },
-        sort_keys=True,
-        default=str,
+        {"kind": files.kind, "settings": files.settings, "files": paths}, sort_keys=True, default=str
     )
     return Path(root).expanduser() / DIRECTORY / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
 
@@ -99,12 +95,14 @@ def _trusted(record: dict[str, Any] | None, stat: dict[str, int]) -> bool:
 def fingerprint(files: fp.FileSet, root: str | os.PathLike, *, verify: bool = False) -> Checked:
     """The fingerprint of ``files``, hashing only the files the manifest under ``root``
     cannot vouch for (every file under ``verify``); see the module docstring."""
-    where = manifest_path(root, files)
+    # Absolute, not real, paths: no symlink is resolved (a start stats each file once);
+    # os.stat follows links, so a link moved to another file shows as another inode.
+    paths = [os.path.abspath(p) for p in files.files]
+    where = manifest_path(root, files, paths)
     old = _records(where)
     new: dict[str, dict[str, Any]] = {}
     digests, hashed, stale = [], [], []
-    for path in files.files:
-        real = os.path.realpath(path)
+    for path, real in zip(files.files, paths):
         stat = _stat(path)  # before hashing: a change while hashing shows at the next start
         record = old.get(real)
         if not verify and _trusted(record, stat):
