@@ -49,11 +49,11 @@ STAT_FIELDS = ("device", "inode", "size", "mtime_ns")
 
 @attrs.frozen
 class Checked:
-    """What one fingerprinting did: the fingerprint, the files hashed (by path), and
-    under ``verify`` the files whose bytes differed from a record their stat matched."""
+    """What one fingerprinting found: the fingerprint, the files whose bytes differed
+    from a record their stat matched (only ``verify`` looks at every such file), and
+    the manifest's path."""
 
     fingerprint: str
-    hashed: tuple[str, ...]
     stale: tuple[str, ...]
     manifest: Path
 
@@ -101,26 +101,25 @@ def fingerprint(files: fp.FileSet, root: str | os.PathLike, *, verify: bool = Fa
     where = manifest_path(root, files, paths)
     old = _records(where)
     new: dict[str, dict[str, Any]] = {}
-    digests, hashed, stale = [], [], []
-    for path, real in zip(files.files, paths):
+    digests, stale = [], []
+    for path, absolute in zip(files.files, paths):
         stat = _stat(path)  # before hashing: a change while hashing shows at the next start
-        record = old.get(real)
+        record = old.get(absolute)
         if not verify and _trusted(record, stat):
             digest = bytes.fromhex(record["sha256"])
-            new[real] = record
+            new[absolute] = record
         else:
             hashed_ns = time.time_ns()
             digest = fp.file_digest(path)
-            hashed.append(path)
             same_stat = record is not None and all(record.get(k) == stat[k] for k in STAT_FIELDS)
             if same_stat and record.get("sha256") != digest.hex():
                 stale.append(path)
             keep = verify and same_stat and record.get("sha256") == digest.hex()
-            new[real] = record if keep else {**stat, "sha256": digest.hex(), "hashed_ns": hashed_ns}
+            new[absolute] = record if keep else {**stat, "sha256": digest.hex(), "hashed_ns": hashed_ns}
         digests.append(digest)
     if new != old:
         _write(where, files, new)
-    return Checked(files.combine(digests), tuple(hashed), tuple(stale), where)
+    return Checked(files.combine(digests), tuple(stale), where)
 
 
 def _write(where: Path, files: fp.FileSet, records: dict[str, dict[str, Any]]) -> None:

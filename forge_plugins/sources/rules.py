@@ -103,12 +103,13 @@ def check_token_file(ctx: Any) -> list[str]:
 def _dtype_problems(ctx: Any, cls: type, dtype_of: Any) -> list[str]:
     """Token files whose integer type cannot hold the configured tokenizer's ids, where
     the vocabulary is known without building the tokenizer (the built-in ``byte``)."""
-    if ctx.config.data.tokenizer != "byte":
+    entries = _entries(ctx, cls)
+    if ctx.config.data.tokenizer != "byte" or not entries:
         return []  # another tokenizer's vocabulary is known when the run builds it (checked there)
     from forge_plugins.tokenizers.byte import ByteTokenizer
 
     problems = []
-    for prefix, options in _entries(ctx, cls):
+    for prefix, options in entries:
         try:
             dtype = dtype_of(options)
         except ForgeError:
