@@ -231,3 +231,15 @@ def test_a_run_refuses_eod_that_is_not_there_and_ids_outside_the_vocabulary(tmp_
     wide = write_flat(tmp_path / "w.npy", docs, dtype="int32")
     result = forge_run([config(tmp_path, "wide", "token_file", {"path": wide})])
     assert result.code == 2 and "300" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_refuses_a_token_type_too_narrow_for_the_tokenizer(tmp_path):
+    from forge_core.api import ForgeError
+    from forge_core.data.build import source_shards
+
+    narrow = write_flat(tmp_path / "u8.npy", [d % 200 for d in NON_EMPTY], dtype="uint8")
+    source = TokenFileSource(TokenFileOptions(path=narrow))
+    with pytest.raises(
+        ForgeError, match=r"u8\.npy: tokens of type uint8 hold ids up to 255, but the configured"
+    ):
+        source_shards(source, BYTE, None, "t", report=lambda m: None)
