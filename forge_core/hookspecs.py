@@ -192,10 +192,16 @@ def forge_sources() -> list[SourceSpec]:
     document by the pipeline, pre-tokenized ones included: yield none. ``describe()``
     returns a one-line ``str`` for logs and error messages. A pre-tokenized source may
     expose ``tokenizer_identity``: the run stops when it differs from the configured
-    tokenizer's ``identity``. Optional: ``fingerprint()``, a non-empty ``str`` that
+    tokenizer's ``identity``. A source of data that already is tokens may instead have
+    ``token_documents(eos_id)``, returning :class:`~forge_core.api.TokenDocuments`
+    (documents as slices of one memory-mapped array): the run reads them in place,
+    without the token cache. Optional: ``fingerprint()``, a non-empty ``str`` that
     changes whenever the documents could, computed without tokenizing (a hash of the
     files' bytes: :func:`~forge_core.api.files_fingerprint`): the token cache is keyed
-    by it (without it, every document is hashed in one pass at every start). A source
+    by it (without it, every document is hashed in one pass at every start). Better,
+    for a source that reads files: ``fingerprint_files()``, a
+    :class:`~forge_core.api.FileSet`; the cache then hashes each file once and checks
+    it by stat at later starts (``forge-run prepare --verify`` hashes again). A source
     does not shard across processes: one process tokenizes it into the cache and the
     loader gives each data-parallel rank its part of every batch.
 

@@ -1,6 +1,7 @@
 """The token cache: a source is tokenized once and reused (no tokenization on the second
 build: asserted), keyed by content (a file changed in place with its size and times
-kept is seen) and by tokenizer; entries made for another tokenizer or format version are
+kept just after it was hashed is seen: its manifest record is racy, see
+tests/test_manifest.py) and by tokenizer; entries made for another tokenizer or format version are
 refused with an error naming them; a crash mid-way leaves nothing a later run trusts;
 a process waits for another that holds the lock, and gives up after data.cache.wait_s."""
 

@@ -13,7 +13,7 @@ move; these names are what Forge keeps stable.
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.files import atomic_write, fsync_dir
-from forge_core.api.fingerprint import files_fingerprint
+from forge_core.api.fingerprint import FileSet, files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.metrics import format_perplexity
 from forge_core.api.optim import NamedParameter
@@ -40,7 +40,7 @@ from forge_core.api.parallel import (
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
-from forge_core.api.shards import Shards, read_shard_index
+from forge_core.api.shards import Shards, TokenDocuments, read_shard_index
 from forge_core.api.specs import (
     AttentionBackendSpec,
     ComponentSpec,
@@ -82,6 +82,7 @@ __all__ = [
     "unknown_name",
     "atomic_write",
     "fsync_dir",
+    "FileSet",
     "files_fingerprint",
     "PROJECT",
     "hookimpl",
@@ -125,6 +126,7 @@ __all__ = [
     "get_path",
     "RunContext",
     "Shards",
+    "TokenDocuments",
     "read_shard_index",
     "AttentionBackendSpec",
     "ComponentSpec",

@@ -42,7 +42,9 @@ class Source(Protocol):
 
     # Optional: ``fingerprint() -> str``, a string that changes whenever the documents
     # could (forge_core.api.files_fingerprint for a source that reads files); the token
-    # cache is keyed by it.
+    # cache is keyed by it. ``fingerprint_files() -> FileSet``: the files, hashed once
+    # and checked by stat. ``token_documents(eos_id) -> TokenDocuments``: tokens read in
+    # place, without the cache.
 
 
 @runtime_checkable

@@ -3,7 +3,9 @@ reader, :class:`Shards`, for a source plugin that reads them (the built-in ``sha
 source). :func:`read_shard_index` validates a directory from its index and file sizes
 alone (json, no numpy), so ``forge-run check`` judges a path in milliseconds; ``Shards``
 opens through it, so check and build refuse the same directories with the same words.
-This module imports numpy only when a ``Shards`` is opened.
+This module imports numpy only when a ``Shards`` is opened. :class:`TokenDocuments`
+(the base of ``Shards``) is what a source of another token format (a Megatron indexed
+dataset, a flat token file) gives the run: documents in one memory-mapped array.
 
 A shard directory (format version 2) holds four files and the tokenizer that made them:
 
@@ -32,6 +34,7 @@ trace of an interrupted prepare, and a directory without ``index.json`` is not a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -112,7 +115,67 @@ def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
     return index
 
 
-class Shards:
+def token_document_hash(tokens: Any) -> bytes:
+    """The content hash of a pre-tokenized document (what ``hashes.npy`` stores, and
+    what the held-out split is decided by): 8 bytes of BLAKE2b over its ids as
+    little-endian int64."""
+    import hashlib
+
+    import numpy as np
+
+    data = np.ascontiguousarray(np.asarray(tokens).reshape(-1), dtype="<i8").tobytes()
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+class TokenDocuments:
+    """Documents that already are tokens, read in place: document ``i`` is
+    ``tokens[starts[i] : starts[i] + counts[i]]`` (no EOS: the run appends it). A source
+    that reads a token format exposes one through ``token_documents(eos_id)`` (a shard
+    directory, through ``shards``); the run memory-maps it without the token cache.
+
+    ``tokens``: a 1-D integer array (a ``np.memmap`` of the file, for a corpus of any
+    size); ``starts`` and ``counts``: int64, one per document, inside ``tokens``;
+    ``path``: the file named in messages. ``hashes`` (one per document,
+    :func:`token_document_hash`) are computed when first read, one pass over the
+    tokens: only a held-out split needs them."""
+
+    def __init__(self, tokens: Any, starts: Any, counts: Any, path: str | os.PathLike) -> None:
+        import numpy as np
+
+        self.path = Path(path)
+        self.tokens_path = self.path
+        self.tokens = tokens
+        self.dtype = np.dtype(tokens.dtype)
+        self.starts = np.ascontiguousarray(starts, dtype=np.int64)
+        self.counts = np.ascontiguousarray(counts, dtype=np.int64)
+        self.num_tokens = int(len(tokens))
+        self.num_documents = len(self.starts)
+        if (
+            self.starts.shape != self.counts.shape
+            or self.starts.ndim != 1
+            or (self.num_documents and (self.starts.min() < 0 or self.counts.min() < 0))
+            or (self.num_documents and int((self.starts + self.counts).max()) > self.num_tokens)
+        ):
+            raise ForgeError(f"{self.path}: document bounds fall outside its {self.num_tokens} tokens.")
+
+    @functools.cached_property
+    def hashes(self) -> Any:
+        import numpy as np
+
+        digests = b"".join(token_document_hash(d) for d in self.documents())
+        return np.frombuffer(digests, dtype="<u8").copy()
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def documents(self) -> Iterator[Any]:
+        """Every document as a read-only view into the tokens, in order."""
+        tokens = self.tokens
+        for start, count in zip(self.starts.tolist(), self.counts.tolist()):
+            yield tokens[start : start + count]
+
+
+class Shards(TokenDocuments):
     """A complete shard directory, validated on open; tokens are memory-mapped, the
     per-document offsets and hashes are read into memory (16 bytes per document)."""
 
@@ -155,11 +218,12 @@ class Shards:
         else:  # np.memmap refuses an empty file
             self.tokens = np.zeros(0, self.dtype)
 
-    def __len__(self) -> int:
-        return self.num_documents
+    @property
+    def starts(self) -> Any:
+        return self.offsets[:-1]
 
-    def documents(self) -> Iterator[Any]:
-        """Every document as a read-only view into the memory map, in order."""
-        tokens, offsets = self.tokens, self.offsets.tolist()
-        for i in range(self.num_documents):
-            yield tokens[offsets[i] : offsets[i + 1]]
+    @property
+    def counts(self) -> Any:
+        import numpy as np
+
+        return np.diff(self.offsets)

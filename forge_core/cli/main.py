@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenize a source into shards (optionally train a BPE tokenizer)")
     _add_config_args(p)
-    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument("--out", help="output directory for the shards (not with --verify)")
     p.add_argument(
         "--train-bpe",
         type=int,
@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs data.tokenizer: hf)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file of the config's sources again and correct the token cache's file "
+        "manifest (catches an edit that kept the size and modification time); writes no shards",
+    )
 
     p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face model folder")
     p.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")

@@ -1,4 +1,5 @@
-"""``forge-run prepare CONFIG [key=value ...] --out DIR [--train-bpe VOCAB]``.
+"""``forge-run prepare CONFIG [key=value ...] --out DIR [--train-bpe VOCAB]``, and
+``forge-run prepare CONFIG --verify``.
 
 Builds the config's ``data.source`` and ``data.tokenizer`` through the registries and
 writes shards with :func:`forge_core.data.prepare.prepare`. With ``--train-bpe VOCAB``
@@ -13,6 +14,13 @@ One prepare at a time per output: it holds ``DIR.lock`` (beside ``DIR``, as ``DI
 appears when complete), the lock a run takes on its run directory
 (:meth:`~forge_core.train.run_lock.RunLock.take`); a second prepare on the same ``--out``
 is refused at once, naming the one that holds it, before it touches anything.
+
+``--verify`` writes no shards: for every source of the config (``data.source`` or each
+of ``data.sources``) that names its files, it hashes every file again under the token
+cache's file manifest (:func:`forge_core.data.manifest.fingerprint` with ``verify``),
+which a start checks by stat alone. Files whose bytes changed while their size and
+modification time did not are named, the manifest is corrected (the next run tokenizes
+the new content) and the command exits 2; otherwise it says what it verified and exits 0.
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ def main(args: Any) -> int:
     from forge_core.resolve import load_resolved
 
     config, registries = load_resolved(args.config, args.overrides)
+    if getattr(args, "verify", False):
+        return verify(config, registries, args)
+    if not args.out:
+        raise ForgeError("forge-run prepare needs --out DIR (where to write the shards), or --verify.")
     if config.data.sources:
         raise ForgeError(
             f"{args.config} mixes {len(config.data.sources)} sources (data.sources); `forge-run prepare` "
@@ -104,6 +116,47 @@ def _prepare(args: Any, config: Any, registries: Any, plan: Any, out: Path) -> i
     finally:
         shutil.rmtree(trained, ignore_errors=True)
     _next_steps(config.data.tokenizer, out / TOKENIZER_DIR, out)
+    return 0
+
+
+def verify(config: Any, registries: Any, args: Any) -> int:
+    """``--verify``: every file of every source hashed again against the manifest."""
+    from forge_core.data.build import build_source
+    from forge_core.data.cache import default_root
+    from forge_core.data.fingerprint import file_set
+    from forge_core.data.manifest import fingerprint
+    from forge_core.plan import make_plan
+
+    if args.out or args.train_bpe or args.overwrite:
+        raise ForgeError("--verify writes nothing: drop --out, --train-bpe and --overwrite.")
+    plan = make_plan(config, registries, world_size=None)
+    root = config.data.cache.dir or default_root()
+    stale: list[str] = []
+    for index, chosen in enumerate(plan.sources):
+        source = build_source(plan, registries, index)
+        files = file_set(source)
+        if files is None:
+            print(
+                f"{chosen.where} ({chosen.name}): names no files; its fingerprint is computed at "
+                "every start, nothing to verify",
+                file=sys.stderr,
+            )
+            continue
+        checked = fingerprint(files, root, verify=True)
+        size = sum(Path(p).stat().st_size for p in files.files)
+        print(
+            f"{chosen.where} ({chosen.name}): hashed {len(files.files)} files ({size / 1e6:.1f} MB); "
+            f"{len(checked.stale)} changed under an unchanged size and time; manifest {checked.manifest}",
+            file=sys.stderr,
+        )
+        stale += [f"{chosen.where}: {path}" for path in checked.stale]
+    if stale:
+        shown = "\n  ".join(stale[:20]) + (f"\n  (+{len(stale) - 20} more)" if len(stale) > 20 else "")
+        raise ForgeError(
+            f"{len(stale)} file(s) changed without a change of size or modification time, so a start "
+            f"would have used the token cache of their old content:\n  {shown}\nThe manifest is "
+            "corrected: the next run tokenizes the new content. Nothing else to do."
+        )
     return 0
 
 

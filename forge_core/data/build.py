@@ -4,7 +4,9 @@ For every source of the plan (``plan.sources``: each entry of ``data.sources``, 
 ``data.source`` as the one source):
 
 1. **tokens**: a source that already is a shard directory (``shards``: it exposes
-   ``shards``) is memory-mapped as it is; any other is read through the token cache
+   ``shards``) or tokens of another format (it has ``token_documents(eos_id)``, giving
+   :class:`~forge_core.api.TokenDocuments`: ``megatron``, ``token_file``) is
+   memory-mapped as it is; any other is read through the token cache
    (:mod:`forge_core.data.cache`): tokenized once, by one process, then opened in
    milliseconds by every later run.
 2. **split**: documents whose content hash falls in ``data.heldout`` are set aside
@@ -94,8 +96,9 @@ def source_shards(
     is_main: bool = True,
     report: Callable[[str], None] = _stderr,
 ) -> tuple[Any, str]:
-    """The memory-mapped tokens of ``source``: its own shards, or the cache's."""
-    from forge_core.api.shards import Shards
+    """The memory-mapped tokens of ``source``: its own (a shard directory, or documents of
+    another token format), or the cache's."""
+    from forge_core.api.shards import Shards, TokenDocuments
     from forge_core.data.cache import cached_shards, default_root
     from forge_core.data.pipeline import check_tokenizer
 
@@ -103,6 +106,17 @@ def source_shards(
     if isinstance(own, Shards):
         check_tokenizer(source, tokenizer)
         return own, f"memory-mapped from {own.path}"
+    reader = getattr(source, "token_documents", None)
+    if callable(reader):
+        check_tokenizer(source, tokenizer)
+        documents = reader(int(tokenizer.eos_id))
+        if not isinstance(documents, TokenDocuments):
+            raise TypeError(
+                f"{type(source).__name__}.token_documents() must return a forge_core.api.TokenDocuments, "
+                f"got {type(documents).__name__}"
+            )
+        check_token_dtype(documents, tokenizer)
+        return documents, f"memory-mapped from {documents.path}"
     return cached_shards(
         source,
         tokenizer,
@@ -115,10 +129,26 @@ def source_shards(
     )
 
 
+def check_token_dtype(documents: Any, tokenizer: Any) -> None:
+    """Refuse tokens whose integer type cannot hold the tokenizer's ids: they were made by
+    another tokenizer (one with a smaller vocabulary)."""
+    dtype, vocab = documents.dtype, int(tokenizer.vocab_size)
+    if dtype.kind not in "iu":
+        raise ForgeError(f"{documents.path}: tokens of type {dtype.name}: token ids are integers.")
+    if vocab - 1 > np.iinfo(dtype).max:
+        raise ForgeError(
+            f"{documents.path}: tokens of type {dtype.name} hold ids up to {np.iinfo(dtype).max}, but the "
+            f"configured tokenizer ({tokenizer.identity}) has {vocab} ids: these tokens were made by another "
+            "tokenizer. Configure the tokenizer they were made with (data.tokenizer)."
+        )
+
+
 def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(training documents, held-out documents)`` by number, each in corpus order."""
     from forge_core.data.heldout import heldout_mask
 
+    if heldout.fraction <= 0:  # no hash needed (a token format computes them on first read)
+        return np.arange(shards.num_documents), np.zeros(0, np.int64)
     held = heldout_mask(shards.hashes, heldout.fraction, heldout.seed)
     return np.flatnonzero(~held), np.flatnonzero(held)
 
@@ -226,7 +256,7 @@ def _held(part: SourceData) -> str:
     n = len(part.heldout)
     if not n:
         return ""
-    tokens = int(np.sum(np.diff(part.shards.offsets)[part.heldout]))
+    tokens = int(np.sum(part.shards.counts[part.heldout]))
     return f"; held out {n:,} of {part.shards.num_documents:,} documents ({tokens:,} tokens)"
 
 

@@ -2,7 +2,9 @@
 the result in milliseconds.
 
 An entry is a shard directory (:mod:`forge_core.api.shards`) named by a key:
-SHA-256 of the source's content fingerprint (:mod:`forge_core.data.fingerprint`), the
+SHA-256 of the source's content fingerprint (:mod:`forge_core.data.fingerprint`; the
+files of a source that names them are hashed once and checked by stat afterwards, in
+``manifests/``: :mod:`forge_core.data.manifest`), the
 tokenizer's ``identity`` and the shard format version. A changed file, another
 tokenizer or another format version therefore gives another key, and the old entry is
 never read; an entry whose own index disagrees with its key (copied or edited by hand,
@@ -152,7 +154,7 @@ def cached_shards(
     from forge_core.data.prepare import write_shards
 
     root = Path(root).expanduser()
-    fingerprint = source_fingerprint(source)
+    fingerprint = source_fingerprint(source, root)
     key = cache_key(fingerprint, tokenizer.identity)
     entry = root / key
     if _complete(entry):

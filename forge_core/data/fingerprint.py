@@ -1,8 +1,11 @@
 """Content fingerprints of sources: what the token cache is keyed by.
 
-A source's own ``fingerprint()`` comes first (the built-in file sources hash every byte
-they read with :func:`forge_core.api.files_fingerprint`). A source that defines none is
-fingerprinted by :func:`documents_fingerprint`: one pass over its documents, each
+A source that names its files (``fingerprint_files()``, a
+:class:`~forge_core.api.FileSet`) is fingerprinted through the cache's file manifest
+(:mod:`forge_core.data.manifest`): each file is hashed once and checked by stat at
+later starts, so a start does not read the corpus. Otherwise the source's own
+``fingerprint()`` comes first, computed at every start. A source that defines neither
+is fingerprinted by :func:`documents_fingerprint`: one pass over its documents, each
 hashed as it comes (no tokenizing); slower than hashing files, but sound for any
 source.
 """
@@ -10,7 +13,10 @@ source.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
+
+from forge_core.api import FileSet
 
 
 def documents_fingerprint(source: Any) -> str:
@@ -23,8 +29,28 @@ def documents_fingerprint(source: Any) -> str:
     return f"documents-sha256:{h.hexdigest()}"
 
 
-def source_fingerprint(source: Any) -> str:
-    """``source.fingerprint()`` when it has one, else :func:`documents_fingerprint`."""
+def file_set(source: Any) -> FileSet | None:
+    """``source.fingerprint_files()`` when it has one, else ``None``."""
+    own = getattr(source, "fingerprint_files", None)
+    if not callable(own):
+        return None
+    value = own()
+    if not isinstance(value, FileSet):
+        raise TypeError(
+            f"{type(source).__name__}.fingerprint_files() must return a forge_core.api.FileSet, got {value!r}"
+        )
+    return value
+
+
+def source_fingerprint(source: Any, manifests: str | os.PathLike | None = None) -> str:
+    """The fingerprint of ``source``: through the file manifest under ``manifests`` (the
+    token cache directory) when the source names its files, else ``source.fingerprint()``
+    when it has one, else :func:`documents_fingerprint`."""
+    files = file_set(source) if manifests is not None else None
+    if files is not None:
+        from forge_core.data.manifest import fingerprint
+
+        return fingerprint(files, manifests).fingerprint
     own = getattr(source, "fingerprint", None)
     if callable(own):
         value = own()
@@ -33,4 +59,7 @@ def source_fingerprint(source: Any) -> str:
                 f"{type(source).__name__}.fingerprint() must return a non-empty string, got {value!r}"
             )
         return value
+    files = file_set(source)
+    if files is not None:
+        return files.fingerprint()
     return documents_fingerprint(source)

@@ -81,13 +81,17 @@ class DocumentStream:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if isinstance(self.tokens, np.memmap) and self.tokens.filename:
-            state["tokens"] = ("memmap", self.tokens.filename, self.tokens.dtype.str, self.tokens.shape)
+            t = self.tokens
+            state["tokens"] = ("memmap", t.filename, t.dtype.str, t.shape, t.offset)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tokens = state["tokens"]
         if isinstance(tokens, tuple) and tokens[0] == "memmap":
-            state["tokens"] = np.memmap(tokens[1], dtype=np.dtype(tokens[2]), mode="r", shape=tokens[3])
+            # The offset: a .npy file's array starts after its header.
+            state["tokens"] = np.memmap(
+                tokens[1], dtype=np.dtype(tokens[2]), mode="r", shape=tokens[3], offset=tokens[4]
+            )
         self.__dict__.update(state)
 
     @property

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from forge_core.api import ForgeError
+from forge_core.api.shards import token_document_hash
 
 #: Documents encoded per ``encode_batch`` call.
 BATCH_DOCS = 256
@@ -43,11 +44,9 @@ def check_tokenizer(source: Any, tokenizer: Any) -> None:
 def document_hash(document: Any) -> bytes:
     """8 bytes of BLAKE2b over a document's content: its UTF-8 text, or its token ids as
     little-endian int64 (a pre-tokenized document)."""
-    if isinstance(document, str):
-        data = document.encode("utf-8", errors="surrogatepass")
-    else:
-        data = np.ascontiguousarray(np.asarray(document).reshape(-1), dtype="<i8").tobytes()
-    return hashlib.blake2b(data, digest_size=8).digest()
+    if not isinstance(document, str):
+        return token_document_hash(document)
+    return hashlib.blake2b(document.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
 
 
 def document_hashes(documents: list[Any]) -> np.ndarray:

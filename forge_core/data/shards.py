@@ -25,6 +25,7 @@ from forge_core.api.shards import (
     TOKENS,
     VERSION,
     Shards,
+    TokenDocuments,
     partial_dir,
     read_shard_index,
 )
@@ -138,16 +139,15 @@ class ShardWriter:
 
 
 def stream(
-    shards: Shards, eos_id: int, vocab_size: int, documents: np.ndarray | None = None
+    shards: TokenDocuments, eos_id: int, vocab_size: int, documents: np.ndarray | None = None
 ) -> DocumentStream:
     """The documents (all, or those numbered in ``documents``) as the packer's stream,
     EOS appended, every id read checked against ``vocab_size``."""
     index = np.arange(shards.num_documents) if documents is None else np.asarray(documents, np.int64)
-    start = shards.offsets[:-1][index]
     return DocumentStream(
         shards.tokens,
-        start,
-        shards.offsets[1:][index] - start,
+        shards.starts[index],
+        shards.counts[index],
         eos_id,
         vocab_size=vocab_size,
         where=str(shards.tokens_path),

@@ -1,1 +1,2 @@
-"""Built-in data sources: ``text``, ``shards`` and ``stdlib`` (registered in :mod:`.plugin`)."""
+"""Built-in data sources: ``text``, ``shards``, ``megatron``, ``token_file``, ``hf_datasets`` and
+``stdlib`` (registered in :mod:`.plugin`)."""

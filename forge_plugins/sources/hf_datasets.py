@@ -22,7 +22,7 @@ in a log file their redraws are raw carriage returns and escape codes, and Forge
 the source's progress itself.
 
 The fingerprint (the token cache's key) hashes every byte of the files read, with the
-format, split and column.
+format, split and column (once: the cache's file manifest checks them by stat later).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from forge_core.api import ForgeError, files_fingerprint
+from forge_core.api import FileSet, ForgeError
 
 OPTION = "data.source_options"
 EXTRA = "pip install 'forge-trainer[datasets]'"
@@ -142,11 +142,14 @@ class HFDatasetsSource:
         mode = ", streaming" if self.options.streaming else ""
         return f"hf_datasets: {what}, split {self.options.split!r}, column {self.options.text_field!r}{mode}"
 
-    def fingerprint(self) -> str:
+    def fingerprint_files(self) -> FileSet:
         o = self.options
-        return files_fingerprint(
+        return FileSet(
             "hf_datasets/1", self.files, {"format": self.format, "split": o.split, "text_field": o.text_field}
         )
+
+    def fingerprint(self) -> str:
+        return self.fingerprint_files().fingerprint()
 
     def _load(self) -> Any:
         with quiet(self.datasets):

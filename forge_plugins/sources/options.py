@@ -93,3 +93,37 @@ class HFDatasetsOptions:
         "Iterate without materializing the data set first (`streaming=True`, or "
         "`to_iterable_dataset()` for a saved folder). The documents and their order are the same.",
     )
+
+
+@attrs.frozen
+class MegatronOptions:
+    path: str = option(
+        "",
+        "A Megatron-LM indexed dataset: the path prefix of its `PREFIX.bin` (the tokens) "
+        "and `PREFIX.idx` (the index), as given to Megatron's `--data-path`; a path ending "
+        "in `.bin` or `.idx` names the same pair. Its documents are those of the index.",
+    )
+    append_eod: bool = option(
+        False,
+        "The data was written with `preprocess_data.py --append-eod`: every document ends "
+        "with the EOS token, which is dropped (Forge appends EOS to every document itself). "
+        "A document that does not end with the configured tokenizer's EOS is then an error.",
+    )
+
+
+TokenDtype = Literal["", "uint8", "uint16", "uint32", "int16", "int32", "int64"]
+
+
+@attrs.frozen
+class TokenFileOptions:
+    path: str = option(
+        "",
+        "A flat file of token ids: `.npy` (a 1-D integer array, read with its own dtype) "
+        "or raw little-endian integers of `dtype` (any other name, usually `.bin`). "
+        "Documents are the runs of tokens between the configured tokenizer's EOS tokens; "
+        "empty runs are dropped and the last run needs no EOS after it.",
+    )
+    dtype: TokenDtype = option(
+        "",
+        "The integer type of a raw file (required for it); for `.npy`, '' or the array's own dtype.",
+    )

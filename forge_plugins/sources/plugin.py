@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 from forge_core.api import SourceSpec, hookimpl
-from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
+from forge_plugins.sources.options import (
+    HFDatasetsOptions,
+    MegatronOptions,
+    ShardsOptions,
+    StdlibOptions,
+    TextOptions,
+    TokenFileOptions,
+)
 
 
 @hookimpl
@@ -21,6 +28,20 @@ def forge_sources() -> list[SourceSpec]:
             summary="Pre-tokenized shards written by `forge-run prepare`",
             impl="forge_plugins.sources.shards:ShardSource",
             options=ShardsOptions,
+            pretokenized=True,
+        ),
+        SourceSpec(
+            name="megatron",
+            summary="A Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx), memory-mapped in place",
+            impl="forge_plugins.sources.megatron:MegatronSource",
+            options=MegatronOptions,
+            pretokenized=True,
+        ),
+        SourceSpec(
+            name="token_file",
+            summary="A flat token file (.npy, or raw .bin with a dtype), documents split at EOS",
+            impl="forge_plugins.sources.token_file:TokenFileSource",
+            options=TokenFileOptions,
             pretokenized=True,
         ),
         SourceSpec(

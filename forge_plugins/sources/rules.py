@@ -10,12 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 from forge_core.api import ForgeError, did_you_mean, read_shard_index
-from forge_plugins.sources.options import HFDatasetsOptions, ShardsOptions, StdlibOptions, TextOptions
+from forge_plugins.sources.options import (
+    HFDatasetsOptions,
+    MegatronOptions,
+    ShardsOptions,
+    StdlibOptions,
+    TextOptions,
+    TokenFileOptions,
+)
 
 TEXT_FILES = "text.files-exist"
 SHARDS_DIR = "shards.directory"
 STDLIB_FILES = "stdlib.files-selected"
 HF_DATASETS = "hf_datasets.readable"
+MEGATRON = "megatron.index"
+TOKEN_FILE = "token_file.readable"
 
 #: Built-in tokenizers and the prefix of the identity each writes into a shard index.
 _BUILTIN_TOKENIZERS = ("byte", "hf")
@@ -97,6 +106,45 @@ def check_hf_datasets(ctx: Any) -> list[str]:
     return problems
 
 
+def check_megatron(ctx: Any) -> list[str]:
+    from forge_plugins.sources.megatron import read_header
+
+    problems = _problems(ctx, MegatronOptions, lambda options: read_header(options.path))
+    return problems + _dtype_problems(
+        ctx, MegatronOptions, lambda options: read_header(options.path)["dtype"]
+    )
+
+
+def check_token_file(ctx: Any) -> list[str]:
+    from forge_plugins.sources.token_file import check_file
+
+    return _problems(ctx, TokenFileOptions, check_file) + _dtype_problems(ctx, TokenFileOptions, check_file)
+
+
+def _dtype_problems(ctx: Any, cls: type, dtype_of: Any) -> list[str]:
+    """Token files whose integer type cannot hold the configured tokenizer's ids, where
+    the vocabulary is known without building the tokenizer (the built-in ``byte``)."""
+    entries = _entries(ctx, cls)
+    if ctx.config.data.tokenizer != "byte" or not entries:
+        return []  # another tokenizer's vocabulary is known when the run builds it (checked there)
+    from forge_plugins.tokenizers.byte import ByteTokenizer
+
+    problems = []
+    for prefix, options in entries:
+        try:
+            dtype = dtype_of(options)
+        except ForgeError:
+            continue  # reported by the file check
+        if dtype in ("uint8", "int8"):
+            problems.append(
+                f"{prefix}$.data.source_options.path: {options.path} holds {dtype} tokens (ids up to "
+                f"{255 if dtype == 'uint8' else 127}), but data.tokenizer byte has "
+                f"{ByteTokenizer.vocab_size} ids (EOS is {ByteTokenizer.eos_id}): the tokens were not "
+                "made by it"
+            )
+    return problems
+
+
 def check_shards_directory(ctx: Any) -> list[str]:
     problems = []
     for prefix, options in _entries(ctx, ShardsOptions):
@@ -158,6 +206,26 @@ def rules() -> list[Any]:
             fix="Point data.source_options.path at a save_to_disk folder, or data_files at local files; "
             "set data.source_options.text_field to a field the data has (and split to a split of a "
             "saved DatasetDict); install the extra with pip install 'forge-trainer[datasets]'.",
+        ),
+        Rule(
+            id=MEGATRON,
+            severity="error",
+            paths=("data.source", "data.source_options.path", "data.tokenizer"),
+            summary="The megatron source's PREFIX.bin and PREFIX.idx exist, the index has Megatron's "
+            "header and sizes, and its token type holds the tokenizer's ids.",
+            check=check_megatron,
+            fix="Point data.source_options.path at the prefix of a Megatron indexed dataset (PREFIX.bin "
+            "and PREFIX.idx, as given to Megatron's --data-path), made with the configured tokenizer.",
+        ),
+        Rule(
+            id=TOKEN_FILE,
+            severity="error",
+            paths=("data.source", "data.source_options.path", "data.source_options.dtype", "data.tokenizer"),
+            summary="The token_file source's file exists and is a 1-D integer .npy, or a raw file of "
+            "whole tokens of the declared dtype that holds the tokenizer's ids.",
+            check=check_token_file,
+            fix="Point data.source_options.path at a .npy array of token ids, or a raw token file with "
+            "data.source_options.dtype set to its integer type.",
         ),
         Rule(
             id=SHARDS_DIR,

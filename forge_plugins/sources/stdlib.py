@@ -23,7 +23,7 @@ import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
-from forge_core.api import ForgeError, files_fingerprint
+from forge_core.api import FileSet, ForgeError
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 
@@ -73,9 +73,12 @@ class StdlibSource:
             f"{len(self.files)} .py files, {self.bytes / 1e6:.1f} MB"
         )
 
+    def fingerprint_files(self) -> FileSet:
+        """Every selected file, in corpus order (the token cache's key)."""
+        return FileSet("stdlib/1", [os.path.join(self.root, f) for f in self.files], {})
+
     def fingerprint(self) -> str:
-        """Every byte of every selected file, in corpus order (the token cache's key)."""
-        return files_fingerprint("stdlib/1", [os.path.join(self.root, f) for f in self.files], {})
+        return self.fingerprint_files().fingerprint()
 
     def documents(self) -> Iterator[str]:
         for rel in self.files:

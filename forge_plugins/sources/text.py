@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from forge_core.api import ForgeError, files_fingerprint
+from forge_core.api import FileSet, ForgeError
 
 OPTION = "data.source_options"
 
@@ -40,15 +40,18 @@ class TextSource:
             f"JSON Lines) from {', '.join(self.options.paths)}"
         )
 
-    def fingerprint(self) -> str:
-        """Every byte of every file, in reading order, and the settings that cut them into
-        documents (what the token cache is keyed by; where the files are is not part of it)."""
+    def fingerprint_files(self) -> FileSet:
+        """The files in reading order and the settings that cut them into documents (what
+        the token cache is keyed by; where the files are is not part of it)."""
         o = self.options
-        return files_fingerprint(
+        return FileSet(
             "text/1",
             self.files,
             {"separator": o.separator, "text_field": o.text_field, "encoding_errors": o.encoding_errors},
         )
+
+    def fingerprint(self) -> str:
+        return self.fingerprint_files().fingerprint()
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
