@@ -209,6 +209,16 @@ def test_a_second_prepare_on_one_output_is_refused_and_the_first_completes(tmp_p
     assert (out / "index.json").is_file() and not (tmp_path / "shards.lock").exists()
 
 
+def test_prepare_overwrite_of_a_folder_holding_a_run_is_refused(trained, tmp_path):
+    run_dir, _ = copy_run(trained, tmp_path)
+    before = run_files(run_dir)
+    config = write_config(tmp_path / "p.yaml", tiny_config(tmp_path, "p"))
+    result = forge_run(["prepare", config, "--out", run_dir, "--overwrite"])
+    assert result.code == 2, result.output
+    assert "holds a Forge run or checkpoint" in result.stderr and "another --out" in result.stderr
+    assert run_files(run_dir) == before
+
+
 # --- a tracker that cannot be reached ----------------------------------------------
 
 

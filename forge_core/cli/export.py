@@ -18,9 +18,9 @@ export (a full disk included: a clean error, exit 2) leaves nothing half-written
 
 The export never destroys a run: an OUT_DIR that is, contains or lies inside the run
 exported from (symlinks resolved) is refused, and so is ``--overwrite`` of a folder
-holding any Forge run or checkpoint (:func:`holds_run`). An OUT_DIR that is a symbolic
-link means the folder it points to: that folder is replaced, the link is kept and shows
-the new export.
+holding any Forge run or checkpoint (:func:`~forge_core.train.rundir.holds_run`). An
+OUT_DIR that is a symbolic link means the folder it points to: that folder is replaced,
+the link is kept and shows the new export.
 """
 
 from __future__ import annotations
@@ -70,21 +70,6 @@ def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
     return False
 
 
-#: Names that only a Forge run directory or a checkpoint holds: a folder with one of them
-#: anywhere inside is never replaced by an export.
-RUN_MARKERS = frozenset({".metadata", "manifest.json", "run.json", "run.lock", "checkpoints"})
-
-
-def holds_run(folder: Path) -> Path | None:
-    """The first file or folder under ``folder`` that marks a Forge run or checkpoint
-    (:data:`RUN_MARKERS`), or ``None``. Symlinks inside are not followed."""
-    for directory, dirs, files in os.walk(folder):
-        for name in (*dirs, *files):
-            if name in RUN_MARKERS:
-                return Path(directory) / name
-    return None
-
-
 def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bool) -> None:
     """Refuse an output that would replace (part of) the run exported from, or, with
     ``--overwrite``, a folder holding any run or checkpoint. ``target`` is ``out_dir``
@@ -99,6 +84,8 @@ def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bo
             f"the run (for example {str(run.parent / (run.name + '-hf'))!r})."
         )
     if overwrite and target.is_dir():
+        from forge_core.train.rundir import holds_run
+
         found = holds_run(target)
         if found is not None:
             raise ForgeError(

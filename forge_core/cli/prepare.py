@@ -83,10 +83,17 @@ def _prepare(args: Any, config: Any, registries: Any, plan: Any, out: Path) -> i
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare
     from forge_core.data.shards import TOKENIZER_DIR
+    from forge_core.train.rundir import holds_run
 
     overwrite = bool(getattr(args, "overwrite", False))
     if out.exists() and not overwrite:
         raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")
+    found = holds_run(out) if overwrite and out.is_dir() else None
+    if found is not None:
+        raise ForgeError(
+            f"prepare --out: {str(out)!r} holds a Forge run or checkpoint ({str(found)!r}); --overwrite "
+            "would delete it. Give another --out, or remove what is there yourself if it is no longer needed."
+        )
     vocab = int(getattr(args, "train_bpe", 0) or 0)
     options = config.data.tokenizer_options
     has_path = attrs.has(type(options)) and "path" in attrs.fields_dict(type(options))

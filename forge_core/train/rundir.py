@@ -14,6 +14,7 @@ it alone.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,18 @@ def changed_settings(run_dir: Path, config: Any) -> list[str]:
 
     walk(saved, to_plain(config), "")
     return changed
+
+
+#: Names that only a Forge run directory or a checkpoint holds: a folder with one of them
+#: anywhere inside is never replaced by an export.
+RUN_MARKERS = frozenset({".metadata", "manifest.json", "run.json", "run.lock", "checkpoints"})
+
+
+def holds_run(folder: Path) -> Path | None:
+    """The first file or folder under ``folder`` that marks a Forge run or checkpoint
+    (:data:`RUN_MARKERS`), or ``None``. Symlinks inside are not followed."""
+    for directory, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            if name in RUN_MARKERS:
+                return Path(directory) / name
+    return None
