@@ -59,9 +59,12 @@ def choose(
 ) -> int:
     """One token id from next-token ``logits`` (see the module docstring)."""
     logits = logits.float()
-    if temperature <= 0:
+    # A temperature float32 cannot hold is 0 to it: greedy, as 0 is.
+    if temperature < torch.finfo(logits.dtype).tiny:
         return int(logits.argmax())
-    logits = logits / temperature
+    # Shifted so the largest is 0 first: a tiny temperature then sends the others to -inf
+    # (greedy in effect) instead of overflowing every logit to inf and softmax to nan.
+    logits = (logits - logits.max()) / temperature
     if 0 < top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -259,7 +259,8 @@ def test_check_and_show_end_cleanly_on_any_config_tree(tmp_path_factory, raw):
     path.write_text(yaml.safe_dump(raw, allow_unicode=True))
     checked = run_clean(["check", path], cwd=directory)
     shown = run_clean(["show", path], cwd=directory)
-    assert (checked.code == 0) == (shown.code == 0), (checked.stderr, shown.stderr)
+    # show resolves without judging the rules: what it refuses, check refuses too.
+    assert checked.code == 2 or shown.code == 0, (checked.stdout, shown.stderr)
 
 
 @campaign(60)

@@ -97,6 +97,8 @@ def test_top_k_and_top_p_keep_only_the_most_likely_tokens():
     assert draws(top_k=0, top_p=float(probs[:2].sum()) + 1e-3) == {0, 1, 2}
     assert draws(top_k=0, top_p=float(probs[0]) + 1e-3) == {0, 1}
     assert choose(logits, 0.0, 5, 0.1, gen) == 0  # temperature 0: greedy
+    # A temperature so small that logits / temperature overflow: greedy, not nan.
+    assert {choose(logits, 1e-320, 0, 1.0, gen) for _ in range(20)} == {0}
 
 
 def test_streaming_holds_back_what_may_become_a_stop_string_or_a_character():
@@ -148,3 +150,21 @@ def test_sample_continues_several_prompts_streamed_or_not_and_stops_at_a_stop_st
 def test_sample_refuses_a_top_p_outside_its_range(run_dir, capsys):
     assert cli.main(["sample", str(run_dir), "--top-p", "0"]) == 2
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--temperature", "nan", "--temperature must be a finite number, 0 or more"),
+        ("--temperature", "-1", "--temperature must be a finite number, 0 or more"),
+        ("--temperature", "inf", "--temperature must be a finite number, 0 or more"),
+        ("--top-k", "-1", "--top-k must be 0 (off) or more"),
+        ("--seed", str(2**70), "--seed must fit in 64 bits"),
+    ],
+)
+def test_sample_refuses_sampling_settings_outside_their_range(run_dir, flag, value, said):
+    """Before: --temperature nan ended in torch.multinomial's RuntimeError, exit 1."""
+    from forge_core.testing import forge_run
+
+    result = forge_run(["sample", run_dir, flag, value])
+    assert result.code == 2 and said in result.stderr, result.stderr

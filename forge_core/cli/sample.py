@@ -9,12 +9,13 @@ what may still turn into a stop string or the rest of a character.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from forge_core.api import ForgeError
+from forge_core.api import INT_MAX, INT_MIN, ForgeError
 from forge_core.generate import has_cache, load_for_inference, sample_tokens
 
 
@@ -55,6 +56,14 @@ def main(args: Any) -> int:
         raise ForgeError("--max-new-tokens must be 0 or more")
     if not 0 < args.top_p <= 1:
         raise ForgeError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ForgeError(
+            f"--temperature must be a finite number, 0 or more (0: greedy), got {args.temperature}"
+        )
+    if args.top_k < 0:
+        raise ForgeError(f"--top-k must be 0 (off) or more, got {args.top_k}")
+    if not INT_MIN <= args.seed <= INT_MAX:
+        raise ForgeError(f"--seed must fit in 64 bits, got {args.seed}")
     stops = [s for s in (args.stop or []) if s]
     model, tokenizer, config, checkpoint = load_for_inference(args.run_dir)
     prompts = args.prompt or [""]
