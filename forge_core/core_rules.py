@@ -98,6 +98,20 @@ def check_metadata_forwarded(ctx: Plan) -> list[str]:
     return problems
 
 
+def metadata_fix_for(ctx: Plan) -> str:
+    """The founding rule's fix, naming the strategies of this config that drop metadata."""
+    dropping = sorted(
+        active.spec.name
+        for active in ctx.strategies
+        if any(not active.spec.forwards_key(key) for key in ctx.emitted)
+    )
+    return (
+        "Use a packer that does not isolate documents (data.packer: none, or concat with "
+        f"data.packer_options.isolate: false), or switch off {', '.join(map(repr, dropping))}, which "
+        "drops them."
+    )
+
+
 def check_model_supports_strategies(ctx: Plan) -> list[str]:
     """Every active strategy finds in the model the contract pieces it needs."""
     model = ctx.specs["model"]
@@ -296,8 +310,9 @@ RULES = [
         check=check_metadata_forwarded,
         fix=(
             "Use a packer that does not isolate documents (data.packer: none, or concat with "
-            "data.packer_options.isolate: false), or set parallel.pp: 1."
+            "data.packer_options.isolate: false), or switch off the strategy that drops them."
         ),
+        fix_for=metadata_fix_for,
     ),
     Rule(
         id="parallel.model-supports-strategy",

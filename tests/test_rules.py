@@ -57,6 +57,7 @@ def test_founding_rule_refuses_a_strategy_that_drops_metadata_with_an_isolating_
     violation = found["parallel.metadata-reaches-layers"]
     assert "strategy 'lossy' does not forward them to every layer" in violation.message
     assert LOSSY_REASON in violation.message and "-100" in violation.message
+    assert "or switch off 'lossy', which drops them" in violation.fix
     fields = dict(violation.fields)
     assert fields["data.packer"] == "concat"
     report = render(result.violations)
