@@ -86,3 +86,19 @@ def private_cache(tmp_path_factory):
         os.environ.pop("FORGE_CACHE_DIR", None)
     else:
         os.environ["FORGE_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many times a source was tokenized into the cache."""
+    from forge_core.data import prepare as prepare_module
+
+    calls = []
+    original = prepare_module.write_shards
+
+    def counting(*args, **kwargs):
+        calls.append(args[2])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(prepare_module, "write_shards", counting)
+    return calls

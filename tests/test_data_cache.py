@@ -21,7 +21,6 @@ import pytest
 
 from forge_core.api import ForgeError
 from forge_core.data import cache as cache_module
-from forge_core.data import prepare as prepare_module
 from forge_core.data.build import build_training_data
 from forge_core.data.cache import cache_key, cached_shards
 from forge_core.data.fingerprint import source_fingerprint
@@ -62,20 +61,6 @@ def build(corpus, root, tokenizer=BYTE, notes=None):
         report=(notes or []).append,
         announce=(notes or []).append,
     )
-
-
-@pytest.fixture
-def counted(monkeypatch):
-    """How many times a source was tokenized into the cache."""
-    calls = []
-    original = prepare_module.write_shards
-
-    def counting(*args, **kwargs):
-        calls.append(args[2])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(prepare_module, "write_shards", counting)
-    return calls
 
 
 def test_second_build_reuses_the_cache_without_tokenizing(corpus, tmp_path, counted):

@@ -14,7 +14,6 @@ from train_helpers import tiny_config, write_config
 
 from forge_core.api import FileSet, files_fingerprint
 from forge_core.api import fingerprint as fp_module
-from forge_core.data import prepare as prepare_module
 from forge_core.data.cache import cached_shards
 from forge_core.data.manifest import fingerprint
 from forge_core.testing import forge_run
@@ -55,35 +54,22 @@ def reads(monkeypatch):
     return seen
 
 
-@pytest.fixture
-def tokenized(monkeypatch):
-    calls = []
-    original = prepare_module.write_shards
-
-    def counting(*args, **kwargs):
-        calls.append(args[2])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(prepare_module, "write_shards", counting)
-    return calls
-
-
 def start(corpus, root):
     source = TextSource(TextOptions(paths=[str(corpus / "*.txt")]))
     return cached_shards(source, BYTE, root=root, wait_s=5, label="text", progress=False)
 
 
-def test_a_second_start_reads_no_file_and_reuses_the_entry(corpus, tmp_path, reads, tokenized):
+def test_a_second_start_reads_no_file_and_reuses_the_entry(corpus, tmp_path, reads, counted):
     first, _ = start(corpus, tmp_path / "cache")
-    assert len(reads) == 5 and len(tokenized) == 1
+    assert len(reads) == 5 and len(counted) == 1
     reads.clear()
     again, note = start(corpus, tmp_path / "cache")
-    assert reads == [] and len(tokenized) == 1 and note.startswith("cached at")
+    assert reads == [] and len(counted) == 1 and note.startswith("cached at")
     assert again.path == first.path
 
 
 @pytest.mark.parametrize("change", ["content", "size", "mtime", "inode"])
-def test_a_changed_file_is_hashed_again(corpus, tmp_path, reads, tokenized, change):
+def test_a_changed_file_is_hashed_again(corpus, tmp_path, reads, counted, change):
     first, _ = start(corpus, tmp_path / "cache")
     reads.clear()
     path = corpus / "2.txt"
@@ -102,7 +88,7 @@ def test_a_changed_file_is_hashed_again(corpus, tmp_path, reads, tokenized, chan
     second, _ = start(corpus, tmp_path / "cache")
     assert reads == ["2.txt"]  # that file alone
     new_bytes = change in ("content", "size")
-    assert (second.path != first.path) == new_bytes and len(tokenized) == 1 + new_bytes
+    assert (second.path != first.path) == new_bytes and len(counted) == 1 + new_bytes
     reads.clear()
     start(corpus, tmp_path / "cache")
     assert reads == []  # recorded again: the next start reads nothing
