@@ -76,12 +76,19 @@ class CorruptCheckpoint(ForgeError):
     """A checkpoint file cannot be read as what DCP writes (damaged, not tampered)."""
 
 
+def _ways_out(file: Path) -> str:
+    """What to do about a checkpoint that was refused (every refusal says the same)."""
+    return (
+        f"Do not use this checkpoint: delete its directory ({file.parent}) to fall back to an earlier "
+        "one, or start a new run (checkpoint.resume: never or another run.out_dir)."
+    )
+
+
 def _refusal(file: Path, what: str) -> UnsafeCheckpoint:
     return UnsafeCheckpoint(
         f"refusing to load {file}: it asks to construct {what}, which torch.distributed.checkpoint "
         f"never writes there, so the file was made or altered to run code when loaded. Nothing from "
-        f"it was executed. Do not use this checkpoint: delete its directory ({file.parent}) to fall "
-        f"back to an earlier one, or start a new run (checkpoint.resume: never or another run.out_dir)."
+        f"it was executed. {_ways_out(file)}"
     )
 
 
@@ -154,9 +161,7 @@ def _misdescribed(path: Path, what: str) -> UnsafeCheckpoint:
     return UnsafeCheckpoint(
         f"refusing to load {path}: {what}, so the metadata does not describe the files of its "
         f"checkpoint (torch.distributed.checkpoint writes each file as its entries end to end). It was "
-        f"altered after the checkpoint was written; nothing was read through it. Do not use this "
-        f"checkpoint: delete its directory ({path.parent}) to fall back to an earlier one, or start a "
-        f"new run (checkpoint.resume: never or another run.out_dir)."
+        f"altered after the checkpoint was written; nothing was read through it. {_ways_out(path)}"
     )
 
 
