@@ -12,52 +12,72 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from forge_core import hardware
-from forge_core.api import DOC_IDS, OUTPUT_HEAD, Plan, Rule, hookimpl
+from forge_core.api import DEGREES, DOC_IDS, OUTPUT_HEAD, Plan, Rule, hookimpl
 from forge_core.api.files import directory_problem
-from forge_core.parallel_dims import MESH_DIMS
+
+
+def _filler(ctx: Plan) -> Any:
+    """The dimension whose degree may be -1 (``dp_shard``), or ``None``."""
+    return next((d for d in ctx.dims if d.fills_world), None)
+
+
+def _given(ctx: Plan) -> dict[str, int]:
+    """The degrees as the config gives them (the filler's -1 unresolved)."""
+    return {d.name: ctx.get(f"parallel.{d.name}") for d in ctx.dims}
+
+
+def _others(ctx: Plan, filler: Any) -> tuple[int, str]:
+    """The product of every degree but the filler's, and how it is written (``pp*tp``)."""
+    degrees = _given(ctx)
+    names = [d.name for d in ctx.dims if d is not filler]
+    return math.prod(degrees[n] for n in names), "*".join(names) or "1"
 
 
 def check_world_size(ctx: Plan) -> list[str]:
-    # Each degree is at least 1 (dp_shard may be -1): the schema's validators say so.
-    degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
+    # Each degree is at least 1 (the filler's may be -1): the degree check says so.
     if ctx.world_size is None:
         return []
-    resolved = ctx.degrees
-    if resolved["dp_shard"] == -1:
-        others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
+    resolved, filler = ctx.degrees, _filler(ctx)
+    if filler is not None and resolved[filler.name] == -1:
+        others, names = _others(ctx, filler)
         return [
-            f"dp_shard: -1 cannot take what is left: the world size {ctx.world_size} is not "
-            f"divisible by pp*dp_replicate*tp = {others}"
+            f"{filler.name}: -1 cannot take what is left: the world size {ctx.world_size} is not "
+            f"divisible by {names} = {others}"
         ]
     product = math.prod(resolved.values())
     if product != ctx.world_size:
-        shown = " * ".join(f"{dim}={resolved[dim]}" for dim in MESH_DIMS)
+        shown = " * ".join(f"{dim}={size}" for dim, size in resolved.items())
         return [f"{shown} = {product} processes, but the world size is {ctx.world_size}"]
     return []
 
 
 def world_size_fix(ctx: Plan) -> str:
-    """The remedy for this config: ``dp_shard: -1`` is offered only where it is not set
-    already and would resolve (the other degrees divide the world size)."""
-    degrees = {dim: ctx.get(f"parallel.{dim}") for dim in MESH_DIMS}
-    others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
-    names = "pp*dp_replicate*tp"
-    if degrees["dp_shard"] == -1:
+    """The remedy for this config: the filler's -1 (``dp_shard: -1``) is offered only
+    where it is not set already and would resolve (the other degrees divide the world
+    size)."""
+    filler = _filler(ctx)
+    if filler is None:
+        return f"Launch {math.prod(ctx.degrees.values())} processes, or change the degrees."
+    others, names = _others(ctx, filler)
+    changeable = ", ".join(f"parallel.{d.name}" for d in ctx.dims if d is not filler)
+    given = _given(ctx)[filler.name]
+    if given == -1:
         return (
-            f"Launch a multiple of {names} = {others} processes, or change parallel.pp, "
-            f"parallel.dp_replicate or parallel.tp so that their product divides {ctx.world_size}."
+            f"Launch a multiple of {names} = {others} processes, or change {changeable} so that "
+            f"their product divides {ctx.world_size}."
         )
-    product = others * degrees["dp_shard"]
+    product = others * given
     if ctx.world_size % others == 0:
         return (
-            f"Set parallel.dp_shard: -1 to take what the other degrees leave "
+            f"Set parallel.{filler.name}: -1 to take what the other degrees leave "
             f"({ctx.world_size // others} here), or launch {product} processes."
         )
     return (
         f"Launch {product} processes, or change the degrees: {names} = {others} does not divide "
-        f"the world size {ctx.world_size}, so parallel.dp_shard: -1 would not resolve either."
+        f"the world size {ctx.world_size}, so parallel.{filler.name}: -1 would not resolve either."
     )
 
 
@@ -183,7 +203,7 @@ def check_model_accepts(ctx: Plan) -> str | None:
 
 def check_batch_divisible(ctx: Plan) -> str | None:
     train = ctx.config.train
-    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    dp = ctx.data_parallel_size
     if dp < 1:
         return None  # dp_shard unresolved; the world-size rule reports it
     if train.batch_size % (dp * train.grad_accum):
@@ -208,7 +228,7 @@ def check_eval_batch(ctx: Plan) -> str | None:
     cfg = ctx.config
     if not cfg.eval.batch_size:
         return None  # the training micro-batch: train.batch-divisible judges it
-    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    dp = ctx.data_parallel_size
     rows = cfg.eval.batch_rows(cfg.train)
     if dp < 1 or rows % dp == 0:
         return None  # dp_shard unresolved: the world-size rule reports it
@@ -281,7 +301,7 @@ RULES = [
     Rule(
         id="parallel.world-size",
         severity="error",
-        paths=("parallel.pp", "parallel.dp_replicate", "parallel.dp_shard", "parallel.tp"),
+        paths=(DEGREES,),
         summary="The product of the parallel degrees equals the world size.",
         check=check_world_size,
         fix=(
@@ -317,7 +337,7 @@ RULES = [
     Rule(
         id="parallel.model-supports-strategy",
         severity="error",
-        paths=("model.name", *(f"parallel.{dim}" for dim in MESH_DIMS), "parallel.wrappers"),
+        paths=("model.name", DEGREES, "parallel.wrappers"),
         summary=(
             "Every active parallelism strategy finds what it requires in the model's declared "
             "parallel contract."
@@ -365,7 +385,7 @@ RULES = [
     Rule(
         id="train.batch-divisible",
         severity="error",
-        paths=("train.batch_size", "train.grad_accum", "parallel.dp_replicate", "parallel.dp_shard"),
+        paths=("train.batch_size", "train.grad_accum", DEGREES),
         summary="The global batch splits evenly over data-parallel ranks and accumulation steps.",
         check=check_batch_divisible,
         fix="Make train.batch_size a multiple of dp_replicate * dp_shard * grad_accum.",
@@ -386,8 +406,7 @@ RULES = [
             "eval.batch_size",
             "train.batch_size",
             "train.grad_accum",
-            "parallel.dp_replicate",
-            "parallel.dp_shard",
+            DEGREES,
         ),
         summary="The evaluation batch splits evenly over data-parallel ranks.",
         check=check_eval_batch,

@@ -389,7 +389,22 @@ def _hook_section(func: Any) -> list[str]:
 
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
     for f in resolved_fields(cls):
-        yield f"{prefix}{f.name}", f
+        if not f.metadata.get("degrees"):  # filled by the loader, never written (degree_rows)
+            yield f"{prefix}{f.name}", f
+
+
+def degree_rows(registries: Any) -> list[str]:
+    """Table rows of the ``parallel.<dim>`` degrees the registered strategies declare."""
+    from forge_core.parallel_dims import mesh_dims
+
+    registry = registries["parallelism"]
+    owner = {registry.get(n).dim.name: n for n in registry.names() if registry.get(n).dim is not None}
+    rows = []
+    for dim in mesh_dims(registry):
+        allowed = "at least 1, or -1" if dim.fills_world else "at least 1"
+        meaning = f"{dim.summary} Allowed: {allowed}. Declared by the strategy `{owner[dim.name]}`."
+        rows.append(f"| `parallel.{dim.name}` | `int` | `{dim.default}` | {_cell(meaning)} |")
+    return rows
 
 
 def _list_item_class(tp: Any) -> type | None:
@@ -482,7 +497,10 @@ def config_markdown(registries: Any) -> str:
     lines: list[str] = []
     for section in sections:
         lines += [f"## `{section.name}`", "", option_doc(section), ""]
-        lines += [*_field_table(list(_walk(section.type, f"{section.name}."))), ""]
+        table = _field_table(list(_walk(section.type, f"{section.name}.")))
+        if section.name == "parallel":
+            table[2:2] = degree_rows(registries)
+        lines += [*table, ""]
         for path, f in _walk(section.type, f"{section.name}."):
             if isinstance(f.type, type) and attrs.has(f.type):
                 lines += [f"### `{path}`", "", option_doc(f), ""]

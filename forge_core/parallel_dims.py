@@ -1,4 +1,11 @@
-"""Resolve the ``parallel.*`` degrees against a world size (no torch needed)."""
+"""The mesh dimensions the registered strategies declare, and the ``parallel.*`` degrees
+resolved against a world size (no torch needed).
+
+Every dimension, the built-ins' included, comes from a
+:class:`~forge_core.api.MeshDim` on a :class:`~forge_core.api.ParallelismSpec`: its
+degree key, its place in the mesh and how it combines with data parallelism. Nothing
+here names a dimension.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,10 @@ import math
 import os
 from typing import Any
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+from forge_core.api import ForgeError, MeshDim
+
+#: Keys of the ``parallel`` section that are not degrees.
+SECTION_KEYS = ("wrappers", "options")
 
 
 def launched_by_torchrun() -> bool:
@@ -20,28 +30,105 @@ def world_size_from_env() -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def resolve_degrees(parallel: Any, world_size: int | None) -> dict[str, int]:
-    """Degrees by mesh dimension, with ``dp_shard: -1`` taking what is left of the world
-    size. Stays -1 when the world size is unknown or does not divide; the world-size rule
-    reports that case."""
-    degrees = {dim: getattr(parallel, dim) for dim in MESH_DIMS}
-    if degrees["dp_shard"] == -1 and world_size is not None:
-        others = math.prod(v for k, v in degrees.items() if k != "dp_shard")
-        if others > 0 and world_size % others == 0:
-            degrees["dp_shard"] = world_size // others
+def mesh_dims(registry: Any) -> tuple[MeshDim, ...]:
+    """The dimensions the usable strategies of ``registry`` declare, in mesh order
+    (ascending ``place``). A declaration that cannot hold (two strategies claiming one
+    name or place, a second dimension that fills the world, ``shards_with`` naming
+    nothing) is a ForgeError naming the plugins."""
+    owners: dict[str, str] = {}
+    dims: list[MeshDim] = []
+    for name in registry.names():
+        spec, plugin = registry.get(name), registry.plugin_of(name)
+        dim = spec.dim
+        if dim is None:
+            if spec.mesh_dim is not None and all(spec.mesh_dim != d for d in _declared_names(registry)):
+                raise ForgeError(
+                    f"strategy {name!r} (plugin {plugin!r}) is switched on by parallel.{spec.mesh_dim}, "
+                    "but no strategy declares that mesh dimension: declare it with "
+                    "ParallelismSpec(dim=MeshDim(...))"
+                )
+            continue
+        if not isinstance(dim, MeshDim):
+            raise ForgeError(f"strategy {name!r} (plugin {plugin!r}): dim must be a MeshDim, got {dim!r}")
+        if dim.name in SECTION_KEYS or not dim.name.isidentifier():
+            raise ForgeError(
+                f"strategy {name!r} (plugin {plugin!r}) declares the mesh dimension {dim.name!r}, which "
+                f"cannot be a degree key under parallel (not an identifier, or one of {SECTION_KEYS})"
+            )
+        if spec.mesh_dim not in (None, dim.name):
+            raise ForgeError(
+                f"strategy {name!r} (plugin {plugin!r}) declares the mesh dimension {dim.name!r} but is "
+                f"switched on by {spec.mesh_dim!r}: they must be the same"
+            )
+        for other in dims:
+            if other.name == dim.name or other.place == dim.place:
+                clash = "name" if other.name == dim.name else f"place {dim.place}"
+                raise ForgeError(
+                    f"mesh dimension {dim.name!r} of strategy {name!r} (plugin {plugin!r}) has the {clash} "
+                    f"of {other.name!r}, declared by {owners[other.name]}: choose another"
+                )
+        owners[dim.name] = f"strategy {name!r} (plugin {plugin!r})"
+        dims.append(dim)
+    fillers = [d.name for d in dims if d.fills_world]
+    if len(fillers) > 1:
+        raise ForgeError(f"more than one mesh dimension fills the world size (-1): {', '.join(fillers)}")
+    names = {d.name for d in dims}
+    for dim in dims:
+        if dim.shards_with is not None and dim.shards_with not in names:
+            raise ForgeError(
+                f"mesh dimension {dim.name!r} ({owners[dim.name]}) shards with {dim.shards_with!r}, "
+                f"which no strategy declares (declared: {', '.join(sorted(names))})"
+            )
+    return tuple(sorted(dims, key=lambda d: d.place))
+
+
+def _declared_names(registry: Any) -> list[str]:
+    return [registry.get(n).dim.name for n in registry.names() if registry.get(n).dim is not None]
+
+
+def resolve_degrees(
+    given: dict[str, int], dims: tuple[MeshDim, ...], world_size: int | None
+) -> dict[str, int]:
+    """Degrees by mesh dimension (mesh order), the config's or the declared default,
+    with the dimension that ``fills_world`` taking what is left of the world size when
+    it is -1. Stays -1 when the world size is unknown or does not divide; the
+    world-size rule reports that case."""
+    degrees = {d.name: given.get(d.name, d.default) for d in dims}
+    for dim in dims:
+        if dim.fills_world and degrees[dim.name] == -1 and world_size is not None:
+            others = math.prod(v for k, v in degrees.items() if k != dim.name)
+            if others > 0 and world_size % others == 0:
+                degrees[dim.name] = world_size // others
     return degrees
+
+
+def switching_degrees(degrees: dict[str, int], dims: tuple[MeshDim, ...]) -> dict[str, int]:
+    """The degree that switches each dimension's strategy on: its own times those of the
+    dimensions that shard with it (``dp_shard x cp`` switches FSDP on)."""
+    out = dict(degrees)
+    for dim in dims:
+        if dim.shards_with is not None and degrees[dim.name] > 0:
+            out[dim.shards_with] = out[dim.shards_with] * degrees[dim.name]
+    return out
+
+
+def product_of(degrees: dict[str, int], dims: tuple[MeshDim, ...], flag: str) -> int:
+    """The product of the degrees of the dimensions whose ``flag`` is set
+    (``reads_own_batch``: the data-parallel size; ``splits_tokens``: the token split)."""
+    return math.prod(degrees[d.name] for d in dims if getattr(d, flag))
 
 
 def active_strategies(registry: Any, degrees: dict[str, int], wrappers: list[str]) -> list[Any]:
     """The parallelism specs a config switches on, in application order.
 
-    A strategy with a mesh dimension is active when that degree is above 1, unless a
-    strategy it ``yields_to`` is active too; a wrapper is active when named in
-    ``parallel.wrappers``.
+    A strategy with a mesh dimension is active when its switching degree
+    (:func:`switching_degrees`) is above 1, unless a strategy it ``yields_to`` is active
+    too; a wrapper is active when named in ``parallel.wrappers``.
     """
+    switching = switching_degrees(degrees, mesh_dims(registry))
 
     def switched_on(s: Any) -> bool:
-        return degrees.get(s.mesh_dim, 1) > 1 if s.mesh_dim is not None else s.name in wrappers
+        return switching.get(s.mesh_dim, 1) > 1 if s.mesh_dim is not None else s.name in wrappers
 
     # A strategy switched on by a degree is never named in the config, so a clashing one
     # is refused here, with the way to choose, rather than left out of the plan.

@@ -11,7 +11,7 @@ from typing import Any
 
 from forge_core.api import ActiveStrategy, ChosenSource, ForgeError, Plan, get_path
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
-from forge_core.parallel_dims import active_strategies, resolve_degrees
+from forge_core.parallel_dims import active_strategies, mesh_dims, resolve_degrees
 from forge_core.registry import Registries
 
 
@@ -38,7 +38,8 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
         for where, entry in config.data.source_entries()
     )
     specs["source"] = sources[0].spec
-    degrees = resolve_degrees(config.parallel, world_size)
+    dims = mesh_dims(registry)
+    degrees = resolve_degrees(config.parallel.degrees, dims, world_size)
     strategies = tuple(
         ActiveStrategy(spec, options[spec.name], registry.plugin_of(spec.name))
         for spec in active_strategies(registry, degrees, config.parallel.wrappers)
@@ -50,7 +51,9 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
         if ev.source
         else None
     )
-    return Plan(config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source)
+    return Plan(
+        config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source, dims
+    )
 
 
 def model_facts(spec: Any, options: Any, registries: Registries) -> Any:

@@ -21,7 +21,7 @@ def evaluate(rules: Iterable[Any], ctx: Plan) -> list[Violation]:
     violations: list[Violation] = []
     for entry in rules:
         rule = entry.rule
-        fields = tuple((path, ctx.get(path, "<unset>")) for path in rule.paths)
+        fields = tuple((path, ctx.get(path, "<unset>")) for path in ctx.expand_paths(rule.paths))
         try:
             result = rule.check(ctx)
             fix = rule.fix_for(ctx) if result and rule.fix_for is not None else rule.fix

@@ -23,8 +23,11 @@ from forge_core.api.parallel import (
     BLOCKS,
     OUTPUT_HEAD,
     PIPELINE,
+    QUERY_SHARDS,
     SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
+    AttentionContext,
+    MeshDim,
     ModelFacts,
     ModelSplit,
     ParallelContext,
@@ -38,7 +41,16 @@ from forge_core.api.parallel import (
     tied_parameter_names,
 )
 from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
-from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
+from forge_core.api.rules import (
+    DEGREES,
+    ActiveStrategy,
+    ChosenSource,
+    Plan,
+    Rule,
+    Severity,
+    Violation,
+    get_path,
+)
 from forge_core.api.run import RunContext
 from forge_core.api.shards import Shards, TokenDocuments, read_shard_index
 from forge_core.api.specs import (
@@ -98,6 +110,9 @@ __all__ = [
     "SEQUENCE_PARALLEL",
     "TENSOR_PARALLEL",
     "ModelFacts",
+    "QUERY_SHARDS",
+    "AttentionContext",
+    "MeshDim",
     "ModelSplit",
     "ParallelContext",
     "ParallelContract",
@@ -117,6 +132,7 @@ __all__ = [
     "Source",
     "Strategy",
     "Tokenizer",
+    "DEGREES",
     "ActiveStrategy",
     "ChosenSource",
     "Plan",

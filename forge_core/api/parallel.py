@@ -19,13 +19,62 @@ import attrs
 
 
 @attrs.frozen
+class MeshDim:
+    """A dimension of the device mesh, declared by the strategy that owns it
+    (:attr:`~forge_core.api.ParallelismSpec.dim`); its degree is the config key
+    ``parallel.<name>``, validated from this declaration like every other.
+
+    - ``place``: the mesh is laid out in ascending ``place`` (outermost first): the
+      built-ins are ``pp`` 100, ``dp_replicate`` 200, ``dp_shard`` 300, ``cp`` 400 and
+      ``tp`` 500 (innermost, so that its ranks are neighbours).
+    - ``default``: the degree when the config gives none; ``fills_world``: the degree
+      may be -1, taking what the other degrees leave of the world size (one dimension
+      at most: ``dp_shard``).
+    - ``reads_own_batch``: ranks along it read different batches (data parallelism).
+    - ``splits_tokens``: ranks along it read the same batch but each computes the loss
+      of a share of its tokens (context parallelism): every loss sum is summed over
+      them, and their gradients too.
+    - ``splits_layers``: ranks along it hold different layers (pipeline stages): the
+      gradient norm adds their squares instead of counting them as copies.
+    - ``shards_with``: the dimension whose parameter sharding this one joins (``cp``
+      joins ``dp_shard``: FSDP shards over ``dp_shard x cp``, and is switched on when
+      that product is above 1).
+    """
+
+    name: str
+    place: int
+    summary: str
+    default: int = 1
+    fills_world: bool = False
+    reads_own_batch: bool = False
+    splits_tokens: bool = False
+    splits_layers: bool = False
+    shards_with: str | None = None
+
+
+@attrs.frozen
+class AttentionContext:
+    """What a strategy's attention wrapper (:attr:`~forge_core.api.ParallelismSpec.attention`)
+    is given beside the run's attention backend: the process group along the strategy's
+    mesh dimension (``None`` in one process), this process's ``rank`` in it, its
+    ``size``, and the strategy's structured ``options``."""
+
+    group: Any
+    rank: int
+    size: int
+    options: Any
+
+
+@attrs.frozen
 class ParallelContext:
     """Passed to ``strategy.apply(model, ctx)``.
 
     - ``config``: the resolved ForgeConfig.
-    - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dimensions named
-      ``pp``, ``dp_replicate``, ``dp_shard``, ``tp`` (size-1 dimensions included), or
+    - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with one dimension per
+      declared :class:`MeshDim`, in their ``place`` order, named like them (``pp``,
+      ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; size-1 dimensions included), or
       ``None`` in a single process.
+    - ``dims``: the declared :class:`MeshDim` s, in mesh order.
     - ``device``: the ``torch.device`` this process trains on.
     - ``options``: the strategy's structured options (``parallel.options.<name>``).
     - ``loss_fn``: ``loss_fn(output, labels) -> (loss_sum, token_count)``, over what the
@@ -41,6 +90,39 @@ class ParallelContext:
     options: Any
     loss_fn: Any = None
     gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+    dims: tuple[MeshDim, ...] = ()
+    batch_transforms: list[Callable[[Any], Any]] = attrs.field(factory=list)
+
+    def add_batch_transform(self, transform: Callable[[Any], Any]) -> None:
+        """Have ``transform(batch) -> batch`` applied to every batch this process trains
+        or evaluates on, before the model (and before a pipeline splits it into
+        microbatches), in the order strategies are applied. ``batch`` maps
+        ``input_ids``, ``labels`` and the per-token metadata (``doc_ids``,
+        ``positions``) to ``(B, S)`` tensors; the transform may shorten the rows (a
+        context-parallel rank keeps its share of every row) or add metadata the model
+        accepts. The labelled tokens a step is normalised by are counted before any
+        transform; a transform that splits tokens over its dimension's ranks declares
+        it (:attr:`MeshDim.splits_tokens`), so each loss sum is added over them."""
+        self.batch_transforms.append(transform)
+
+    def mesh_along(self, *names: str) -> Any:
+        """The mesh over dimensions ``names``, each widened by the dimensions that
+        declare they shard with it (:attr:`MeshDim.shards_with`): ``mesh_along("dp_shard")``
+        is ``dp_shard x cp`` flattened into one dimension when context parallelism is
+        declared. Collective the first time (it may create a process group): every rank
+        calls it. ``None`` in one process."""
+        if self.mesh is None:
+            return None
+        columns = []
+        for name in names:
+            joined = [name, *(d.name for d in self.dims if d.shards_with == name)]
+            if len(joined) == 1:
+                columns.append(name)
+                continue
+            flat = "_".join(joined)
+            self.mesh[tuple(joined)]._flatten(flat)  # the same name again returns the same mesh
+            columns.append(flat)
+        return self.mesh[columns[0]] if len(columns) == 1 else self.mesh[tuple(columns)]
 
     def add_gradient_finisher(self, finish: Callable[[], None]) -> None:
         """Have ``finish()`` called once per optimizer step, on every process, after the
@@ -76,6 +158,11 @@ TENSOR_PARALLEL = "tensor_parallel"  # ... supplies a tensor-parallel plan
 SEQUENCE_PARALLEL = "sequence_parallel"
 PIPELINE = "pipeline"  # ... supplies a pipeline split
 OUTPUT_HEAD = "output_head"  # ... names its output projection (train.loss.name: chunked)
+
+#: An attention backend that declares it (``AttentionBackendSpec.supports``) answers
+#: ``prepare_queries(doc_ids, query_index, seq_len, device)``: the mask of a share of a
+#: row's queries (at row positions ``query_index``) over every key of the row.
+QUERY_SHARDS = "query_shards"
 
 
 @attrs.frozen

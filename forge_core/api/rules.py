@@ -9,6 +9,7 @@ every rule and renders the report is :mod:`forge_core.rules`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -27,13 +28,18 @@ class _NoDefault:
 _MISSING = _NoDefault()
 
 
+#: In a rule's ``paths``: every ``parallel.<dim>`` degree of the declared mesh dimensions.
+DEGREES = "parallel.*"
+
+
 @attrs.frozen
 class Rule:
     """A compatibility rule.
 
     ``check(plan)`` returns ``None`` (or an empty list) when the config is fine, otherwise
     a message, or a list of messages, saying what is wrong and why. ``paths`` are the
-    config fields the rule is about (``"parallel.pp"``); the report shows their values.
+    config fields the rule is about (``"parallel.pp"``; :data:`DEGREES`, ``"parallel.*"``,
+    stands for every degree); the report shows their values.
     ``fix`` is the remedy the rule reference prints; ``fix_for(plan)``, when given, is the
     remedy a finding reports instead, for a rule whose fix depends on the config (the
     world-size rule does not tell a config with ``dp_shard: -1`` to set it).
@@ -93,8 +99,9 @@ class Plan:
       sources, ``"source"`` is the first of ``sources``.
     - ``strategies``: the active strategies (:class:`ActiveStrategy`), in the order they
       are applied.
-    - ``degrees``: ``parallel.*`` degrees with ``dp_shard: -1`` resolved (left at -1
-      when the world size is unknown).
+    - ``degrees``: ``parallel.*`` degrees by mesh dimension, in mesh order, with the
+      dimension that fills the world (``dp_shard: -1``) resolved (left at -1 when the
+      world size is unknown).
     - ``world_size``: from ``--world-size`` or the torchrun environment, else ``None``.
     - ``emitted``: the per-token metadata the chosen packer emits under its options.
     - ``facts``: the model's :class:`~forge_core.api.ModelFacts` under its options
@@ -105,6 +112,8 @@ class Plan:
       the one of ``data.source``, or each entry of ``data.sources``.
     - ``eval_source``: the source named by ``eval.source`` (:class:`ChosenSource`,
       ``where`` is ``eval.source``), or ``None`` when evaluation reads the held-out split.
+    - ``dims``: the declared mesh dimensions (:class:`~forge_core.api.MeshDim`), in mesh
+      order; :attr:`data_parallel_size` and :attr:`token_split` read them.
     """
 
     config: Any
@@ -117,6 +126,30 @@ class Plan:
     strategy_options: dict[str, Any] = attrs.field(factory=dict)
     sources: tuple[ChosenSource, ...] = ()
     eval_source: ChosenSource | None = None
+    dims: tuple[Any, ...] = ()
+
+    def _product(self, flag: str) -> int:
+        return math.prod(self.degrees.get(d.name, 1) for d in self.dims if getattr(d, flag))
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches a step reads: the product of the degrees of the
+        dimensions that read their own (``dp_replicate x dp_shard``); below 1 while the
+        world-filling degree is unresolved."""
+        return self._product("reads_own_batch")
+
+    @property
+    def token_split(self) -> int:
+        """Over how many ranks each batch's tokens are split (``cp``): 1 without."""
+        return self._product("splits_tokens")
+
+    def expand_paths(self, paths: Iterable[str]) -> tuple[str, ...]:
+        """``paths`` with :data:`DEGREES` replaced by ``parallel.<dim>`` for every
+        declared dimension."""
+        out: list[str] = []
+        for path in paths:
+            out += [f"parallel.{d.name}" for d in self.dims] if path == DEGREES else [path]
+        return tuple(out)
 
     def options_of(self, strategy: str) -> Any:
         """The structured options of a strategy, active or not (its defaults when the

@@ -71,6 +71,10 @@ class AttentionBackendSpec(ComponentSpec):
 
     kind: ClassVar[str] = "attention"
     honours: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    #: What else it can do (``QUERY_SHARDS``: it answers ``prepare_queries``, the
+    #: attention of a share of a row's queries over the whole row's keys that context
+    #: parallelism's all-gather mode needs).
+    supports: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
 
 @attrs.frozen(kw_only=True)
@@ -78,8 +82,17 @@ class ParallelismSpec(ComponentSpec):
     """A parallelism strategy or model wrapper.
 
     - ``mesh_dim``: the ``parallel.*`` degree that switches it on (``"pp"``, ``"tp"``,
-      ``"dp_shard"``, ``"dp_replicate"``); ``None`` for a wrapper enabled by name in
-      ``parallel.wrappers``.
+      ``"dp_shard"``, ``"dp_replicate"``, ``"cp"``); ``None`` for a wrapper enabled by
+      name in ``parallel.wrappers``. A strategy is switched on when that degree, times
+      the degrees of dimensions that shard with it, is above 1.
+    - ``dim``: the :class:`~forge_core.api.MeshDim` this strategy declares (its degree
+      key, its place in the mesh, how it combines with data parallelism), or ``None``.
+      Every mesh dimension, the built-ins' included, is declared this way.
+    - ``attention``: optionally ``"package.module:function"``, called as
+      ``wrap(backend, ctx) -> backend`` with the run's attention backend and an
+      :class:`~forge_core.api.AttentionContext` when the strategy is active, before the
+      model is built: the backend the model gets (context parallelism gathers keys and
+      values over its group there).
     - ``order``: strategies are applied in ascending order (pipeline split 100, tensor
       parallel 200, compile 300, data-parallel wrapping 400).
     - ``forwards``: the per-token metadata keys that reach every layer under this
@@ -103,6 +116,8 @@ class ParallelismSpec(ComponentSpec):
 
     kind: ClassVar[str] = "parallelism"
     mesh_dim: str | None = None
+    dim: Any = None
+    attention: str | None = None
     order: int = 500
     forwards: frozenset[str] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else frozenset(v)

@@ -36,9 +36,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         ws = result.plan.world_size
         if ws is None:
             ws = "unknown (pass --world-size to check it)"
-            if result.plan.degrees.get("dp_shard") == -1:
+            filler = next((d.name for d in result.plan.dims if result.plan.degrees.get(d.name) == -1), None)
+            if filler is not None:
                 ws = (
-                    "unknown: parallel.dp_shard = -1 resolves at launch to what the other degrees "
+                    f"unknown: parallel.{filler} = -1 resolves at launch to what the other degrees "
                     "leave of it (pass --world-size N to check it now)"
                 )
         blocked = result.registries.plugins.blocked

@@ -8,9 +8,15 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import get_path, import_path, unknown_name
-from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, SourceEntry
+from forge_core.api import ForgeError, did_you_mean, get_path, import_path, show_value, unknown_name
+from forge_core.config.errors import type_name
+from forge_core.config.foreign_keys import unknown_key_hint
+from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, ParallelSection, SourceEntry
 from forge_core.config.structuring import MAX_UNKNOWN_SHOWN, structure
+from forge_core.parallel_dims import SECTION_KEYS, mesh_dims
+
+#: Where the degrees sit in a lookup (raw data keeps them as keys of ``parallel``).
+DEGREES_PATH = "parallel.degrees"
 
 #: A value a block lookup cannot use (its section is not a mapping); the section's own
 #: structuring reports why.
@@ -32,6 +38,8 @@ def raw_lookup(raw: dict[str, Any]):
         value = raw.get(section, {})
         if not isinstance(value, dict):
             return _UNUSABLE
+        if path == DEGREES_PATH:
+            return ParallelSection.split_raw(value)[1]
         return value[key] if key in value else _schema_default(path)
 
     return lookup
@@ -77,6 +85,7 @@ def structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list
         values[block.options_path] = value
     issues += _structure_source_entries(lookup, registries["source"], values)
     issues += _structure_eval_source(lookup, registries["source"], values)
+    issues += _structure_degrees(lookup(DEGREES_PATH), registries["parallelism"], values)
     for block in KEYED_BLOCKS:
         registry = registries[block.name]
         names = lookup(block.name_path)
@@ -103,6 +112,49 @@ def structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list
         issues += _refusals(registry, unknown, f"$.{block.options_path}")
         values[block.options_path] = keyed
     return values, issues
+
+
+def _degree_problem(value: Any, dim: Any) -> str | None:
+    if type(value) is not int:
+        return f"expected an integer, got {show_value(value)} ({type_name(value)})"
+    if value >= 1 or (value == -1 and dim.fills_world):
+        return None
+    return f"must be at least 1{', or -1' if dim.fills_world else ''}, got {value}"
+
+
+def _structure_degrees(given: Any, registry: Any, values: dict[str, Any]) -> list[tuple[str, str]]:
+    """``parallel.<dim>``: each key a mesh dimension some registered strategy declares,
+    each value a degree (at least 1; -1 where the dimension fills the world); every
+    declared dimension gets its default when the config gives none."""
+    if not isinstance(given, dict):
+        return []
+    try:
+        dims = {d.name: d for d in mesh_dims(registry)}
+    except ForgeError as exc:
+        return [("$.parallel", str(exc))]
+    issues = []
+    keys = [*dims, *SECTION_KEYS]
+    unknown = [k for k in given if k not in dims]
+    for key in unknown[:MAX_UNKNOWN_SHOWN]:
+        hint = did_you_mean(str(key), keys) + unknown_key_hint(ParallelSection, str(key))
+        issues.append(
+            (
+                f"$.parallel.{key}",
+                f"unknown key {show_value(key)}.{hint} (keys here: {', '.join(keys)}; each degree "
+                "is a mesh dimension a registered strategy declares)",
+            )
+        )
+    if len(unknown) > MAX_UNKNOWN_SHOWN:
+        issues.append(("$.parallel", f"and {len(unknown) - MAX_UNKNOWN_SHOWN:,} more unknown keys"))
+    degrees = {}
+    for name, dim in dims.items():
+        value = given.get(name, dim.default)
+        problem = _degree_problem(value, dim) if name in given else None
+        if problem:
+            issues.append((f"$.parallel.{name}", problem))
+        degrees[name] = value
+    values[DEGREES_PATH] = degrees
+    return issues
 
 
 def _refusals(registry: Any, unknown: list[tuple[str, str]], where: str) -> list[tuple[str, str]]:

@@ -67,5 +67,9 @@ def load_config(path: str | Path, overrides: list[str] = (), registries: Any = N
 
 
 def to_plain(config: ForgeConfig) -> dict[str, Any]:
-    """The config as plain data (for ``forge-run show`` and the run directory)."""
-    return attrs.asdict(config, recurse=True)
+    """The config as plain data (for ``forge-run show`` and the run directory), the
+    degrees back where a config writes them (``parallel.tp``), so it loads again."""
+    plain = attrs.asdict(config, recurse=True)
+    parallel = plain["parallel"]
+    plain["parallel"] = {**parallel.pop("degrees"), **parallel}
+    return plain

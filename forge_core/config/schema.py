@@ -19,9 +19,6 @@ from forge_core.kinds import KINDS, Kind
 #: Longest name that becomes a tracker's field (W&B refuses a project name past 128).
 NAME_CHARS = 128
 
-#: ``parallel.dp_shard``: a degree, or -1 for what the other degrees leave of the world.
-_DP_SHARD = satisfies("at least 1, or -1", lambda v: isinstance(v, int) and (v >= 1 or v == -1))
-
 
 @attrs.frozen
 class RunSection:
@@ -144,19 +141,31 @@ class DataSection:
 
 @attrs.frozen
 class ParallelSection:
-    dp_replicate: int = option(
-        1, "Data-parallel replicas (DDP; HSDP with dp_shard > 1).", validator=at_least(1)
-    )
-    dp_shard: int = option(
-        -1,
-        "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
-        "size: 1 in one process, N under `--nproc N` with every other degree 1.",
-        validator=_DP_SHARD,
-    )
-    tp: int = option(1, "Tensor-parallel degree.", validator=at_least(1))
-    pp: int = option(1, "Pipeline-parallel stages.", validator=at_least(1))
+    """Besides these keys, one degree per mesh dimension a registered strategy declares
+    (``parallel.pp``, ``parallel.dp_replicate``, ``parallel.dp_shard``, ``parallel.cp``,
+    ``parallel.tp``: :class:`~forge_core.api.MeshDim`); the config loader moves them into
+    ``degrees`` and checks them against the declarations, and ``parallel.<dim>`` reads
+    them back."""
+
     wrappers: list[str] = option([], "Extra strategies without a mesh degree, by name.")
     options: dict[str, Any] = option({}, "Per-strategy options, keyed by strategy name.")
+    degrees: dict[str, Any] = attrs.field(factory=dict, metadata={"degrees": True})
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that are not fields: a degree, read as parallel.<dim>.
+        if name.startswith("__") or name == "degrees":
+            raise AttributeError(name)
+        try:
+            return self.degrees[name]
+        except KeyError:
+            raise AttributeError(f"no parallel degree or key {name!r}") from None
+
+    @staticmethod
+    def split_raw(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(section keys, degrees)`` of the unstructured ``parallel`` mapping: every key
+        but ``wrappers`` and ``options`` is a degree."""
+        own = {k: v for k, v in raw.items() if k in ("wrappers", "options")}
+        return own, {k: v for k, v in raw.items() if k not in own}
 
 
 @attrs.frozen

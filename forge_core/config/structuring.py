@@ -128,6 +128,13 @@ def _attrs_structure_factory(conv: cattrs.Converter):
         base = cattrs.gen.make_dict_structure_fn(cl, conv)
 
         def structure_attrs(value: Any, _: type) -> Any:
+            split = getattr(cl, "split_raw", None)
+            if split is not None and isinstance(value, dict):
+                # A section with keys of its own and keys declared elsewhere (the
+                # parallel degrees, declared by strategies): those are checked later,
+                # against what the registry declares.
+                own, extra = split(value)
+                value = {**own, "degrees": extra}
             try:
                 return base(value, cl)
             except cattrs.errors.ClassValidationError as exc:

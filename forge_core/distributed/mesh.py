@@ -1,11 +1,13 @@
-"""The device mesh: every process's coordinates along ``pp``, ``dp_replicate``,
-``dp_shard`` and ``tp``, built from the resolved ``parallel.*`` degrees.
+"""The device mesh: every process's coordinates along each declared mesh dimension
+(``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` for the built-ins), built from
+the resolved ``parallel.*`` degrees in the dimensions' declared order.
 
 Dimensions of size 1 are kept, so a strategy can always slice ``mesh["tp"]`` and the
-layout is the same whatever is switched on. :func:`dp_coords` flattens the two
-data-parallel dimensions: the processes that read different batches. The process group
-must already exist (:func:`forge_core.distributed.placement.setup`: gloo on CPU, nccl on
-CUDA); a single process gets no mesh at all.
+layout is the same whatever is switched on. :func:`dp_coords` flattens the dimensions
+whose ranks read their own batches (``MeshDim.reads_own_batch``): the processes that
+read different batches. The process group must already exist
+(:func:`forge_core.distributed.placement.setup`: gloo on CPU, nccl on CUDA); a single
+process gets no mesh at all.
 """
 
 from __future__ import annotations
@@ -18,9 +20,6 @@ import torch
 import torch.distributed as dist
 
 from forge_core.api import ForgeError
-from forge_core.parallel_dims import MESH_DIMS
-
-DP_DIMS = ("dp_replicate", "dp_shard")
 
 
 def world_size() -> int:
@@ -28,17 +27,15 @@ def world_size() -> int:
 
 
 def build_mesh(degrees: dict[str, int], device: torch.device) -> Any:
-    """A ``DeviceMesh`` of shape ``(pp, dp_replicate, dp_shard, tp)``, or ``None`` when
-    this is a single process with every degree 1. Called by every process, in the same
-    order: creating the sub-groups is collective."""
-    shape = tuple(degrees[dim] for dim in MESH_DIMS)
+    """A ``DeviceMesh`` with one dimension per entry of ``degrees`` (mesh order, as the
+    plan holds them), or ``None`` when this is a single process with every degree 1.
+    Called by every process, in the same order: creating the sub-groups is collective."""
+    names, shape = tuple(degrees), tuple(degrees.values())
     world = world_size()
     if any(size < 1 for size in shape):
-        raise ForgeError(
-            f"parallel degrees must be resolved to positive sizes, got {dict(zip(MESH_DIMS, shape))}"
-        )
+        raise ForgeError(f"parallel degrees must be resolved to positive sizes, got {degrees}")
     if math.prod(shape) != world:
-        shown = " * ".join(f"{dim}={size}" for dim, size in zip(MESH_DIMS, shape))
+        shown = " * ".join(f"{dim}={size}" for dim, size in degrees.items())
         raise ForgeError(
             f"{shown} = {math.prod(shape)} processes, but {world} are running. "
             "Launch as many processes as the product (forge-run --nproc N), or change parallel.*"
@@ -47,7 +44,7 @@ def build_mesh(degrees: dict[str, int], device: torch.device) -> Any:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(torch.device(device).type, shape, mesh_dim_names=MESH_DIMS)
+    return init_device_mesh(torch.device(device).type, shape, mesh_dim_names=names)
 
 
 @attrs.frozen
@@ -60,21 +57,37 @@ class DataParallelCoords:
     group: Any = None
 
 
-def dp_coords(mesh: Any) -> DataParallelCoords:
-    """Data-parallel coordinates from the mesh: every pipeline stage and tensor-parallel
-    rank of a replica shares them, so they read the same batch. Collective the first
-    time for a mesh (it creates the flattened group): every rank calls it."""
-    if mesh is None:
+def flat(mesh: Any, names: tuple[str, ...], flat_name: str) -> Any:
+    """The sub-mesh over ``names`` flattened into one dimension (the dimension itself
+    for one name). Collective the first time for a mesh: every rank calls it."""
+    if len(names) == 1:
+        return mesh[names[0]]
+    return mesh[names]._flatten(flat_name)
+
+
+def dp_coords(mesh: Any, dims: tuple[Any, ...] = ()) -> DataParallelCoords:
+    """Data-parallel coordinates from the mesh: every rank of the other dimensions
+    (pipeline stages, tensor- and context-parallel ranks) of a replica shares them, so
+    they read the same batch."""
+    names = tuple(d.name for d in dims if d.reads_own_batch)
+    if mesh is None or not names:
         return DataParallelCoords()
-    dp = mesh[DP_DIMS]._flatten("dp")
+    dp = flat(mesh, names, "dp")
     if dp.size() == 1:
         return DataParallelCoords(0, 1, None)
     return DataParallelCoords(dp.get_local_rank(), dp.size(), dp.get_group())
 
 
 def group_of(mesh: Any, dim: str) -> Any:
-    """The process group along ``dim``, or ``None`` when the mesh is absent or the
-    dimension has size 1."""
-    if mesh is None or mesh[dim].size() == 1:
+    """The process group along ``dim``, or ``None`` when the mesh is absent, has no such
+    dimension, or the dimension has size 1."""
+    if mesh is None or dim not in (mesh.mesh_dim_names or ()) or mesh[dim].size() == 1:
         return None
     return mesh[dim].get_group()
+
+
+def rank_along(mesh: Any, dim: str) -> tuple[int, int]:
+    """``(rank, size)`` of this process along ``dim``; ``(0, 1)`` without it."""
+    if mesh is None or dim not in (mesh.mesh_dim_names or ()):
+        return 0, 1
+    return mesh[dim].get_local_rank(), mesh[dim].size()

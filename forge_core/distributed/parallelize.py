@@ -22,6 +22,7 @@ does that division.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -54,8 +55,8 @@ class ParallelModel:
     - ``dp_rank``/``dp_size``: this process's data-parallel coordinates; every process
       with the same ``dp_rank`` reads the same batch. ``dp_group`` sums over them
       (``None`` when ``dp_size`` is 1).
-    - ``mesh``: the DeviceMesh, or ``None`` in one process; ``pp_group`` is its pipeline
-      group (``None`` without pipeline parallelism).
+    - ``mesh``: the DeviceMesh, or ``None`` in one process; ``dims`` its declared
+      dimensions (:class:`~forge_core.api.MeshDim`), in mesh order.
     - ``is_last_stage``: whether this process computes the loss (pipeline: last stage).
     - ``loss_fn``: the loss the model was built for (:func:`forge_core.train.loss.build_loss`):
       ``loss_fn(output, labels) -> (loss_sum, tokens)``; the default of
@@ -65,6 +66,13 @@ class ParallelModel:
       :meth:`~forge_core.api.ParallelContext.add_gradient_finisher`; the trainer calls
       :meth:`finish_gradients` once per optimizer step, after the last backward and
       before clipping.
+    - ``batch_transforms``: what strategies registered through
+      :meth:`~forge_core.api.ParallelContext.add_batch_transform`, applied in order by
+      :meth:`forward_backward` and :meth:`evaluate` before the model sees a batch.
+    - ``token_split``: over how many processes each batch's tokens are split
+      (``MeshDim.splits_tokens``: ``cp``); this process's loss sums are its share, so
+      a sum over every process weights them by ``token_split`` over the processes that
+      read the batch.
     """
 
     parts: list[torch.nn.Module]
@@ -76,9 +84,17 @@ class ParallelModel:
     mesh: Any = None
     is_last_stage: bool = True
     dp_group: Any = None
-    pp_group: Any = None
+    dims: tuple[Any, ...] = ()
     gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
     loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    batch_transforms: list[Callable[[Any], Any]] = attrs.field(factory=list)
+    token_split: int = 1
+
+    def transform(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` as the model sees it: every strategy's batch transform applied."""
+        for transform in self.batch_transforms:
+            batch = transform(batch)
+        return batch
 
     def finish_gradients(self) -> None:
         """Complete this step's gradients (after the last backward, before clipping)."""
@@ -114,12 +130,14 @@ class ParallelModel:
         """One micro-step with the gradient convention above: forward, ``loss_fn(output,
         labels) -> (loss_sum, tokens)``, backward of ``loss_sum / global_tokens``.
         Returns the detached ``(loss_sum, tokens)`` of this process's rows (under
-        pipeline parallelism: of the pipeline's rows, on every stage).
+        pipeline parallelism: of the pipeline's rows, on every stage; under a token
+        split, of this process's share of them).
 
         ``batch`` holds ``input_ids``, ``labels`` and any per-token metadata the model
         accepts. ``loss_fn`` ``None``: the model's own (:attr:`loss_fn`).
         """
         loss_fn = self._loss(loss_fn)
+        batch = self.transform(batch)
         if self.train_step is not None:
             return self.train_step(batch, loss_fn, global_tokens)
         inputs = {k: v for k, v in batch.items() if k != LABELS}
@@ -137,6 +155,7 @@ class ParallelModel:
         caller switches the parts to eval mode and back. ``loss_fn`` ``None``: the
         model's own (:attr:`loss_fn`, chunked when the run's loss is)."""
         loss_fn = self._loss(loss_fn)
+        batch = self.transform(batch)
         if self.train_step is not None:
             if self.eval_step is None:
                 raise ForgeError("this parallel layout has no forward-only step for evaluation")
@@ -197,8 +216,11 @@ def parallelize(
     plan: Any,
     device: torch.device,
     loss_fn: Callable | None = None,
+    mesh: Any = None,
 ) -> ParallelModel:
-    """Build the mesh of ``plan.degrees`` and apply ``plan.strategies`` to ``model``.
+    """Apply ``plan.strategies`` to ``model`` on ``mesh`` (built from ``plan.degrees``
+    when not given: :func:`~forge_core.distributed.mesh.build_mesh`; the caller builds it
+    first when the attention backend needs it, :func:`wrap_attention`).
     A model built on the meta device (its weights come from a checkpoint) is
     materialised before the first strategy that does not declare
     ``handles_meta_device``, or after the last (:func:`materialize`).
@@ -210,15 +232,16 @@ def parallelize(
     :class:`ParallelModel`.
     """
     from forge_core.api import ParallelContext
-    from forge_core.distributed.mesh import build_mesh, dp_coords, group_of
+    from forge_core.distributed.mesh import build_mesh, dp_coords
 
-    mesh = build_mesh(plan.degrees, device)
+    if mesh is None:
+        mesh = build_mesh(plan.degrees, device)
     steps: list[tuple[int, str, Any]] = [(s.spec.order, s.name, s) for s in plan.strategies]
     if plan.config.train.compile:
         steps.append((COMPILE_ORDER, "compile", None))
     steps.sort(key=lambda step: (step[0], step[1]))
 
-    coords = dp_coords(mesh)
+    coords = dp_coords(mesh, plan.dims)
     pmodel = ParallelModel(
         parts=[model],
         forward=model,
@@ -226,8 +249,9 @@ def parallelize(
         dp_rank=coords.rank,
         dp_size=coords.size,
         dp_group=coords.group,
-        pp_group=group_of(mesh, "pp"),
+        dims=plan.dims,
         loss_fn=loss_fn,
+        token_split=plan.token_split,
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
@@ -247,6 +271,8 @@ def parallelize(
             options=strategy.options,
             loss_fn=loss_fn,
             gradient_finishers=pmodel.gradient_finishers,
+            dims=plan.dims,
+            batch_transforms=pmodel.batch_transforms,
         )
         impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
@@ -269,6 +295,33 @@ def parallelize(
     else:
         pmodel.forward = runners[0]
     return pmodel
+
+
+def wrap_attention(backend: Any, plan: Any, mesh: Any) -> Any:
+    """The attention backend the model is built with: ``backend`` passed through the
+    attention wrapper of every active strategy that declares one
+    (``ParallelismSpec.attention``), in application order, each given an
+    :class:`~forge_core.api.AttentionContext` along the strategy's mesh dimension."""
+    from forge_core.api import AttentionContext, import_path
+    from forge_core.distributed.mesh import group_of, rank_along
+
+    for strategy in plan.strategies:
+        spec = strategy.spec
+        if spec.attention is None:
+            continue
+        rank, size = rank_along(mesh, spec.mesh_dim) if spec.mesh_dim else (0, 1)
+        group = group_of(mesh, spec.mesh_dim) if spec.mesh_dim else None
+        ctx = AttentionContext(group=group, rank=rank, size=size, options=strategy.options)
+        try:
+            backend = import_path(spec.attention)(backend, ctx)
+        except ForgeError:
+            raise
+        except Exception as exc:
+            raise ForgeError(
+                f"strategy {spec.name!r} (plugin {strategy.plugin!r}): its attention wrapper "
+                f"{spec.attention!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+    return backend
 
 
 def _by_placement(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
@@ -312,7 +365,7 @@ def _settled(grad: torch.Tensor) -> torch.Tensor:
     return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
 
 
-def _global_norm(groups: list[list[torch.nn.Parameter]], mesh: Any) -> torch.Tensor:
+def _global_norm(groups: list[list[torch.nn.Parameter]], mesh: Any, dims: tuple[Any, ...]) -> torch.Tensor:
     """The L2 norm of the whole model's gradient (``groups`` from :func:`_by_placement`):
     the squares of every shard (tensor and fully-sharded data parallel) and every
     pipeline stage, each counted once.
@@ -322,7 +375,9 @@ def _global_norm(groups: list[list[torch.nn.Parameter]], mesh: Any) -> torch.Ten
     so every process gets the same bits (and clips replicated weights identically)."""
     import torch.distributed as dist
 
-    outside = 1 if mesh is None else mesh.size() // mesh["pp"].size()
+    outside = (
+        1 if mesh is None else mesh.size() // math.prod(mesh[d.name].size() for d in dims if d.splits_layers)
+    )
     device = groups[0][0].grad.device if groups else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
     for group in groups:
@@ -341,7 +396,7 @@ def clip_grad_norm(pmodel: ParallelModel, max_norm: float) -> torch.Tensor:
     waits on the host; a non-finite norm leaves non-finite gradients for the trainer's
     nonfinite policy to skip."""
     groups = _by_placement(list(pmodel.parameters()))
-    norm = _global_norm(groups, pmodel.mesh)
+    norm = _global_norm(groups, pmodel.mesh, pmodel.dims)
     if max_norm > 0:
         for group in groups:
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)

@@ -108,7 +108,7 @@ def _find_rule(rule: Rule | str, registries: Any) -> Rule:
 
 
 def _check_declaration(rule: Rule, ctx: Plan) -> None:
-    for path in rule.paths:
+    for path in ctx.expand_paths(rule.paths):
         try:
             ctx.get(path)
         except KeyError:

@@ -293,7 +293,9 @@ def run_eval(
                 done += 1
                 if progress is not None:
                     progress(done, total_batches)
-            loss_sum, tokens = all_reduce_sum([float(x) * slice_weight for x in sums.tolist()], device)
+            # Under a token split (cp) each process's sums cover its share of the rows' tokens.
+            weight = slice_weight * pmodel.token_split
+            loss_sum, tokens = all_reduce_sum([float(x) * weight for x in sums.tolist()], device)
             by_source[eval_set.label] = (loss_sum / tokens if tokens else math.nan, round(tokens))
             rows, loss_total, tokens_total = rows + num_rows, loss_total + loss_sum, tokens_total + tokens
     loss = loss_total / tokens_total if tokens_total else math.nan

@@ -21,7 +21,8 @@ import torch
 
 from forge_core import components
 from forge_core.api import ForgeError
-from forge_core.distributed.parallelize import is_meta, parallelize
+from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.parallelize import is_meta, parallelize, wrap_attention
 from forge_core.distributed.placement import Placement
 from forge_core.train import precision
 from forge_core.train.checkpoint import CheckpointManager
@@ -94,15 +95,16 @@ def build_parts(
     data = build_training_data(plan, registries, tokenizer, is_main=pl.is_main)
     log(data.summary)
 
-    model = components.model(
-        plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries)
-    )
+    # The mesh first: a strategy's attention wrapper (context parallelism) needs its group.
+    mesh = build_mesh(plan.degrees, pl.device)
+    attention = wrap_attention(components.attention(plan, registries), plan, mesh)
+    model = components.model(plan, registries, int(tokenizer.vocab_size), attention)
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log, warn)
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
-    pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg))
+    pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]

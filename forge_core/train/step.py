@@ -107,8 +107,9 @@ def optimizer_step(
     pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)
     grad_norm = float(clip_grad_norm(pmodel, grad_clip))
     # Every process holds its data-parallel slice's loss (pipeline ranks get it back
-    # from the last stage): weight so each slice counts once.
-    loss = all_reduce_sum([float(loss_total) * slice_weight], device)[0] / normalizer
+    # from the last stage), or its share of it under a token split: weight so each
+    # slice counts once.
+    loss = all_reduce_sum([float(loss_total) * slice_weight * pmodel.token_split], device)[0] / normalizer
     stepped = math.isfinite(loss) and math.isfinite(grad_norm)
     if stepped:
         for optimizer in optimizers:

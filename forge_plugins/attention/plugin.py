@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge_core.api import DOC_IDS, AttentionBackendSpec, NoOptions, hookimpl
+from forge_core.api import DOC_IDS, QUERY_SHARDS, AttentionBackendSpec, NoOptions, hookimpl
 from forge_plugins.attention.options import FlexOptions, SdpaOptions
 
 
@@ -15,6 +15,7 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
             impl="forge_plugins.attention.sdpa:SdpaAttention",
             options=SdpaOptions,
             honours={DOC_IDS},
+            supports={QUERY_SHARDS},
         ),
         AttentionBackendSpec(
             name="flex",
@@ -22,6 +23,7 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
             impl="forge_plugins.attention.flex:FlexAttention",
             options=FlexOptions,
             honours={DOC_IDS},
+            supports={QUERY_SHARDS},
         ),
         AttentionBackendSpec(
             name="eager",
@@ -29,6 +31,7 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
             impl="forge_plugins.attention.eager:EagerAttention",
             options=NoOptions,
             honours={DOC_IDS},
+            supports={QUERY_SHARDS},
         ),
     ]
 

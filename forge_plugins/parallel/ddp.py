@@ -43,7 +43,7 @@ class DataParallel:
 
             return shard_model(
                 model,
-                ctx.mesh["dp_replicate", "dp_shard"],
+                ctx.mesh_along("dp_replicate", "dp_shard"),
                 ctx.config.train.precision,
                 reshard_after_forward=False,
             )

@@ -1,7 +1,9 @@
 """``fsdp``: FSDP2 ``fully_shard`` per block (the blocks the model's parallel contract
 names; none for a model without one) and at the root.
 
-Parameters, gradients and optimizer state are sharded over ``dp_shard``; with
+Parameters, gradients and optimizer state are sharded over ``dp_shard`` (widened by
+every dimension that declares it shards with it: ``dp_shard x cp`` under context
+parallelism, whose ranks hold different tokens and so must sum their gradients); with
 ``dp_replicate > 1`` as well the mesh is 2-D and FSDP2 runs HSDP (shard within a
 replica, all-reduce across replicas). Applied after tensor parallelism, it shards the
 tensor-parallel DTensors again along the data-parallel dimension (2-D parallelism).
@@ -54,6 +56,7 @@ class FullyShard:
         self.options = options
 
     def apply(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        # mesh_along widens dp_shard by the dimensions that shard with it (cp).
         replicated = ctx.mesh["dp_replicate"].size() > 1
-        mesh = ctx.mesh["dp_replicate", "dp_shard"] if replicated else ctx.mesh["dp_shard"]
+        mesh = ctx.mesh_along("dp_replicate", "dp_shard") if replicated else ctx.mesh_along("dp_shard")
         return shard_model(model, mesh, ctx.config.train.precision, self.options.reshard_after_forward)

@@ -10,7 +10,16 @@ and ``positions``).
 
 from __future__ import annotations
 
-from forge_core.api import BLOCKS, DOC_IDS, PIPELINE, POSITIONS, TENSOR_PARALLEL, ParallelismSpec, hookimpl
+from forge_core.api import (
+    BLOCKS,
+    DOC_IDS,
+    PIPELINE,
+    POSITIONS,
+    TENSOR_PARALLEL,
+    MeshDim,
+    ParallelismSpec,
+    hookimpl,
+)
 from forge_plugins.parallel.options import (
     ActivationCheckpointOptions,
     DDPOptions,
@@ -33,6 +42,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             handles_meta_device=True,
             options=PipelineOptions,
             mesh_dim="pp",
+            dim=MeshDim("pp", place=100, summary="Pipeline-parallel stages.", splits_layers=True),
             order=100,
             # Every stage gets its microbatch's doc_ids and positions (pipeline.py).
             forwards=frozenset({DOC_IDS, POSITIONS}),
@@ -48,6 +58,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             handles_meta_device=True,
             options=TensorParallelOptions,
             mesh_dim="tp",
+            dim=MeshDim("tp", place=500, summary="Tensor-parallel degree."),
             order=200,
             requires={TENSOR_PARALLEL},
         ),
@@ -67,6 +78,17 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             handles_meta_device=True,
             options=FSDPOptions,
             mesh_dim="dp_shard",
+            dim=MeshDim(
+                "dp_shard",
+                place=300,
+                summary=(
+                    "Data-parallel shards (FSDP2). -1 takes what the other degrees leave of the world "
+                    "size: 1 in one process, N under `--nproc N` with every other degree 1."
+                ),
+                default=-1,
+                fills_world=True,
+                reads_own_batch=True,
+            ),
             order=400,
         ),
         ParallelismSpec(
@@ -75,6 +97,12 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             impl="forge_plugins.parallel.ddp:DataParallel",
             options=DDPOptions,
             mesh_dim="dp_replicate",
+            dim=MeshDim(
+                "dp_replicate",
+                place=200,
+                summary="Data-parallel replicas (DDP; HSDP with dp_shard > 1).",
+                reads_own_batch=True,
+            ),
             order=400,
             yields_to=("fsdp",),
         ),
