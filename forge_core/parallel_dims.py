@@ -107,8 +107,9 @@ def switching_degrees(degrees: dict[str, int], dims: tuple[MeshDim, ...]) -> dic
     dimensions that shard with it (``dp_shard x cp`` switches FSDP on)."""
     out = dict(degrees)
     for dim in dims:
-        if dim.shards_with is not None and degrees[dim.name] > 0:
-            out[dim.shards_with] = out[dim.shards_with] * degrees[dim.name]
+        own = degrees.get(dim.name, dim.default)
+        if dim.shards_with is not None and own > 0:
+            out[dim.shards_with] = out.get(dim.shards_with, 1) * own
     return out
 
 

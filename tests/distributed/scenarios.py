@@ -43,7 +43,8 @@ from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, 
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
-from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process
+from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process, wrap_attention
 from forge_core.registry import load_registries
 from forge_core.train.loss import build_loss, loss_fn
 
@@ -65,6 +66,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
+    "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
@@ -108,13 +110,25 @@ class Scenario:
     attention: str = "sdpa"
     packed: bool = False
     rolled: bool = False
+    #: The packed rows without doc_ids/positions (a packer with isolate: false): the
+    #: negative control that isolation changes the result.
+    unisolated: bool = False
 
     @property
     def reference(self) -> str:
         """The name of the single-process run this scenario is compared with."""
+        if self.unisolated:
+            return f"reference:{self.variant}:{self.attention}:packed"
         if (self.variant, self.attention, self.packed) == ("llama", "sdpa", False):
             return "reference"
         return f"reference:{self.variant}:{self.attention}:{'packed' if self.packed else 'plain'}"
+
+
+CP_MODES = ("allgather", "ulysses")
+
+
+def cp_options(cp: int, attention: str = "allgather", balance: str = "documents") -> dict[str, Any]:
+    return {"cp": cp, "options": {"cp": {"attention": attention, "balance": balance}}}
 
 
 def _pp(
@@ -122,12 +136,15 @@ def _pp(
     wrappers: dict[str, Any] | None = None,
     compile: bool = False,
     chunked: bool = False,
+    cp: int = 1,
     **more: Any,
 ) -> Scenario:
     """Packed rows on 2 pipeline stages under ``schedule`` (its options in
     :data:`PP_SCHEDULES`), with ``wrappers`` (``{"wrappers": [...]}``), compiled and with
-    the chunked loss if asked."""
+    the chunked loss if asked, and context parallelism of degree ``cp``."""
     options, train = PP_SCHEDULES[schedule]
+    if cp > 1:
+        options = {"cp": cp, "options": {**options["options"], "cp": {"attention": "allgather"}}}
     return Scenario(
         {"pp": 2, **options, **(wrappers or {})},
         {**train, **(COMPILE if compile else {}), **(CHUNKED if chunked else {})},
@@ -219,6 +236,29 @@ SCENARIOS: dict[str, Scenario] = {
     "pp_tp_ac": Scenario({"pp": 2, "tp": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
     "pp_fsdp_ac": Scenario({"pp": 2, "dp_shard": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
     "pp_ddp_ac": Scenario({"pp": 2, "dp_replicate": 2, **AC, **pp_options(schedule="gpipe")}, packed=True),
+    # context parallelism: cp<n>[_<mode>]_<backend>, on packed rows unless _plain
+    "cp2_plain": Scenario({"cp": 2}),
+    **{
+        f"cp2_{mode}_{attention}": Scenario(cp_options(2, mode), attention=attention, packed=True)
+        for mode in CP_MODES
+        for attention in ATTENTION
+    },
+    "cp2_zigzag": Scenario(cp_options(2, balance="zigzag"), packed=True),
+    "cp2_ac": Scenario({**cp_options(2), **AC}, packed=True),
+    "cp2_chunked": Scenario(cp_options(2), CHUNKED, packed=True),
+    "cp2_accum": Scenario(cp_options(2), {"grad_accum": 2}, packed=True),
+    "cp2_unisolated": Scenario(cp_options(2), packed=True, unisolated=True),
+    "cp4": Scenario(cp_options(4), packed=True),
+    "cp4_ulysses_plain": Scenario(cp_options(4, "ulysses"), variant="mha"),
+    "cp_fsdp": Scenario({**cp_options(2), "dp_shard": 2}, packed=True),
+    "cp_hsdp": Scenario({**cp_options(2), "dp_replicate": 2}, packed=True),
+    "cp_tp": Scenario({**cp_options(2), "tp": 2}, packed=True),
+    "cp_tp_ulysses": Scenario({**cp_options(2, "ulysses"), "tp": 2}, variant="mha", packed=True),
+    **{
+        f"cp_pp_{schedule}_{attention}": _pp(schedule, cp=2, attention=attention)
+        for schedule in PP_SCHEDULES
+        for attention in ATTENTION
+    },
 }
 
 
@@ -285,9 +325,12 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def build_model(plan: Plan, registries: Any) -> torch.nn.Module:
+def build_model(plan: Plan, registries: Any, mesh: Any = None) -> torch.nn.Module:
+    """The scenario's model, its attention backend wrapped by the active strategies
+    (context parallelism's needs the mesh), as the trainer builds it."""
     torch.manual_seed(0)
-    return components.model(plan, registries, VOCAB, components.attention(plan, registries))
+    attention = wrap_attention(components.attention(plan, registries), plan, mesh)
+    return components.model(plan, registries, VOCAB, attention)
 
 
 def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[str, list[float]]:
@@ -305,8 +348,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
             part = {k: v[micro * rows : (micro + 1) * rows] for k, v in local.items()}
             loss, _ = pmodel.forward_backward(part, None, global_tokens)  # the model's own loss
             loss_sum += loss.double()
-        if pmodel.dp_group is not None:
-            dist.all_reduce(loss_sum, group=pmodel.dp_group)
+        loss_sum = summed(pmodel, loss_sum)
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
@@ -334,9 +376,19 @@ def evaluate(pmodel: Any, batch: dict[str, torch.Tensor]) -> float:
     for piece in pieces:
         loss_sum, tokens = pmodel.evaluate(piece)  # the model's own loss
         sums += torch.stack([loss_sum.double(), tokens.double()])
-    if pmodel.dp_group is not None:
-        dist.all_reduce(sums, group=pmodel.dp_group)
+    sums = summed(pmodel, sums)
     return float(sums[0] / sums[1])
+
+
+def summed(pmodel: Any, local: torch.Tensor) -> torch.Tensor:
+    """Per-process sums added over every process, each data-parallel slice counted once
+    (its pipeline and tensor-parallel ranks hold the same sums; its cp ranks hold a
+    share each: ``token_split``), as the trainer adds them."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    weighted = local * (pmodel.dp_size * pmodel.token_split / dist.get_world_size())
+    dist.all_reduce(weighted)
+    return weighted
 
 
 def roll_metadata(pmodel: Any) -> None:
@@ -418,9 +470,12 @@ def main() -> None:
             }
         plan = make_plan(registries, sc.parallel, sc.train, sc.variant, world, sc.attention, sc.packed)
         began = time.perf_counter()
+        if sc.unisolated:
+            data = [{k: v for k, v in b.items() if k not in (DOC_IDS, POSITIONS)} for b in packed]
         try:
-            model = build_model(plan, registries)
-            pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config))
+            mesh = build_mesh(plan.degrees, torch.device("cpu"))
+            model = build_model(plan, registries, mesh)
+            pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
