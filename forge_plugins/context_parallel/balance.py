@@ -23,10 +23,10 @@ row positions each rank holds (ascending within a rank, ``seq_len // cp`` each):
 The granule is :data:`GRANULE` = 128 tokens where ``seq_len`` allows: flex's block size,
 so each of a rank's query blocks is one block-aligned run of the row and the document
 mask keeps one process's block sparsity. Smaller granules balance the token work
-better but make block-sparse attention dearer: measured on log-normal rows (median
-512) of 8192 tokens at cp = 8, the busiest rank's non-empty mask blocks are 1.16x one
-process's share at 128, 1.57x at 64 and 1.87x at 32 (zigzag: 1.52x), although the
-token work imbalance falls from 1.05 to 1.01 and 1.003.
+better but make block-sparse attention dearer: measured on 64 log-normal rows (median
+512, as in the bench) of 8192 tokens at cp = 8, the busiest rank's non-empty mask
+blocks are 1.17x one process's share at 128, 1.56x at 64 and 1.88x at 32 (zigzag:
+1.62x), while the token work imbalance falls from 1.048 to 1.014 and 1.003.
 
 Why a sort of granules rather than zigzag within each document plus a greedy fill of
 small documents: the greedy fill is a sequential loop with a host round trip every
@@ -162,14 +162,9 @@ def imbalance(doc_ids: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor
 
 
 def splits(doc_ids: torch.Tensor, cp: int) -> dict[str, torch.Tensor]:
-    """The contiguous split and every balancer's split of the rows ``doc_ids``."""
+    """The contiguous split and every balancer's split of the rows ``doc_ids``, by name
+    (what ``bench/context_parallel_balance.py`` measures with :func:`imbalance`)."""
     S = doc_ids.shape[1]
     out = {"contiguous": contiguous_index(S, cp, doc_ids.device)[None]}
     out.update({name: shard_index(doc_ids, S, cp, name) for name in BALANCERS})
     return out
-
-
-def compare_balancers(doc_ids: torch.Tensor, cp: int) -> dict[str, torch.Tensor]:
-    """``(B,)`` imbalance per row of the contiguous split and of every balancer, on the
-    rows ``doc_ids`` (what ``bench/context_parallel_balance.py`` tabulates)."""
-    return {name: imbalance(doc_ids, index) for name, index in splits(doc_ids, cp).items()}
