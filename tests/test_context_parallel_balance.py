@@ -94,7 +94,7 @@ def test_documents_balances_lognormal_rows(cp: int) -> None:
     bound = 1 + cp * work.view(16, -1, g).sum(-1).max(1).values / work.sum(1)
     assert (result["documents"] <= bound + 1e-12).all()
     assert (result["zigzag"] > bound).sum() >= 14 and result["zigzag"].mean() > 1.25
-    # What it reaches (bench/context_parallel_balance.py): worst 1.005, 1.027, 1.097 here
+    # What it reaches on these rows: worst 1.005, 1.027, 1.097
     # for cp = 2, 4, 8, where zigzag's mean is 1.26, 1.54, 1.84.
     assert result["documents"].max() < 1 + 0.015 * cp
 
