@@ -31,7 +31,7 @@ def forge_parallelisms() -> list[ParallelismSpec]:
                 splits_tokens=True,
                 shards_with="dp_shard",
             ),
-            attention="forge_plugins.context_parallel.attention:wrap",
+            attention="forge_plugins.context_parallel.strategy:wrap_attention",
             order=150,  # after the pipeline split; it changes no module
             handles_meta_device=True,
         )

@@ -21,3 +21,13 @@ class ContextParallel:
         rank, size, balance = cp.get_local_rank(), cp.size(), self.options.balance
         ctx.add_batch_transform(lambda batch: shard_batch(batch, rank, size, balance))
         return model
+
+
+def wrap_attention(backend: Any, ctx: Any) -> Any:
+    """The attention backend the model gets: ``backend`` seeing the whole row through the
+    cp group (``ctx``: an :class:`~forge_core.api.AttentionContext`); itself at size 1."""
+    if ctx.size == 1:
+        return backend
+    from forge_plugins.context_parallel.attention import ContextParallelAttention
+
+    return ContextParallelAttention(backend, ctx)

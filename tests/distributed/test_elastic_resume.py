@@ -1,5 +1,5 @@
-"""Elastic resume through ``forge-run``: a checkpoint written by 2 processes (FSDP, tensor
-parallel or pipeline parallel) resumes on 1, and one written by 1 resumes on 2 (FSDP);
+"""Elastic resume through ``forge-run``: a checkpoint written by 2 processes (FSDP, tensor,
+pipeline or context parallel) resumes on 1, and one written by 1 resumes on 2 (FSDP, cp);
 the steps after the resume give the losses and gradient norms of one uninterrupted
 process, with a warning for what cannot carry over (the per-process random streams).
 
@@ -28,6 +28,7 @@ LAYOUTS = {
     "fsdp": (2, {"dp_shard": 2}),
     "tp": (2, {"tp": 2}),
     "pp": (2, {"pp": 2, "options": {"pp": {"microbatches": 2}}}),
+    "cp": (2, {"cp": 2}),  # each row's tokens split over 2 ranks; FSDP shards over them
 }
 
 
@@ -74,9 +75,11 @@ def resume_elsewhere(tmp: Path, source: str, name: str, nproc: int, parallel: di
         ("fsdp", 1, {}),  # 2 -> 1: the data-parallel degree shrinks
         ("tp", 1, {}),  # 2 -> 1: tensor-parallel shards merged
         ("pp", 1, {}),  # 2 -> 1: pipeline stages merged
+        ("cp", 1, {}),  # 2 -> 1: context-parallel shards merged
         ("one", 2, {"dp_shard": 2}),  # 1 -> 2
+        ("one", 2, {"cp": 2}),  # 1 -> 2 context-parallel ranks
     ],
-    ids=["fsdp2-to-1", "tp2-to-1", "pp2-to-1", "1-to-fsdp2"],
+    ids=["fsdp2-to-1", "tp2-to-1", "pp2-to-1", "cp2-to-1", "1-to-fsdp2", "1-to-cp2"],
 )
 def test_resume_on_another_number_of_processes_continues_the_run(saved, source, nproc, parallel):
     straight = read_metrics(saved / "one")
@@ -101,7 +104,7 @@ def test_the_source_runs_equal_one_process(saved):
     # the reference really trains (the losses after the resume point all differ).
     straight = read_metrics(saved / "one")
     assert len({m["loss"] for m in straight}) == STEPS
-    for name in ("fsdp", "tp", "pp"):
+    for name in ("fsdp", "tp", "pp", "cp"):
         assert [m["loss"] for m in read_metrics(saved / name)] == pytest.approx(
             [m["loss"] for m in straight], rel=RTOL
         ), name
