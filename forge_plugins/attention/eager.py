@@ -7,7 +7,8 @@ float64, so ``eager`` in float64 can serve as a float64 reference). Grouped quer
 attention repeats each key/value head for its query heads
 (``repeat_interleave``, the convention SDPA's ``enable_gqa`` and Hugging Face use). The
 mask is the dense causal (``doc_ids=None``) or block-diagonal causal boolean mask built
-once per forward, ``O(S^2)`` memory like ``sdpa``'s. Slow; meant for tests and
+once per forward, ``O(S^2)`` memory like ``sdpa``'s (:meth:`EagerAttention.prepare_queries`:
+the rectangular ``(B, 1, Sq, S)`` one for queries at some row positions). Slow; meant for tests and
 debugging, not training.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from forge_plugins.attention.masks import causal_mask, document_causal_mask
+from forge_plugins.attention.masks import causal_mask, document_causal_mask, query_causal_mask
 
 
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -50,6 +51,15 @@ class EagerAttention:
         if doc_ids is None:
             return causal_mask(seq_len, device)
         return document_causal_mask(doc_ids, seq_len, device)
+
+    def prepare_queries(
+        self,
+        doc_ids: torch.Tensor | None,
+        query_index: torch.Tensor,
+        seq_len: int,
+        device: torch.device | str,
+    ) -> torch.Tensor:
+        return query_causal_mask(doc_ids, query_index, seq_len, device)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: torch.Tensor

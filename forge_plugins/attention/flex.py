@@ -5,6 +5,9 @@ layer: about ``(S / block_size)^2`` int32 block indices per row (tens of KiB at
 ``S = 8192`` against 64 MiB for ``sdpa``'s dense mask), built from per-block document
 ranges without materialising ``S x S`` (:func:`~forge_plugins.attention.masks.document_block_mask`).
 Without ``doc_ids`` it uses the causal ``BlockMask``, cached per length and device.
+:meth:`FlexAttention.prepare_queries` (context parallelism) builds the rectangular one,
+``Q_LEN = Sq`` queries at given row positions against ``KV_LEN = S`` keys
+(:func:`~forge_plugins.attention.masks.query_block_mask`).
 
 The kernel is ``flex_attention`` compiled once per process
 (:mod:`~forge_plugins.attention.flex_kernel`, which says what compiles when). It runs
@@ -28,7 +31,7 @@ from forge_plugins.attention.eager import check_heads
 from forge_plugins.attention.flex_cpu_backward import flex_attention_cpu_trainable
 from forge_plugins.attention.flex_kernel import flex_forward
 from forge_plugins.attention.inductor_cache import use_keyed_cache_dir
-from forge_plugins.attention.masks import document_block_mask
+from forge_plugins.attention.masks import document_block_mask, query_block_mask
 
 
 def _needs_cpu_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -55,6 +58,15 @@ class FlexAttention:
         if key not in self._causal:
             self._causal[key] = document_block_mask(None, seq_len, device, self.block_size)
         return self._causal[key]
+
+    def prepare_queries(
+        self,
+        doc_ids: torch.Tensor | None,
+        query_index: torch.Tensor,
+        seq_len: int,
+        device: torch.device | str,
+    ) -> Any:
+        return query_block_mask(doc_ids, query_index, seq_len, device, self.block_size)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Any) -> torch.Tensor:
         check_heads(q, k)

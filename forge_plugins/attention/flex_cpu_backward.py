@@ -5,7 +5,8 @@ The forward runs the compiled ``flex_attention`` kernel
 ``BlockMask``: for every query block it gathers the key blocks the mask keeps (partial
 blocks get their ``mask_mod`` evaluated on index tensors, full blocks need none),
 recomputes the scores and their log-sum-exp (CPU flex cannot return it), and applies
-the standard softmax-attention gradient. Skipped blocks cost nothing, so the work
+the standard softmax-attention gradient. Queries and keys may differ in length (a
+``BlockMask`` with ``Q_LEN != KV_LEN``). Skipped blocks cost nothing, so the work
 follows the mask's sparsity, and memory stays at one query block's scores,
 ``(heads, block_size, kept keys)``.
 
@@ -47,20 +48,21 @@ def _tokens(blocks: list[int], block_size: int, seq_len: int) -> torch.Tensor:
 def _backward_heads(q, k, v, out, grad_out, block_mask, scale, mask_b, dq, dk, dv):
     """Gradients for one batch row (row ``mask_b`` of the mask), every query head.
 
-    ``q, out, grad_out``: ``(Hkv, group, S, D)``; ``k, v``: ``(Hkv, 1, S, D)``, so each
+    ``q, out, grad_out``: ``(Hkv, group, Sq, D)``; ``k, v``: ``(Hkv, 1, S, D)``, so each
     key/value head broadcasts over its query heads without being copied. ``dq`` (like
-    ``q``) and ``dk, dv`` (``(Hkv, S, D)``) are accumulated in place.
+    ``q``) and ``dk, dv`` (``(Hkv, S, D)``) are accumulated in place. ``Sq`` may differ
+    from ``S`` (a rectangular mask: context parallelism's queries of some row positions).
     """
-    seq_len = q.shape[2]
+    q_len, kv_len = q.shape[2], k.shape[2]
     q_bs, kv_bs = block_mask.BLOCK_SIZE
     # D_i = sum_d dO_id * O_id, the softmax-gradient correction, once for all rows.
     correction = (grad_out * out).sum(-1, keepdim=True)
     b_index, h_index = torch.tensor(mask_b), torch.tensor(0)
     for qb in range(block_mask.kv_num_blocks.shape[2]):
-        r0, r1 = qb * q_bs, min((qb + 1) * q_bs, seq_len)
+        r0, r1 = qb * q_bs, min((qb + 1) * q_bs, q_len)
         partial_blocks, full_blocks = _kept_blocks(block_mask, mask_b, 0, qb)
-        partial_cols = _tokens(partial_blocks, kv_bs, seq_len)
-        full_cols = _tokens(full_blocks, kv_bs, seq_len)
+        partial_cols = _tokens(partial_blocks, kv_bs, kv_len)
+        full_cols = _tokens(full_blocks, kv_bs, kv_len)
         cols = torch.cat([partial_cols, full_cols])
         if cols.numel() == 0:
             continue
@@ -86,7 +88,7 @@ def _backward_heads(q, k, v, out, grad_out, block_mask, scale, mask_b, dq, dk, d
 
 
 def _backward(q, k, v, out, grad_out, block_mask, scale):
-    batch, heads, seq_len, head_dim = q.shape
+    batch, heads, q_len, head_dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
     mask_batch, mask_heads = block_mask.kv_num_blocks.shape[:2]
@@ -101,10 +103,10 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
     for b in range(batch):
 
         def grouped(t, n):  # (H, S, D) -> (H / n, n, S, D)
-            return t[b].reshape(-1, n, seq_len, head_dim)
+            return t[b].reshape(-1, n, t.shape[2], head_dim)
 
         # All query heads at once, grouped by the key/value head they share.
-        dq_b = torch.zeros(kv_heads, group, seq_len, head_dim, dtype=work)
+        dq_b = torch.zeros(kv_heads, group, q_len, head_dim, dtype=work)
         _backward_heads(
             grouped(qf, group),
             grouped(kf, 1),
@@ -118,7 +120,7 @@ def _backward(q, k, v, out, grad_out, block_mask, scale):
             dk[b],
             dv[b],
         )
-        dq[b] += dq_b.reshape(heads, seq_len, head_dim)
+        dq[b] += dq_b.reshape(heads, q_len, head_dim)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -12,6 +12,12 @@ Memory, per batch row of length ``S``:
   entries each (kv and q indices, partial and full blocks), about 64 KiB at ``S = 8192``.
   It is built from per-block first/last document ids without ever materialising the
   ``S x S`` mask (``create_block_mask`` would evaluate every entry once).
+
+Context parallelism gives a rank the queries of some row positions only
+(``query_index (B or 1, Sq)``, ascending) against the keys of the whole row: the
+rectangular masks :func:`query_causal_mask` (dense ``(B, 1, Sq, S)``) and
+:func:`query_block_mask` (a ``BlockMask`` with ``Q_LEN = Sq``, ``KV_LEN = S``) are the
+rows ``query_index`` of the square ones.
 """
 
 from __future__ import annotations
@@ -158,3 +164,142 @@ def block_mask_bytes(block_mask: Any) -> int:
         if tensor is not None:
             total += tensor.numel() * tensor.element_size()
     return total
+
+
+# --- rectangular masks: the queries at some row positions against the whole row -----
+
+
+def check_query_index(query_index: torch.Tensor, doc_ids: torch.Tensor | None, seq_len: int) -> None:
+    batch = None if doc_ids is None else doc_ids.shape[0]
+    if (
+        query_index.dim() != 2
+        or query_index.dtype != torch.long
+        or (batch is not None and query_index.shape[0] not in (1, batch))
+    ):
+        rows = "1" if batch is None else f"1 or {batch}"
+        raise ValueError(
+            f"query_index must be a LongTensor of shape ({rows}, queries), got {query_index.dtype} "
+            f"{tuple(query_index.shape)}: pass the row positions of this rank's queries"
+        )
+    if query_index.numel() and not (0 <= int(query_index.min()) and int(query_index.max()) < seq_len):
+        raise ValueError(f"query_index must hold row positions in [0, {seq_len}), got {query_index.tolist()}")
+
+
+def _row_ids(doc_ids: torch.Tensor | None, query_index: torch.Tensor, seq_len: int, device) -> tuple:
+    """``(doc_ids, query_index)`` on ``device`` with one batch size (1 when both broadcast);
+    no ``doc_ids`` is one document spanning the row."""
+    query_index = query_index.to(device)
+    if doc_ids is None:
+        return torch.zeros(query_index.shape[0], seq_len, dtype=torch.long, device=device), query_index
+    check_doc_ids(doc_ids, seq_len)
+    doc_ids = doc_ids.to(device)
+    return doc_ids, query_index.expand(doc_ids.shape[0], -1)
+
+
+def query_causal_mask(
+    doc_ids: torch.Tensor | None, query_index: torch.Tensor, seq_len: int, device: torch.device | str
+) -> torch.Tensor:
+    """Boolean ``(B, 1, Sq, S)``: the query at row position ``query_index[b, t]`` may attend
+    key ``j`` when ``j`` is not in its future and (with ``doc_ids``) in its document.
+    Equals ``document_causal_mask(...)[:, :, query_index[b]]`` row by row."""
+    check_query_index(query_index, doc_ids, seq_len)
+    doc_ids, query_index = _row_ids(doc_ids, query_index, seq_len, device)
+    keys = torch.arange(seq_len, device=device)
+    past = keys[None, None, :] <= query_index[:, :, None]
+    same_doc = doc_ids.gather(1, query_index)[:, :, None] == doc_ids[:, None, :]
+    return (past & same_doc)[:, None]
+
+
+def query_mask_mod(doc_ids: torch.Tensor, query_index: torch.Tensor, block_size: int):
+    """FlexAttention ``mask_mod`` for queries at ``query_index``: causal and same document.
+
+    Both tables are padded to whole blocks (repeating their last entry) so that the
+    kernel's padded indices of an overhanging block stay in range; the padded results
+    are discarded. A table of batch size 1 is read at row 0 for every batch row (the
+    mask is broadcast)."""
+    q_len, seq_len = query_index.shape[1], doc_ids.shape[1]
+    query_index = _pad_last(query_index, -q_len % block_size)
+    doc_ids = _pad_last(doc_ids, -seq_len % block_size)
+    broadcast = doc_ids.shape[0] == 1
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        row = 0 if broadcast else b
+        pos = query_index[row, q_idx]
+        return (pos >= kv_idx) & (doc_ids[row, pos] == doc_ids[row, kv_idx])
+
+    return mask_mod
+
+
+def _pad_last(t: torch.Tensor, extra: int) -> torch.Tensor:
+    """``t (B, n)`` with its last column repeated ``extra`` more times."""
+    return t if extra <= 0 else torch.cat([t, t[:, -1:].expand(-1, extra)], dim=1)
+
+
+@torch.compiler.disable
+def query_block_mask(
+    doc_ids: torch.Tensor | None,
+    query_index: torch.Tensor,
+    seq_len: int,
+    device: torch.device | str,
+    block_size: int = 128,
+):
+    """FlexAttention ``BlockMask`` (``Q_LEN = Sq``, ``KV_LEN = S``) for the queries at row
+    positions ``query_index (B or 1, Sq)`` against the whole row, causal within documents.
+
+    With non-decreasing ``doc_ids`` (or none) and ascending ``query_index`` the tables
+    are exact and cost ``O(S + (Sq/block) (S/block) log block)``: the keys a query at
+    ``i`` sees are ``[start of its document, i]``, so a key block ``[ks, ke]`` is touched
+    by a query block exactly when its first query at or after ``ks`` starts its document
+    by ``ke``, and full when every query is at or after ``ke`` in the document of ``ks``.
+    Other inputs fall back to ``create_block_mask``.
+    """
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    check_query_index(query_index, doc_ids, seq_len)
+    ids, query_index = _row_ids(doc_ids, query_index, seq_len, device)
+    q_len = query_index.shape[1]
+    mask_mod = query_mask_mod(ids, query_index, block_size)
+    if doc_ids is None and query_index.shape[0] == 1:
+        batch = None  # broadcast over the batch, like the square causal mask
+    else:
+        batch = ids.shape[0]
+    monotone = bool((ids[:, 1:] >= ids[:, :-1]).all()) and bool(
+        (query_index[:, 1:] > query_index[:, :-1]).all()
+    )
+    if not monotone:
+        return create_block_mask(
+            mask_mod, batch, None, q_len, seq_len, device=ids.device, BLOCK_SIZE=block_size
+        )
+    # Start of each token's document: ids never decrease, so it is the first position
+    # holding the same id.
+    doc_start = torch.searchsorted(ids, ids, side="left")
+    padded = _pad_last(query_index, -q_len % block_size)
+    q_blocks = padded.reshape(padded.shape[0], -1, block_size).contiguous()  # (B, nq, block) ascending
+    n_q = q_blocks.shape[1]
+    ks = torch.arange(0, seq_len, block_size, device=ids.device)
+    ke = torch.clamp(ks + block_size, max=seq_len) - 1
+    # First query of each block at or after each key block's start, (B, nq, nkv).
+    first_after = torch.searchsorted(q_blocks, ks.expand(*q_blocks.shape[:2], -1).contiguous())
+    real = torch.full((n_q,), block_size, device=ids.device)
+    real[-1] = q_len - (n_q - 1) * block_size  # the last block may overhang
+    exists = first_after < real[None, :, None]
+    pos = q_blocks.gather(2, first_after.clamp(max=block_size - 1))
+    touches = exists & (doc_start.gather(1, pos.flatten(1)).view_as(pos) <= ke)
+    # The padding repeats the last query, so a block's last entry is its last query.
+    first_q, last_q = q_blocks[:, :, :1], q_blocks[:, :, -1]
+    full = (ke <= first_q) & (ids[:, ks][:, None, :] == ids.gather(1, last_q)[:, :, None])
+    if q_len % block_size:
+        full[:, -1, :] = False  # an overhanging block gets mask_mod (and its bounds check)
+    if seq_len % block_size:
+        full[:, :, -1] = False
+    kv_num, kv_idx = _compact(touches & ~full)
+    full_num, full_idx = _compact(full)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(q_len, seq_len),
+    )
