@@ -12,6 +12,7 @@ supplies, so rules and specs import this for ``forge-run check``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -91,38 +92,27 @@ class ParallelContext:
     loss_fn: Any = None
     gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
     dims: tuple[MeshDim, ...] = ()
-    batch_transforms: list[Callable[[Any], Any]] = attrs.field(factory=list)
-
-    def add_batch_transform(self, transform: Callable[[Any], Any]) -> None:
-        """Have ``transform(batch) -> batch`` applied to every batch this process trains
-        or evaluates on, before the model (and before a pipeline splits it into
-        microbatches), in the order strategies are applied. ``batch`` maps
-        ``input_ids``, ``labels`` and the per-token metadata (``doc_ids``,
-        ``positions``) to ``(B, S)`` tensors; the transform may shorten the rows (a
-        context-parallel rank keeps its share of every row) or add metadata the model
-        accepts. The labelled tokens a step is normalised by are counted before any
-        transform; a transform that splits tokens over its dimension's ranks declares
-        it (:attr:`MeshDim.splits_tokens`), so each loss sum is added over them."""
-        self.batch_transforms.append(transform)
 
     def mesh_along(self, *names: str) -> Any:
         """The mesh over dimensions ``names``, each widened by the dimensions that
         declare they shard with it (:attr:`MeshDim.shards_with`): ``mesh_along("dp_shard")``
-        is ``dp_shard x cp`` flattened into one dimension when context parallelism is
-        declared. Collective the first time (it may create a process group): every rank
-        calls it. ``None`` in one process."""
+        is ``dp_shard x cp`` flattened into one dimension named ``dp_shard_cp`` when
+        context parallelism is declared, ``mesh_along("dp_replicate", "dp_shard")`` the
+        2-D mesh of ``dp_replicate`` and that. Collective the first time (it may create
+        process groups): every rank calls it. ``None`` in one process."""
         if self.mesh is None:
             return None
-        columns = []
-        for name in names:
-            joined = [name, *(d.name for d in self.dims if d.shards_with == name)]
-            if len(joined) == 1:
-                columns.append(name)
-                continue
-            flat = "_".join(joined)
-            self.mesh[tuple(joined)]._flatten(flat)  # the same name again returns the same mesh
-            columns.append(flat)
-        return self.mesh[columns[0]] if len(columns) == 1 else self.mesh[tuple(columns)]
+        columns = [(name, *(d.name for d in self.dims if d.shards_with == name)) for name in names]
+        if all(len(column) == 1 for column in columns):
+            return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
+        every = tuple(dim for column in columns for dim in column)
+        # Flattened (and unflattened) meshes are kept, not sliced again from the root:
+        # torch deprecates slicing a flattened dimension out of the root mesh.
+        flat = self.mesh[every]._flatten("_".join(every))
+        if len(columns) == 1:
+            return flat
+        sizes = tuple(math.prod(self.mesh[dim].size() for dim in column) for column in columns)
+        return flat._unflatten(0, sizes, tuple("_".join(column) for column in columns))
 
     def add_gradient_finisher(self, finish: Callable[[], None]) -> None:
         """Have ``finish()`` called once per optimizer step, on every process, after the

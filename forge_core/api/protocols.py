@@ -67,7 +67,19 @@ class Tokenizer(Protocol):
 class Strategy(Protocol):
     """A parallelism strategy, built as ``cls(options)``. ``apply`` returns the module
     to use in place of ``model`` (often ``model`` itself, changed in place), or a
-    :class:`~forge_core.api.parallel.ModelSplit` when it splits the model."""
+    :class:`~forge_core.api.parallel.ModelSplit` when it splits the model; it is called
+    once per model part (every pipeline stage a process holds).
+
+    Optional: ``batch_transform(ctx) -> transform | None``, called once after ``apply``
+    (whatever the number of parts): ``transform(batch) -> batch`` is applied to every
+    batch this process trains or evaluates on, before the model and before a pipeline
+    cuts it into microbatches, in the order strategies are applied. ``batch`` maps
+    ``input_ids``, ``labels`` and the per-token metadata (``doc_ids``, ``positions``)
+    to ``(B, S)`` tensors; a transform may shorten the rows (a context-parallel rank
+    keeps its share of every row) or add metadata the model accepts. The labelled
+    tokens a step is normalised by are counted before any transform; a strategy whose
+    transform splits tokens over its ranks declares it on its dimension
+    (:attr:`~forge_core.api.MeshDim.splits_tokens`), so each loss sum is added over them."""
 
     def apply(self, model: Any, ctx: Any) -> Any: ...
 

@@ -66,9 +66,9 @@ class ParallelModel:
       :meth:`~forge_core.api.ParallelContext.add_gradient_finisher`; the trainer calls
       :meth:`finish_gradients` once per optimizer step, after the last backward and
       before clipping.
-    - ``batch_transforms``: what strategies registered through
-      :meth:`~forge_core.api.ParallelContext.add_batch_transform`, applied in order by
-      :meth:`forward_backward` and :meth:`evaluate` before the model sees a batch.
+    - ``batch_transforms``: what strategies declared (``batch_transform(ctx)``, see
+      :class:`~forge_core.api.Strategy`), applied in order by :meth:`forward_backward`
+      and :meth:`evaluate` before the model sees a batch.
     - ``token_split``: over how many processes each batch's tokens are split
       (``MeshDim.splits_tokens``: ``cp``); this process's loss sums are its share, so
       a sum over every process weights them by ``token_split`` over the processes that
@@ -272,10 +272,14 @@ def parallelize(
             loss_fn=loss_fn,
             gradient_finishers=pmodel.gradient_finishers,
             dims=plan.dims,
-            batch_transforms=pmodel.batch_transforms,
         )
         impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
+        # Once per strategy, not per part: a pipeline rank may hold several stages.
+        declare = getattr(impl, "batch_transform", None)
+        transform = declare(ctx) if callable(declare) else None
+        if transform is not None:
+            pmodel.batch_transforms.append(transform)
         if any(isinstance(result, contract.ModelSplit) for result in results):
             if split is not None or len(results) != 1:
                 raise ForgeError(

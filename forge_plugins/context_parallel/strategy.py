@@ -1,5 +1,5 @@
-"""``cp``: context parallelism. The model is untouched; every batch is cut to this
-rank's share of each row (:mod:`~forge_plugins.context_parallel.shard`) and the attention
+"""``cp``: context parallelism. The model is untouched; the declared batch transform cuts
+every batch to this rank's share of each row (:mod:`~forge_plugins.context_parallel.shard`) and the attention
 backend, wrapped before the model is built
 (:mod:`~forge_plugins.context_parallel.attention`), sees the rest of the row through the
 cp group. Gradients are summed over the cp ranks by FSDP, which shards over
@@ -17,10 +17,12 @@ class ContextParallel:
         self.options = options
 
     def apply(self, model: Any, ctx: Any) -> Any:
+        return model
+
+    def batch_transform(self, ctx: Any) -> Any:
         cp = ctx.mesh["cp"]
         rank, size, balance = cp.get_local_rank(), cp.size(), self.options.balance
-        ctx.add_batch_transform(lambda batch: shard_batch(batch, rank, size, balance))
-        return model
+        return lambda batch: shard_batch(batch, rank, size, balance)
 
 
 def wrap_attention(backend: Any, ctx: Any) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import PIPELINE, SEQUENCE_PARALLEL, TENSOR_PARALLEL
+from forge_core.api import DEGREES, PIPELINE, SEQUENCE_PARALLEL, TENSOR_PARALLEL
 from forge_plugins.parallel.split import (
     LOOP_SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
@@ -56,7 +56,7 @@ def _rows_per_pipeline_step(ctx: Any) -> int | None:
     """Rows one data-parallel rank feeds the pipeline per accumulation step, or None when
     the batch rule (or an unresolved dp_shard) already says the split is impossible."""
     train = ctx.config.train
-    dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+    dp = ctx.data_parallel_size
     if dp < 1 or train.grad_accum < 1 or train.batch_size % (dp * train.grad_accum):
         return None
     return train.batch_size // (dp * train.grad_accum)
@@ -119,8 +119,7 @@ def check_model_sequence_parallel(ctx: Any) -> str | None:
 
 def check_ddp_with_tp(ctx: Any) -> str | None:
     d = ctx.degrees
-    ddp_active = d["dp_replicate"] > 1 and d["dp_shard"] == 1
-    if ddp_active and d["tp"] > 1:
+    if ctx.is_active("ddp") and d["tp"] > 1:
         return (
             f"parallel.dp_replicate = {d['dp_replicate']} with dp_shard = 1 selects ddp, and "
             f"parallel.tp = {d['tp']}: DistributedDataParallel does not reduce tensor-parallel "
@@ -156,7 +155,7 @@ def check_pp_microbatches(ctx: Any) -> list[str]:
     problems = []
     rows = _rows_per_pipeline_step(ctx)
     if rows is not None and rows % count:
-        dp = ctx.degrees["dp_replicate"] * ctx.degrees["dp_shard"]
+        dp = ctx.data_parallel_size
         problems.append(
             f"each pipeline step gets train.batch_size / (data-parallel {dp} x train.grad_accum "
             f"{ctx.config.train.grad_accum}) = {rows} rows, which do not split into "
@@ -256,11 +255,12 @@ def check_pp_split_backward_reshard(ctx: Any) -> str | None:
     ``reshard_after_forward: false`` it matches to 6e-8 (the distributed test
     ``pp_fsdp_zbv``)."""
     schedule = _split_backward(ctx)
-    if schedule is None or ctx.degrees["dp_shard"] <= 1 or not ctx.options_of("fsdp").reshard_after_forward:
+    if schedule is None or not ctx.is_active("fsdp") or not ctx.options_of("fsdp").reshard_after_forward:
         return None
     return (
         f"parallel.options.pp.schedule = {schedule!r} splits each backward into an input pass and "
-        f"a later weight pass; with parallel.dp_shard = {ctx.degrees['dp_shard']} and "
+        f"a later weight pass; with fsdp sharding over parallel.dp_shard = {ctx.degrees['dp_shard']} "
+        f"(times the dimensions that shard with it, such as parallel.cp) and "
         "parallel.options.fsdp.reshard_after_forward: true the weights are resharded between the "
         "two and the gradients come out wrong in torch 2.13 (gradient norm 6-32% off one "
         "process's, measured)"
@@ -390,7 +390,7 @@ def rules() -> list[Any]:
             severity="error",
             paths=(
                 "parallel.options.pp.schedule",
-                "parallel.dp_shard",
+                DEGREES,
                 "parallel.options.fsdp.reshard_after_forward",
             ),
             summary=(

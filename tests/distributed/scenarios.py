@@ -125,6 +125,7 @@ class Scenario:
 
 
 CP_MODES = ("allgather", "ulysses")
+SPLIT_BACKWARD = ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev")
 
 
 def cp_options(cp: int, attention: str = "allgather", balance: str = "documents") -> dict[str, Any]:
@@ -144,7 +145,10 @@ def _pp(
     the chunked loss if asked, and context parallelism of degree ``cp``."""
     options, train = PP_SCHEDULES[schedule]
     if cp > 1:
-        options = {"cp": cp, "options": {**options["options"], "cp": {"attention": "allgather"}}}
+        # cp switches fsdp on (it shards over dp_shard x cp): split-backward schedules need
+        # the weights kept gathered until backward (the rule pp.split-backward-fsdp-reshard).
+        keep = {"fsdp": {"reshard_after_forward": False}} if schedule in SPLIT_BACKWARD else {}
+        options = {"cp": cp, "options": {**options["options"], "cp": {"attention": "allgather"}, **keep}}
     return Scenario(
         {"pp": 2, **options, **(wrappers or {})},
         {**train, **(COMPILE if compile else {}), **(CHUNKED if chunked else {})},
