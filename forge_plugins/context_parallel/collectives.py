@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
 #: ``all_gather_into_tensor`` was renamed; take the name this PyTorch has.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

@@ -144,6 +144,17 @@ def main() -> None:
                         what: relative(g, pick(w)) for what, g, w in zip(("out", "dq", "dk", "dv"), got, want)
                     }
     cp_attention.shard_index = shard_index
+    # Under torch.compile (dynamo and AOT autograd; the collectives stay outside the graph).
+    for mode in ("allgather", "ulysses"):
+        backend = backends()["sdpa"]
+        q, k, v, weight = tensors(100)
+        want = one_process(backend, ROWS, q, k, v, weight)
+        attention = ContextParallelAttention(backend, AttentionContext(None, rank, size, CpOptions(mode)))
+        attention.attend = torch.compile(attention.attend, backend="aot_eager")
+        got, pick = sharded(attention, ROWS, q, k, v, weight, rank)
+        results[f"sdpa-{mode}-packed-compiled"] = {
+            what: relative(g, pick(w)) for what, g, w in zip(("out", "dq", "dk", "dv"), got, want)
+        }
     # Ulysses with key/value heads that do not divide by cp is refused, naming the fix.
     ctx = AttentionContext(group=None, rank=rank, size=size, options=CpOptions("ulysses"))
     q, k, v, weight = tensors(0, kv_heads=1)

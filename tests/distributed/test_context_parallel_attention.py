@@ -38,6 +38,14 @@ def test_sharded_attention_and_its_gradients_equal_one_process(ranks, backend, m
         assert max(errors.values()) <= EXACT, f"rank {rank}: {errors}"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_sharded_attention_equals_one_process(ranks, mode):
+    for rank, results in enumerate(ranks):
+        errors = results[f"sdpa-{mode}-packed-compiled"]
+        assert set(errors) == {"out", "dq", "dk", "dv"}
+        assert max(errors.values()) <= EXACT, f"rank {rank}: {errors}"
+
+
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_cp_attention_that_drops_other_ranks_keys_fails_the_comparison(ranks, backend, rows):
