@@ -163,6 +163,13 @@ def main() -> None:
         results["ulysses-indivisible-kv-heads"] = "accepted"
     except ValueError as exc:
         results["ulysses-indivisible-kv-heads"] = str(exc)
+    # Shards that are not the balancer's (a contiguous split of packed rows) are refused.
+    contiguous = ROWS.view(2, size, -1)[:, rank]
+    try:
+        ContextParallelAttention(backends()["eager"], ctx).prepare(contiguous, S // size, "cpu")
+        results["contiguous-shards"] = "accepted"
+    except ValueError as exc:
+        results["contiguous-shards"] = str(exc)
     # The sequence gather of integer ids is exact and in rank order.
     ids = torch.arange(3)[None] + 10 * rank
     results["gather-ids"] = gather_sequence(ids, None, dim=1).tolist()

@@ -63,5 +63,14 @@ def test_ulysses_refuses_key_heads_that_do_not_divide_by_cp(ranks):
         )
 
 
+def test_doc_ids_split_by_another_rule_are_refused(ranks):
+    for rank, results in enumerate(ranks):
+        assert results["contiguous-shards"] == (
+            f"cp rank {rank}: the doc_ids it holds are not its 'zigzag' share of the row gathered over "
+            "the cp group: doc_ids must never decrease along a row (the packer's contract) and the batch "
+            "must be split with the same balancer"
+        )
+
+
 def test_the_sequence_gather_concatenates_the_ranks_in_order(ranks):
     assert [r["gather-ids"] for r in ranks] == [[[0, 1, 2, 10, 11, 12]]] * 2
