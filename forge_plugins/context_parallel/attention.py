@@ -85,6 +85,17 @@ class ContextParallelAttention:
             # A row's ids never decrease: its ids are the sorted ids of all shards.
             full = gather_sequence(doc_ids.to(device), ctx.group, dim=1).sort(dim=1).values
         index = shard_index(full, full_len, ctx.size, ctx.options.balance).to(device)
+        if full is not None:
+            # The ids this rank holds must be those its recomputed share says it holds:
+            # otherwise the rows were not non-decreasing or were split by another rule,
+            # and the masks would silently pair the wrong tokens.
+            mine = full.gather(1, index[:, ctx.rank].expand(full.shape[0], -1))
+            if not torch.equal(mine, doc_ids.to(device)):
+                raise ValueError(
+                    f"cp rank {ctx.rank}: the doc_ids it holds are not its {ctx.options.balance!r} share of "
+                    "the row gathered over the cp group: doc_ids must never decrease along a row (the "
+                    "packer's contract) and the batch must be split with the same balancer"
+                )
         order = index.flatten(1)
         inverse = order.argsort(dim=1)
         if self.mode == "allgather":

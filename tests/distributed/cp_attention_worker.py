@@ -144,6 +144,17 @@ def main() -> None:
                         what: relative(g, pick(w)) for what, g, w in zip(("out", "dq", "dk", "dv"), got, want)
                     }
     cp_attention.shard_index = shard_index
+    # Under torch.compile (dynamo and AOT autograd; the collectives stay outside the graph).
+    for mode in ("allgather", "ulysses"):
+        backend = backends()["sdpa"]
+        q, k, v, weight = tensors(100)
+        want = one_process(backend, ROWS, q, k, v, weight)
+        attention = ContextParallelAttention(backend, AttentionContext(None, rank, size, CpOptions(mode)))
+        attention.attend = torch.compile(attention.attend, backend="aot_eager")
+        got, pick = sharded(attention, ROWS, q, k, v, weight, rank)
+        results[f"sdpa-{mode}-packed-compiled"] = {
+            what: relative(g, pick(w)) for what, g, w in zip(("out", "dq", "dk", "dv"), got, want)
+        }
     # Ulysses with key/value heads that do not divide by cp is refused, naming the fix.
     ctx = AttentionContext(group=None, rank=rank, size=size, options=CpOptions("ulysses"))
     q, k, v, weight = tensors(0, kv_heads=1)
@@ -152,6 +163,13 @@ def main() -> None:
         results["ulysses-indivisible-kv-heads"] = "accepted"
     except ValueError as exc:
         results["ulysses-indivisible-kv-heads"] = str(exc)
+    # Shards that are not the balancer's (a contiguous split of packed rows) are refused.
+    contiguous = ROWS.view(2, size, -1)[:, rank]
+    try:
+        ContextParallelAttention(backends()["eager"], ctx).prepare(contiguous, S // size, "cpu")
+        results["contiguous-shards"] = "accepted"
+    except ValueError as exc:
+        results["contiguous-shards"] = str(exc)
     # The sequence gather of integer ids is exact and in rank order.
     ids = torch.arange(3)[None] + 10 * rank
     results["gather-ids"] = gather_sequence(ids, None, dim=1).tolist()

@@ -38,6 +38,14 @@ def test_sharded_attention_and_its_gradients_equal_one_process(ranks, backend, m
         assert max(errors.values()) <= EXACT, f"rank {rank}: {errors}"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_sharded_attention_equals_one_process(ranks, mode):
+    for rank, results in enumerate(ranks):
+        errors = results[f"sdpa-{mode}-packed-compiled"]
+        assert set(errors) == {"out", "dq", "dk", "dv"}
+        assert max(errors.values()) <= EXACT, f"rank {rank}: {errors}"
+
+
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_cp_attention_that_drops_other_ranks_keys_fails_the_comparison(ranks, backend, rows):
@@ -52,6 +60,15 @@ def test_ulysses_refuses_key_heads_that_do_not_divide_by_cp(ranks):
     for results in ranks:
         assert results["ulysses-indivisible-kv-heads"] == (
             "cp attention 'ulysses' needs key/value heads (1) divisible by cp (2): use attention 'allgather'"
+        )
+
+
+def test_doc_ids_split_by_another_rule_are_refused(ranks):
+    for rank, results in enumerate(ranks):
+        assert results["contiguous-shards"] == (
+            f"cp rank {rank}: the doc_ids it holds are not its 'zigzag' share of the row gathered over "
+            "the cp group: doc_ids must never decrease along a row (the packer's contract) and the batch "
+            "must be split with the same balancer"
         )
 
 
