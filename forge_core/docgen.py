@@ -422,6 +422,8 @@ def config_keys() -> list[str]:
 
     def visit(cls: type, prefix: str) -> None:
         for f in resolved_fields(cls):
+            if f.metadata.get("degrees"):
+                continue  # declared by strategies: degree_rows documents them
             out.append(prefix + f.name)
             if _list_item_class(f.type) is not None:
                 visit(_list_item_class(f.type), f"{prefix}{f.name}[].")
