@@ -80,8 +80,12 @@ class ParallelismSpec(ComponentSpec):
     - ``mesh_dim``: the ``parallel.*`` degree that switches it on (``"pp"``, ``"tp"``,
       ``"dp_shard"``, ``"dp_replicate"``); ``None`` for a wrapper enabled by name in
       ``parallel.wrappers``.
+    - ``enabled_by``: for a wrapper, a boolean config path that switches it on as well
+      as its name in ``parallel.wrappers`` (the built-in ``compile`` wrapper:
+      ``"train.compile"``); ``None``: the name only.
     - ``order``: strategies are applied in ascending order (pipeline split 100, tensor
-      parallel 200, compile 300, data-parallel wrapping 400).
+      parallel 200, activation checkpointing 250, compile 300, data-parallel wrapping
+      400).
     - ``forwards``: the per-token metadata keys that reach every layer under this
       strategy; ``None`` means all of them (the strategy does not change what a layer
       sees). A strategy whose later layers receive only hidden states forwards
@@ -103,6 +107,7 @@ class ParallelismSpec(ComponentSpec):
 
     kind: ClassVar[str] = "parallelism"
     mesh_dim: str | None = None
+    enabled_by: str | None = None
     order: int = 500
     forwards: frozenset[str] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else frozenset(v)

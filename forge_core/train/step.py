@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -42,19 +41,6 @@ class StepOutcome:
     stepped: bool
     #: The caller's ``counts`` summed over the global batch.
     counts: tuple[float, ...] = ()
-
-
-def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
-    """Skip data-parallel gradient sync on all but the last micro-batch: DDP's
-    ``no_sync()``, FSDP2's ``set_requires_gradient_sync``; nothing for a plain module."""
-    if module is None:
-        return contextlib.nullcontext()
-    if hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(enabled)
-        return contextlib.nullcontext()
-    if not enabled and hasattr(module, "no_sync"):
-        return module.no_sync()
-    return contextlib.nullcontext()
 
 
 def global_counts(
@@ -101,7 +87,7 @@ def optimizer_step(
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     for i, batch in enumerate(micro):
         batch = to_device(batch, device)
-        with _grad_sync(pmodel.forward, i == len(micro) - 1), autocast:
+        with pmodel.gradient_sync(i == len(micro) - 1), autocast:
             loss_sum, _ = pmodel.forward_backward(batch, None, normalizer)
         loss_total += loss_sum.detach().float()
     pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)

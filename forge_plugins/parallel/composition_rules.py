@@ -23,7 +23,7 @@ ACT_CKPT_EVERY = "act_ckpt.every-within-blocks"
 
 def check_tp_compile(ctx: Any) -> str | None:
     tp = ctx.degrees["tp"]
-    if tp > 1 and ctx.config.train.compile:
+    if tp > 1 and ctx.is_active("compile"):
         return (
             f"train.compile with parallel.tp = {tp}: in torch 2.13 the first backward through "
             "blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's redistribute "
@@ -66,7 +66,8 @@ def rules() -> list[Any]:
             paths=("parallel.tp", "train.compile"),
             summary="Tensor parallelism is not combined with compiled blocks (torch 2.13 fails in backward).",
             check=check_tp_compile,
-            fix="Set train.compile: false, or parallel.tp: 1.",
+            fix="Switch compile off (train.compile: false, and compile not in parallel.wrappers), or set "
+            "parallel.tp: 1.",
         ),
         Rule(
             id=ACT_CKPT_EVERY,

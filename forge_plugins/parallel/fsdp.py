@@ -12,6 +12,8 @@ Under ``train.precision: bf16`` parameters are gathered in bf16 and gradients re
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -56,4 +58,13 @@ class FullyShard:
     def apply(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
         replicated = ctx.mesh["dp_replicate"].size() > 1
         mesh = ctx.mesh["dp_replicate", "dp_shard"] if replicated else ctx.mesh["dp_shard"]
-        return shard_model(model, mesh, ctx.config.train.precision, self.options.reshard_after_forward)
+        sharded = shard_model(model, mesh, ctx.precision, self.options.reshard_after_forward)
+        ctx.add_gradient_sync(functools.partial(_requires_gradient_sync, sharded))
+        return sharded
+
+
+def _requires_gradient_sync(module: FSDPModule, enabled: bool) -> contextlib.AbstractContextManager:
+    """FSDP2 reduces the gradients in the backward only when ``enabled`` (a flag, not a
+    context: set before every micro-batch, so the step's last one always reduces)."""
+    module.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
