@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -31,6 +31,9 @@ import torch
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
+
+if TYPE_CHECKING:
+    from forge_core.api import Plan
 
 
 @attrs.define
@@ -197,7 +200,7 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
 
 def parallelize(
     model: torch.nn.Module,
-    plan: Any,
+    plan: Plan,
     device: torch.device,
     loss_fn: Callable | None = None,
 ) -> ParallelModel:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from forge_core import components
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Plan
 from forge_core.distributed.parallelize import is_meta, parallelize
 from forge_core.distributed.placement import Placement
 from forge_core.train import precision
@@ -76,7 +76,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build_parts(
-    plan: Any,
+    plan: Plan,
     registries: Any,
     placement: Placement,
     run_dir: Any,
