@@ -37,7 +37,18 @@ from forge_core.api.parallel import (
     tensor_parallel_coverage,
     tied_parameter_names,
 )
-from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
+from forge_core.api.protocols import (
+    AttentionBackend,
+    CachingModel,
+    Model,
+    Packer,
+    ParallelModule,
+    PretrainedModel,
+    Source,
+    Strategy,
+    Tokenizer,
+    model_contract_gaps,
+)
 from forge_core.api.rules import ActiveStrategy, ChosenSource, Plan, Rule, Severity, Violation, get_path
 from forge_core.api.run import RunContext
 from forge_core.api.shards import Shards, TokenDocuments, read_shard_index
@@ -112,8 +123,12 @@ __all__ = [
     "tensor_parallel_coverage",
     "tied_parameter_names",
     "AttentionBackend",
+    "CachingModel",
+    "Model",
     "Packer",
     "ParallelModule",
+    "PretrainedModel",
+    "model_contract_gaps",
     "Source",
     "Strategy",
     "Tokenizer",
