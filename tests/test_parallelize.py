@@ -181,6 +181,7 @@ def test_the_step_toggles_only_the_gradient_sync_a_strategy_declared(registries)
             slice_weight=1.0,
             grad_clip=0.0,
             stop=False,
+            count_pairs=lambda batch: 0,
         )
         assert CALLS == expected
 

@@ -23,7 +23,7 @@ from forge_core import components
 from forge_core.api import ForgeError, Plan
 from forge_core.distributed.parallelize import is_meta, parallelize
 from forge_core.distributed.placement import Placement
-from forge_core.train import precision
+from forge_core.train import flops, precision
 from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
@@ -57,6 +57,9 @@ class RunParts:
     #: Input tokens a step trains on: ``train.batch_size`` full rows, whatever the packer
     #: put in them.
     step_inputs: int
+    #: ``count(batch) -> int``, the query-key pairs the attention computes for a batch
+    #: (for MFU; :func:`~forge_core.train.flops.pair_counter`).
+    count_pairs: Callable[[dict[str, torch.Tensor]], int]
 
 
 def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
@@ -94,9 +97,8 @@ def build_parts(
     data = build_training_data(plan, registries, tokenizer, is_main=pl.is_main)
     log(data.summary)
 
-    model = components.model(
-        plan, registries, int(tokenizer.vocab_size), components.attention(plan, registries)
-    )
+    attention = components.attention(plan, registries)
+    model = components.model(plan, registries, int(tokenizer.vocab_size), attention)
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log, warn)
@@ -141,4 +143,5 @@ def build_parts(
         micro_batch=micro_batch,
         slice_weight=dp / pl.world_size,
         step_inputs=train.batch_size * data.seq_len,
+        count_pairs=flops.pair_counter(attention, plan.specs["attention"].honours),
     )

@@ -312,6 +312,7 @@ class Trainer:
             slice_weight=parts.slice_weight,
             grad_clip=train.grad_clip,
             stop=self.stop.received is not None,
+            count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
         )
         step_time = time.perf_counter() - t0
