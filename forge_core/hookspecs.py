@@ -45,7 +45,10 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
     mask the backend needs (shared by every layer), and ``attend(q, k, v, prepared)``
     with ``q`` of shape ``(batch, heads, seq, head_dim)`` and ``k``/``v`` of shape
     ``(batch, kv_heads, seq, head_dim)``, returning the shape of ``q``. Declare
-    ``honours={"doc_ids"}`` only if ``attend`` masks attention across documents.
+    ``honours={"doc_ids"}`` only if ``attend`` masks attention across documents. A
+    backend that attends fewer pairs than causal attention within documents (a sliding
+    window) may say how many with ``attended_pairs(doc_ids, rows, seq_len) -> int``,
+    which the trainer's MFU counts (:class:`~forge_core.api.AttentionBackend`).
 
     Example::
 

@@ -20,7 +20,12 @@ from forge_core.api.packing import LazyPacker
 class AttentionBackend(Protocol):
     """Built as ``cls(options)``. ``prepare`` runs once per model forward and builds what
     every layer shares (a mask); ``attend`` takes ``q (B, heads, S, head_dim)`` and
-    ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``."""
+    ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``.
+
+    Optional: ``attended_pairs(doc_ids, rows, seq_len) -> int``, the query-key pairs its
+    mask allows for a batch (``doc_ids`` as the model hands them to ``prepare``, or
+    ``None``), which the trainer's MFU counts; without it, causal attention within each
+    document when the spec ``honours`` ``doc_ids``, over the whole row otherwise."""
 
     def prepare(self, doc_ids: Any, seq_len: int, device: Any) -> Any: ...
 

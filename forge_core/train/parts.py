@@ -3,7 +3,7 @@ the judged plan once, in order, and :class:`RunParts` holds them for the loop.
 
 The order matters: the tokenizer first (its vocabulary sizes the model), the data (read
 from the token cache, which one process per node fills while the others wait), the model
-with its attention backend, then the strategies (and ``train.compile``) applied in their
+with its attention backend, then the strategies (``train.compile`` among them) applied in their
 declared order, with the loss ``train.loss`` names (the chunked loss takes over the
 model's output head before any strategy shards it), the optimizers (one per model part),
 the loader, evaluation data and the MFU meter.

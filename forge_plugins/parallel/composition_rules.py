@@ -25,7 +25,7 @@ def check_tp_compile(ctx: Any) -> str | None:
     tp = ctx.degrees["tp"]
     if tp > 1 and ctx.is_active("compile"):
         return (
-            f"train.compile with parallel.tp = {tp}: in torch 2.13 the first backward through "
+            f"compiled blocks (the compile wrapper) with parallel.tp = {tp}: in torch 2.13 the first backward through "
             "blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's redistribute "
             "('Tensor' object has no attribute '_local_tensor'), with or without activation "
             "checkpointing (measured under torchrun on CPU)"
@@ -63,7 +63,7 @@ def rules() -> list[Any]:
         Rule(
             id=TP_COMPILE,
             severity="error",
-            paths=("parallel.tp", "train.compile"),
+            paths=("parallel.tp", "train.compile", "parallel.wrappers"),
             summary="Tensor parallelism is not combined with compiled blocks (torch 2.13 fails in backward).",
             check=check_tp_compile,
             fix="Switch compile off (train.compile: false, and compile not in parallel.wrappers), or set "

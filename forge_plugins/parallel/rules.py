@@ -242,7 +242,7 @@ def check_pp_split_backward_compile(ctx: Any) -> str | None:
         return None
     return (
         f"parallel.options.pp.schedule = {schedule!r} splits each backward into an input pass and "
-        "a later weight pass, which compiled blocks (train.compile: true) do not support in torch "
+        "a later weight pass, which compiled blocks (the compile wrapper) do not support in torch "
         "2.13: the backward fails on donated buffers, and with buffer donation switched off the "
         "gradients come out wrong (gradient norm 3.9e-4 relative off one process's, measured)"
     )
@@ -379,7 +379,7 @@ def rules() -> list[Any]:
         Rule(
             id=PP_SPLIT_BACKWARD_COMPILE,
             severity="error",
-            paths=("parallel.options.pp.schedule", "train.compile"),
+            paths=("parallel.options.pp.schedule", "train.compile", "parallel.wrappers"),
             summary="Split-backward (zero-bubble) schedules are not combined with compiled blocks.",
             check=check_pp_split_backward_compile,
             fix="Switch compile off (train.compile: false, and compile not in parallel.wrappers), or use a "
