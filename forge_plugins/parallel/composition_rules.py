@@ -25,9 +25,9 @@ def check_tp_compile(ctx: Any) -> str | None:
     tp = ctx.degrees["tp"]
     if tp > 1 and ctx.is_active("compile"):
         return (
-            f"compiled blocks (the compile wrapper) with parallel.tp = {tp}: in torch 2.13 the first backward through "
-            "blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's redistribute "
-            "('Tensor' object has no attribute '_local_tensor'), with or without activation "
+            f"compiled blocks (the compile wrapper) with parallel.tp = {tp}: in torch 2.13 the first "
+            "backward through blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's "
+            "redistribute ('Tensor' object has no attribute '_local_tensor'), with or without activation "
             "checkpointing (measured under torchrun on CPU)"
         )
     return None
