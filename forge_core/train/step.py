@@ -52,9 +52,10 @@ def global_counts(
     counts: Sequence[float] = (),
 ) -> tuple[float, float, float, tuple[float, ...]]:
     """``(labelled tokens, attended pairs, stop requests, counts)`` over every process,
-    ``counts`` being the caller's own per-batch counts, ``count_pairs`` the attention's
-    count of attended pairs (:func:`~forge_core.train.flops.pair_counter`). Every process of a data-parallel
-    slice reads the same batch: ``slice_weight`` counts each batch once."""
+    ``counts`` being the caller's own per-batch counts and ``count_pairs`` the
+    attention's count of attended pairs (:func:`~forge_core.train.flops.pair_counter`).
+    Every process of a data-parallel slice reads the same batch: ``slice_weight`` counts
+    each batch once."""
     labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
     pairs = sum(count_pairs(b) for b in micro)
     w = slice_weight
