@@ -66,10 +66,11 @@ def forge_parallelisms() -> list[ParallelismSpec]:
 
     Return a list of :class:`~forge_core.api.ParallelismSpec`. A strategy is active
     when the ``parallel.<mesh_dim>`` degree is above 1 (or, for a wrapper with
-    ``mesh_dim=None``, when it is named in ``parallel.wrappers``). Active strategies are
-    applied in ascending ``order``. The implementation is a class constructed as
-    ``cls(options)`` with ``apply(model, ctx) -> model`` where ``ctx`` is a
-    :class:`forge_core.api.ParallelContext`. A strategy that splits
+    ``mesh_dim=None``, when it is named in ``parallel.wrappers`` or its ``enabled_by``
+    setting is true). Active strategies are applied in ascending ``order``. The
+    implementation is a class constructed as ``cls(options)`` with ``apply(model, ctx)
+    -> model`` where ``ctx`` is a :class:`forge_core.api.ParallelContext`: its options
+    and the run facts a strategy needs, not the config. A strategy that splits
     the model (pipeline parallelism) returns a
     :class:`forge_core.api.ModelSplit` instead: later strategies are then
     applied to each part, and its ``finalize`` sets the ``train_step(batch, loss_fn,
@@ -81,7 +82,9 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     the model's parallel contract the strategy uses (a model that lacks one is refused).
     A strategy that must reduce gradients once per optimizer step, after the last
     backward and before clipping, registers a callback with
-    ``ctx.add_gradient_finisher``.
+    ``ctx.add_gradient_finisher``; one whose wrapper reduces them in the backward
+    declares how to skip that on all but a step's last micro-batch with
+    ``ctx.add_gradient_sync``.
 
     Example::
 
