@@ -40,7 +40,9 @@ def main() -> None:
         checks.append(wall(check))
         imports.append(wall(torch_import))
     c, t = statistics.median(checks), statistics.median(imports)
-    print(f"forge-run check {' '.join([args.config, *extra])}: median {c * 1000:.0f} ms over {args.runs} runs")
+    print(
+        f"forge-run check {' '.join([args.config, *extra])}: median {c * 1000:.0f} ms over {args.runs} runs"
+    )
     print(f"python -c 'import torch':        median {t * 1000:.0f} ms over {args.runs} runs")
     print(f"ratio check / import torch: {c / t:.3f}  (target < 0.333)")
 
