@@ -396,8 +396,14 @@ def _hook_section(func: Any) -> list[str]:
 
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
     for f in resolved_fields(cls):
-        if not f.metadata.get("degrees"):  # filled by the loader, never written (degree_rows)
+        if not _is_degrees(cls, f):
             yield f"{prefix}{f.name}", f
+
+
+def _is_degrees(cls: type, f: attrs.Attribute) -> bool:
+    """The ``parallel`` section's degrees: filled by the loader from keys the strategies
+    declare (documented by :func:`degree_rows`), never written as ``degrees``."""
+    return f.name == "degrees" and hasattr(cls, "split_raw")
 
 
 def degree_rows(registries: Any) -> list[str]:
@@ -429,8 +435,8 @@ def config_keys() -> list[str]:
 
     def visit(cls: type, prefix: str) -> None:
         for f in resolved_fields(cls):
-            if f.metadata.get("degrees"):
-                continue  # declared by strategies: degree_rows documents them
+            if _is_degrees(cls, f):
+                continue
             out.append(prefix + f.name)
             if _list_item_class(f.type) is not None:
                 visit(_list_item_class(f.type), f"{prefix}{f.name}[].")

@@ -21,6 +21,7 @@ from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig
 from forge_core.config.yaml_reader import parse_yaml
 from forge_core.docgen import builtin_registries, option_rows
 from forge_core.judge import judge_config
+from forge_core.parallel_dims import mesh_dims
 from forge_core.reference import resolved_fields
 
 REGISTRIES = builtin_registries()
@@ -55,6 +56,8 @@ def numeric_fields() -> dict[str, tuple[type, dict]]:
                 visit(f.type, f"{prefix}{f.name}.")
 
     visit(ForgeConfig, "")
+    for dim in mesh_dims(REGISTRIES["parallelism"]):  # the degrees the strategies declare
+        found[f"parallel.{dim.name}"] = (int, {})
     for block in OPTION_BLOCKS:
         for name in REGISTRIES[block.name].names():
             for path, f in option_rows(REGISTRIES[block.name].get(name).options, f"{block.options_path}."):

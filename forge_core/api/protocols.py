@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from forge_core.api.batch import INPUT_IDS
 from forge_core.api.packing import LazyPacker
 
 
@@ -180,7 +181,7 @@ def model_contract_gaps(module: Any, spec: Any = None) -> list[str]:
     forward = getattr(module, "forward", None)
     if not callable(forward):
         return ["it has no forward(input_ids, **metadata) (the Model protocol)"]
-    missing = _keywords_missing(forward, ["input_ids", *accepts])
+    missing = _keywords_missing(forward, [INPUT_IDS, *accepts])
     if missing:
         gaps.append(
             f"forward{inspect.signature(forward)} does not take {', '.join(missing)} as keyword argument(s), "

@@ -8,7 +8,16 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, did_you_mean, get_path, import_path, show_value, unknown_name
+from forge_core.api import (
+    INT_MAX,
+    INT_MIN,
+    ForgeError,
+    did_you_mean,
+    get_path,
+    import_path,
+    show_value,
+    unknown_name,
+)
 from forge_core.config.errors import type_name
 from forge_core.config.foreign_keys import unknown_key_hint
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, ParallelSection, SourceEntry
@@ -117,6 +126,8 @@ def structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list
 def _degree_problem(value: Any, dim: Any) -> str | None:
     if type(value) is not int:
         return f"expected an integer, got {show_value(value)} ({type_name(value)})"
+    if not INT_MIN <= value <= INT_MAX:
+        return f"expected an integer from -2**63 to 2**63-1, got {show_value(value)}"
     if value >= 1 or (value == -1 and dim.fills_world):
         return None
     return f"must be at least 1{', or -1' if dim.fills_world else ''}, got {value}"

@@ -149,7 +149,9 @@ class ParallelSection:
 
     wrappers: list[str] = option([], "Extra strategies without a mesh degree, by name.")
     options: dict[str, Any] = option({}, "Per-strategy options, keyed by strategy name.")
-    degrees: dict[str, Any] = attrs.field(factory=dict, metadata={"degrees": True})
+    #: Filled by the loader (:meth:`split_raw`), never written: documented from the
+    #: declarations (``forge_core.docgen.degree_rows``).
+    degrees: dict[str, Any] = attrs.field(factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names that are not fields: a degree, read as parallel.<dim>.
