@@ -273,6 +273,8 @@ def hook_objects() -> tuple[str, ...]:
         "RunContext",
         "NamedParameter",
         "ParallelContext",
+        "MeshDim",
+        "AttentionContext",
         "ModelFacts",
         "ParallelContract",
         "PipelineSplit",
