@@ -2,18 +2,17 @@
 pass it at degree 1 in one process, and third-party strategies that break the contract
 (renamed parameters, a batch transform that drops a key, an attention wrapper that
 changes the output, a mesh dimension on tp's place, an unloadable attention wrapper)
-fail it with a message naming the strategy and the fix."""
+fail it with a message naming the strategy and the fix.
+Logits shifted by a constant, which the loss cannot see, fail it too."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import attrs
 import pytest
 import torch
 
 from forge_core.api import DOC_IDS, MeshDim, ParallelismSpec
-from forge_core.testing import check_strategy, registered_spec
+from forge_core.testing import check_strategy
 
 APPLIED = ("declaration", "options", "impl", "names", "forward", "gradients", "evaluate")
 
@@ -26,21 +25,10 @@ def test_the_built_in_strategies_pass_at_degree_1(name):
     assert report.dims == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
-CP_ATTENTION = importlib.util.find_spec("forge_plugins.context_parallel.attention") is not None
-
-
 def test_context_parallelism_passes_with_its_batch_transform_and_attention_wrapper():
-    cp = registered_spec("parallelism", "cp")
-    if not CP_ATTENTION:
-        # Until its attention module lands the registered spec names a wrapper that does
-        # not load, which the kit reports; the rest of cp is checked without it.
-        with pytest.raises(AssertionError, match="strategy 'cp' .*its attention wrapper .* cannot be loaded"):
-            check_strategy("cp")
-        cp = attrs.evolve(cp, attention=None)
-    # zigzag: the documents balancer is written beside this check.
-    report = check_strategy(cp, options={"balance": "zigzag"})
-    assert "batch_transform" in report.checked and max(report.worst.values()) < 1
-    assert ("attention" in report.checked) == CP_ATTENTION
+    report = check_strategy("cp")
+    assert {"attention", "batch_transform"} <= set(report.checked)
+    assert max(report.worst.values()) < 1
 
 
 # --- hostile third-party strategies, built here ----------------------------------------
@@ -62,7 +50,20 @@ class DropsDocIds:
         pass
 
     def apply(self, model, ctx):
-        ctx.add_batch_transform(lambda batch: {k: v for k, v in batch.items() if k != DOC_IDS})
+        return model
+
+    def batch_transform(self, ctx):
+        return lambda batch: {k: v for k, v in batch.items() if k != DOC_IDS}
+
+
+class ShiftsLogits:
+    """Adds 1 to every logit: softmax, so the loss and the gradients, cannot see it."""
+
+    def __init__(self, options):
+        pass
+
+    def apply(self, model, ctx):
+        model.register_forward_hook(lambda module, args, output: output + 1.0)
         return model
 
 
@@ -114,9 +115,13 @@ def with_dim(**dim):
         ),
         (
             wrapper("dropper", "DropsDocIds"),
-            r"strategy 'dropper': its batch transform #0 \(ctx.add_batch_transform\) dropped \['doc_ids'\] "
+            r"strategy 'dropper': its batch transform #0 \(batch_transform\(ctx\)\) dropped \['doc_ids'\] "
             r"of \['doc_ids', 'input_ids', 'labels', 'positions'\] on packed rows: every key it is given "
             "must come back",
+        ),
+        (
+            wrapper("shifter", "ShiftsLogits"),
+            r"strategy 'shifter': the logits on packed rows differ from the model's alone",
         ),
         (
             wrapper("louder", "Unchanged", attention="test_kit_strategy:louder"),
@@ -159,6 +164,7 @@ def with_dim(**dim):
     ids=[
         "renames-parameters",
         "transform-drops-a-key",
+        "shifts-logits",
         "attention-wrapper-changes-output",
         "attention-wrapper-absent",
         "place-of-tp",

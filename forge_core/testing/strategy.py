@@ -26,8 +26,9 @@ failure an ``AssertionError`` naming the strategy and what to fix:
 - **batch_transform**: every batch transform it registers returns every key it was
   given, and at degree 1 the model computes the same loss on what it returns;
 - **forward**, **gradients**, **evaluate**: one training micro-step and one evaluation
-  through the strategy give the loss and every parameter's gradient (float64) that the
-  model gives alone, on packed rows (``doc_ids``, ``positions``) and on plain rows.
+  through the strategy give the loss, the logits (where the strategy leaves a module to
+  call; a pipeline does not) and every parameter's gradient (float64) that the model
+  gives alone, on packed rows (``doc_ids``, ``positions``) and on plain rows.
 
 A strategy that requires what the model does not supply (``ParallelismSpec.requires``
 against ``ModelSpec.supports``) cannot be applied to it: the checks that apply it are
@@ -268,7 +269,6 @@ def check_strategy(
     registries, spec, plugin = _registries(strategy, extra_plugins)
     label = f"strategy {spec.name!r}" + ("" if plugin == KIT_PLUGIN else f" (plugin {plugin!r})")
     checked: list[str] = []
-    skipped: dict[str, str] = {}
     worst: dict[str, float] = {}
     dims = _declaration(spec, registries["parallelism"], label)
     checked.append("declaration")
@@ -279,7 +279,10 @@ def check_strategy(
     names = tuple(d.name for d in dims)
     if model_options is None:
         model_options = TINY_LLAMA if model == "llama" else {}
-    model_spec = registries["model"].get(model)
+    try:
+        model_spec = registries["model"].get(model)
+    except ForgeError as error:
+        raise ValueError(f"check_strategy(model=...): {error}") from None
     missing = sorted(set(spec.requires) - set(model_spec.supports))
     if missing:
         why = f"the model {model!r} does not supply {missing}, which the strategy requires"
@@ -288,7 +291,7 @@ def check_strategy(
     with one_process_group():
         mesh = init_device_mesh("cpu", (1,) * len(dims), mesh_dim_names=names)
         worst.update(_apply(plan, registries, mesh, spec, label, seed, checked))
-    return StrategyReport(tuple(checked), skipped, worst, names)
+    return StrategyReport(tuple(checked), {}, worst, names)
 
 
 def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, float]:
@@ -298,7 +301,7 @@ def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, floa
 
     worst: dict[str, float] = {}
     backend = components.attention(plan, registries)
-    vocab = 61
+    vocab = 61  # small, and not a power of two: a shape mix-up shows
     torch.manual_seed(seed)
     alone = components.model(plan, registries, vocab, backend).double()
     terms = longest_sum(alone, sum(DEFAULT_ROWS[0])) * len(DEFAULT_ROWS)
@@ -360,7 +363,7 @@ def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, floa
             dropped = sorted(set(given) - set(out))
             if dropped:
                 raise AssertionError(
-                    f"{label}: its batch transform #{n} (ctx.add_batch_transform) dropped {dropped} of "
+                    f"{label}: its batch transform #{n} (batch_transform(ctx)) dropped {dropped} of "
                     f"{sorted(given)} on {where}: every key it is given must come back (sharded or "
                     "whole), or the model and the loss lose it (doc_ids: packed documents would attend "
                     "to each other)"
@@ -397,6 +400,13 @@ def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, floa
             f"the training loss on {where} differs from the model's alone",
             "forward",
         )
+        if pmodel.forward is not None:
+            # The logits too: a change the loss cannot see (a constant added to every
+            # logit of a token) would still change what the model generates.
+            inputs = {k: v for k, v in pmodel.transform(dict(batch)).items() if k != LABELS}
+            with torch.no_grad():
+                got, want = pmodel.forward(**inputs), alone(**inputs)
+            close(got, want, f"the logits on {where} differ from the model's alone", "forward")
         got_grads = _grads(trained)
         missing = sorted(set(want_grads) - set(got_grads))
         if missing:
