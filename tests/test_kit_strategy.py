@@ -56,6 +56,14 @@ class DropsDocIds:
         return lambda batch: {k: v for k, v in batch.items() if k != DOC_IDS}
 
 
+class TransformRaises(DropsDocIds):
+    def batch_transform(self, ctx):
+        def transform(batch):
+            raise ValueError("unknown balancer")
+
+        return transform
+
+
 class ShiftsLogits:
     """Adds 1 to every logit: softmax, so the loss and the gradients, cannot see it."""
 
@@ -120,6 +128,11 @@ def with_dim(**dim):
             "must come back",
         ),
         (
+            wrapper("raiser", "TransformRaises"),
+            r"strategy 'raiser': its batch transform #0 \(batch_transform\(ctx\)\) raised ValueError: "
+            r"unknown balancer on packed rows",
+        ),
+        (
             wrapper("shifter", "ShiftsLogits"),
             r"strategy 'shifter': the logits on packed rows differ from the model's alone",
         ),
@@ -164,6 +177,7 @@ def with_dim(**dim):
     ids=[
         "renames-parameters",
         "transform-drops-a-key",
+        "transform-raises",
         "shifts-logits",
         "attention-wrapper-changes-output",
         "attention-wrapper-absent",

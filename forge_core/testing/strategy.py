@@ -359,7 +359,14 @@ def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, floa
     for where, batch in batches:
         out = batch
         for n, transform in enumerate(pmodel.batch_transforms):
-            given, out = out, transform(dict(out))
+            given = out
+            try:
+                out = transform(dict(given))
+            except Exception as error:
+                raise AssertionError(
+                    f"{label}: its batch transform #{n} (batch_transform(ctx)) raised "
+                    f"{type(error).__name__}: {error} on {where} ({sorted(given)}) at degree 1"
+                ) from error
             dropped = sorted(set(given) - set(out))
             if dropped:
                 raise AssertionError(
