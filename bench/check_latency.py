@@ -3,7 +3,10 @@
 Each measurement is a fresh interpreter; the two commands alternate so machine noise
 hits both alike. Prints medians and the ratio (target: check under 1/3 of the import).
 
-    python bench/check_latency.py [--runs 7]
+    python bench/check_latency.py [--runs 7] [--config C] [check arguments ...]
+
+Arguments after the options go to ``forge-run check`` (``parallel.cp=2 --world-size 2``
+judges a layout with context parallelism and its rules).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--config", default="configs/quickstart.yaml")
-    args = parser.parse_args()
-    check = [sys.executable, "-m", "forge_core.cli", "check", args.config]
+    args, extra = parser.parse_known_args()
+    check = [sys.executable, "-m", "forge_core.cli", "check", args.config, *extra]
     torch_import = [sys.executable, "-c", "import torch"]
     wall(check), wall(torch_import)  # warm the OS file cache for both
     checks, imports = [], []
@@ -37,7 +40,9 @@ def main() -> None:
         checks.append(wall(check))
         imports.append(wall(torch_import))
     c, t = statistics.median(checks), statistics.median(imports)
-    print(f"forge-run check {args.config}: median {c * 1000:.0f} ms over {args.runs} runs")
+    print(
+        f"forge-run check {' '.join([args.config, *extra])}: median {c * 1000:.0f} ms over {args.runs} runs"
+    )
     print(f"python -c 'import torch':        median {t * 1000:.0f} ms over {args.runs} runs")
     print(f"ratio check / import torch: {c / t:.3f}  (target < 0.333)")
 

@@ -31,11 +31,18 @@ def chosen_components(ctx: Plan, registries: Registries) -> list[tuple[str, str,
     if ctx.eval_source is not None:
         chosen.append(("eval.source", "source", ctx.eval_source.spec))
     chosen += [
-        (f"parallel.{s.spec.mesh_dim}" if s.spec.mesh_dim else "parallel.wrappers", "parallelism", s.spec)
-        for s in ctx.strategies
+        (_switch_of(s.spec, ctx.config.parallel.wrappers), "parallelism", s.spec) for s in ctx.strategies
     ]
     chosen += [("logging.loggers", "logger", registries["logger"].get(n)) for n in ctx.config.logging.loggers]
     return chosen
+
+
+def _switch_of(spec: Any, wrappers: list[str]) -> str:
+    """The config path that switched an active strategy on: its degree, its name in
+    ``parallel.wrappers``, or the setting its spec names in ``enabled_by``."""
+    if spec.mesh_dim:
+        return f"parallel.{spec.mesh_dim}"
+    return "parallel.wrappers" if spec.name in wrappers or spec.enabled_by is None else spec.enabled_by
 
 
 def _module_missing(module: str) -> str | None:

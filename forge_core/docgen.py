@@ -280,6 +280,10 @@ def hook_objects() -> tuple[str, ...]:
         "PipelineSplit",
         "TensorParallelPlan",
         "TensorParallelScope",
+        "Model",
+        "ParallelModule",
+        "PretrainedModel",
+        "CachingModel",
     )
     return ("forge_core.api:ComponentSpec", *specs, *(f"forge_core.api:{name}" for name in others))
 
@@ -318,7 +322,7 @@ def _object_section(path: str) -> list[str]:
     doc = inspect.getdoc(cls)
     if doc:
         lines += [rst_to_markdown(doc), ""]
-    fields = attrs.fields(cls)
+    fields = attrs.fields(cls) if attrs.has(cls) else ()  # a protocol has methods only
     if fields:
         # Python API: annotations as written in the source, defaults as Python values.
         lines += ["| field | type | default |", "| --- | --- | --- |"]

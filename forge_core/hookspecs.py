@@ -45,7 +45,10 @@ def forge_attention_backends() -> list[AttentionBackendSpec]:
     mask the backend needs (shared by every layer), and ``attend(q, k, v, prepared)``
     with ``q`` of shape ``(batch, heads, seq, head_dim)`` and ``k``/``v`` of shape
     ``(batch, kv_heads, seq, head_dim)``, returning the shape of ``q``. Declare
-    ``honours={"doc_ids"}`` only if ``attend`` masks attention across documents.
+    ``honours={"doc_ids"}`` only if ``attend`` masks attention across documents. A
+    backend that attends fewer pairs than causal attention within documents (a sliding
+    window) may say how many with ``attended_pairs(doc_ids, rows, seq_len) -> int``,
+    which the trainer's MFU counts (:class:`~forge_core.api.AttentionBackend`).
 
     Example::
 
@@ -63,10 +66,11 @@ def forge_parallelisms() -> list[ParallelismSpec]:
 
     Return a list of :class:`~forge_core.api.ParallelismSpec`. A strategy is active
     when the ``parallel.<mesh_dim>`` degree is above 1 (or, for a wrapper with
-    ``mesh_dim=None``, when it is named in ``parallel.wrappers``). Active strategies are
-    applied in ascending ``order``. The implementation is a class constructed as
-    ``cls(options)`` with ``apply(model, ctx) -> model`` where ``ctx`` is a
-    :class:`forge_core.api.ParallelContext`. A strategy that splits
+    ``mesh_dim=None``, when it is named in ``parallel.wrappers`` or its ``enabled_by``
+    setting is true). Active strategies are applied in ascending ``order``. The
+    implementation is a class constructed as ``cls(options)`` with ``apply(model, ctx)
+    -> model`` where ``ctx`` is a :class:`forge_core.api.ParallelContext`: its options
+    and the run facts a strategy needs, not the config. A strategy that splits
     the model (pipeline parallelism) returns a
     :class:`forge_core.api.ModelSplit` instead: later strategies are then
     applied to each part, and its ``finalize`` sets the ``train_step(batch, loss_fn,
@@ -78,7 +82,9 @@ def forge_parallelisms() -> list[ParallelismSpec]:
     the model's parallel contract the strategy uses (a model that lacks one is refused).
     A strategy that must reduce gradients once per optimizer step, after the last
     backward and before clipping, registers a callback with
-    ``ctx.add_gradient_finisher``.
+    ``ctx.add_gradient_finisher``; one whose wrapper reduces them in the backward
+    declares how to skip that on all but a step's last micro-batch with
+    ``ctx.add_gradient_sync``.
 
     Example::
 
@@ -118,56 +124,24 @@ def forge_models() -> list[ModelSpec]:
 
     Return a list of :class:`~forge_core.api.ModelSpec`. The implementation is a
     factory the trainer calls as ``build(options, vocab_size=..., attention=...)``:
-    ``options`` is the structured ``model.options`` block (an instance of the spec's
-    options class), ``vocab_size`` the tokenizer's vocabulary size, and ``attention``
-    the constructed attention backend of ``attention.backend``: call only
-    ``attention.prepare(doc_ids, seq_len, device)``, once per forward, and
-    ``attention.attend(q, k, v, prepared)`` with its result, ``q`` of shape ``(batch,
-    heads, seq, head_dim)`` and ``k``, ``v`` of ``(batch, kv_heads, seq, head_dim)``.
-    It returns a ``torch.nn.Module`` whose ``forward(input_ids, doc_ids=None,
-    positions=None)`` returns logits ``(batch, seq, vocab)``; the per-token metadata
-    (``(batch, seq)`` integer tensors, the keywords the spec's ``accepts`` lists) arrive
-    when the packer isolates documents: ``doc_ids`` go to ``prepare``, ``positions``
-    (restarting at every document) to the position encoding. To measure the FLOPs the
-    trainer builds a second copy under ``torch.device("meta")``, with the spec's
-    ``pretrained_option`` cleared and ``attention`` wrapped in a probe that records the
-    shape of ``q`` at every ``attend`` (and returns zeros instead of attending), and
-    makes one forward ``model(torch.zeros(1, 4, dtype=torch.long))`` without metadata
-    under ``torch.no_grad()``; the model that trains never holds the probe (a model that
-    cannot be built or run there leaves attention out of MFU, with a warning). The module
-    may define ``param_roles() -> dict[str, str]`` (parameter name to role) to override
-    the rule that decides which parameters take weight decay (see ``forge_optimizers``).
-
-    Parallelism strategies know the model only through its parallel contract: the
-    spec's ``supports`` (``BLOCKS``, ``TENSOR_PARALLEL``, ``PIPELINE``) and ``facts``
-    (a torch-free function of the options returning ``ModelFacts``, which the rules
-    read instead of option names), and the module's ``parallel_contract()`` returning a
-    ``ParallelContract`` (all from :mod:`forge_core.api`): the attribute holding its
-    blocks (an ``nn.ModuleDict``), its tensor-parallel plan
-    (``tensor_parallel(sequence_parallel=bool) -> TensorParallelPlan``), every parameter
-    of which is sharded by a style or declared ``replicated`` or ``partial``, and its
-    pipeline split (``PipelineSplit(first=..., last=...)``). A pipeline stage is a
-    shallow copy of the model with the split's ``first`` modules (on every stage but
-    the first) and ``last`` modules (on every stage but the last) set to ``None``:
-    without its ``first`` modules the forward takes hidden states ``(batch, seq, dim)``
-    in place of ``input_ids``; without its ``last`` modules it returns hidden states;
-    per-token metadata (``doc_ids``, ``positions``) always arrive as keyword arguments,
-    on every stage, and the stage builds whatever mask it needs from them (the
-    backend's ``prepare``). ``forge_core.testing.check_model`` checks all of this.
-
-    Optional, used when present:
-
-    - ``vocab_size``: the rows of the output (recorded by the run, so ``sample`` and
-      ``export-hf`` rebuild the model with a pretrained checkpoint's padded vocabulary);
-    - ``init_weights()``: fills every parameter and buffer; a model built on the meta
-      device (weights from a checkpoint, ``ModelSpec.pretrained_option``) is materialised
-      with ``to_empty(device=...)`` then ``init_weights()`` once the strategies that
-      handle the meta device have sharded it, and must then fill only what this process
-      holds (DTensor shards, a pipeline stage);
-    - ``new_cache(batch_size, max_len)`` and ``forward(input_ids, cache=cache)``: a
-      key/value cache; ``forward`` with it runs only the new tokens, continuing the cached
-      ones. ``forge-run sample`` decodes with it, and re-reads the whole context every
-      token without it.
+    ``options`` is the structured ``model.options`` block, ``vocab_size`` the
+    tokenizer's vocabulary size, and ``attention`` the constructed backend of
+    ``attention.backend`` (:class:`~forge_core.api.AttentionBackend`). It returns a
+    ``torch.nn.Module`` that meets the model contract, stated in code as protocols:
+    :class:`~forge_core.api.Model` (``forward(input_ids, **metadata)`` returning
+    logits, the metadata being the keywords the spec's ``accepts`` lists; attention only
+    through the backend), :class:`~forge_core.api.ParallelModule`
+    (``parallel_contract()``, when the spec's ``supports`` names pieces of it),
+    :class:`~forge_core.api.PretrainedModel` (``init_weights()``, with a
+    ``pretrained_option``) and :class:`~forge_core.api.CachingModel` (``new_cache`` and
+    ``forward(..., cache=)``, for sampling with a key/value cache). Their docstrings say
+    what each piece receives and must do. Parallelism strategies know the model only
+    through the spec's ``supports`` and ``facts`` and the module's
+    ``parallel_contract()`` (:class:`~forge_core.api.ParallelContract`; a pipeline
+    stage is a shallow copy of the model, see
+    :class:`~forge_core.api.PipelineSplit`). ``forge_core.testing.check_model`` checks
+    the contract (:func:`~forge_core.api.model_contract_gaps`) and the behaviour behind
+    it.
 
     Example::
 

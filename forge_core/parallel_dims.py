@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from forge_core.api import ForgeError, MeshDim
@@ -119,17 +120,25 @@ def product_of(degrees: dict[str, int], dims: tuple[MeshDim, ...], flag: str) ->
     return math.prod(degrees[d.name] for d in dims if getattr(d, flag))
 
 
-def active_strategies(registry: Any, degrees: dict[str, int], wrappers: list[str]) -> list[Any]:
+def active_strategies(
+    registry: Any,
+    degrees: dict[str, int],
+    wrappers: list[str],
+    setting: Callable[[str], Any] = lambda path: False,
+) -> list[Any]:
     """The parallelism specs a config switches on, in application order.
 
     A strategy with a mesh dimension is active when its switching degree
     (:func:`switching_degrees`) is above 1, unless a strategy it ``yields_to`` is active
-    too; a wrapper is active when named in ``parallel.wrappers``.
+    too; a wrapper is active when named in ``parallel.wrappers``, or when the config path
+    its spec names in ``enabled_by`` is true (``setting(path)`` reads the config).
     """
     switching = switching_degrees(degrees, mesh_dims(registry))
 
     def switched_on(s: Any) -> bool:
-        return switching.get(s.mesh_dim, 1) > 1 if s.mesh_dim is not None else s.name in wrappers
+        if s.mesh_dim is not None:
+            return switching.get(s.mesh_dim, 1) > 1
+        return s.name in wrappers or (s.enabled_by is not None and bool(setting(s.enabled_by)))
 
     # A strategy switched on by a degree is never named in the config, so a clashing one
     # is refused here, with the way to choose, rather than left out of the plan.

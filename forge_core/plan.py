@@ -42,7 +42,9 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
     degrees = resolve_degrees(config.parallel.degrees, dims, world_size)
     strategies = tuple(
         ActiveStrategy(spec, options[spec.name], registry.plugin_of(spec.name))
-        for spec in active_strategies(registry, degrees, config.parallel.wrappers)
+        for spec in active_strategies(
+            registry, degrees, config.parallel.wrappers, lambda path: get_path(config, path, False)
+        )
     )
     emitted = specs["packer"].emitted(config.data.packer_options)
     ev = config.eval

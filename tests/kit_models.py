@@ -43,6 +43,8 @@ FLAWS = (
     "build_forward_needs_metadata",
     "head_not_linear",
     "refuses_sequence_parallel",
+    "forward_names_tokens",
+    "forward_without_positions",
 )
 
 
@@ -182,11 +184,11 @@ class Decoder(nn.Module):
             block=TensorParallelScope(styles=block, replicated=("norm1", "norm2"), partial=partial),
         )
 
-    def forward(self, tokens, doc_ids=None, positions=None):
+    def forward(self, input_ids, doc_ids=None, positions=None):
         if self.embed is not None or self.o.flaw == "stage_crash":
-            h = self.embed(tokens)
+            h = self.embed(input_ids)
         else:
-            h = tokens
+            h = input_ids
         b, s = h.shape[:2]
         if self.o.flaw == "build_forward_needs_metadata":
             positions = positions + 0
@@ -207,8 +209,23 @@ class Decoder(nn.Module):
         return self.lm_head(h) if self.lm_head is not None else h
 
 
+class TokensDecoder(Decoder):
+    """Names its input ``tokens``: the trainer's ``forward(input_ids=...)`` fails."""
+
+    def forward(self, tokens, doc_ids=None, positions=None):
+        return super().forward(tokens, doc_ids, positions)
+
+
+class NoPositionsDecoder(Decoder):
+    """Takes no ``positions`` keyword although its spec accepts them."""
+
+    def forward(self, input_ids, doc_ids=None):
+        return super().forward(input_ids, doc_ids)
+
+
 def build(options: KitOptions, vocab_size: int, attention) -> Decoder:
-    model = Decoder(options, vocab_size, attention)
+    cls = {"forward_names_tokens": TokensDecoder, "forward_without_positions": NoPositionsDecoder}
+    model = cls.get(options.flaw, Decoder)(options, vocab_size, attention)
     with torch.no_grad():  # a large init, so that any leak shows
         for p in model.parameters():
             if p.dim() > 1:

@@ -160,3 +160,21 @@ def test_an_import_up_a_floor_is_found(tmp_path):
     (tmp_path / "forge_core/train/loop.py").write_text("")
     graph = import_graph(("forge_core",), tmp_path)
     assert upward(graph) == ["forge_core.data.build -> forge_core.train.loop"]
+
+
+def test_the_plan_is_typed_as_plan_wherever_it_is_passed():
+    # A parameter or field named ``plan`` is the judged forge_core.api.Plan; typed ``Any``
+    # it hides what the run is built from.
+    untyped = []
+    for package in ("forge_core", "forge_plugins"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.arg) and node.arg == "plan":
+                    annotation = node.annotation
+                elif isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "plan":
+                    annotation = node.annotation
+                else:
+                    continue
+                if annotation is not None and ast.unparse(annotation) == "Any":
+                    untyped.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert untyped == [], f"type these as forge_core.api.Plan: {untyped}"

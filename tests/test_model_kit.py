@@ -139,6 +139,16 @@ FLAW_MESSAGES = dict(
             r"\['sequence_parallel'\]",
         ),
         (
+            "forward_names_tokens",
+            r"does not meet the model contract \(forge_core.api.Model\): forward\(tokens, doc_ids=None, "
+            r"positions=None\) does not take input_ids as keyword argument\(s\)",
+        ),
+        (
+            "forward_without_positions",
+            r"forward\(input_ids, doc_ids=None\) does not take positions as keyword argument\(s\), which "
+            r"the trainer passes .* the spec's accepts: \['doc_ids', 'positions'\]",
+        ),
+        (
             "head_not_linear",
             r"parallel_contract\(\).output_head is 'final_norm', which is not an attribute of the "
             r"model with a 2-D weight",
@@ -197,3 +207,31 @@ def test_isolation_refuses_a_model_whose_embedding_outputs_it_cannot_see():
 
     with pytest.raises(AssertionError, match="no nn.Embedding output of the batch's shape"):
         check_document_isolation(_FunctionalEmbedding(), dtypes=(torch.float64,))
+
+
+def test_a_model_that_may_be_built_on_meta_without_init_weights_fails_the_kit():
+    with pytest.raises(AssertionError, match=r"pretrained_option 'flaw', .* no init_weights\(\)"):
+        check_model(kit_models.spec(pretrained_option="flaw"))
+
+
+def test_the_contract_gaps_name_each_missing_protocol():
+    from forge_core.api import CachingModel, Model, ModelSpec, ParallelModule, model_contract_gaps
+
+    class Bare:
+        def forward(self, input_ids):
+            return input_ids
+
+        def new_cache(self, batch_size, max_len):
+            return None
+
+    spec = ModelSpec(name="bare", summary="s", impl="m:f", accepts={"doc_ids"}, supports={"blocks"})
+    gaps = model_contract_gaps(Bare(), spec)
+    assert [g.split("(the ")[-1] for g in gaps[1:]] == ["ParallelModule protocol)", "CachingModel protocol)"]
+    assert "does not take doc_ids" in gaps[0]
+    assert (
+        isinstance(Bare(), Model)
+        and isinstance(Bare(), CachingModel)
+        and not isinstance(Bare(), ParallelModule)
+    )
+    (only,) = model_contract_gaps(Bare(), None)  # no spec: only what the module itself shows
+    assert only.startswith("it has new_cache() but its forward takes no cache keyword")

@@ -54,13 +54,15 @@ def test_specs_declare_mesh_dims_orders_and_capabilities():
         "pp": ("pp", 100),
         "tp": ("tp", 200),
         "act_ckpt": (None, 250),
+        "compile": (None, 300),
         "fsdp": ("dp_shard", 400),
         "ddp": ("dp_replicate", 400),
     }
     assert specs["act_ckpt"].requires == {"blocks"}
     # The pipeline hands every stage its microbatch's metadata: it declares so, and drops nothing.
     assert specs["pp"].forwards == {"doc_ids", "positions"} and not specs["pp"].drops_metadata_because
-    assert all(specs[n].forwards is None for n in ("tp", "act_ckpt", "fsdp", "ddp"))
+    assert all(specs[n].forwards is None for n in ("tp", "act_ckpt", "compile", "fsdp", "ddp"))
+    assert specs["compile"].enabled_by == "train.compile"  # and by name in parallel.wrappers
     assert specs["ddp"].yields_to == ("fsdp",)
 
 
@@ -320,6 +322,9 @@ def test_tensor_parallelism_with_compiled_blocks_is_refused(forge_config):
 
     found, _ = violations(forge_config, {"tp": 2}, train={"compile": True})
     assert len(messages(found, TP_COMPILE)) == 1 and "_local_tensor" in messages(found, TP_COMPILE)[0]
+    # compile named as a wrapper is the same switch: the rule reads the plan, not one key.
+    found, _ = violations(forge_config, {"tp": 2, "wrappers": ["compile"]})
+    assert len(messages(found, TP_COMPILE)) == 1
     for parallel, train in (
         ({"tp": 2}, {}),
         ({"dp_shard": 2}, {"compile": True}),

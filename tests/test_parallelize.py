@@ -1,9 +1,11 @@
 """The kernel's ``parallelize`` in one process: strategies from the registry applied in
-their declared order with compile slotted at 300, a strategy that splits the model, the
+their declared order (compile, a declared wrapper, at 300), a strategy that splits the model, the
 pipeline's stage split (stages chained give the whole model's logits) and gradient
 clipping."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from forge_core.config.structuring import structure
 from forge_core.distributed import parallelize as P
 from forge_core.plan import make_plan
 from forge_core.registry import load_registries
+from forge_plugins.parallel import compile as compile_plugin
 
 CALLS: list[str] = []
 TINY = {"dim": 32, "n_layers": 5, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 48, "max_seq_len": 16}
@@ -55,6 +58,7 @@ class Plugin:
             ParallelismSpec(name="early", summary="t", impl="test_parallelize:Split", order=100),
             ParallelismSpec(name="before", summary="t", impl="test_parallelize:Wrap", order=250),
             ParallelismSpec(name="after", summary="t", impl="test_parallelize:Wrap", order=350),
+            ParallelismSpec(name="synced", summary="t", impl="test_parallelize:SyncingWrap", order=400),
         ]
 
 
@@ -92,14 +96,94 @@ def test_a_mesh_needs_as_many_processes_as_the_degrees_multiply_to():
         build_mesh({**degrees, "tp": 2}, torch.device("cpu"))
 
 
-def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch):
-    monkeypatch.setattr(P, "compile_part", lambda module: CALLS.append("compile"))
+@pytest.mark.parametrize(
+    "parallel, train",
+    [
+        ({"wrappers": ["after", "before"]}, {"compile": True}),
+        ({"wrappers": ["after", "compile", "before"]}, {}),
+    ],
+    ids=["train.compile", "parallel.wrappers"],
+)
+def test_strategies_apply_in_declared_order_with_compile_at_300(registries, monkeypatch, parallel, train):
+    # compile is a declared wrapper of the registry (order 300), switched on by either
+    # spelling; parallelize applies it like any other strategy.
+    monkeypatch.setattr(compile_plugin, "compile_part", lambda module: CALLS.append("compile"))
     model = torch.nn.Linear(2, 2)
-    plan = plan_with(registries, {"wrappers": ["after", "before"]}, {"compile": True})
+    plan = plan_with(registries, parallel, train)
+    assert [s.name for s in plan.strategies] == ["before", "compile", "after"]
     pmodel = P.parallelize(model, plan, torch.device("cpu"))
     assert CALLS == ["wrap:Linear", "compile", "wrap:Sequential"]
     # The wrapper is what gets called; the part stays the unwrapped module.
     assert pmodel.parts == [model] and isinstance(pmodel.forward, torch.nn.Sequential)
+
+
+def test_compile_is_off_unless_switched_on(registries):
+    assert not plan_with(registries, {"wrappers": ["before"]}).is_active("compile")
+
+
+def test_a_strategy_is_given_the_run_facts_it_needs_not_the_config(registries, monkeypatch):
+    seen = []
+    monkeypatch.setattr(Wrap, "apply", lambda self, model, ctx: seen.append(ctx) or model)
+    plan = plan_with(registries, {"wrappers": ["before"]}, {"precision": "bf16"})
+    P.parallelize(torch.nn.Linear(2, 2), plan, torch.device("cpu"))
+    (ctx,) = seen
+    assert (ctx.precision, ctx.model_name) == ("bf16", "llama")
+    assert not hasattr(ctx, "config")  # a strategy's settings are its options
+
+
+class SyncingWrap(Wrap):
+    """A data-parallel-like wrapper that declares how it skips gradient sync."""
+
+    def apply(self, model, ctx):
+        @contextlib.contextmanager
+        def sync(enabled):
+            CALLS.append(f"sync:{enabled}")
+            yield
+
+        ctx.add_gradient_sync(sync)
+        return model
+
+
+class LooksLikeDDP(torch.nn.Module):
+    """A model with a method named like DDP's: nothing may guess from the name."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3, 4))
+
+    def forward(self, input_ids):
+        return self.weight[input_ids]
+
+    def no_sync(self):
+        raise AssertionError("no_sync called on a module that declared no gradient sync")
+
+
+def test_the_step_toggles_only_the_gradient_sync_a_strategy_declared(registries):
+    from forge_core.train.step import optimizer_step
+
+    def loss_fn(logits, labels):
+        return logits.sum(), (labels != -100).sum()
+
+    batch = {"input_ids": torch.tensor([[0, 1]]), "labels": torch.tensor([[1, 2]])}
+    for wrappers, expected in ((["synced"], ["sync:False", "sync:False", "sync:True"]), ([], [])):
+        CALLS.clear()
+        model = LooksLikeDDP()
+        pmodel = P.parallelize(
+            model, plan_with(registries, {"wrappers": wrappers}), torch.device("cpu"), loss_fn
+        )
+        optimizer_step(
+            pmodel,
+            [torch.optim.SGD(model.parameters(), lr=0.1)],
+            [batch] * 3,
+            0.1,
+            precision_name="fp32",
+            device=torch.device("cpu"),
+            slice_weight=1.0,
+            grad_clip=0.0,
+            stop=False,
+            count_pairs=lambda batch: 0,
+        )
+        assert CALLS == expected
 
 
 def test_gradient_finishers_registered_by_strategies_run_when_the_step_finishes(registries):
@@ -133,13 +217,13 @@ def test_compile_is_in_place_and_block_by_block(monkeypatch):
 
     model = Blocks()
     model.stack = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2), "1": torch.nn.Linear(2, 2)})
-    P.compile_part(model)
+    compile_plugin.compile_part(model)
     assert compiled == list(model.stack.values())
     plain = torch.nn.Module()
     plain.layers = torch.nn.ModuleDict(
         {"0": torch.nn.Linear(2, 2)}
     )  # a name means nothing without a contract
-    P.compile_part(plain)
+    compile_plugin.compile_part(plain)
     assert compiled[-1] is plain
 
 

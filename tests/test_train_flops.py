@@ -161,3 +161,20 @@ def test_a_model_that_cannot_be_built_on_the_meta_device_leaves_attention_out_of
         "MFU leaves attention out: model 'llama' could not be built and run on the meta device to "
         "measure it (RuntimeError: no meta here)"
     ]
+
+
+def test_the_pair_count_is_the_attention_backends():
+    # Which pairs are attended is the backend's to say: one that counts its own (a
+    # sliding window) is asked; otherwise causal within documents only for a backend
+    # whose spec honours doc_ids, whatever keys the batch carries.
+    doc_ids = torch.tensor([[0, 0, 1, 1, 1]])
+    batch = {"input_ids": torch.zeros(1, 5, dtype=torch.long), "doc_ids": doc_ids}
+
+    class Windowed:
+        def attended_pairs(self, doc_ids, rows, seq_len):
+            return 1000 + rows * seq_len + (0 if doc_ids is None else 1)
+
+    assert flops.pair_counter(Windowed(), frozenset({"doc_ids"}))(batch) == 1006
+    assert flops.pair_counter(object(), frozenset({"doc_ids"}))(batch) == 3 + 6
+    assert flops.pair_counter(object(), frozenset())(batch) == 15
+    assert flops.pair_counter(object(), frozenset({"doc_ids"}))({"input_ids": batch["input_ids"]}) == 15

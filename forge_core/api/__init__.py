@@ -40,7 +40,18 @@ from forge_core.api.parallel import (
     tensor_parallel_coverage,
     tied_parameter_names,
 )
-from forge_core.api.protocols import AttentionBackend, Packer, ParallelModule, Source, Strategy, Tokenizer
+from forge_core.api.protocols import (
+    AttentionBackend,
+    CachingModel,
+    Model,
+    Packer,
+    ParallelModule,
+    PretrainedModel,
+    Source,
+    Strategy,
+    Tokenizer,
+    model_contract_gaps,
+)
 from forge_core.api.rules import (
     DEGREES,
     ActiveStrategy,
@@ -127,8 +138,12 @@ __all__ = [
     "tensor_parallel_coverage",
     "tied_parameter_names",
     "AttentionBackend",
+    "CachingModel",
+    "Model",
     "Packer",
     "ParallelModule",
+    "PretrainedModel",
+    "model_contract_gaps",
     "Source",
     "Strategy",
     "Tokenizer",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -68,9 +69,13 @@ class AttentionContext:
 
 @attrs.frozen
 class ParallelContext:
-    """Passed to ``strategy.apply(model, ctx)``.
+    """Passed to ``strategy.apply(model, ctx)``: the strategy's own options and the few
+    facts of the run a strategy needs, never the whole config (a strategy's settings
+    are its ``options``; what else it needs is named here).
 
-    - ``config``: the resolved ForgeConfig.
+    - ``model_name``: the configured model's name (``model.name``), for messages.
+    - ``precision``: ``train.precision`` (``"fp32"`` or ``"bf16"``): the data-parallel
+      strategies set their mixed-precision policy from it.
     - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with one dimension per
       declared :class:`MeshDim`, in their ``place`` order, named like them (``pp``,
       ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; size-1 dimensions included), or
@@ -83,14 +88,17 @@ class ParallelContext:
       loss took over the output head); a strategy that takes over forward and backward
       (pipeline parallelism) computes the loss with it, or with the one its step is given.
     - ``gradient_finishers``: see :meth:`add_gradient_finisher`.
+    - ``gradient_syncs``: see :meth:`add_gradient_sync`.
     """
 
-    config: Any
+    model_name: str
+    precision: str
     mesh: Any
     device: Any
     options: Any
     loss_fn: Any = None
     gradient_finishers: list[Callable[[], None]] = attrs.field(factory=list)
+    gradient_syncs: list[Callable[[bool], AbstractContextManager]] = attrs.field(factory=list)
     dims: tuple[MeshDim, ...] = ()
 
     def mesh_along(self, *names: str) -> Any:
@@ -113,6 +121,16 @@ class ParallelContext:
             return flat
         sizes = tuple(math.prod(self.mesh[dim].size() for dim in column) for column in columns)
         return flat._unflatten(0, sizes, tuple("_".join(column) for column in columns))
+
+    def add_gradient_sync(self, sync: Callable[[bool], AbstractContextManager]) -> None:
+        """Declare how the module this strategy returns synchronises gradients:
+        ``sync(enabled)`` returns a context manager entered around each micro-batch's
+        forward and backward, ``enabled`` false on every micro-batch of a step but the
+        last, so a data-parallel wrapper reduces once per step (DDP: its ``no_sync()``
+        when not enabled; FSDP2: ``set_requires_gradient_sync(enabled)``). The trainer
+        knows which wrapper it holds only from this; nothing registered: gradients are
+        reduced by every backward (or not at all)."""
+        self.gradient_syncs.append(sync)
 
     def add_gradient_finisher(self, finish: Callable[[], None]) -> None:
         """Have ``finish()`` called once per optimizer step, on every process, after the

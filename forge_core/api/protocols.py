@@ -9,7 +9,8 @@ and modules appear as ``Any``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from forge_core.api.packing import LazyPacker
@@ -19,7 +20,12 @@ from forge_core.api.packing import LazyPacker
 class AttentionBackend(Protocol):
     """Built as ``cls(options)``. ``prepare`` runs once per model forward and builds what
     every layer shares (a mask); ``attend`` takes ``q (B, heads, S, head_dim)`` and
-    ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``."""
+    ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``.
+
+    Optional: ``attended_pairs(doc_ids, rows, seq_len) -> int``, the query-key pairs its
+    mask allows for a batch (``doc_ids`` as the model hands them to ``prepare``, or
+    ``None``), which the trainer's MFU counts; without it, causal attention within each
+    document when the spec ``honours`` ``doc_ids``, over the whole row otherwise."""
 
     def prepare(self, doc_ids: Any, seq_len: int, device: Any) -> Any: ...
 
@@ -84,11 +90,116 @@ class Strategy(Protocol):
     def apply(self, model: Any, ctx: Any) -> Any: ...
 
 
+# --- the model contract -----------------------------------------------------------------
+
+
+@runtime_checkable
+class Model(Protocol):
+    """What a model's factory returns: a ``torch.nn.Module``, built as ``build(options,
+    vocab_size=..., attention=...)`` (the structured ``model.options``, the tokenizer's
+    vocabulary size, the constructed attention backend).
+
+    ``forward(input_ids, **metadata)`` returns logits ``(batch, seq, vocab)`` for
+    ``input_ids (batch, seq)``. The trainer calls it with keywords: ``input_ids`` and the
+    per-token metadata its spec's ``accepts`` lists (``doc_ids``, ``positions``:
+    ``(batch, seq)`` integer tensors, present when the packer isolates documents), so
+    the forward names each of them (or takes ``**metadata``). ``doc_ids`` go to the
+    backend's ``prepare(doc_ids, seq_len, device)``, called once per forward, whose
+    result every ``attend(q, k, v, prepared)`` receives; ``positions`` (restarting at
+    every document) go to the position encoding. Attention is computed only through
+    the backend. The forward also runs without metadata: the trainer's build-time
+    forward ``model(torch.zeros(1, 4, dtype=torch.long))`` under ``torch.no_grad()``, on
+    a meta-device copy with a probe for a backend, measures the FLOPs.
+
+    The contract grows with what the spec declares (:func:`model_contract_gaps` says
+    what a module lacks): :class:`ParallelModule` when ``supports`` names a piece of the
+    parallel contract, :class:`PretrainedModel` with a ``pretrained_option``,
+    :class:`CachingModel` for a model that decodes with a key/value cache. Optional
+    attributes, used when present: ``vocab_size`` (the rows of the output, recorded by
+    the run so ``sample`` and ``export-hf`` rebuild a padded vocabulary) and
+    ``param_roles() -> dict[str, str]`` (parameter name to role, overriding the weight
+    decay decision, see ``forge_optimizers``). ``forge_core.testing.check_model`` checks
+    all of this, and the behaviour behind it."""
+
+    def forward(self, input_ids: Any, **metadata: Any) -> Any: ...
+
+
 @runtime_checkable
 class ParallelModule(Protocol):
-    """A model (the ``nn.Module`` its factory returns) that tells the strategies how it
-    is split and sharded: ``parallel_contract()`` returns a
-    :class:`~forge_core.api.parallel.ParallelContract`. Its spec's ``supports`` says
-    which pieces of the contract are filled in."""
+    """A model that tells the strategies how it is split and sharded:
+    ``parallel_contract()`` returns a :class:`~forge_core.api.parallel.ParallelContract`
+    (the attribute holding its blocks, its tensor-parallel plan, its pipeline split, its
+    output head). Required when the spec's ``supports`` is not empty; the pieces it
+    lists are the ones filled in. Strategies know the model only through this."""
 
     def parallel_contract(self) -> Any: ...
+
+
+@runtime_checkable
+class PretrainedModel(Protocol):
+    """A model whose spec has a ``pretrained_option``: it may be built on the meta
+    device and is then materialised with ``to_empty(device=...)`` and ``init_weights()``,
+    once the strategies that handle the meta device have sharded it. ``init_weights``
+    fills every parameter and buffer of the module as this process holds it (DTensor
+    shards, a pipeline stage)."""
+
+    def init_weights(self) -> None: ...
+
+
+@runtime_checkable
+class CachingModel(Protocol):
+    """A model that decodes with a key/value cache: ``new_cache(batch_size, max_len)``
+    returns one, and ``forward(input_ids, cache=cache)`` runs only the new tokens,
+    continuing the cached ones and adding them to it. ``forge-run sample`` decodes with
+    it, and re-reads the whole context every token without it."""
+
+    def new_cache(self, batch_size: int, max_len: int) -> Any: ...
+
+    def forward(self, input_ids: Any, cache: Any = None, **metadata: Any) -> Any: ...
+
+
+def _keywords_missing(forward: Any, names: Iterable[str]) -> list[str]:
+    """The ``names`` that ``forward`` cannot take as keyword arguments."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): take it on trust
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    keywords = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return sorted(set(names) - keywords)
+
+
+def model_contract_gaps(module: Any, spec: Any = None) -> list[str]:
+    """What ``module`` lacks of the model contract (:class:`Model`, and the protocols its
+    ``spec``, a :class:`~forge_core.api.ModelSpec` or ``None``, calls for), one sentence
+    each; ``[]`` when nothing is missing. Checks that the methods are there and that
+    ``forward`` takes the keywords the trainer passes, not what they compute."""
+    accepts = sorted(getattr(spec, "accepts", ()) or ())
+    gaps = []
+    forward = getattr(module, "forward", None)
+    if not callable(forward):
+        return ["it has no forward(input_ids, **metadata) (the Model protocol)"]
+    missing = _keywords_missing(forward, ["input_ids", *accepts])
+    if missing:
+        gaps.append(
+            f"forward{inspect.signature(forward)} does not take {', '.join(missing)} as keyword argument(s), "
+            f"which the trainer passes (forward(input_ids=..., **metadata), the metadata being the spec's "
+            f"accepts: {accepts or 'none'})"
+        )
+    if getattr(spec, "supports", None) and not isinstance(module, ParallelModule):
+        gaps.append(
+            f"its spec declares supports {sorted(spec.supports)} but it has no parallel_contract() "
+            "(the ParallelModule protocol)"
+        )
+    if getattr(spec, "pretrained_option", None) and not isinstance(module, PretrainedModel):
+        gaps.append(
+            f"its spec has pretrained_option {spec.pretrained_option!r}, so it may be built on the meta "
+            "device, but it has no init_weights() to fill it (the PretrainedModel protocol)"
+        )
+    if callable(getattr(module, "new_cache", None)) and _keywords_missing(forward, ["cache"]):
+        gaps.append(
+            "it has new_cache() but its forward takes no cache keyword, which sampling passes "
+            "(the CachingModel protocol)"
+        )
+    return gaps

@@ -93,8 +93,12 @@ class ParallelismSpec(ComponentSpec):
       :class:`~forge_core.api.AttentionContext` when the strategy is active, before the
       model is built: the backend the model gets (context parallelism gathers keys and
       values over its group there).
+    - ``enabled_by``: for a wrapper, a boolean config path that switches it on as well
+      as its name in ``parallel.wrappers`` (the built-in ``compile`` wrapper:
+      ``"train.compile"``); ``None``: the name only.
     - ``order``: strategies are applied in ascending order (pipeline split 100, tensor
-      parallel 200, compile 300, data-parallel wrapping 400).
+      parallel 200, activation checkpointing 250, compile 300, data-parallel wrapping
+      400).
     - ``forwards``: the per-token metadata keys that reach every layer under this
       strategy; ``None`` means all of them (the strategy does not change what a layer
       sees). A strategy whose later layers receive only hidden states forwards
@@ -118,6 +122,7 @@ class ParallelismSpec(ComponentSpec):
     mesh_dim: str | None = None
     dim: Any = None
     attention: str | None = None
+    enabled_by: str | None = None
     order: int = 500
     forwards: frozenset[str] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else frozenset(v)

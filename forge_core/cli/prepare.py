@@ -33,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Plan
 
 
 def main(args: Any) -> int:
@@ -78,7 +78,7 @@ def lock_output(out: Path) -> Any:
     return RunLock.take(out.with_name(out.name + ".lock"), "prepare --out", held, fix=fix)
 
 
-def _prepare(args: Any, config: Any, registries: Any, plan: Any, out: Path) -> int:
+def _prepare(args: Any, config: Any, registries: Any, plan: Plan, out: Path) -> int:
     from forge_core import components
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare

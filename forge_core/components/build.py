@@ -24,12 +24,12 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Plan
 from forge_core.components.blame import describe, original_error, remember
 from forge_core.errors import TRACEBACK_ENV, ComponentError
 
 
-def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], spec: Any = None) -> Any:
+def _build(plan: Plan, registries: Any, kind: str, make: Callable[[Any], Any], spec: Any = None) -> Any:
     """``make(implementation)`` of the plan's chosen ``kind`` (or of ``spec``), with plugin
     failures turned into ComponentError."""
     spec = plan.specs[kind] if spec is None else spec
@@ -54,12 +54,12 @@ def _build(plan: Any, registries: Any, kind: str, make: Callable[[Any], Any], sp
     return built
 
 
-def tokenizer(plan: Any, registries: Any) -> Any:
+def tokenizer(plan: Plan, registries: Any) -> Any:
     config = plan.config
     return _build(plan, registries, "tokenizer", lambda cls: cls(config.data.tokenizer_options))
 
 
-def saved_tokenizer(plan: Any, registries: Any, directory: Path) -> Any:
+def saved_tokenizer(plan: Plan, registries: Any, directory: Path) -> Any:
     """The tokenizer of a finished run: a tokenizer class with a ``load(directory)``
     classmethod is loaded from what it saved; otherwise it is built from the config,
     and, when that fails and its options have a ``path``, from the saved directory."""
@@ -78,19 +78,19 @@ def saved_tokenizer(plan: Any, registries: Any, directory: Path) -> Any:
     return _build(plan, registries, "tokenizer", make)
 
 
-def source(plan: Any, registries: Any, index: int = 0) -> Any:
+def source(plan: Plan, registries: Any, index: int = 0) -> Any:
     """The ``index``-th source the run reads (``plan.sources``, in config order: the one
     of ``data.source``, or each entry of a ``data.sources`` mixture)."""
     return chosen_source(plan, registries, plan.sources[index])
 
 
-def chosen_source(plan: Any, registries: Any, chosen: Any) -> Any:
+def chosen_source(plan: Plan, registries: Any, chosen: Any) -> Any:
     """The source of a :class:`~forge_core.api.ChosenSource` (one of ``plan.sources``, or
     ``plan.eval_source``), constructed."""
     return _build(plan, registries, "source", lambda cls: cls(chosen.options), spec=chosen.spec)
 
 
-def packer(plan: Any, registries: Any, tok: Any) -> Any:
+def packer(plan: Plan, registries: Any, tok: Any) -> Any:
     data = plan.config.data
     eos_id, pad_id = int(tok.eos_id), int(tok.pad_id)
     return _build(
@@ -101,11 +101,11 @@ def packer(plan: Any, registries: Any, tok: Any) -> Any:
     )
 
 
-def attention(plan: Any, registries: Any) -> Any:
+def attention(plan: Plan, registries: Any) -> Any:
     return _build(plan, registries, "attention", lambda cls: cls(plan.config.attention.options))
 
 
-def without_pretrained(plan: Any) -> Any:
+def without_pretrained(plan: Plan) -> Any:
     """``plan`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
     for commands whose weights come from a Forge checkpoint instead."""
     name = plan.specs["model"].pretrained_option
@@ -117,7 +117,7 @@ def without_pretrained(plan: Any) -> Any:
     return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
 
 
-def model(plan: Any, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
+def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
     options = plan.config.model.options
     return _build(
         plan,
@@ -148,7 +148,7 @@ def _takes_named_params(build: Callable[..., Any]) -> bool:
     return inspect.Parameter.VAR_KEYWORD in kinds and not kinds & positional
 
 
-def optimizer(plan: Any, registries: Any, module: Any) -> Any:
+def optimizer(plan: Plan, registries: Any, module: Any) -> Any:
     """The optimizer of ``module`` (one model part): its factory is called as
     ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory that
     cannot take that call (a first positional parameter of another name, as in Forge's
@@ -173,7 +173,7 @@ def optimizer(plan: Any, registries: Any, module: Any) -> Any:
     return _build(plan, registries, "optimizer", make)
 
 
-def schedule(plan: Any, registries: Any, total_steps: int) -> Any:
+def schedule(plan: Plan, registries: Any, total_steps: int) -> Any:
     """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step`` of a schedule
     spanning ``total_steps``; past its end, its final value (the function is never asked
     about a step at or beyond ``total_steps``)."""
@@ -183,7 +183,7 @@ def schedule(plan: Any, registries: Any, total_steps: int) -> Any:
     return lambda step: float(fn(min(step, last), total_steps, train.warmup_steps, train.schedule_options))
 
 
-def loggers(plan: Any, registries: Any) -> list[tuple[str, Any]]:
+def loggers(plan: Plan, registries: Any) -> list[tuple[str, Any]]:
     """``(name, instance)`` for every logger in ``logging.loggers``."""
     from forge_core.plan import component_options
 

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from forge_core.api import DOC_IDS, POSITIONS, ForgeError
+from forge_core.api import DOC_IDS, POSITIONS, ForgeError, Plan
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
@@ -74,7 +74,7 @@ def _labels(sources: tuple[Any, ...]) -> list[str]:
     ]
 
 
-def build_source(plan: Any, registries: Any, index: int) -> Any:
+def build_source(plan: Plan, registries: Any, index: int) -> Any:
     """The plan's ``index``-th source, constructed; a mixture's errors say which entry."""
     from forge_core import components
 
@@ -193,7 +193,7 @@ def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError
 
 
 def build_training_data(
-    plan: Any,
+    plan: Plan,
     registries: Any,
     tokenizer: Any,
     *,
@@ -285,7 +285,7 @@ def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) ->
 
 
 def heldout_documents(
-    plan: Any, registries: Any, tokenizer: Any, *, is_main: bool = True
+    plan: Plan, registries: Any, tokenizer: Any, *, is_main: bool = True
 ) -> list[tuple[str, Any]]:
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.

@@ -8,9 +8,8 @@ norm across every shard and stage.
 
 :func:`parallelize` knows no concrete strategy: it applies the strategies of the judged
 :class:`~forge_core.api.Plan` (``plan.strategies``: active, in their declared ``order``,
-each with its options) on a mesh of ``plan.degrees``, with ``train.compile`` slotted in
-at 300 (after the pipeline split and tensor parallelism, before data-parallel
-wrapping, as FSDP and DDP expect compiled blocks).
+each with its options) on a mesh of ``plan.degrees``; ``train.compile`` is one of them
+(the ``compile`` wrapper, order 300).
 
 Gradient convention (docs/plugin-guide/parallelism.md#the-gradient-convention):
 data-parallel strategies SUM gradients over the data-parallel ranks, never average them,
@@ -22,9 +21,10 @@ does that division.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -33,7 +33,8 @@ from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
 
-COMPILE_ORDER = 300
+if TYPE_CHECKING:
+    from forge_core.api import Plan
 
 
 @attrs.define
@@ -73,6 +74,10 @@ class ParallelModel:
       (``MeshDim.splits_tokens``: ``cp``); this process's loss sums are its share, so
       a sum over every process weights them by ``token_split`` over the processes that
       read the batch.
+    - ``gradient_syncs``: what strategies declared through
+      :meth:`~forge_core.api.ParallelContext.add_gradient_sync`, entered by
+      :meth:`gradient_sync` around each micro-batch: how the wrapper that holds the
+      model skips the gradient reduction on all but a step's last micro-batch.
     """
 
     parts: list[torch.nn.Module]
@@ -95,6 +100,16 @@ class ParallelModel:
         for transform in self.batch_transforms:
             batch = transform(batch)
         return batch
+
+    gradient_syncs: list[Callable[[bool], contextlib.AbstractContextManager]] = attrs.field(factory=list)
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """Every declared gradient sync (:attr:`gradient_syncs`) for one micro-batch;
+        ``enabled``: whether its backward reduces the gradients (the step's last)."""
+        stack = contextlib.ExitStack()
+        for sync in self.gradient_syncs:
+            stack.enter_context(sync(enabled))
+        return stack
 
     def finish_gradients(self) -> None:
         """Complete this step's gradients (after the last backward, before clipping)."""
@@ -169,14 +184,6 @@ def single_process(model: torch.nn.Module, loss_fn: Callable | None = None) -> P
     return ParallelModel(parts=[model], forward=model, loss_fn=loss_fn)
 
 
-def compile_part(module: torch.nn.Module) -> None:
-    """``torch.compile`` in place, block by block (the same small graph is reused for
-    every block; state-dict keys keep their names, unlike an ``OptimizedModule``); the
-    whole part for a model whose contract names no blocks."""
-    for block in contract.blocks_of(module) or [module]:
-        block.compile()
-
-
 def is_meta(module: torch.nn.Module) -> bool:
     """Whether any parameter or buffer of ``module`` is still on the meta device."""
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
@@ -213,7 +220,7 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
 
 def parallelize(
     model: torch.nn.Module,
-    plan: Any,
+    plan: Plan,
     device: torch.device,
     loss_fn: Callable | None = None,
     mesh: Any = None,
@@ -236,10 +243,6 @@ def parallelize(
 
     if mesh is None:
         mesh = build_mesh(plan.degrees, device)
-    steps: list[tuple[int, str, Any]] = [(s.spec.order, s.name, s) for s in plan.strategies]
-    if plan.config.train.compile:
-        steps.append((COMPILE_ORDER, "compile", None))
-    steps.sort(key=lambda step: (step[0], step[1]))
 
     coords = dp_coords(mesh, plan.dims)
     pmodel = ParallelModel(
@@ -256,21 +259,20 @@ def parallelize(
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
     split: contract.ModelSplit | None = None
-    for _, name, strategy in steps:
-        if strategy is not None and not strategy.spec.handles_meta_device:
+    for strategy in plan.strategies:
+        name = strategy.name
+        if not strategy.spec.handles_meta_device:
             for part in parts:
                 materialize(part, device)
-        if strategy is None:
-            for runner in runners:
-                compile_part(runner)
-            continue
         ctx = ParallelContext(
-            config=plan.config,
+            model_name=plan.config.model.name,
+            precision=plan.config.train.precision,
             mesh=mesh,
             device=device,
             options=strategy.options,
             loss_fn=loss_fn,
             gradient_finishers=pmodel.gradient_finishers,
+            gradient_syncs=pmodel.gradient_syncs,
             dims=plan.dims,
         )
         impl = strategy.spec.load()(strategy.options)

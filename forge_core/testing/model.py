@@ -3,6 +3,12 @@
 :func:`check_model` builds the model with its factory (``build(options, vocab_size=,
 attention=)``, as a run does) and checks, each with a specific message on failure:
 
+- **contract**: the built module has what :class:`~forge_core.api.Model` and the
+  protocols its spec calls for require (:func:`~forge_core.api.model_contract_gaps`):
+  a ``forward`` taking ``input_ids`` and every keyword of the spec's ``accepts``,
+  ``parallel_contract()`` when ``supports`` is not empty, ``init_weights()`` with a
+  ``pretrained_option``, a ``cache`` keyword beside ``new_cache()``. Always checked.
+
 - **backend**: the model computes attention through the backend it is given: every
   forward calls ``attention.prepare(doc_ids, seq_len, device)`` with the ``doc_ids`` it
   received, then ``attention.attend(q, k, v, prepared)`` with what that ``prepare``
@@ -55,6 +61,7 @@ from forge_core.api import (
     TensorParallelPlan,
     blocks_of,
     contract_of,
+    model_contract_gaps,
     tensor_parallel_coverage,
     tied_parameter_names,
 )
@@ -166,6 +173,11 @@ def check_model(
     if not isinstance(built, torch.nn.Module):
         raise AssertionError(
             f"{label}: the factory must return a torch.nn.Module, got {type(built).__name__}"
+        )
+    gaps = model_contract_gaps(built, spec)
+    if gaps:
+        raise AssertionError(
+            f"{label}: does not meet the model contract (forge_core.api.Model): {'; '.join(gaps)}"
         )
     if attention is not None:
         label = f"{label} with attention {_name(attention)}"

@@ -55,6 +55,7 @@ from forge_core.api import (
     ActiveStrategy,
     ForgeError,
     ParallelismSpec,
+    Plan,
     hookimpl,
     import_path,
 )
@@ -193,7 +194,9 @@ def _impl(spec: ParallelismSpec, options: Any, label: str) -> None:
             )
 
 
-def _plan(registries: Any, spec: ParallelismSpec, options: Any, plugin: str, model: str, model_options: Any):
+def _plan(
+    registries: Any, spec: ParallelismSpec, options: Any, plugin: str, model: str, model_options: Any
+) -> Plan:
     from forge_core.config.loader import structure_config
     from forge_core.parallel_dims import mesh_dims
     from forge_core.plan import make_plan
@@ -294,7 +297,15 @@ def check_strategy(
     return StrategyReport(tuple(checked), {}, worst, names)
 
 
-def _apply(plan, registries, mesh, spec, label, seed, checked) -> dict[str, float]:
+def _apply(
+    plan: Plan,
+    registries: Any,
+    mesh: Any,
+    spec: ParallelismSpec,
+    label: str,
+    seed: int,
+    checked: list[str],
+) -> dict[str, float]:
     from forge_core import components
     from forge_core.distributed.parallelize import parallelize, wrap_attention
     from forge_core.train.loss import loss_fn

@@ -37,7 +37,7 @@ import attrs
 import numpy as np
 import torch
 
-from forge_core.api import IGNORE_INDEX, LABELS, ForgeError
+from forge_core.api import IGNORE_INDEX, LABELS, ForgeError, Plan
 
 #: Metric names, as loggers receive them (``eval/<source>/loss`` per source of a mixture).
 LOSS, PERPLEXITY, TOKENS = "eval/loss", "eval/perplexity", "eval/tokens"
@@ -110,7 +110,7 @@ def row_limit(config: Any) -> int:
 
 
 def build_eval_data(
-    plan: Any,
+    plan: Plan,
     registries: Any,
     tokenizer: Any,
     *,

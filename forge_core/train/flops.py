@@ -5,7 +5,10 @@ embedding tables, whose lookup is not a matmul; a tied output head is a matmul a
 counts) plus the attention score and value products. Attention is counted for the
 pairs actually attended: under causal attention with document masking a token attends
 only to the earlier tokens of its own document, so a row costs ``sum_d L_d (L_d + 1) / 2``
-pairs instead of ``S (S + 1) / 2``. Each attended pair costs ``4 * d_attn`` FLOPs forward
+pairs instead of ``S (S + 1) / 2``. Which pairs are attended is the attention backend's
+to say (:func:`pair_counter`): a backend may count its own (a sliding window attends
+fewer), and otherwise a backend whose spec ``honours`` ``doc_ids`` attends causally
+within documents, any other causally over the whole row. Each attended pair costs ``4 * d_attn`` FLOPs forward
 (``q.k`` and ``p*v``) and three times that for forward plus backward.
 
 ``d_attn`` (heads x head dim, summed over layers) is measured, not assumed: one forward of
@@ -15,10 +18,13 @@ shapes every layer passed to ``attend``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+
+from forge_core.api import DOC_IDS, INPUT_IDS
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -53,6 +59,25 @@ def attended_pairs(doc_ids: torch.Tensor | None, batch: int, seq_len: int) -> in
     np.not_equal(ids[:, 1:], ids[:, :-1], out=starts[:, 1:])
     lengths = np.diff(np.flatnonzero(starts), append=ids.size)
     return int((lengths * (lengths + 1) // 2).sum())
+
+
+def pair_counter(backend: Any, honours: frozenset[str]) -> Callable[[dict[str, torch.Tensor]], int]:
+    """``count(batch) -> int``: the query-key pairs the run's attention computes for one
+    batch, as the backend declares. A backend with ``attended_pairs(doc_ids, rows,
+    seq_len) -> int`` counts its own (``doc_ids`` as the model hands them to its
+    ``prepare``, or ``None``); otherwise :func:`attended_pairs`, with the batch's
+    ``doc_ids`` only when the backend's spec ``honours`` them (``honours``)."""
+    own = getattr(backend, "attended_pairs", None)
+    masks_documents = DOC_IDS in honours
+
+    def count(batch: dict[str, torch.Tensor]) -> int:
+        rows, seq_len = batch[INPUT_IDS].shape[:2]
+        doc_ids = batch.get(DOC_IDS)
+        if own is not None:
+            return int(own(doc_ids, rows, seq_len))
+        return attended_pairs(doc_ids if masks_documents else None, rows, seq_len)
+
+    return count
 
 
 def step_flops(n_matmul_params: int, attn_width: int, input_tokens: int, pairs: int) -> float:

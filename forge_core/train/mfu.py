@@ -15,7 +15,7 @@ probe.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -23,6 +23,9 @@ import torch
 from forge_core import components
 from forge_core.train import flops
 from forge_core.train.peak import cache_file, cached_peak, peak_flops
+
+if TYPE_CHECKING:
+    from forge_core.api import Plan
 
 
 @attrs.define
@@ -54,7 +57,7 @@ class MfuMeter:
         )
 
 
-def attention_width(plan: Any, registries: Any, vocab_size: int, warn: Callable[[str], None]) -> int:
+def attention_width(plan: Plan, registries: Any, vocab_size: int, warn: Callable[[str], None]) -> int:
     """``d_attn`` summed over layers, from one forward of a meta-device copy of the model
     (pretrained weights not loaded); 0, with a warning, when the model cannot be built
     or run there: MFU then counts the parameter matmuls alone."""
@@ -72,7 +75,7 @@ def attention_width(plan: Any, registries: Any, vocab_size: int, warn: Callable[
 
 
 def build_meter(
-    plan: Any,
+    plan: Plan,
     registries: Any,
     model: torch.nn.Module,
     vocab_size: int,

@@ -3,7 +3,7 @@ the judged plan once, in order, and :class:`RunParts` holds them for the loop.
 
 The order matters: the tokenizer first (its vocabulary sizes the model), the data (read
 from the token cache, which one process per node fills while the others wait), the model
-with its attention backend, then the strategies (and ``train.compile``) applied in their
+with its attention backend, then the strategies (``train.compile`` among them) applied in their
 declared order, with the loss ``train.loss`` names (the chunked loss takes over the
 model's output head before any strategy shards it), the optimizers (one per model part),
 the loader, evaluation data and the MFU meter.
@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from forge_core import components
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Plan
 from forge_core.distributed.mesh import build_mesh
 from forge_core.distributed.parallelize import is_meta, parallelize, wrap_attention
 from forge_core.distributed.placement import Placement
-from forge_core.train import precision
+from forge_core.train import flops, precision
 from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
@@ -58,6 +58,9 @@ class RunParts:
     #: Input tokens a step trains on: ``train.batch_size`` full rows, whatever the packer
     #: put in them.
     step_inputs: int
+    #: ``count(batch) -> int``, the query-key pairs the attention computes for a batch
+    #: (for MFU; :func:`~forge_core.train.flops.pair_counter`).
+    count_pairs: Callable[[dict[str, torch.Tensor]], int]
 
 
 def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
@@ -77,7 +80,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build_parts(
-    plan: Any,
+    plan: Plan,
     registries: Any,
     placement: Placement,
     run_dir: Any,
@@ -97,7 +100,8 @@ def build_parts(
 
     # The mesh first: a strategy's attention wrapper (context parallelism) needs its group.
     mesh = build_mesh(plan.degrees, pl.device)
-    attention = wrap_attention(components.attention(plan, registries), plan, mesh)
+    backend = components.attention(plan, registries)
+    attention = wrap_attention(backend, plan, mesh)
     model = components.model(plan, registries, int(tokenizer.vocab_size), attention)
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
@@ -143,4 +147,5 @@ def build_parts(
         micro_batch=micro_batch,
         slice_weight=dp / pl.world_size,
         step_inputs=train.batch_size * data.seq_len,
+        count_pairs=flops.pair_counter(backend, plan.specs["attention"].honours),
     )

@@ -15,18 +15,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS
+from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.distributed.parallelize import clip_grad_norm
 from forge_core.distributed.placement import all_reduce_sum, to_device
-from forge_core.train import flops, precision
+from forge_core.train import precision
 
 
 @attrs.frozen
@@ -44,31 +43,21 @@ class StepOutcome:
     counts: tuple[float, ...] = ()
 
 
-def _grad_sync(module: Any, enabled: bool) -> contextlib.AbstractContextManager:
-    """Skip data-parallel gradient sync on all but the last micro-batch: DDP's
-    ``no_sync()``, FSDP2's ``set_requires_gradient_sync``; nothing for a plain module."""
-    if module is None:
-        return contextlib.nullcontext()
-    if hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(enabled)
-        return contextlib.nullcontext()
-    if not enabled and hasattr(module, "no_sync"):
-        return module.no_sync()
-    return contextlib.nullcontext()
-
-
 def global_counts(
     micro: list[dict[str, torch.Tensor]],
+    count_pairs: Callable[[dict[str, torch.Tensor]], int],
     slice_weight: float,
     stop: bool,
     device: torch.device,
     counts: Sequence[float] = (),
 ) -> tuple[float, float, float, tuple[float, ...]]:
     """``(labelled tokens, attended pairs, stop requests, counts)`` over every process,
-    ``counts`` being the caller's own per-batch counts. Every process of a data-parallel
-    slice reads the same batch: ``slice_weight`` counts each batch once."""
+    ``counts`` being the caller's own per-batch counts and ``count_pairs`` the
+    attention's count of attended pairs (:func:`~forge_core.train.flops.pair_counter`).
+    Every process of a data-parallel slice reads the same batch: ``slice_weight`` counts
+    each batch once."""
     labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
-    pairs = sum(flops.attended_pairs(b.get(DOC_IDS), *b[INPUT_IDS].shape[:2]) for b in micro)
+    pairs = sum(count_pairs(b) for b in micro)
     w = slice_weight
     labelled, pairs, stops, *summed = all_reduce_sum(
         [labelled * w, pairs * w, 1.0 if stop else 0.0, *(c * w for c in counts)], device
@@ -87,12 +76,13 @@ def optimizer_step(
     slice_weight: float,
     grad_clip: float,
     stop: bool,
+    count_pairs: Callable[[dict[str, torch.Tensor]], int],
     counts: Sequence[float] = (),
 ) -> StepOutcome:
     """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
     afterwards whether or not the optimizers stepped. ``counts`` (this process's numbers
     about its batches) come back summed over the global batch, in the same all-reduce."""
-    labelled, pairs, stops, summed = global_counts(micro, slice_weight, stop, device, counts)
+    labelled, pairs, stops, summed = global_counts(micro, count_pairs, slice_weight, stop, device, counts)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -101,7 +91,7 @@ def optimizer_step(
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     for i, batch in enumerate(micro):
         batch = to_device(batch, device)
-        with _grad_sync(pmodel.forward, i == len(micro) - 1), autocast:
+        with pmodel.gradient_sync(i == len(micro) - 1), autocast:
             loss_sum, _ = pmodel.forward_backward(batch, None, normalizer)
         loss_total += loss_sum.detach().float()
     pmodel.finish_gradients()  # what strategies reduce once per step (tp's partial parameters)

@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from forge_core import components
-from forge_core.api import ForgeError, RunContext
+from forge_core.api import ForgeError, Plan, RunContext
 from forge_core.distributed.placement import Placement, broadcast_object
 from forge_core.plugins import register
 from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span
@@ -94,7 +94,7 @@ class Trainer:
     world size): the components, the strategies and the degrees are built from it, never
     recomputed from the config. ``registries`` give the loggers and the lifecycle hooks."""
 
-    plan: Any
+    plan: Plan
     config: Any
     registries: Any
     placement: Placement
@@ -107,7 +107,7 @@ class Trainer:
     tally: mixture_tally.MixtureTally | None
 
     def __init__(
-        self, plan: Any, registries: Any, placement: Placement, stop: StopSignal | None = None
+        self, plan: Plan, registries: Any, placement: Placement, stop: StopSignal | None = None
     ) -> None:
         self.plan = plan
         self.config = plan.config
@@ -312,6 +312,7 @@ class Trainer:
             slice_weight=parts.slice_weight,
             grad_clip=train.grad_clip,
             stop=self.stop.received is not None,
+            count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
         )
         step_time = time.perf_counter() - t0

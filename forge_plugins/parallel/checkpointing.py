@@ -56,7 +56,7 @@ class ActivationCheckpoint:
         blocks = blocks_of(model)
         if not blocks:
             raise ForgeError(
-                f"activation checkpointing found no blocks in model {ctx.config.model.name!r} "
+                f"activation checkpointing found no blocks in model {ctx.model_name!r} "
                 f"({type(model).__name__}): its parallel_contract() names none. Remove 'act_ckpt' from "
                 "parallel.wrappers, or (model authors) name the repeated blocks in the contract."
             )

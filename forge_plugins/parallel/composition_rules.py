@@ -25,11 +25,11 @@ ACT_CKPT_EVERY = "act_ckpt.every-within-blocks"
 
 def check_tp_compile(ctx: Any) -> str | None:
     tp = ctx.degrees["tp"]
-    if tp > 1 and ctx.config.train.compile:
+    if tp > 1 and ctx.is_active("compile"):
         return (
-            f"train.compile with parallel.tp = {tp}: in torch 2.13 the first backward through "
-            "blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's redistribute "
-            "('Tensor' object has no attribute '_local_tensor'), with or without activation "
+            f"compiled blocks (the compile wrapper) with parallel.tp = {tp}: in torch 2.13 the first "
+            "backward through blocks compiled over tensor-parallel (DTensor) layers fails in DTensor's "
+            "redistribute ('Tensor' object has no attribute '_local_tensor'), with or without activation "
             "checkpointing (measured under torchrun on CPU)"
         )
     return None
@@ -65,10 +65,11 @@ def rules() -> list[Any]:
         Rule(
             id=TP_COMPILE,
             severity="error",
-            paths=("parallel.tp", "train.compile"),
+            paths=("parallel.tp", "train.compile", "parallel.wrappers"),
             summary="Tensor parallelism is not combined with compiled blocks (torch 2.13 fails in backward).",
             check=check_tp_compile,
-            fix="Set train.compile: false, or parallel.tp: 1.",
+            fix="Switch compile off (train.compile: false, and compile not in parallel.wrappers), or set "
+            "parallel.tp: 1.",
         ),
         Rule(
             id=ACT_CKPT_EVERY,

@@ -17,6 +17,7 @@ gradient convention, docs/plugin-guide/parallelism.md#the-gradient-convention).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ class DataParallel:
             return shard_model(
                 model,
                 ctx.mesh_along("dp_replicate", "dp_shard"),
-                ctx.config.train.precision,
+                ctx.precision,
                 reshard_after_forward=False,
             )
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -59,4 +60,5 @@ class DataParallel:
             broadcast_buffers=False,
         )
         wrapped.register_comm_hook(group, sum_allreduce_hook)
+        ctx.add_gradient_sync(lambda enabled: contextlib.nullcontext() if enabled else wrapped.no_sync())
         return wrapped

@@ -14,6 +14,8 @@ Under ``train.precision: bf16`` parameters are gathered in bf16 and gradients re
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -59,4 +61,13 @@ class FullyShard:
         # mesh_along widens dp_shard by the dimensions that shard with it (cp).
         replicated = ctx.mesh["dp_replicate"].size() > 1
         mesh = ctx.mesh_along("dp_replicate", "dp_shard") if replicated else ctx.mesh_along("dp_shard")
-        return shard_model(model, mesh, ctx.config.train.precision, self.options.reshard_after_forward)
+        sharded = shard_model(model, mesh, ctx.precision, self.options.reshard_after_forward)
+        ctx.add_gradient_sync(functools.partial(_requires_gradient_sync, sharded))
+        return sharded
+
+
+def _requires_gradient_sync(module: FSDPModule, enabled: bool) -> contextlib.AbstractContextManager:
+    """FSDP2 reduces the gradients in the backward only when ``enabled`` (a flag, not a
+    context: set before every micro-batch, so the step's last one always reduces)."""
+    module.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()

@@ -299,7 +299,7 @@ class PipelineParallel:
         pp_mesh = ctx.mesh["pp"]
         pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
         n_stages = pp * options.virtual_stages
-        stages = pipeline_stages(model, ctx.config.model.name, n_stages)
+        stages = pipeline_stages(model, ctx.model_name, n_stages)
         stage_ids = stages_of_rank(pp_rank, pp, options.virtual_stages, options.schedule)
         parts = [stages[s] for s in stage_ids]
         return ModelSplit(parts, functools.partial(self._finalize, ctx, stage_ids, n_stages))
@@ -342,3 +342,7 @@ class PipelineParallel:
             ctx.device,
         )
         pmodel.is_last_stage = has_last
+        # The schedule drives the stages' gradient sync itself (torch's stages switch a
+        # data-parallel wrapper's sync per microbatch and reduce after the last), so the
+        # trainer's per-micro-batch toggle of the wrappers applied after the split goes.
+        pmodel.gradient_syncs.clear()

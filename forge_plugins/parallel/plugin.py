@@ -72,6 +72,15 @@ def forge_parallelisms() -> list[ParallelismSpec]:
             requires={BLOCKS},
         ),
         ParallelismSpec(
+            name="compile",
+            summary="torch.compile the model's blocks in place, one by one (train.compile: true)",
+            impl="forge_plugins.parallel.compile:Compile",
+            handles_meta_device=True,  # compiling is lazy: nothing is traced before the first call
+            mesh_dim=None,  # a wrapper: train.compile, or named in parallel.wrappers
+            enabled_by="train.compile",
+            order=300,  # after tp and act_ckpt (their sharded, recomputed blocks), before fsdp/ddp
+        ),
+        ParallelismSpec(
             name="fsdp",
             summary="FSDP2 fully_shard per block and at the root; HSDP when dp_replicate > 1",
             impl="forge_plugins.parallel.fsdp:FullyShard",

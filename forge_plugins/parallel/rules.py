@@ -237,11 +237,11 @@ def check_pp_split_backward_compile(ctx: Any) -> str | None:
     differs from one process by 3.9e-4 relative under ``zbv_zero_bubble`` and
     ``interleaved_zero_bubble`` (compiled ``1f1b``: 0; float32 rounding: ~1e-7)."""
     schedule = _split_backward(ctx)
-    if schedule is None or not ctx.config.train.compile:
+    if schedule is None or not ctx.is_active("compile"):
         return None
     return (
         f"parallel.options.pp.schedule = {schedule!r} splits each backward into an input pass and "
-        "a later weight pass, which compiled blocks (train.compile: true) do not support in torch "
+        "a later weight pass, which compiled blocks (the compile wrapper) do not support in torch "
         "2.13: the backward fails on donated buffers, and with buffer donation switched off the "
         "gradients come out wrong (gradient norm 3.9e-4 relative off one process's, measured)"
     )
@@ -379,10 +379,11 @@ def rules() -> list[Any]:
         Rule(
             id=PP_SPLIT_BACKWARD_COMPILE,
             severity="error",
-            paths=("parallel.options.pp.schedule", "train.compile"),
+            paths=("parallel.options.pp.schedule", "train.compile", "parallel.wrappers"),
             summary="Split-backward (zero-bubble) schedules are not combined with compiled blocks.",
             check=check_pp_split_backward_compile,
-            fix="Set train.compile: false, or use a schedule without split backward (1f1b, gpipe, "
+            fix="Switch compile off (train.compile: false, and compile not in parallel.wrappers), or use a "
+            "schedule without split backward (1f1b, gpipe, "
             "interleaved_1f1b, looped_bfs).",
         ),
         Rule(

@@ -131,7 +131,7 @@ class TensorParallel:
         self.options = options
 
     def apply(self, model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-        model_name = ctx.config.model.name
+        model_name = ctx.model_name
         contract = contract_of(model)
         if contract is None or contract.tensor_parallel is None:
             raise ForgeError(

@@ -34,6 +34,20 @@ class WindowAttention:
         same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
         return (band[None] & same_doc)[:, None]
 
+    def attended_pairs(self, doc_ids: torch.Tensor | None, rows: int, seq_len: int) -> int:
+        """The query-key pairs :meth:`prepare`'s mask allows, for Forge's MFU: a token at
+        position ``p`` of its document (of the row, without ``doc_ids``) attends to
+        ``min(p + 1, window)`` keys."""
+        if doc_ids is None:
+            return rows * int(torch.arange(1, seq_len + 1).clamp(max=self.window).sum())
+        ids = doc_ids.detach().cpu()
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        # Position within the document: distance to the latest document start.
+        index = torch.arange(seq_len).expand_as(ids)
+        last_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+        return int((index - last_start + 1).clamp(max=self.window).sum())
+
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: torch.Tensor
     ) -> torch.Tensor:

@@ -21,3 +21,16 @@ def test_window_is_registered_with_its_capabilities(forge_registries):
     spec = forge_registries["attention"].get("window")
     assert spec.honours == {"doc_ids"}
     assert forge_registries["attention"].plugin_of("window") == "example"
+
+
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_the_pairs_it_counts_for_mfu_are_the_pairs_its_mask_allows(window):
+    import torch
+
+    from forge_plugin_example.options import WindowOptions
+    from forge_plugin_example.window import WindowAttention
+
+    backend = WindowAttention(WindowOptions(window=window))
+    doc_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2], [0] * 12])
+    assert backend.attended_pairs(doc_ids, 2, 12) == int(backend.prepare(doc_ids, 12, "cpu").sum())
+    assert backend.attended_pairs(None, 2, 12) == 2 * int(backend.prepare(None, 12, "cpu").sum())
