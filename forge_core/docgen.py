@@ -275,6 +275,7 @@ def hook_objects() -> tuple[str, ...]:
         "ParallelContext",
         "MeshDim",
         "AttentionContext",
+        "Strategy",
         "ModelFacts",
         "ParallelContract",
         "PipelineSplit",

@@ -303,7 +303,7 @@ def parallelize(
     return pmodel
 
 
-def wrap_attention(backend: Any, plan: Any, mesh: Any) -> Any:
+def wrap_attention(backend: Any, plan: Plan, mesh: Any) -> Any:
     """The attention backend the model is built with: ``backend`` passed through the
     attention wrapper of every active strategy that declares one
     (``ParallelismSpec.attention``), in application order, each given an
