@@ -14,6 +14,13 @@ variant with per-head q/k norms its tensor-parallel plan declares ``partial``
 built-in plan); each layout is compared with a single-process run of its own model.
 After training, the evaluation loop (:mod:`eval_loop`) runs on each layout too.
 
+The ``cp*`` layouts split every row's tokens over the context-parallel ranks (the
+``documents`` balancer unless named ``zigzag``), on packed rows unless ``_plain``: both
+attention modes with each backend on 2 processes, and on 4: cp = 4, cp with fsdp, hsdp,
+tp (both modes; ``mha``: as many key/value heads as query heads, so Ulysses divides them)
+and pp under every schedule with each backend. ``cp2_unisolated`` is their control: the
+same rows without ``doc_ids``/``positions`` must not match.
+
 The ``*_chunked`` layouts train with the chunked loss (``train.loss.name: chunked``,
 chunks of 24 tokens): under tp the head stays sharded along the vocabulary and the
 log-sum-exp is combined across ranks, under pp it runs on the last stage, under
