@@ -118,3 +118,16 @@ def test_a_declaration_that_cannot_hold_is_refused_naming_the_plugin(spec, says)
     registry = load_registries(extra=(plugin(spec),))["parallelism"]
     with pytest.raises(ForgeError, match=says):
         mesh_dims(registry)
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [("tq", "Did you mean 'tp'?"), ("dpshard", "Did you mean 'dp_shard'?"), ("xp", None)],
+)
+def test_a_short_degree_one_letter_off_gets_a_did_you_mean_when_only_one_is(tmp_path, key, hint):
+    # One letter of two is too far for a similarity ratio; "xp" is one edit from pp, cp
+    # and tp alike, so nothing is offered for it.
+    with pytest.raises(ConfigError) as info:
+        judged(tmp_path, {key: 2})
+    message = dict(info.value.issues)[f"$.parallel.{key}"]
+    assert (hint in message) if hint else "Did you mean" not in message

@@ -22,9 +22,33 @@ class ForgeError(Exception):
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(name), sorted(choices), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    """`` Did you mean 'x'?`` for the closest choice, or an empty string. A short name
+    (``rq`` for ``rp``) is too short for a similarity ratio (one letter off of two is
+    0.5), so when nothing is close by ratio the one choice a single edit away, if only
+    one is, is offered."""
+    choices = sorted(choices)
+    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.6)
+    if not close:
+        close = [c for c in choices if _one_edit(str(name), c)]
+    return f" Did you mean {close[0]!r}?" if len(close) == 1 else ""
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with one letter replaced, inserted, deleted, or two
+    neighbours swapped (never ``a`` itself, never a one-letter name)."""
+    if a == b or min(len(a), len(b)) < 2 or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        swapped = (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and a[diff[0]] == b[diff[1]]
+            and a[diff[1]] == b[diff[0]]
+        )
+        return len(diff) == 1 or swapped
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 def unknown_name(what: str, name: str, choices: Iterable[str], path: str | None = None) -> str:

@@ -16,6 +16,11 @@
   FSDP and tensor parallelism lay them out, on one process, and lands where it does on
   plain tensors; an in-place update DTensor cannot keep is named with its fix
   (:mod:`forge_core.testing.optimizer`).
+- :func:`check_strategy`: a parallelism strategy at degree 1 in one process: its mesh
+  dimension holds beside the registered ones, its options and impl load, and applied to
+  a small model it keeps every parameter name, every batch key its transforms are given,
+  and the loss and gradients (float64), through its attention wrapper too
+  (:mod:`forge_core.testing.strategy`).
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
   does not.
 - :func:`check_model`: a model computes attention through the backend it is given,
@@ -64,6 +69,7 @@ _ATTENTION_NAMES = (
 _MODEL_NAMES = ("check_model", "ModelReport")
 _ISOLATION_NAMES = ("check_document_isolation",)
 _OPTIMIZER_NAMES = ("check_optimizer", "OptimizerReport")
+_STRATEGY_NAMES = ("check_strategy", "StrategyReport")
 _TOLERANCE_NAMES = (
     "assert_within_rounding",
     "assert_exactly_zero",
@@ -88,6 +94,7 @@ __all__ = [
     *_MODEL_NAMES,
     *_ISOLATION_NAMES,
     *_OPTIMIZER_NAMES,
+    *_STRATEGY_NAMES,
 ]
 
 
@@ -112,6 +119,10 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import optimizer
 
         return getattr(optimizer, name)
+    if name in _STRATEGY_NAMES:
+        from forge_core.testing import strategy
+
+        return getattr(strategy, name)
     if name == "assert_close":
         raise AttributeError(
             "forge_core.testing.assert_close (fixed atol/rtol) was replaced by "
@@ -129,4 +140,5 @@ def __dir__() -> list[str]:
         | set(_MODEL_NAMES)
         | set(_ISOLATION_NAMES)
         | set(_OPTIMIZER_NAMES)
+        | set(_STRATEGY_NAMES)
     )

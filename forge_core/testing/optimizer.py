@@ -90,7 +90,10 @@ def one_process_group() -> Iterator[None]:
     """A one-rank gloo group for the check, unless this process already has one."""
     if dist.is_initialized():
         if dist.get_world_size() != 1:
-            raise ValueError("check_optimizer runs on one process; call it outside a multi-process group")
+            raise ValueError(
+                "the kit's DTensor checks (check_optimizer, check_strategy) run on one process; call them "
+                "outside a multi-process group"
+            )
         yield
         return
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

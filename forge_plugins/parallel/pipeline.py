@@ -212,9 +212,10 @@ class PipelineStep:
 
 
 def broadcast_sums(result: torch.Tensor, group: Any, src: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss_sum, tokens)`` from the pipeline rank ``src`` (the last stage's) to all."""
+    """``(loss_sum, tokens)`` from the pipeline rank ``src`` (the last stage's) to all;
+    the sum stays float64 (a float64 model's loss is not rounded to float32 here)."""
     dist.broadcast(result, group=group, group_src=src)
-    return result[0].float(), result[1].long()
+    return result[0], result[1].long()
 
 
 #: Floating dtypes hidden states may have between stages (their index is sent ahead).
