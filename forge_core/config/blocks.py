@@ -123,7 +123,7 @@ def structure_blocks(lookup: Any, registries: Any) -> tuple[dict[str, Any], list
     return values, issues
 
 
-def _degree_problem(value: Any, dim: Any) -> str | None:
+def degree_problem(value: Any, dim: Any) -> str | None:
     if type(value) is not int:
         return f"expected an integer, got {show_value(value)} ({type_name(value)})"
     if not INT_MIN <= value <= INT_MAX:
@@ -160,7 +160,7 @@ def _structure_degrees(given: Any, registry: Any, values: dict[str, Any]) -> lis
     degrees = {}
     for name, dim in dims.items():
         value = given.get(name, dim.default)
-        problem = _degree_problem(value, dim) if name in given else None
+        problem = degree_problem(value, dim) if name in given else None
         if problem:
             issues.append((f"$.parallel.{name}", problem))
         degrees[name] = value

@@ -126,7 +126,7 @@ def _registries(strategy: Any, extra_plugins: tuple) -> tuple[Any, ParallelismSp
 
 
 def _declaration(spec: ParallelismSpec, registry: Any, label: str) -> tuple[Any, ...]:
-    from forge_core.config.blocks import _degree_problem
+    from forge_core.config.blocks import degree_problem
     from forge_core.parallel_dims import mesh_dims
 
     try:
@@ -139,7 +139,7 @@ def _declaration(spec: ParallelismSpec, registry: Any, label: str) -> tuple[Any,
         ) from None
     dim = spec.dim
     if dim is not None:
-        problem = _degree_problem(dim.default, dim)
+        problem = degree_problem(dim.default, dim)
         if problem:
             raise AssertionError(
                 f"{label}: its mesh dimension {dim.name!r} declares default={dim.default!r}, which its own "
