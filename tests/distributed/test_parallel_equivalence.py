@@ -248,7 +248,7 @@ def test_a_parameter_outside_the_tensor_parallel_plan_is_refused_at_build(two):
     assert "replicated" in error and "partial" in error  # the fix names both ways to declare them
 
 
-@pytest.mark.parametrize("name", [n for n in TWO + FOUR if not n.endswith("_flex")])
+@pytest.mark.parametrize("name", [n for n in TWO + FOUR + CP_TWO + CP_FOUR if not n.endswith("_flex")])
 def test_eval_loop_under_every_layout_equals_one_process(two, four, name):
     """The evaluation loop (forward only, 10 rows in batches of 4, the last padded) on
     the trained model gives the single-process number on every process; same
