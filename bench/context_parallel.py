@@ -41,19 +41,19 @@ boolean ``(B, 1, S, S)`` mask to float32 in every layer's call and saves that co
 On CPU the times are a record, not a target: with 2 cores, cp = 4 runs 4 one-thread
 processes on 2 cores, and gloo copies through TCP on localhost.
 
-Measured on a shared 2-core machine (the default run, 5.5 minutes), saved MiB per rank
-against one process: allgather 0.51 / 0.26 at cp = 2 / 4 for every seq_len from 1024
-to 8192 (x cp 1.01 to 1.10); ulysses 0.64 / 0.45 at 1024 rising to 0.87 / 0.80 at
+Measured on a shared 2-core machine (the default run, 4 to 5.5 minutes), saved MiB per
+rank against one process: allgather 0.51 / 0.26 at cp = 2 / 4 for every seq_len from
+1024 to 8192 (x cp 1.01 to 1.10); ulysses 0.64 / 0.45 at 1024 rising to 0.87 / 0.80 at
 8192 (the whole row's mask); with ``--backend flex --seq-lens 4096,8192`` (its block
-mask is about 64 KiB at 8192; 3 minutes) both modes 0.52 / 0.26 to 0.28. CPU time summed over the
-ranks against one process (sdpa): allgather 1.42 / 1.90 at 1024 falling to 0.99 / 0.89
-at 8192 (the dense S^2 attention dominates there, and it is split, not repeated),
-ulysses 1.16 / 1.84 at 8192.
+mask is about 64 KiB at 8192; 3 minutes) both modes 0.52 / 0.26 to 0.28. CPU time summed
+over the ranks against one process (sdpa; two runs): allgather 1.4 to 1.5 / 1.9 to 2.3
+at 1024, 1.0 / 0.9 to 1.1 at 8192 (the dense S^2 attention dominates there, and it is
+split, not repeated), ulysses 1.1 / 1.7 to 1.8 at 8192.
 The ``--device cuda`` path (nccl, ``torch.cuda.max_memory_allocated``) is written but
 was not run here (no GPU).
 
-Run: ``python bench/context_parallel.py`` (seq_len 1024 to 8192, 3 pairs; 5.5 minutes
-on 2 busy cores); ``--quick`` for a one-minute version; ``--seq-lens``,
+Run: ``python bench/context_parallel.py`` (seq_len 1024 to 8192, 3 pairs; 4 to 5.5
+minutes on 2 busy cores); ``--quick`` for a one-minute version; ``--seq-lens``,
 ``--rows``, ``--pairs``, ``--cps``, ``--modes``, ``--backend``, ``--device cuda``.
 """
 
