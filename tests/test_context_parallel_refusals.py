@@ -4,28 +4,16 @@ tests/distributed/test_context_parallel_attention.py."""
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
-from forge_core.api import NoOptions
+from forge_core.api import AttentionContext, NoOptions
 from forge_plugins.attention.eager import EagerAttention
 from forge_plugins.context_parallel.attention import ContextParallelAttention
+from forge_plugins.context_parallel.options import ContextParallelOptions
 
 
-@attrs.frozen
-class CpOptions:
-    attention: str
-    balance: str = "zigzag"
-
-
-@attrs.frozen
-class AttentionContext:
-    """The test double of the attention context a cp strategy hands the backend."""
-
-    group: object
-    rank: int
-    size: int
-    options: CpOptions
+def cp_options(attention: str, balance: str = "zigzag") -> ContextParallelOptions:
+    return ContextParallelOptions(attention=attention, balance=balance)
 
 
 class SquareOnly:
@@ -39,7 +27,7 @@ class SquareOnly:
 
 
 def ctx(mode: str) -> AttentionContext:
-    return AttentionContext(group=None, rank=0, size=2, options=CpOptions(mode))
+    return AttentionContext(group=None, rank=0, size=2, options=cp_options(mode))
 
 
 def test_an_unknown_cp_attention_is_refused_with_the_known_ones():

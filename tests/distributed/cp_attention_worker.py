@@ -16,12 +16,11 @@ import json
 import sys
 import warnings
 
-import attrs
 import torch
 import torch.distributed as dist
 from torch.nn.attention.flex_attention import flex_attention
 
-from forge_core.api import NoOptions
+from forge_core.api import AttentionContext, NoOptions
 from forge_core.testing import doc_ids_from_lengths
 from forge_plugins.attention import flex_kernel
 from forge_plugins.attention.eager import EagerAttention
@@ -32,6 +31,7 @@ from forge_plugins.context_parallel import attention as cp_attention
 from forge_plugins.context_parallel.attention import ContextParallelAttention
 from forge_plugins.context_parallel.balance import shard_index, zigzag_index
 from forge_plugins.context_parallel.collectives import gather_sequence
+from forge_plugins.context_parallel.options import ContextParallelOptions
 
 S, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 8
 #: Two packed rows: documents crossing the shard boundaries (S/4 = 16) and flex's
@@ -39,20 +39,8 @@ S, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 8
 ROWS = doc_ids_from_lengths(((5, 1, 11, 7, 9, 1, 30), (1, 40, 7, 10, 6)), S)
 
 
-@attrs.frozen
-class CpOptions:
-    attention: str
-    balance: str = "zigzag"
-
-
-@attrs.frozen
-class AttentionContext:
-    """The test double of the attention context a cp strategy hands the backend."""
-
-    group: object
-    rank: int
-    size: int
-    options: CpOptions
+def cp_options(attention: str, balance: str = "zigzag") -> ContextParallelOptions:
+    return ContextParallelOptions(attention=attention, balance=balance)
 
 
 class DropsOtherRanksKeys(ContextParallelAttention):
@@ -132,7 +120,7 @@ def main() -> None:
                 cp_attention.shard_index = per_row_index if split == "per-row" else shard_index
                 q, k, v, weight = tensors(seed)
                 want = one_process(backend, doc_ids, q, k, v, weight)
-                ctx = AttentionContext(group=None, rank=rank, size=size, options=CpOptions(mode))
+                ctx = AttentionContext(group=None, rank=rank, size=size, options=cp_options(mode))
                 variants = {"": ContextParallelAttention}
                 if mode == "allgather":
                     variants["drops-other-ranks-keys"] = DropsOtherRanksKeys
@@ -149,14 +137,14 @@ def main() -> None:
         backend = backends()["sdpa"]
         q, k, v, weight = tensors(100)
         want = one_process(backend, ROWS, q, k, v, weight)
-        attention = ContextParallelAttention(backend, AttentionContext(None, rank, size, CpOptions(mode)))
+        attention = ContextParallelAttention(backend, AttentionContext(None, rank, size, cp_options(mode)))
         attention.attend = torch.compile(attention.attend, backend="aot_eager")
         got, pick = sharded(attention, ROWS, q, k, v, weight, rank)
         results[f"sdpa-{mode}-packed-compiled"] = {
             what: relative(g, pick(w)) for what, g, w in zip(("out", "dq", "dk", "dv"), got, want)
         }
     # Ulysses with key/value heads that do not divide by cp is refused, naming the fix.
-    ctx = AttentionContext(group=None, rank=rank, size=size, options=CpOptions("ulysses"))
+    ctx = AttentionContext(group=None, rank=rank, size=size, options=cp_options("ulysses"))
     q, k, v, weight = tensors(0, kv_heads=1)
     try:
         sharded(ContextParallelAttention(backends()["eager"], ctx), None, q, k, v, weight, rank)
