@@ -473,14 +473,19 @@ def _options_prefix(kind: Any, name: str) -> str:
 
 
 def component_option_keys(registries: Any) -> list[str]:
-    """The option keys of every built-in component, as config paths."""
+    """The option keys of every built-in component, as config paths, and the degree
+    keys (``parallel.<dim>``) of the mesh dimensions the strategies declare."""
     from forge_core.kinds import KINDS
+    from forge_core.parallel_dims import mesh_dims
 
     return [
-        path
-        for kind in KINDS
-        for name in registries[kind.name].names()
-        for path, _ in option_rows(registries[kind.name].get(name).options, _options_prefix(kind, name))
+        *(f"parallel.{dim.name}" for dim in mesh_dims(registries["parallelism"])),
+        *(
+            path
+            for kind in KINDS
+            for name in registries[kind.name].names()
+            for path, _ in option_rows(registries[kind.name].get(name).options, _options_prefix(kind, name))
+        ),
     ]
 
 

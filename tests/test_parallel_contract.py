@@ -312,7 +312,7 @@ def test_tensor_parallelism_refuses_a_model_without_a_plan():
     from forge_plugins.parallel.tensor import TensorParallel
 
     class Ctx:
-        config = type("C", (), {"model": type("M", (), {"name": "plain"})})()
+        model_name = "plain"
 
     with pytest.raises(ForgeError, match="model 'plain' supplies no tensor-parallel plan"):
         TensorParallel(None).apply(torch.nn.Linear(2, 2), Ctx())

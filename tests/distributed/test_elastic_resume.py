@@ -84,7 +84,8 @@ def resume_elsewhere(tmp: Path, source: str, name: str, nproc: int, parallel: di
 def test_resume_on_another_number_of_processes_continues_the_run(saved, source, nproc, parallel):
     straight = read_metrics(saved / "one")
     written_by = LAYOUTS[source][0]
-    got, err = resume_elsewhere(saved, source, f"{source}-on-{nproc}", nproc, parallel)
+    layout = "-".join(f"{k}{v}" for k, v in parallel.items() if k != "options") or "plain"
+    got, err = resume_elsewhere(saved, source, f"{source}-on-{nproc}-{layout}", nproc, parallel)
     assert [m["step"] for m in got] == list(range(1, STEPS + 1))  # the jsonl kept the steps before
     after = [m for m in got if m["step"] > RESUME_AT]
     want = [m for m in straight if m["step"] > RESUME_AT]
