@@ -114,12 +114,6 @@ def switching_degrees(degrees: dict[str, int], dims: tuple[MeshDim, ...]) -> dic
     return out
 
 
-def product_of(degrees: dict[str, int], dims: tuple[MeshDim, ...], flag: str) -> int:
-    """The product of the degrees of the dimensions whose ``flag`` is set
-    (``reads_own_batch``: the data-parallel size; ``splits_tokens``: the token split)."""
-    return math.prod(degrees[d.name] for d in dims if getattr(d, flag))
-
-
 def active_strategies(
     registry: Any,
     degrees: dict[str, int],
