@@ -111,15 +111,18 @@ class DocumentStream:
             ids = np.asarray(self.tokens[self.start[doc[real]] + within[real]], dtype=np.int64)
             if self.vocab_size is not None and ids.size and (ids.max() >= self.vocab_size or ids.min() < 0):
                 bad = int(np.flatnonzero((ids >= self.vocab_size) | (ids < 0))[0])
-                d = int(doc[real[bad]])
-                number = int(self.document_index[d]) if self.document_index is not None else d
-                raise ForgeError(
-                    f"{self.where}: document {number} holds token id {int(ids[bad])}, outside the "
-                    f"tokenizer's vocabulary of {self.vocab_size} ids. The data is damaged or was made "
-                    "for another tokenizer: prepare it again."
-                )
+                raise self.out_of_vocabulary(int(doc[real[bad]]), int(ids[bad]))
             out[real] = ids
         return out, last
+
+    def out_of_vocabulary(self, d: int, token: int) -> ForgeError:
+        """The error for token id ``token`` of document ``d`` outside the vocabulary."""
+        number = int(self.document_index[d]) if self.document_index is not None else d
+        return ForgeError(
+            f"{self.where}: document {number} holds token id {token}, outside the "
+            f"tokenizer's vocabulary of {self.vocab_size} ids. The data is damaged or was made "
+            "for another tokenizer: prepare it again."
+        )
 
 
 def layout_stats(layout: RowLayout, total: int) -> dict[str, float]:
@@ -202,56 +205,126 @@ class PackedRows:
         return self.num_rows
 
     def read(self, rows: Any) -> dict[str, np.ndarray]:
-        """int64 arrays of shape ``(len(rows), seq_len)`` for the given row indices."""
+        """int64 arrays of shape ``(len(rows), seq_len)`` for the given row indices.
+
+        Every step works on the batch's pieces (and the documents they touch), a few
+        integers each; the per-token work is a handful of whole-batch passes: one cumsum
+        of source indices and one gather of token ids for every row at once, labels as
+        the ids shifted by one, and, with metadata, one cumsum for positions and one
+        repeat for ``doc_ids`` over the starts of the batch."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        L, S = self.layout, self.seq_len
+        L, S, stream = self.layout, self.seq_len, self.stream
         B = len(rows)
+        N = B * S
         lo = L.row_ptr[rows]
         counts = L.row_ptr[rows + 1] - lo
         first = np.zeros(B + 1, np.int64)
         np.cumsum(counts, out=first[1:])
         piece = np.repeat(lo - first[:-1], counts) + np.arange(first[-1], dtype=np.int64)
-        plen = L.lengths[piece]
-        # Column of each piece in its row: its offset among the row's pieces.
+        pstart, plen = L.starts[piece], L.lengths[piece]
+        pend = pstart + plen
+        # Each piece's first slot in the flat (B * S) output: its row's, plus the pieces before it.
         pcum = np.zeros(len(piece) + 1, np.int64)
         np.cumsum(plen, out=pcum[1:])
-        pcol = pcum[:-1] - np.repeat(pcum[first[:-1]], counts)
-        prow = np.repeat(np.arange(B, dtype=np.int64), counts)
-        # Every placed token: its stream position and its slot in the (B * S) output.
-        within = restart_counts(pcum[:-1], int(pcum[-1])) if len(piece) else np.zeros(0, np.int64)
-        src = np.repeat(L.starts[piece], plen) + within
-        dest = np.repeat(prow * S + pcol, plen) + within
+        fill = pcum[first[1:]] - pcum[first[:-1]]
+        pslot = np.repeat(np.arange(B, dtype=np.int64) * S - pcum[first[:-1]], counts) + pcum[:-1]
 
-        tokens, last = self.stream.gather(src)
-        input_ids = np.full(B * S, self.pad_id, np.int64)
-        labels = np.full(B * S, IGNORE_INDEX, np.int64)
-        input_ids[dest] = tokens
-        # A token's next one is the next of its piece, but for a piece's last token,
-        # gathered separately (one position per piece).
-        following = np.empty_like(tokens)
-        following[:-1] = tokens[1:]
+        # Segments: a piece cut at the documents it crosses (one per piece for 'documents').
+        offsets = stream.offsets
+        d0 = np.searchsorted(offsets, pstart, side="right") - 1
+        nseg = np.searchsorted(offsets, pend - 1, side="right") - d0 if len(piece) else d0
+        seg_piece = np.repeat(np.arange(len(piece), dtype=np.int64), nseg)
+        doc = d0[seg_piece] + restart_counts(np.cumsum(nseg) - nseg, int(nseg.sum()))
+        a = np.maximum(pstart[seg_piece], offsets[doc])
+        b = np.minimum(pend[seg_piece], offsets[doc + 1])
+        slot = pslot[seg_piece] + (a - pstart[seg_piece])
+        ends_doc = b == offsets[doc + 1]  # the segment holds its document's last token
+        eos_appended = stream.eos_id is not None
+        real = b - a - (ends_doc if eos_appended else 0)  # tokens read from the array
+        run = real > 0
+
+        input_ids = self._gather_ids(
+            slot[run], stream.start[doc[run]] + (a - offsets[doc])[run], real[run], doc[run], N
+        )
+        doc_last = slot[ends_doc] + (b - a)[ends_doc] - 1
+        if eos_appended:
+            input_ids[doc_last] = stream.eos_id
+        padded = np.flatnonzero(fill < S)
+        pad = None
+        if padded.size:
+            pad = np.arange(S) >= fill[:, None]
+            np.copyto(input_ids.reshape(B, S), self.pad_id, where=pad)
+
+        # A token's label is the next slot's id but at a piece's last slot, where it is
+        # the next stream token (gathered, one per piece).
+        labels = np.empty(N, np.int64)
+        labels[:-1] = input_ids[1:]
         if len(piece):
-            ends = np.minimum(L.starts[piece] + plen, max(self.stream.total - 1, 0))
-            following[pcum[1:] - 1] = self.stream.gather(ends)[0]
-        # The stream's last token has no next token.
-        labelled = ~last if L.boundaries == "documents" else src + 1 < self.stream.total
-        labels[dest[labelled]] = following[labelled]
-        eos_slots = dest[tokens == self.eos_id] if L.boundaries == "eos" else dest[:0]
-        labels[eos_slots] = IGNORE_INDEX
+            plast = pslot + plen - 1
+            labels[plast] = stream.gather(np.minimum(pend, max(stream.total - 1, 0)))[0]
+        if L.boundaries == "documents":
+            labels[doc_last] = IGNORE_INDEX
+        else:
+            if len(piece):
+                labels[plast[pend == stream.total]] = IGNORE_INDEX  # the stream's last token
+            eos_slots = np.flatnonzero(input_ids == self.eos_id) if L.boundaries == "eos" else None
+            if eos_slots is not None and pad is not None and self.pad_id == self.eos_id:
+                eos_slots = eos_slots[~pad.reshape(-1)[eos_slots]]
+            if eos_slots is not None:
+                labels[eos_slots] = IGNORE_INDEX
+        if pad is not None:
+            np.copyto(labels.reshape(B, S), IGNORE_INDEX, where=pad)
         out = {INPUT_IDS: input_ids.reshape(B, S), LABELS: labels.reshape(B, S)}
         if L.metadata:
-            # A document starts at every piece, at the padding and (for 'eos') after an EOS.
-            fill = np.bincount(prow, weights=plen, minlength=B).astype(np.int64)
-            starts = np.zeros(B * S, bool)
-            starts[prow * S + pcol] = True
-            padded = np.flatnonzero(fill < S)
-            starts[padded * S + fill[padded]] = True
-            after = eos_slots + 1
-            starts[after[after % S != 0]] = True
-            starts[np.arange(B) * S] = True
-            out[DOC_IDS] = np.cumsum(starts.reshape(B, S), axis=1, dtype=np.int64) - 1
-            out[POSITIONS] = restart_counts(np.flatnonzero(starts), B * S).reshape(B, S)
+            # A document starts at every piece, at the padding, at every row and (for
+            # 'eos') after an EOS.
+            marks = [pslot, padded * S + fill[padded], np.arange(B, dtype=np.int64) * S]
+            if L.boundaries == "eos":
+                after = eos_slots + 1
+                marks.append(after[after % S != 0])
+            starts = np.unique(np.concatenate(marks))
+            # doc_ids: a start's rank among its row's starts, repeated over its run.
+            rank = np.arange(len(starts), dtype=np.int64) - np.searchsorted(starts, starts - starts % S)
+            out[DOC_IDS] = np.repeat(rank, np.diff(starts, append=N)).reshape(B, S)
+            out[POSITIONS] = restart_counts(starts, N).reshape(B, S)
         return out
+
+    def _gather_ids(
+        self, slot: np.ndarray, src: np.ndarray, length: np.ndarray, doc: np.ndarray, size: int
+    ) -> np.ndarray:
+        """``out[slot[k] + i] = tokens[src[k] + i]`` for ``i < length[k]``, in one gather:
+        the source index of every slot is one cumsum (a run's index counts on into the
+        slots after it, clipped to the array, and those slots are overwritten by the
+        caller). Ids outside the vocabulary are refused naming their document."""
+        if not len(slot):
+            return np.zeros(size, np.int64)
+        index = np.ones(size, np.int64)
+        if slot[0] != 0:  # slots before the first run read token 0
+            slot, src, length, doc = (np.concatenate([[0], x]) for x in (slot, src, length, doc))
+            length[0], src[0] = 0, 0
+        index[0] = src[0]
+        index[slot[1:]] = np.diff(src) - np.diff(slot) + 1
+        np.cumsum(index, out=index)
+        out = np.asarray(np.take(self.stream.tokens, index, mode="clip"), dtype=np.int64)
+        vocab = self.stream.vocab_size
+        if vocab is not None and self.stream.eos_id is not None and (out.max() >= vocab or out.min() < 0):
+            self._refuse_ids(out, slot, length, doc, vocab)
+        return out
+
+    def _refuse_ids(
+        self, ids: np.ndarray, slot: np.ndarray, length: np.ndarray, doc: np.ndarray, vocab: int
+    ) -> None:
+        """Raise for the first id outside the vocabulary among the slots the runs fill
+        (the slots between runs read tokens outside the documents and are overwritten)."""
+        edge = np.zeros(len(ids) + 1, np.int64)
+        np.add.at(edge, slot, 1)
+        np.add.at(edge, slot + length, -1)
+        bad = np.flatnonzero((np.cumsum(edge[:-1]) > 0) & ((ids >= vocab) | (ids < 0)))
+        if bad.size:
+            j = int(bad[0])
+            raise self.stream.out_of_vocabulary(
+                int(doc[np.searchsorted(slot, j, side="right") - 1]), int(ids[j])
+            )
 
 
 class ArrayRows:
