@@ -1,14 +1,15 @@
 """Packing benchmark: one run, same data, numbers side by side.
 
-- ``concat`` (with isolation): tokens/s of its layout plus every row materialized
-  (what the loader does batch by batch, here all rows at once) against the literal
-  per-token Python loop (the reference definition, timed on a prefix of the same
-  tokens) and against ``np.copy`` of the same tokens (the memory-bandwidth ceiling).
-  The eager packer of before built whole arrays (views of one joined stream) at about
-  30x the loop; reading lazily adds a per-token document lookup (EOS is appended on
-  the fly, documents need not be adjacent on disk), so it is a few times the loop.
-  What matters for training, the loader against the model, is measured by
-  ``bench/data_scale.py``.
+- ``concat`` (with isolation): tokens per CPU-second of its rows read as the loader
+  reads them (``--batch`` rows a read; each read builds the batch's ids, labels, doc ids
+  and positions over the whole batch at once) against the literal per-token Python loop
+  (the reference definition) on the same tokens, alternated (loop, rows, loop, rows:
+  ``--pairs`` pairs, the median ratio is the headline), and against ``np.copy`` of the
+  same tokens (the memory-bandwidth ceiling). The loop's output and the rows are
+  compared token for token first. Every row in one read is printed too: arrays of that
+  size are fresh memory on every call, and faulting it in costs about as much as
+  building the rows. What matters for training, the loader against the model, is
+  measured by ``bench/data_scale.py``.
 - ``bfd`` on one million documents with log-normal lengths (median 300 tokens, sigma
   1.0) into rows of 2048: fill efficiency, share of tokens kept, and wall time of the
   placement (split + best-fit decreasing), and how its CPU time grows from a tenth of
@@ -20,10 +21,9 @@
 - ``trl.pack_dataset(..., strategy="bfd")`` on the same documents when ``trl`` is
   importable (it truncates what overflows a row, so the share kept is printed).
 
-Times are CPU seconds of the (single-threaded) numpy passes, best of a few calls after
-a first one: on a shared machine wall time measures the neighbours, and the first
-touch of fresh memory can cost more than the packing (about 2 s per GB on the
-development VM). The first call is printed too.
+Times are CPU seconds of the (single-threaded) numpy passes: on a shared machine wall
+time measures the neighbours, and the first touch of fresh memory can cost more than
+the packing (about 2 s per GB on the development VM).
 
 Run: ``python bench/packing.py`` (about a minute; ``--quick`` for a smoke run).
 """
@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
-from forge_core.data.packed_rows import DocumentStream, PackedRows, pack_documents
+from forge_core.data.packed_rows import DocumentStream, PackedRows
 from forge_plugins.packers.bfd import BfdPacker, place, split_documents
 from forge_plugins.packers.concat import ConcatPacker
 from forge_plugins.packers.options import ConcatOptions
@@ -110,44 +110,75 @@ def timed(fn) -> tuple[float, float, object]:
     return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
-def bench_concat(docs: list[np.ndarray], loop_tokens: int, repeats: int) -> None:
-    stream = np.concatenate(docs)
-    n = stream.size
+def read_in_batches(rows: PackedRows, batch: int) -> dict[str, np.ndarray]:
+    """Every row, ``batch`` rows a read (as the loader reads them), joined at the end
+    for the comparison (the join is outside the timed reads)."""
+    parts = [
+        rows.read(np.arange(lo, min(lo + batch, rows.num_rows))) for lo in range(0, rows.num_rows, batch)
+    ]
+    return {k: np.concatenate([p[k] for p in parts]) for k in rows.keys} if parts else {}
+
+
+def bench_concat(docs: list[np.ndarray], batch: int, pairs: int, repeats: int) -> None:
+    stream = DocumentStream.from_documents(docs)
     iso = ConcatPacker(ConcatOptions(isolate=True), seq_len=SEQ_LEN, eos_id=EOS, pad_id=0)
     plain = ConcatPacker(ConcatOptions(isolate=False), seq_len=SEQ_LEN, eos_id=EOS, pad_id=0)
-    _, cold, _ = timed(lambda: pack_documents(iso, docs))  # first call: fresh memory is faulted in
-    t_iso = best_of(repeats, lambda: pack_documents(iso, docs))
-    t_plain = best_of(repeats, lambda: pack_documents(plain, docs))
-    t_copy = best_of(repeats, lambda: np.copy(stream))
-    prefix = stream[: loop_tokens + 1]
-    prefix_list = prefix.tolist()
-    t_lists = best_of(2, lambda: loop_reference(prefix_list, SEQ_LEN, EOS))
-    t_loop = best_of(2, lambda: loop_to_arrays(prefix, SEQ_LEN, EOS))
-    looped = (loop_tokens // SEQ_LEN) * SEQ_LEN  # tokens in whole rows
+    rows = PackedRows(iso.layout(stream.lengths), stream, eos_id=EOS, pad_id=0)
+    plain_rows = PackedRows(plain.layout(stream.lengths), stream, eos_id=EOS, pad_id=0)
+    n = rows.num_rows * SEQ_LEN  # tokens in whole rows: what both sides produce
+    same = np.concatenate(docs)[: n + 1]  # the loop reads the same tokens (and one label past them)
+    batches = range(0, rows.num_rows, batch)
 
-    # The bench is only worth printing if the two agree.
-    ref = loop_to_arrays(stream[: 4 * SEQ_LEN + 1], SEQ_LEN, EOS)
-    got = pack_documents(iso, [stream[: 4 * SEQ_LEN + 1]])
+    def read_all(r: PackedRows = rows) -> None:
+        for lo in batches:
+            r.read(np.arange(lo, min(lo + batch, r.num_rows)))
+
+    # The bench is only worth printing if the two agree, on every token.
+    ref = loop_to_arrays(same, SEQ_LEN, EOS)
+    got = read_in_batches(rows, batch)
     assert all(np.array_equal(got[k], ref[k]) for k in ref)
+    del got, ref
+
+    # A B A B: the loop and the batched reads alternate, so load on the shared machine
+    # falls on both; each pair gives a ratio and the median of them is the headline.
+    loop_s, rows_s = [], []
+    for _ in range(pairs):
+        loop_s.append(best_of(1, lambda: loop_to_arrays(same, SEQ_LEN, EOS)))
+        rows_s.append(best_of(1, read_all))
+    ratios = sorted(a / b for a, b in zip(loop_s, rows_s))
+    listed = same.tolist()
+    t_lists = best_of(1, lambda: loop_reference(listed, SEQ_LEN, EOS))
+    t_once = best_of(repeats, lambda: rows.read(np.arange(rows.num_rows)))
+    t_plain = best_of(repeats, lambda: read_all(plain_rows))
+    t_copy = best_of(repeats, lambda: np.copy(same))
 
     print(
-        f"concat: {n / 1e6:.1f} M tokens ({len(docs):,} documents), seq_len {SEQ_LEN}; "
-        f"CPU time, best of {repeats} after a first call"
+        f"concat: {n / 1e6:.1f} M tokens in {rows.num_rows:,} rows ({len(docs):,} documents), "
+        f"seq_len {SEQ_LEN}, reads of {batch} rows; CPU time"
     )
-    rates = [
-        ("np.copy (bandwidth ceiling)", n / t_copy),
-        ("concat isolate=True", n / t_iso),
-        ("concat isolate=True, first call", n / cold),
-        ("concat isolate=False", n / t_plain),
-        (f"per-token loop -> int64 arrays ({looped / 1e6:.1f} M)", looped / t_loop),
-        ("  of which the loop on lists alone", looped / t_lists),
+    print(f"  {'':<46} {'M tokens/CPU-s':>15}   per pair (A B A B, {pairs} pairs)")
+    lines = [
+        ("np.copy of the tokens (bandwidth ceiling)", n / t_copy, ""),
+        (
+            "concat isolate=True, reads of the batch",
+            n / min(rows_s),
+            " ".join(f"{n / t / 1e6:.1f}" for t in rows_s),
+        ),
+        (
+            "per-token loop -> int64 arrays, same tokens",
+            n / min(loop_s),
+            " ".join(f"{n / t / 1e6:.1f}" for t in loop_s),
+        ),
+        ("  of which the loop on lists alone", n / t_lists, ""),
+        ("concat isolate=False, reads of the batch", n / t_plain, f"best of {repeats}"),
+        ("concat isolate=True, every row in one read", n / t_once, f"best of {repeats} (fresh memory)"),
     ]
-    for name, rate in rates:
-        print(f"  {name:<42} {rate / 1e6:>9.1f} M tokens/s")
+    for name, rate, detail in lines:
+        print(f"  {name:<46} {rate / 1e6:>15.1f}   {detail}")
     print(
-        f"  concat isolate=True: {t_loop / looped * n / t_iso:.0f}x the loop with the same output "
-        f"({t_lists / looped * n / t_iso:.0f}x the bare list loop); "
-        f"{n / t_iso / 1e6:.0f} M tokens/s; {t_copy / t_iso:.1%} of np.copy"
+        f"  concat isolate=True: {ratios[len(ratios) // 2]:.1f}x the loop with the same output "
+        f"(median of {pairs} pairs; {ratios[0]:.1f}x-{ratios[-1]:.1f}x); "
+        f"{t_copy / min(rows_s):.1%} of np.copy"
     )
 
 
@@ -218,8 +249,9 @@ def bench_bfd(n_docs: int, materialize_docs: int, rng: np.random.Generator) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concat-tokens", type=float, default=20e6)
-    parser.add_argument("--loop-tokens", type=float, default=1e6)
+    parser.add_argument("--concat-tokens", type=float, default=2e6)
+    parser.add_argument("--batch", type=int, default=16, help="rows a read, as the loader reads them")
+    parser.add_argument("--pairs", type=int, default=3, help="alternated loop/rows pairs")
     parser.add_argument("--bfd-docs", type=int, default=1_000_000)
     parser.add_argument("--materialize-docs", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -227,11 +259,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
-        args.concat_tokens, args.loop_tokens, args.bfd_docs, args.materialize_docs = 1e6, 1e5, 50_000, 5_000
+        args.concat_tokens, args.bfd_docs, args.materialize_docs = 2e5, 50_000, 5_000
     rng = np.random.default_rng(args.seed)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times suffer when busy)")
     lengths = lognormal_lengths(int(args.concat_tokens / 495) + 1, rng)
-    bench_concat(make_documents(lengths, rng), int(args.loop_tokens), args.repeats)
+    bench_concat(make_documents(lengths, rng), args.batch, args.pairs, args.repeats)
     bench_bfd(args.bfd_docs, args.materialize_docs, rng)
 
 

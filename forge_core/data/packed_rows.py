@@ -282,10 +282,13 @@ class PackedRows:
             if L.boundaries == "eos":
                 after = eos_slots + 1
                 marks.append(after[after % S != 0])
-            starts = np.unique(np.concatenate(marks))
+            starts = np.sort(np.concatenate(marks))  # a few per row: sorting beats np.unique's hashing
+            keep = np.ones(len(starts), bool)
+            np.not_equal(starts[1:], starts[:-1], out=keep[1:])
+            starts = starts[keep]
             # doc_ids: a start's rank among its row's starts, repeated over its run.
             rank = np.arange(len(starts), dtype=np.int64) - np.searchsorted(starts, starts - starts % S)
-            out[DOC_IDS] = np.repeat(rank, np.diff(starts, append=N)).reshape(B, S)
+            out[DOC_IDS] = np.repeat(rank, np.append(starts[1:], N) - starts).reshape(B, S)
             out[POSITIONS] = restart_counts(starts, N).reshape(B, S)
         return out
 
@@ -303,7 +306,7 @@ class PackedRows:
             slot, src, length, doc = (np.concatenate([[0], x]) for x in (slot, src, length, doc))
             length[0], src[0] = 0, 0
         index[0] = src[0]
-        index[slot[1:]] = np.diff(src) - np.diff(slot) + 1
+        index[slot[1:]] = (src[1:] - src[:-1]) - (slot[1:] - slot[:-1]) + 1
         np.cumsum(index, out=index)
         out = np.asarray(np.take(self.stream.tokens, index, mode="clip"), dtype=np.int64)
         vocab = self.stream.vocab_size
