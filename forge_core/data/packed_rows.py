@@ -200,6 +200,7 @@ class PackedRows:
         self.num_rows = layout.rows
         self.keys = (INPUT_IDS, LABELS) + ((DOC_IDS, POSITIONS) if layout.metadata else ())
         self.stats = layout_stats(layout, stream.total)
+        self._count = np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return self.num_rows
@@ -288,26 +289,37 @@ class PackedRows:
             starts = starts[keep]
             # doc_ids: a start's rank among its row's starts, repeated over its run.
             rank = np.arange(len(starts), dtype=np.int64) - np.searchsorted(starts, starts - starts % S)
-            out[DOC_IDS] = np.repeat(rank, np.append(starts[1:], N) - starts).reshape(B, S)
-            out[POSITIONS] = restart_counts(starts, N).reshape(B, S)
+            span = np.append(starts[1:], N) - starts
+            out[DOC_IDS] = np.repeat(rank, span).reshape(B, S)
+            positions = np.repeat(-starts, span)
+            positions += self._arange(N)
+            out[POSITIONS] = positions.reshape(B, S)
         return out
+
+    def _arange(self, size: int) -> np.ndarray:
+        """``np.arange(size)``, kept between reads (every read of a batch size needs it twice)."""
+        if len(self._count) < size:
+            self._count = np.arange(size, dtype=np.int64)
+        return self._count[:size]
 
     def _gather_ids(
         self, slot: np.ndarray, src: np.ndarray, length: np.ndarray, doc: np.ndarray, size: int
     ) -> np.ndarray:
         """``out[slot[k] + i] = tokens[src[k] + i]`` for ``i < length[k]``, in one gather:
-        the source index of every slot is one cumsum (a run's index counts on into the
+        the source index of every slot is one repeat (a run's index counts on into the
         slots after it, clipped to the array, and those slots are overwritten by the
         caller). Ids outside the vocabulary are refused naming their document."""
         if not len(slot):
             return np.zeros(size, np.int64)
-        index = np.ones(size, np.int64)
         if slot[0] != 0:  # slots before the first run read token 0
             slot, src, length, doc = (np.concatenate([[0], x]) for x in (slot, src, length, doc))
             length[0], src[0] = 0, 0
-        index[0] = src[0]
-        index[slot[1:]] = (src[1:] - src[:-1]) - (slot[1:] - slot[:-1]) + 1
-        np.cumsum(index, out=index)
+        # Run k covers slots slot[k] to slot[k + 1] - 1 (the last to the end).
+        span = np.empty(len(slot), np.int64)
+        span[:-1] = slot[1:] - slot[:-1]
+        span[-1] = size - slot[-1]
+        index = np.repeat(src - slot, span)
+        index += self._arange(size)
         out = np.asarray(np.take(self.stream.tokens, index, mode="clip"), dtype=np.int64)
         vocab = self.stream.vocab_size
         if vocab is not None and self.stream.eos_id is not None and (out.max() >= vocab or out.min() < 0):
