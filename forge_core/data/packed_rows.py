@@ -5,9 +5,10 @@
 each followed by EOS, without that stream ever existing. It holds, per document, where
 its tokens start in a token array (usually a memory map of a shard's ``tokens.bin``)
 and how many there are; EOS is appended on the fly. :class:`PackedRows` reads rows:
-for a batch of row indices it gathers the pieces' tokens from the stream and computes
-labels, ``doc_ids`` and ``positions`` with whole-array numpy over that batch only
-(``np.cumsum`` over its boundary mask, no per-token Python). What it keeps in memory is
+for a batch of row indices it cuts the batch's pieces at the documents they cross
+(runs: a few integers each), gathers the token ids of every row in one pass, and takes
+labels, ``doc_ids`` and ``positions`` from those runs with whole-batch numpy (no loop
+over rows or tokens). What it keeps in memory is
 the layout (a few integers per piece) and the stream's per-document arrays.
 
 :func:`check_layout` is the kernel's check of what a packer returned, and
@@ -209,10 +210,10 @@ class PackedRows:
         """int64 arrays of shape ``(len(rows), seq_len)`` for the given row indices.
 
         Every step works on the batch's pieces (and the documents they touch), a few
-        integers each; the per-token work is a handful of whole-batch passes: one cumsum
+        integers each; the per-token work is a handful of whole-batch passes: one repeat
         of source indices and one gather of token ids for every row at once, labels as
-        the ids shifted by one, and, with metadata, one cumsum for positions and one
-        repeat for ``doc_ids`` over the starts of the batch."""
+        the ids shifted by one, and, with metadata, one repeat each for ``doc_ids`` and
+        ``positions`` over the document starts of the batch."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         L, S, stream = self.layout, self.seq_len, self.stream
         B = len(rows)
