@@ -17,11 +17,11 @@ from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout
 EOS, VOCAB, DAMAGED = 9, 10, 999
 
 
-def reference_read(self, rows):
+def reference_read(packed, rows):
     """``PackedRows.read`` before it worked on whole-batch runs: every placed token's
     stream position and output slot as arrays, then gather and scatter."""
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    L, S = self.layout, self.seq_len
+    L, S = packed.layout, packed.seq_len
     B = len(rows)
     lo = L.row_ptr[rows]
     counts = L.row_ptr[rows + 1] - lo
@@ -39,8 +39,8 @@ def reference_read(self, rows):
     src = np.repeat(L.starts[piece], plen) + within
     dest = np.repeat(prow * S + pcol, plen) + within
 
-    tokens, last = self.stream.gather(src)
-    input_ids = np.full(B * S, self.pad_id, np.int64)
+    tokens, last = packed.stream.gather(src)
+    input_ids = np.full(B * S, packed.pad_id, np.int64)
     labels = np.full(B * S, IGNORE_INDEX, np.int64)
     input_ids[dest] = tokens
     # A token's next one is the next of its piece, but for a piece's last token,
@@ -48,12 +48,12 @@ def reference_read(self, rows):
     following = np.empty_like(tokens)
     following[:-1] = tokens[1:]
     if len(piece):
-        ends = np.minimum(L.starts[piece] + plen, max(self.stream.total - 1, 0))
-        following[pcum[1:] - 1] = self.stream.gather(ends)[0]
+        ends = np.minimum(L.starts[piece] + plen, max(packed.stream.total - 1, 0))
+        following[pcum[1:] - 1] = packed.stream.gather(ends)[0]
     # The stream's last token has no next token.
-    labelled = ~last if L.boundaries == "documents" else src + 1 < self.stream.total
+    labelled = ~last if L.boundaries == "documents" else src + 1 < packed.stream.total
     labels[dest[labelled]] = following[labelled]
-    eos_slots = dest[tokens == self.eos_id] if L.boundaries == "eos" else dest[:0]
+    eos_slots = dest[tokens == packed.eos_id] if L.boundaries == "eos" else dest[:0]
     labels[eos_slots] = IGNORE_INDEX
     out = {INPUT_IDS: input_ids.reshape(B, S), LABELS: labels.reshape(B, S)}
     if L.metadata:
