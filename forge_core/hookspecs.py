@@ -341,7 +341,9 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
 
     ``step`` counts optimizer steps from 1. ``metrics`` holds at least ``loss``,
     ``lr``, ``grad_norm``, ``tokens`` (tokens with a label, summed over all processes),
-    ``tokens_per_s``, ``mfu``, ``step_time`` (seconds), ``skipped`` (true when a
+    ``tokens_per_s``, ``mfu`` (at most 1), ``mfu_capped`` (true when the step computed
+    faster than the run's peak, which is then too low, and ``mfu`` reads 1),
+    ``step_time`` (seconds), ``skipped`` (true when a
     non-finite loss skipped the update) and peak memory in GiB: ``mem_rss_peak_gib``
     (this process's resident-memory high-water mark since it started) and, on CUDA,
     ``mem_cuda_allocated_peak_gib`` and ``mem_cuda_reserved_peak_gib`` (peaks since the

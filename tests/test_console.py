@@ -117,3 +117,13 @@ def test_perplexity_has_one_format_everywhere_it_is_printed(monkeypatch):
     out = terminal.getvalue()
     assert "eval/perplexity 20.00  " in out and "eval/perplexity 14.59  " in out
     assert "(perplexity 14.59) at step 2" in out
+
+
+def test_a_capped_mfu_is_shown_as_capped_not_as_a_true_100_percent(monkeypatch):
+    logger, run, terminal, clock = start(monkeypatch)
+    clock.now += 1.0
+    logger.forge_step_end(run, 1, {**metrics(5.0), "mfu": 1.0, "mfu_capped": True})
+    assert "mfu=100% (capped)" in terminal.frames()[-1]
+    clock.now += 1.0
+    logger.forge_step_end(run, 2, {**metrics(4.0), "mfu": 0.25, "mfu_capped": False})
+    assert "mfu=25.0%" in terminal.frames()[-1] and "capped" not in terminal.frames()[-1]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from forge_core.api import IGNORE_INDEX
-from forge_core.train import flops, peak
+from forge_core.train import flops
 from forge_core.train.loss import loss_fn
 
 
@@ -111,20 +109,6 @@ def test_attention_width_is_measured_on_a_meta_copy_and_the_model_keeps_its_back
 def test_step_flops_formula():
     # 6 N per token; 12 d_attn per attended pair.
     assert flops.step_flops(1000, 64, 10, 55) == 6 * 1000 * 10 + 12 * 64 * 55
-
-
-def test_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path))
-    cpu = torch.device("cpu")
-    value, source = peak.peak_flops(cpu, torch.float32, 0.0, size=64, budget_s=0.01)
-    assert value > 0 and source.startswith("measured")
-    cached = json.loads((tmp_path / "peak_flops.json").read_text())
-    assert cached == {peak.cache_key(cpu, torch.float32): value}
-    again, source = peak.peak_flops(cpu, torch.float32, 0.0, size=64, budget_s=0.01)
-    assert again == value and source.startswith("cached")
-    # Another dtype is another entry; a configured peak wins without measuring.
-    assert peak.cache_key(cpu, torch.bfloat16) != peak.cache_key(cpu, torch.float32)
-    assert peak.peak_flops(cpu, torch.float32, 2.5) == (2.5e12, "train.peak_tflops")
 
 
 def test_loss_sum_ignores_minus_100_and_counts_labelled_tokens():

@@ -27,7 +27,7 @@ from forge_core.train.checkpoint import find_latest, load_model, model_state
 from forge_core.train.precision import cpu_has_bf16
 from forge_core.train.trainer import NonFiniteStop
 
-METRIC_KEYS = {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "step_time"}
+METRIC_KEYS = {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "mfu_capped", "step_time"}
 
 
 def run(tmp_path: Path, config: dict, *plugins, overrides=()) -> str:
@@ -308,27 +308,36 @@ def test_truncated_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
     assert sorted(rec.metrics) == [3, 4, 5]
 
 
-def test_a_peak_measured_on_a_busy_machine_is_kept_and_said_once(tmp_path, monkeypatch, capsys):
-    """MFU is measured against the peak the run started with: a cached peak below what
-    the run achieves reads above 1, is said once with how to measure again, and the
-    cache is left as it was (no step rewrites it)."""
-    from forge_core.train import peak
-
-    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path / "cache"))
-    cpu = torch.device("cpu")
-    peak.store_peak(cpu, torch.float32, 1000.0)  # 1 kFLOP/s: absurdly low
+def test_a_peak_below_what_the_run_computes_caps_mfu_and_is_said_once(tmp_path, capsys):
+    """MFU never reads above 1: against a peak of 1 FLOP/s every step is capped, flagged
+    in the metrics and on the console, and the log says once that the peak is too low,
+    naming its source and the fix."""
     rec = Recorder()
-    run(tmp_path, tiny_config(tmp_path, "peak", train={"steps": 3, "peak_tflops": 0.0}), rec)
-    assert all(m["mfu"] > 1.0 for m in rec.metrics.values())
-    assert peak.cached_peak(cpu, torch.float32) == 1000.0
-    err = capsys.readouterr().err
-    assert err.count("above the peak of") == 1 and str(peak.cache_file()) in err
+    run(tmp_path, tiny_config(tmp_path, "lowpeak", train={"steps": 3, "peak_tflops": 1e-12}), rec)
+    assert all(m["mfu"] == 1.0 and m["mfu_capped"] for m in rec.metrics.values())
+    captured = capsys.readouterr()
+    assert "peak 1e-12 TFLOP/s (train.peak_tflops)" in captured.out
+    assert captured.err.count("the peak is underestimated") == 1
+    assert "above the peak of 1e-12 TFLOP/s (train.peak_tflops)" in captured.err
+    assert "Set train.peak_tflops" in captured.err
+
+
+def test_a_measured_cpu_peak_is_named_in_the_log_and_not_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FORGE_CACHE_DIR", str(tmp_path / "cache"))
+    rec = Recorder()
+    run(tmp_path, tiny_config(tmp_path, "measured", train={"steps": 2, "peak_tflops": 0.0}), rec)
+    assert all(0 < m["mfu"] <= 1 and not m["mfu_capped"] for m in rec.metrics.values())
+    out = capsys.readouterr().out
+    threads = torch.get_num_threads()
+    source = f"measured by CPU time: best of 5 1024x1024 float32 matmuls, {threads} thread"
+    assert "TFLOP/s (" + source in out
+    assert not (tmp_path / "cache" / "peak_flops.json").exists()
 
 
 def test_a_configured_peak_above_the_rate_gives_a_fraction_and_no_notice(tmp_path, capsys):
     rec = Recorder()
     run(tmp_path, tiny_config(tmp_path, "cfgpeak", train={"steps": 2, "peak_tflops": 1e6}), rec)
-    assert all(0 < m["mfu"] < 1e-3 for m in rec.metrics.values())
+    assert all(0 < m["mfu"] < 1e-3 and not m["mfu_capped"] for m in rec.metrics.values())
     assert "above the peak" not in capsys.readouterr().err
 
 

@@ -238,7 +238,9 @@ class TrainSection:
     compile: bool = option(False, "torch.compile the model.")
     peak_tflops: float = option(
         0.0,
-        "Peak TFLOP/s for MFU; 0 measures a large matmul once and caches it.",
+        "Peak TFLOP/s per process for MFU (dense, in the training dtype). 0: on CUDA the GPU's "
+        "datasheet figure (H100, H200, A100, B200), else the best of a few matmuls timed by "
+        "CPU time at every start. The log names the source; set it when MFU is capped.",
         validator=at_least(0),
     )
     nonfinite: NonFiniteSection = option(NonFiniteSection(), "What to do on a non-finite loss.")

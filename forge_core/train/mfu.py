@@ -1,11 +1,10 @@
 """Model FLOPs utilisation of each step: its FLOPs (:mod:`forge_core.train.flops`) over
 its time, per process, against the peak (:mod:`forge_core.train.peak`).
 
-The peak is fixed for the whole run: ``train.peak_tflops`` when set, else the figure
-measured once and cached. MFU is reported against it as it is. A step that computes
-faster than a *measured* peak shows the peak was taken while the machine was busy: MFU
-then reads above 1 and the run says so once, with how to measure again; nothing a step
-does rewrites the cache.
+The peak is fixed for the whole run and the log names its source. MFU is never reported
+above 1: a step that computes faster than the peak shows the peak is too low (a GPU faster
+than its table entry, a measurement that went wrong, a ``train.peak_tflops`` set too low).
+Its MFU is then reported as 1 and the run says so once, naming the source and the fix.
 
 ``d_attn`` is measured on a copy of the model built on the meta device around an
 :class:`~forge_core.train.flops.AttentionProbe`: the model that trains never holds the
@@ -22,7 +21,7 @@ import torch
 
 from forge_core import components
 from forge_core.train import flops
-from forge_core.train.peak import cache_file, cached_peak, peak_flops
+from forge_core.train.peak import peak_flops
 
 if TYPE_CHECKING:
     from forge_core.api import Plan
@@ -30,31 +29,34 @@ if TYPE_CHECKING:
 
 @attrs.define
 class MfuMeter:
-    """``meter(input_tokens, pairs, seconds) -> (mfu, notice or None)`` for one step."""
+    """``meter(input_tokens, pairs, seconds) -> (mfu, capped, notice or None)`` for one
+    step; ``capped`` is true when the step beat the peak and ``mfu`` reads 1 for it."""
 
     n_matmul: int
     attn_width: int
     peak: float
     peak_source: str
-    peak_measured: bool
     world_size: int
     warned: bool = False
 
     def step_flops(self, input_tokens: int, pairs: int) -> float:
         return flops.step_flops(self.n_matmul, self.attn_width, input_tokens, pairs)
 
-    def __call__(self, input_tokens: int, pairs: int, seconds: float) -> tuple[float, str | None]:
+    def __call__(self, input_tokens: int, pairs: int, seconds: float) -> tuple[float, bool, str | None]:
         achieved = self.step_flops(input_tokens, pairs) / seconds / self.world_size
         mfu = achieved / self.peak
-        if mfu <= 1 or not self.peak_measured or self.warned:
-            return mfu, None
-        self.warned = True
-        return mfu, (
-            f"this run computes {achieved / 1e9:,.1f} GFLOP/s per process, above the peak of "
-            f"{self.peak / 1e9:,.1f} GFLOP/s measured earlier (while the machine was busy?), "
-            f"so MFU reads above 1. Delete {cache_file()} to measure the peak again at the next "
-            "start, or set train.peak_tflops."
-        )
+        if mfu <= 1:
+            return mfu, False, None
+        notice = None
+        if not self.warned:
+            self.warned = True
+            notice = (
+                f"this run computes {achieved / 1e12:.3g} TFLOP/s per process, above the peak of "
+                f"{self.peak / 1e12:.3g} TFLOP/s ({self.peak_source}): the peak is underestimated, "
+                "so MFU is reported as 100% whenever a step beats it. Set train.peak_tflops to "
+                "this device's peak (dense, in the training dtype) for a true MFU."
+            )
+        return 1.0, True, notice
 
 
 def attention_width(plan: Plan, registries: Any, vocab_size: int, warn: Callable[[str], None]) -> int:
@@ -81,20 +83,16 @@ def build_meter(
     vocab_size: int,
     device: torch.device,
     world_size: int,
-    log: Callable[[str], None],
     warn: Callable[[str], None],
 ) -> MfuMeter:
-    """The meter of a built model, with the run's peak (measured now if not cached)."""
+    """The meter of a built model, with the run's peak."""
     train = plan.config.train
     dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32
-    if train.peak_tflops <= 0 and cached_peak(device, dtype) is None:
-        log("measuring the peak matmul rate for MFU (once; cached) ...")
-    peak, source = peak_flops(device, dtype, train.peak_tflops)
+    peak = peak_flops(device, dtype, train.peak_tflops)
     return MfuMeter(
         flops.matmul_params(model),
         attention_width(plan, registries, vocab_size, warn),
-        peak,
-        source,
-        train.peak_tflops <= 0,
+        peak.flops,
+        peak.source,
         world_size,
     )

@@ -105,7 +105,7 @@ def build_parts(
     model = components.model(plan, registries, int(tokenizer.vocab_size), attention)
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
-    mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, log, warn)
+    mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, warn)
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
     pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)

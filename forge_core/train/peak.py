@@ -1,116 +1,168 @@
-"""The peak FLOP/s MFU is measured against.
+"""The peak FLOP/s MFU is measured against, and where that figure came from.
 
-``train.peak_tflops`` wins when set. Otherwise the peak is measured once: the best of a
-few timed square matmuls in the training dtype, for about a second, and cached in
-``~/.cache/forge/peak_flops.json`` (``$FORGE_CACHE_DIR`` or ``$XDG_CACHE_HOME/forge``
-when set), keyed by device name, thread count and dtype, so later runs start at once.
+Three sources, in this order:
 
-A figure measured while other programs competed for the cores is too low: MFU then
-reads above 1, and the run says so (:mod:`forge_core.train.mfu`); deleting the cache
-file (:func:`cache_file`) measures again at the next start.
+- ``train.peak_tflops`` when set (above 0);
+- on CUDA, the vendor's datasheet figure for the GPU (:data:`DEVICE_TABLE`, dense, by
+  ``torch.cuda.get_device_name`` and the matmul dtype); a GPU not in the table has its
+  matmul rate measured like a CPU's, by device time;
+- on a CPU, the best of a few square matmuls timed by *CPU time* (``time.process_time``),
+  measured again at every start for the run's thread count.
+
+Why CPU time: a wall-clock timing taken while other programs compete for the cores reads
+the share of the machine the run got, not the machine (16.9 GFLOP/s where one core does
+80), and MFU then read above 100%. CPU time counts only the time the matmul was on a core;
+the best of several samples discards the ones that shared a core's caches with a
+neighbour. Why no cache: the measurement takes a fraction of a second, and a figure kept
+across runs outlives what it describes (another thread count, a CPU quota, a torch build),
+while a bad one stays bad for every later run of the machine.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import time
-from pathlib import Path
+from collections.abc import Callable
 
+import attrs
 import torch
 
-from forge_core.api.files import atomic_write
+
+@attrs.frozen
+class DeviceEntry:
+    """One GPU's dense peak TFLOP/s from its datasheet: ``bf16`` (fp16 is the same),
+    ``tf32`` (fp32 matmuls on tensor cores) and ``fp32`` (CUDA cores)."""
+
+    name: str
+    bf16: float
+    tf32: float
+    fp32: float
 
 
-def cache_dir() -> Path:
-    if os.environ.get("FORGE_CACHE_DIR"):
-        return Path(os.environ["FORGE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "forge"
+# Dense figures (the datasheets give tensor-core figures "with sparsity"; these are half of
+# those). Sources:
+# - NVIDIA H100 Tensor Core GPU datasheet: SXM 989 TF32 / 1,979 BF16 sparse, 67 FP32;
+#   PCIe 756 / 1,513 sparse, 51 FP32; NVL 835 / 1,671 sparse, 60 FP32.
+# - NVIDIA H200 Tensor Core GPU datasheet: SXM as H100 SXM; NVL 835 / 1,671 sparse, 60 FP32.
+# - NVIDIA A100 Tensor Core GPU datasheet (40 and 80 GB, SXM and PCIe alike): TF32 156,
+#   BF16 312 dense (312 / 624 sparse), FP32 19.5.
+# - NVIDIA HGX B200 datasheet, 8 GPUs: TF32 18 PF, FP16/BF16 36 PF sparse, FP32 600 TF;
+#   per GPU 1,125 / 2,250 dense, 75 FP32.
+DEVICE_TABLE: tuple[tuple[tuple[str, ...], DeviceEntry], ...] = (
+    # (words the lower-cased device name must contain, entry); the first match wins, so the
+    # form factors with a word of their own come before the default form of each GPU.
+    (("h100", "pcie"), DeviceEntry("NVIDIA H100 PCIe", 756.0, 378.0, 51.0)),
+    (("h100", "nvl"), DeviceEntry("NVIDIA H100 NVL", 835.5, 417.5, 60.0)),
+    (("h100",), DeviceEntry("NVIDIA H100 SXM", 989.5, 494.5, 67.0)),
+    (("h200", "nvl"), DeviceEntry("NVIDIA H200 NVL", 835.5, 417.5, 60.0)),
+    (("h200",), DeviceEntry("NVIDIA H200 SXM", 989.5, 494.5, 67.0)),
+    (("a100", "pcie", "40gb"), DeviceEntry("NVIDIA A100 PCIe 40GB", 312.0, 156.0, 19.5)),
+    (("a100", "pcie"), DeviceEntry("NVIDIA A100 PCIe 80GB", 312.0, 156.0, 19.5)),
+    (("a100", "40gb"), DeviceEntry("NVIDIA A100 SXM 40GB", 312.0, 156.0, 19.5)),
+    (("a100",), DeviceEntry("NVIDIA A100 SXM 80GB", 312.0, 156.0, 19.5)),
+    (("b200",), DeviceEntry("NVIDIA B200", 2250.0, 1125.0, 75.0)),
+)
+
+#: Square matmuls a CPU measurement times, and their side.
+CPU_SAMPLES = 5
+CPU_SIZE = 1024
 
 
-def cache_file() -> Path:
-    return cache_dir() / "peak_flops.json"
+@attrs.frozen
+class Peak:
+    """``flops`` (FLOP/s per process) and ``source``, the words the log gives it."""
+
+    flops: float
+    source: str
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+def table_entry(name: str) -> DeviceEntry | None:
+    """The datasheet entry of a CUDA device called ``name``; None when not in the table."""
+    words = name.lower().replace("-", " ")
+    for needed, entry in DEVICE_TABLE:
+        if all(word in words for word in needed):
+            return entry
+    return None
 
 
-def cache_key(device: torch.device, dtype: torch.dtype) -> str:
-    threads = torch.get_num_threads() if device.type == "cpu" else 0
-    return f"{device.type}|{device_name(device)}|threads={threads}|{str(dtype).replace('torch.', '')}"
+def cuda_matmul_kind(dtype: torch.dtype) -> str:
+    """The table column an fp32 or bf16 run's matmuls use: fp32 matmuls run on tensor
+    cores as TF32 unless ``torch.set_float32_matmul_precision('highest')`` (the default)."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return "bf16"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
-def time_matmul(device: torch.device, dtype: torch.dtype, size: int, budget_s: float) -> float:
-    """Best observed FLOP/s of ``size x size`` matmuls within about ``budget_s`` seconds."""
+def time_matmuls(
+    device: torch.device,
+    dtype: torch.dtype,
+    size: int,
+    samples: int,
+    clock: Callable[[], float],
+) -> float:
+    """Best FLOP/s per core-second of ``samples`` ``size x size`` matmuls, by ``clock``.
+
+    With ``clock`` a process CPU-time clock, a matmul on T threads takes T times its wall
+    time when it has every core; the best sample times T is the peak of T threads."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.mm(a, b)  # warm-up: thread pool, kernel selection
     sync()
     best = 0.0
-    deadline = time.perf_counter() + budget_s
-    while True:
-        t0 = time.perf_counter()
+    for _ in range(samples):
+        t0 = clock()
         torch.mm(a, b)
         sync()
-        elapsed = time.perf_counter() - t0
-        best = max(best, 2.0 * size**3 / elapsed)
-        if time.perf_counter() > deadline:
-            return best
+        elapsed = clock() - t0
+        if elapsed > 0:  # a coarse clock can read 0: that sample says nothing
+            best = max(best, 2.0 * size**3 / elapsed)
+    return best
 
 
-def cached_peak(device: torch.device, dtype: torch.dtype) -> float | None:
-    try:
-        value = json.loads((cache_file()).read_text()).get(cache_key(device, dtype))
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def store_peak(device: torch.device, dtype: torch.dtype, value: float) -> Path:
-    """Write ``value`` as the cached peak for this device, thread count and dtype."""
-    path = cache_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    cached = cached if isinstance(cached, dict) else {}
-    cached[cache_key(device, dtype)] = value
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(cached, indent=1, sort_keys=True))
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
-    return path
-
-
-def peak_flops(
-    device: torch.device,
+def measure_cpu(
     dtype: torch.dtype,
-    configured_tflops: float = 0.0,
-    size: int | None = None,
-    budget_s: float = 1.0,
-) -> tuple[float, str]:
-    """``(peak FLOP/s, where the figure came from)``."""
+    threads: int,
+    samples: int = CPU_SAMPLES,
+    size: int = CPU_SIZE,
+    clock: Callable[[], float] | None = None,
+) -> Peak:
+    """The peak of ``threads`` CPU threads: the best per-core rate of ``samples`` matmuls
+    by ``clock`` (the process's CPU time unless given), times ``threads``."""
+    per_core = time_matmuls(torch.device("cpu"), dtype, size, samples, clock or time.process_time)
+    label = str(dtype).replace("torch.", "")
+    return Peak(
+        per_core * threads,
+        f"measured by CPU time: best of {samples} {size}x{size} {label} matmuls, "
+        f"{threads} thread{'s' if threads != 1 else ''}",
+    )
+
+
+def _cuda_event_clock(device: torch.device) -> Callable[[], float]:
+    """Seconds of device time, for a GPU the table does not know."""
+    start = torch.cuda.Event(enable_timing=True)
+    start.record(device=device)
+
+    def clock() -> float:
+        now = torch.cuda.Event(enable_timing=True)
+        now.record(device=device)
+        now.synchronize()
+        return start.elapsed_time(now) / 1000.0
+
+    return clock
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: float = 0.0) -> Peak:
+    """The run's peak: configured, from the device table, or measured (see the module)."""
     if configured_tflops > 0:
-        return configured_tflops * 1e12, "train.peak_tflops"
-    path = cache_file()
-    cached = cached_peak(device, dtype)
-    if cached is not None:
-        return cached, f"cached in {path}"
-    if size is None:
-        size = 8192 if device.type == "cuda" else 2048
-    value = time_matmul(device, dtype, size, budget_s)
-    store_peak(device, dtype, value)
-    return value, f"measured ({size}x{size} matmul), cached in {path}"
+        return Peak(configured_tflops * 1e12, "train.peak_tflops")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        entry = table_entry(name)
+        if entry is not None:
+            kind = cuda_matmul_kind(dtype)
+            return Peak(getattr(entry, kind) * 1e12, f"device table: {entry.name}, dense {kind}")
+        rate = time_matmuls(device, dtype, 8192, CPU_SAMPLES, _cuda_event_clock(device))
+        return Peak(
+            rate, f"measured: best of {CPU_SAMPLES} 8192x8192 matmuls ({name!r} is not in the device table)"
+        )
+    return measure_cpu(dtype, torch.get_num_threads(), CPU_SAMPLES, CPU_SIZE)

@@ -319,7 +319,7 @@ class Trainer:
         progress.stop_agreed = outcome.stop_agreed
         progress.nonfinite_streak = 0 if outcome.stepped else progress.nonfinite_streak + 1
         progress.step += 1
-        mfu, notice = parts.mfu(parts.step_inputs, int(outcome.pairs), step_time)
+        mfu, mfu_capped, notice = parts.mfu(parts.step_inputs, int(outcome.pairs), step_time)
         if notice:
             warn(pl, notice)
         return {
@@ -329,6 +329,7 @@ class Trainer:
             "tokens": int(outcome.tokens),
             "tokens_per_s": outcome.tokens / step_time,
             "mfu": mfu,
+            "mfu_capped": mfu_capped,
             "step_time": step_time,
             "skipped": not outcome.stepped,
             **parts.memory.measure(),

@@ -23,6 +23,12 @@ def _fmt_loss(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else str(value)
 
 
+def _fmt_mfu(metrics: dict[str, Any]) -> str:
+    """``"41.0%"``; ``"100% (capped)"`` for a step that beat the run's peak (the trainer
+    has said once why), so a capped step is not read as a true 100%."""
+    return "100% (capped)" if metrics.get("mfu_capped") else f"{metrics['mfu']:.1%}"
+
+
 def _fmt_memory(metrics: dict[str, Any]) -> str:
     """``"mem 12.3/14.0 GiB"`` (CUDA allocated/reserved peaks) or ``"rss 1.52 GiB"``
     (resident memory), the largest over processes; empty without memory figures."""
@@ -143,14 +149,14 @@ class ConsoleLogger:
                 memory = _fmt_memory(metrics).replace(" ", "=", 1)
                 self.bar.set_postfix_str(
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
-                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={metrics['mfu']:.1%} {memory}".rstrip(),
+                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)} {memory}".rstrip(),
                     refresh=False,
                 )
             self.bar.update(step - self.bar.n)
         elif logged:
             line = (
                 f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {metrics['mfu']:.1%}  {_fmt_memory(metrics)}  "
+                f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {_fmt_mfu(metrics)}  {_fmt_memory(metrics)}  "
                 f"{evaluated}"
             )
             print(line.rstrip(), file=sys.stderr, flush=True)
