@@ -18,7 +18,9 @@ The ``cp*`` layouts split every row's tokens over the context-parallel ranks (th
 ``documents`` balancer unless named ``zigzag``), on packed rows unless ``_plain``: both
 attention modes with each backend on 2 processes, and on 4: cp = 4, cp with fsdp, hsdp,
 tp (both modes; ``mha``: as many key/value heads as query heads, so Ulysses divides them)
-and pp under every schedule with each backend. ``cp2_unisolated`` is their control: the
+and pp under every schedule with each backend (the README's test command runs a loop-
+placed and a V-placed schedule and leaves flex, compile and the other schedules to
+``pytest -m matrix``, which .ci/run runs too). ``cp2_unisolated`` is their control: the
 same rows without ``doc_ids``/``positions`` must not match.
 
 The ``*_chunked`` layouts train with the chunked loss (``train.loss.name: chunked``,
@@ -103,18 +105,18 @@ FOUR = [
     "pp_tp_ac",
     "pp_fsdp_ac",
 ]
-#: Context parallelism: every attention mode with every backend on packed rows, the
-#: other balancer, plain rows, accumulation, activation checkpointing, the chunked loss;
-#: cp = 4, and cp with fsdp, hsdp, tp (both modes) and pp under every schedule and backend.
+#: Context parallelism: both attention modes on packed rows, the other balancer, plain
+#: rows, accumulation, activation checkpointing, the chunked loss; cp = 4, and cp with
+#: fsdp, hsdp, tp (both modes) and pp (a loop-placed and a V-placed schedule).
 CP_TWO = [
     "cp2_plain",
-    *(f"cp2_{mode}_{attention}" for mode in CP_MODES for attention in ATTENTION),
+    *(f"cp2_{mode}_{attention}" for mode in CP_MODES for attention in ATTENTION if attention != "flex"),
     "cp2_zigzag",
     "cp2_accum",
     "cp2_ac",
     "cp2_chunked",
-    "cp2_compile",  # compiled blocks with the cp attention's collectives left out of the graph
 ]
+CP_PP = [f"cp_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION]
 CP_FOUR = [
     "cp4",
     "cp4_ulysses_plain",
@@ -122,8 +124,15 @@ CP_FOUR = [
     "cp_hsdp",
     "cp_tp",
     "cp_tp_ulysses",
-    *(f"cp_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION),
+    "cp_pp_1f1b_sdpa",
+    "cp_pp_zbv_zero_bubble_eager",
 ]
+#: The rest of the matrix, in launches of their own (``pytest -m matrix``, which .ci/run
+#: runs after the README's test command): flex in both modes (each compiles its
+#: rectangular kernel), compiled blocks, and cp x pp under every schedule with every
+#: backend.
+CP_TWO_MATRIX = ["cp2_allgather_flex", "cp2_ulysses_flex", "cp2_compile"]
+CP_FOUR_MATRIX = [name for name in CP_PP if name not in CP_FOUR]
 REFUSED = ["tp_uncovered"]
 ROLLED = ["rolled_pp_gpipe", "rolled_pp_zbv_zero_bubble"]
 
@@ -145,6 +154,16 @@ def four(tmp_path_factory):
     results = run_scenarios(4, FOUR + CP_FOUR, tmp_path_factory.mktemp("four"))
     print(f"4-process launch: {time.perf_counter() - began:.0f} s")
     return results
+
+
+@pytest.fixture(scope="module")
+def two_matrix(tmp_path_factory):
+    return run_scenarios(2, CP_TWO_MATRIX, tmp_path_factory.mktemp("two-matrix"))
+
+
+@pytest.fixture(scope="module")
+def four_matrix(tmp_path_factory):
+    return run_scenarios(4, CP_FOUR_MATRIX, tmp_path_factory.mktemp("four-matrix"))
 
 
 def assert_matches_reference(results, name):
@@ -175,6 +194,18 @@ def test_context_parallel_on_two_processes_equals_one_process(two, name):
 @pytest.mark.parametrize("name", CP_FOUR)
 def test_context_parallel_with_other_dimensions_equals_one_process(four, name):
     assert_matches_reference(four, name)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", CP_TWO_MATRIX)
+def test_context_parallel_with_flex_and_compile_equals_one_process(two_matrix, name):
+    assert_matches_reference(two_matrix, name)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", CP_FOUR_MATRIX)
+def test_context_parallel_with_every_pipeline_schedule_and_backend_equals_one_process(four_matrix, name):
+    assert_matches_reference(four_matrix, name)
 
 
 def test_the_packed_cp_runs_would_see_documents_attending_across_boundaries(two):
