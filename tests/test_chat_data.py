@@ -243,3 +243,89 @@ def test_packed_conversations_equal_each_alone_in_float64(tmp_path):
             assert_within_rounding(loss[r, span], alone_loss, dtype=torch.float64, terms=terms, what="loss")
             found += 1
     assert found == len(records)
+
+
+def chat_config(tmp_path, records, **chat):
+    data = write_jsonl(tmp_path / "talk.jsonl", records)
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    chat = {"format": "messages", "template": str(template), **chat}
+    return tiny_config(
+        tmp_path,
+        "chat",
+        data={
+            "source": "text",
+            "source_options": {"paths": [str(data)]},
+            "tokenizer": "byte",
+            "packer": "bfd",
+            "seq_len": 64,
+            "chat": chat,
+        },
+        train={"steps": 2, "batch_size": 2, "lr": 3e-3, "warmup_steps": 1, "peak_tflops": 1.0},
+    )
+
+
+def check(tmp_path, cfg, capsys):
+    code = cli.main(["check", write_config(tmp_path / "check.yaml", cfg)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_check_judges_fields_template_and_packer_without_building(tmp_path, capsys):
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    cfg = chat_config(tmp_path, short)
+    assert check(tmp_path, cfg, capsys)[0] == 0
+    cases = [
+        ({"format": "preference"}, "reads 'chosen' and 'rejected', which the first record of"),
+        ({"template": str(tmp_path / "nope.jinja")}, "data.chat.template: cannot read"),
+        ({"template": ""}, "the byte tokenizer has no chat template of its own"),
+    ]
+    for change, message in cases:
+        code, out = check(
+            tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
+        )
+        assert code == 2 and message in out and "Traceback" not in out, (change, out)
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }")
+    code, out = check(
+        tmp_path,
+        {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], "template": str(broken)}}},
+        capsys,
+    )
+    assert code == 2 and "broken.jinja, line 1: not a valid Jinja chat template" in out
+    pair = [{"prompt": "hi", "chosen": "yo", "rejected": "no"}]
+    cfg = chat_config(tmp_path, pair, format="preference")
+    for packer, rule in (("concat", "concat.pairs"), ("none", "data.chat-pairs-isolated")):
+        code, out = check(tmp_path, {**cfg, "data": {**cfg["data"], "packer": packer}}, capsys)
+        assert code == 2 and rule in out, out
+    assert check(tmp_path, cfg, capsys)[0] == 0
+
+
+def test_check_finds_a_tokenizer_folder_without_a_chat_template(hf_folder, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_folder, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = chat_config(tmp_path, [{"messages": TALK}], template="")
+    cfg["data"].update(tokenizer="hf", tokenizer_options={"path": str(hf_folder)})
+    assert check(tmp_path, cfg, capsys)[0] == 0
+    cfg["data"]["tokenizer_options"] = {"path": str(bare)}
+    code, out = check(tmp_path, cfg, capsys)
+    assert code == 2 and f"the tokenizer folder {bare} has no chat template" in out
+
+
+def test_a_chat_run_trains_and_reports_the_truncation(tmp_path, capsys):
+    from forge_core.testing import train_in_process
+
+    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    too_long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y" * 80}]
+    records = [{"messages": talk}] * 6 + [{"messages": too_long}]
+    cfg = chat_config(tmp_path, records)
+    cfg["data"]["seq_len"] = 80
+    cfg["model"]["options"]["max_seq_len"] = 80
+    train_in_process(write_config(tmp_path / "train.yaml", cfg), [])
+    assert "chat: 7 conversations, 1 longer than seq_len 80: 1 dropped, 0 cut" in capsys.readouterr().out

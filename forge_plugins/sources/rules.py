@@ -71,7 +71,7 @@ def _chat_fields_problem(found: list[str], where: str, fmt: str) -> str | None:
     if not absent:
         return None
     return (
-        f"data.chat.format: {fmt!r} reads the field {' and '.join(absent)}, which the first record of "
+        f"data.chat.format: {fmt!r} reads {' and '.join(absent)}, which the first record of "
         f"{where} lacks (fields: {', '.join(found) or 'none'}). Set data.chat.format to the shape of the "
         "records (messages, prompt_completion, preference), or rename the fields."
     )
