@@ -318,14 +318,10 @@ def test_check_finds_a_tokenizer_folder_without_a_chat_template(hf_folder, tmp_p
     assert code == 2 and f"the tokenizer folder {bare} has no chat template" in out
 
 
-def test_a_chat_run_trains_and_reports_the_truncation(tmp_path, capsys):
-    from forge_core.testing import train_in_process
+def test_the_chat_sft_section_of_the_fine_tuning_page_runs_as_pasted(tmp_path):
+    from doc_chapters import REPO, play
 
-    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    too_long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y" * 80}]
-    records = [{"messages": talk}] * 6 + [{"messages": too_long}]
-    cfg = chat_config(tmp_path, records)
-    cfg["data"]["seq_len"] = 80
-    cfg["model"]["options"]["max_seq_len"] = 80
-    train_in_process(write_config(tmp_path / "train.yaml", cfg), [])
-    assert "chat: 7 conversations, 1 longer than seq_len 80: 1 dropped, 0 cut" in capsys.readouterr().out
+    page = (REPO / "docs" / "fine-tuning.md").read_text()
+    start = page.index("## Chat SFT")
+    end = page.find("\n## ", start + 1)
+    play(page[start : end if end > 0 else None], tmp_path, "docs/fine-tuning.md#chat-sft")
