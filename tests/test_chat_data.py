@@ -124,11 +124,47 @@ def test_labels_are_exactly_the_assistant_tokens_of_the_rendering(hf_folder, tmp
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in TALK)
     ids = tok.encode(text)
     assert out[INPUT_IDS][0, : len(ids) + 1].tolist() == [*ids, tok.eos_id]
+    # transformers renders the folder's template to the same text and, for the marked
+    # one, finds the same assistant tokens.
+    hf = tok.tokenizer
+    assert hf.apply_chat_template(TALK, chat_template=template, tokenize=False) == text
+    if template is MARKED:
+        marked = hf.apply_chat_template(
+            TALK, chat_template=template, return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert marked["input_ids"] == ids
+        mask = np.asarray(marked["assistant_masks"], bool)
+        assert (out[LABELS][0, : len(ids) - 1] != IGNORE_INDEX).tolist() == mask[1:].tolist()
     targets = labelled(out)
     want = [t for piece in assistant for t in tok.encode(piece)]
     # The EOS the stream appends trains only after a trained last token.
     assert targets == want + ([tok.eos_id] if template is CHATML else [])
     assert tok.decode(targets) == "".join(assistant).replace("<|im_end|>", "")
+
+
+@pytest.mark.parametrize("shape", ["parquet", "saved"])
+def test_records_from_parquet_and_a_saved_datasets_folder_read_as_the_jsonl(tmp_path, shape):
+    datasets = pytest.importorskip("datasets")
+    from forge_plugins.sources.hf_datasets import HFDatasetsSource
+    from forge_plugins.sources.options import HFDatasetsOptions
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    records = [{"prompt": f"q{i}", "completion": "a" * (i + 1)} for i in range(4)]
+    byte, chat = ByteTokenizer(), ChatSection(format="prompt_completion", template=str(path))
+    table = datasets.Dataset.from_list(records)
+    if shape == "parquet":
+        table.to_parquet(tmp_path / "chat.parquet")
+        options = HFDatasetsOptions(data_files=[str(tmp_path / "chat.parquet")])
+    else:
+        table.save_to_disk(tmp_path / "saved")
+        options = HFDatasetsOptions(path=str(tmp_path / "saved"))
+    got = list(ChatDocuments(HFDatasetsSource(options), byte, chat).documents())
+    data = write_jsonl(tmp_path / "chat.jsonl", records)
+    want = list(ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat).documents())
+    assert len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        assert a.ids.tolist() == b.ids.tolist() and a.trainable.tolist() == b.trainable.tolist()
 
 
 def test_a_template_that_is_not_prefix_stable_is_refused_naming_the_message(tmp_path):
@@ -325,3 +361,13 @@ def test_the_chat_sft_section_of_the_fine_tuning_page_runs_as_pasted(tmp_path):
     start = page.index("## Chat SFT")
     end = page.find("\n## ", start + 1)
     play(page[start : end if end > 0 else None], tmp_path, "docs/fine-tuning.md#chat-sft")
+
+
+def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list([{"prompt": "hi", "answer": "yo"}]).to_parquet(tmp_path / "chat.parquet")
+    cfg = chat_config(tmp_path, [], format="prompt_completion")
+    cfg["data"].update(source="hf_datasets", source_options={"data_files": [str(tmp_path / "chat.parquet")]})
+    code, out = check(tmp_path, cfg, capsys)
+    assert code == 2 and "reads 'completion', which the first record of" in out
+    assert "(fields: prompt, answer)" in out
