@@ -372,3 +372,42 @@ def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path,
     code, out = check(tmp_path, cfg, capsys)
     assert code == 2 and "reads 'completion', which the first record of" in out
     assert "(fields: prompt, answer)" in out
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"text": "hi"}, r"chat-\d+.jsonl, line 2: no field 'messages' \(fields: text\)"),
+        ({"messages": "hi"}, r"line 2: field 'messages' is str 'hi'; it must be a list of messages"),
+        ({"messages": [{"content": "hi"}]}, r"line 2: messages\[0\] is dict .* a string \"role\""),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            r"line 2: the conversation has no assistant message",
+        ),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_its_file_line_and_field(tmp_path, record, message):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    with pytest.raises(ForgeError, match=message):
+        rows_of(tmp_path, [good, record], ByteTokenizer(), template=str(path))
+
+
+def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):
+    from forge_core.config.schema import HeldoutSection
+    from forge_core.data.build import split_documents
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    chat = ChatSection(format="preference", template=str(path))
+    pairs = [{"prompt": f"q{i}", "chosen": "yes", "rejected": f"no{i}"} for i in range(40)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    byte = ByteTokenizer()
+    source = ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat)
+    shards, _ = source_shards(source, byte, CacheSection(dir=str(tmp_path / "c")), "p", report=lambda m: None)
+    train, held = split_documents(shards, HeldoutSection(fraction=0.3))
+    sizes = [
+        len(chat_stream(shards, side, byte.eos_id, byte.vocab_size, chat, 256)[0]) for side in (train, held)
+    ]
+    assert sum(sizes) == 40 and min(sizes) > 0
