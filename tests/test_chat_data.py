@@ -411,3 +411,27 @@ def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):
         len(chat_stream(shards, side, byte.eos_id, byte.vocab_size, chat, 256)[0]) for side in (train, held)
     ]
     assert sum(sizes) == 40 and min(sizes) > 0
+
+
+def test_prepared_pair_shards_train_as_the_cached_ones(tmp_path):
+    from forge_core.api import Shards
+    from forge_core.data.prepare import prepare
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    chat = ChatSection(format="preference", template=str(path))
+    data = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "q", "chosen": "yes", "rejected": "no"}] * 3)
+    byte = ByteTokenizer()
+    source = ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat)
+    prepare(source, byte, tmp_path / "shards", progress=False, report=lambda m: None)
+    prepared = Shards(tmp_path / "shards")
+    cached, _ = source_shards(source, byte, CacheSection(dir=str(tmp_path / "c")), "p", report=lambda m: None)
+    streams = [
+        chat_stream(s, np.arange(s.num_documents), byte.eos_id, byte.vocab_size, chat, 256)[0]
+        for s in (prepared, cached)
+    ]
+    assert np.array_equal(streams[0].inner, streams[1].inner) and len(streams[0]) == 3
+    assert np.array_equal(np.asarray(prepared.trainable), np.asarray(cached.trainable))
+    # A shard of text documents is not pair data.
+    with pytest.raises(ForgeError, match="do not hold whole pairs"):
+        chat_stream(prepared, np.arange(5), byte.eos_id, byte.vocab_size, chat, 128)
