@@ -7,6 +7,7 @@ evaluation's forwards) to ``metrics.jsonl``, TensorBoard and the console line.""
 from __future__ import annotations
 
 import copy
+import json
 import threading
 
 import pytest
@@ -231,6 +232,12 @@ def test_a_run_logs_the_statistics_of_every_micro_batch_to_jsonl_tensorboard_and
     acc.Reload()
     got = {e.step: e.value for e in acc.Scalars("toy_router/max/load_cv")}
     assert got == pytest.approx({r["step"]: r["toy_router/max/load_cv"] for r in records}, rel=1e-6)
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     last = records[-1]
     assert f"toy_router cv {last['toy_router/max/load_cv']:.2f}" in err
+    # MFU counts the parameters a token uses, and the model line says so.
+    assert "M active per token: MFU counts these" in out
+    info = json.loads((tmp_path / "routed/run.json").read_text())
+    gates, experts, head = 4 * 8, 4 * 8 * 8, info["vocab_size"] * 8
+    assert info["matmul_parameters"] == 2 * (gates + experts) + head
+    assert info["active_matmul_parameters"] == 2 * (gates + experts * 2 // 4) + head

@@ -53,6 +53,29 @@ def test_matmul_params_excludes_embeddings_but_counts_a_tied_head():
     assert flops.matmul_params(model) == 20 + 40
 
 
+def test_active_params_count_the_share_of_routed_experts_a_token_uses():
+    from toy_router import ToyModel, ToyOptions
+
+    model = ToyModel(ToyOptions(dim=8, experts=4, top_k=2, n_layers=2), vocab_size=32)
+    gate, experts, head = 4 * 8, 4 * 8 * 8, 32 * 8
+    # Every token passes the gates and the head; it visits 2 of each layer's 4 experts.
+    assert flops.matmul_params(model) == 2 * (gate + experts) + head
+    assert flops.active_matmul_params(model) == 2 * (gate + experts * 2 // 4) + head
+    # Nested declarations multiply; a model that declares none is counted whole.
+    model.layers["0"].active_fraction = lambda: 0.5
+    assert flops.active_matmul_params(model) == (gate + experts // 2) // 2 + gate + experts // 2 + head
+    dense = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4))
+    assert flops.active_matmul_params(dense) == flops.matmul_params(dense) == 20
+
+
+def test_mfu_counts_the_active_parameters():
+    from forge_core.train.mfu import MfuMeter
+
+    meter = MfuMeter(n_matmul=400, attn_width=0, peak=1.0, peak_source="x", world_size=1, n_active=100)
+    assert meter.step_flops(input_tokens=10, pairs=0) == 6 * 100 * 10
+    assert MfuMeter(400, 0, 1.0, "x", 1).step_flops(10, 0) == 6 * 400 * 10  # dense: all of them
+
+
 def llama(vocab=50, tie=False, attention=None):
     from forge_plugins.attention.options import SdpaOptions
     from forge_plugins.attention.sdpa import SdpaAttention
