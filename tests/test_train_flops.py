@@ -76,13 +76,15 @@ def test_mfu_counts_the_active_parameters():
     assert MfuMeter(400, 0, 1.0, "x", 1).step_flops(10, 0) == 6 * 400 * 10  # dense: all of them
 
 
-def llama(vocab=50, tie=False, attention=None):
+def llama(vocab=50, tie=False, attention=None, moe=None):
     from forge_plugins.attention.options import SdpaOptions
     from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.models.llama import build
     from forge_plugins.models.options import LlamaOptions
 
-    options = LlamaOptions(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=16, tie_embeddings=tie)
+    options = LlamaOptions(
+        dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=16, tie_embeddings=tie, moe=moe
+    )
     return build(options, vocab_size=vocab, attention=attention or SdpaAttention(SdpaOptions()))
 
 
@@ -90,6 +92,18 @@ def test_matmul_params_of_llama():
     model = llama()
     total = sum(p.numel() for p in model.parameters())
     assert flops.matmul_params(model) == total - 50 * 32
+
+
+def test_active_params_of_an_moe_llama_count_top_k_of_the_routed_experts():
+    from forge_plugins.models.options import MoEOptions
+
+    moe = MoEOptions(num_experts=4, top_k=1, expert_hidden=8, shared_experts=1, every=2)
+    model = llama(moe=moe)
+    total = sum(p.numel() for p in model.parameters())
+    routed = 3 * 4 * 32 * 8  # w1, w3, w2 of 4 experts in block 1, the one MoE block of three
+    assert flops.matmul_params(model) == total - 50 * 32
+    # Routed experts count 1 of their 4; the router and the shared expert count fully.
+    assert flops.active_matmul_params(model) == total - 50 * 32 - routed * 3 // 4
 
 
 def test_attention_probe_measures_heads_times_head_dim_per_layer():

@@ -120,6 +120,7 @@ class RoutedExperts(nn.Module):
         super().__init__()
         experts, hidden = options.num_experts, options.expert_hidden
         self.num_experts = experts
+        self.top_k = options.top_k
         self.first_expert = 0
         self.local_experts = experts
         self.kernel = options.kernel
@@ -141,6 +142,11 @@ class RoutedExperts(nn.Module):
             )
         hidden = F.silu(grouped_matmul(x, self.w1, counts)) * grouped_matmul(x, self.w3, counts)
         return grouped_matmul(hidden, self.w2, counts)
+
+    def active_fraction(self) -> float:
+        """The share of these parameters one token is computed with: ``top_k`` of the
+        ``num_experts`` experts (the FLOPs behind MFU, :mod:`forge_core.train.flops`)."""
+        return self.top_k / self.num_experts
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.dispatcher(self, x, indices, weights)
