@@ -12,7 +12,8 @@
    clip to the global gradient norm, sum the loss over the processes (one all-reduce
    that also carries what the forwards measured: the model's statistics,
    :mod:`forge_core.train.model_stats`) and, when the loss and the norm are finite,
-   step every optimizer.
+   step every optimizer, then the modules that ask for it
+   (:func:`~forge_core.train.module_hooks.after_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.distributed.parallelize import clip_grad_norm
 from forge_core.distributed.placement import all_reduce_sum, to_device
-from forge_core.train import precision
+from forge_core.train import module_hooks, precision
 
 
 @attrs.frozen
@@ -116,6 +117,7 @@ def optimizer_step(
     if stepped:
         for optimizer in optimizers:
             optimizer.step()
+        module_hooks.after_optimizer_step(pmodel.parts)
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
