@@ -241,3 +241,54 @@ def test_a_run_logs_the_statistics_of_every_micro_batch_to_jsonl_tensorboard_and
     gates, experts, head = 4 * 8, 4 * 8 * 8, info["vocab_size"] * 8
     assert info["matmul_parameters"] == 2 * (gates + experts) + head
     assert info["active_matmul_parameters"] == 2 * (gates + experts * 2 // 4) + head
+
+
+def moe_llama():
+    from forge_plugins.attention.options import SdpaOptions
+    from forge_plugins.attention.sdpa import SdpaAttention
+    from forge_plugins.models.llama import build
+    from forge_plugins.models.options import LlamaOptions, MoEOptions
+
+    moe = MoEOptions(num_experts=4, top_k=2, expert_hidden=8, every=2, aux_loss=0.01)
+    options = LlamaOptions(dim=16, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=16, moe=moe)
+    torch.manual_seed(0)
+    return build(options, vocab_size=VOCAB, attention=SdpaAttention(SdpaOptions()))
+
+
+def test_an_moe_llama_reports_its_moe_blocks_from_every_training_forward_once():
+    """Under activation checkpointing, over two micro-batches and an evaluation forward:
+    the loads are those of the two training forwards, counted by hand from the router's
+    own choices; the recomputation in backward and the evaluation add nothing."""
+    from forge_plugins.parallel.checkpointing import checkpointed
+
+    model, ids = moe_llama(), tokens()
+    for block in model.layers.values():
+        block.forward = checkpointed(block.forward)
+    seen = []  # (chosen experts, training forward, inside backward)
+    model.layers["1"].feed_forward.router.register_forward_hook(
+        lambda module, args, out: seen.append(
+            (out[2].detach(), module.training, torch._C._current_graph_task_id() != -1)
+        )
+    )
+    stats = ModelStatistics([model], 1.0)
+    assert [name for name, _ in stats.modules] == ["moe/layers.1"]  # block 0 is dense
+    for micro in (ids[:2], ids[2:]):
+        model(micro).float().logsumexp(-1).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(ids[:1])
+    summed = stats.local()
+    totals, m = stats.totals(summed)["moe/layers.1"], stats.metrics(summed)
+    counted = [chosen for chosen, training, backward in seen if training and not backward]
+    assert len(counted) == 2 and len(seen) == 5  # two forwards, their two recomputations, the evaluation
+    load = torch.bincount(torch.cat(counted).reshape(-1), minlength=4).double()
+    assert torch.equal(totals["tokens_per_expert"], load)
+    assert float(totals["forwards"]) == 2 and float(totals["assignments"]) == 4 * 16 * 2
+    assert m["moe/layers.1/load_cv"] == pytest.approx(float(load.std(correction=0) / load.mean()), rel=1e-12)
+    assert m["moe/layers.1/load_max"] == pytest.approx(float(load.max() / load.mean()), rel=1e-12)
+    assert m["moe/layers.1/dropped_frac"] == 0 and m["moe/layers.1/aux_loss"] > 0
+    assert {k for k in m if not k.startswith("moe/layers.1/")} == {
+        f"moe/{where}{figure}"
+        for where in ("", "max/")
+        for figure in ("load_min", "load_max", "load_cv", "aux_loss", "z_loss", "dropped_frac")
+    }

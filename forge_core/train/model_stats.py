@@ -172,17 +172,22 @@ class ModelStatistics:
             out += [0.0] * size if value is None else (value.reshape(-1) * self.weight).tolist()
         return out
 
-    def metrics(self, summed: Sequence[float]) -> dict[str, float]:
-        """The step's metrics from the sums of :meth:`local` over every process."""
-        if not self.layout:
-            return {}
+    def totals(self, summed: Sequence[float]) -> dict[str, dict[str, torch.Tensor]]:
+        """``{layer name: {key: total}}`` from the sums of :meth:`local` over every process."""
         totals: dict[str, dict[str, torch.Tensor]] = {}
         at = 0
-        for name, key, shape in self.layout:
+        for name, key, shape in self.layout or ():
             size = math.prod(shape)
             flat = torch.tensor(list(summed[at : at + size]), dtype=torch.float64)
             totals.setdefault(name, {})[key] = flat.reshape(shape)
             at += size
+        return totals
+
+    def metrics(self, summed: Sequence[float]) -> dict[str, float]:
+        """The step's metrics from the sums of :meth:`local` over every process."""
+        totals = self.totals(summed)
+        if not totals:
+            return {}
         figures = {name: self._summarize(name, layer) for name, layer in totals.items()}
         out = {f"{name}/{figure}": v for name, layer in figures.items() for figure, v in layer.items()}
         groups: dict[str, list[str]] = {}
