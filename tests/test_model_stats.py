@@ -292,3 +292,19 @@ def test_an_moe_llama_reports_its_moe_blocks_from_every_training_forward_once():
         for where in ("", "max/")
         for figure in ("load_min", "load_max", "load_cv", "aux_loss", "z_loss", "dropped_frac")
     }
+
+
+def test_a_pipeline_stage_drops_what_its_first_forward_counted():
+    """Shape inference runs each stage's forward once before the first step's
+    microbatches (on uninitialised hidden states after the first stage): not counted."""
+    from forge_plugins.parallel.pipeline import drop_first_forward_stats
+
+    model, ids = toy(), tokens()
+    drop_first_forward_stats(model)
+    stats = ModelStatistics([model], 1.0)
+    model(ids)  # shape inference's
+    model(ids[:1])
+    model(ids[1:2])
+    assert stats.totals(stats.local())["toy_router/layers.0"]["forwards"] == 2
+    model(ids[:1])  # the hook is gone: later forwards count
+    assert stats.totals(stats.local())["toy_router/layers.0"]["forwards"] == 1
