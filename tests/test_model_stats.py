@@ -292,6 +292,11 @@ def test_an_moe_llama_reports_its_moe_blocks_from_every_training_forward_once():
         for where in ("", "max/")
         for figure in ("load_min", "load_max", "load_cv", "aux_loss", "z_loss", "dropped_frac")
     }
+    # Every tracker gets them under these names (MLflow would rewrite a refused character).
+    from forge_plugins.loggers.mlflow import metric_name
+    from forge_plugins.loggers.tracking import numeric_metrics
+
+    assert {metric_name(k) for k in numeric_metrics(m)} == set(m)
 
 
 def test_a_pipeline_stage_drops_what_its_first_forward_counted():
