@@ -155,10 +155,11 @@ def test_capacity_dropped_assignments_are_not_computed_and_rows_are_independent(
     stats = module.step_stats()
     assert 0 < float(stats["dropped"]) < float(stats["assignments"])
     assert float(stats["tokens_per_expert"].sum()) == float(stats["assignments"] - stats["dropped"])
-    # Dropless: the same routing computes every assignment.
+    # Dropless: the same routing computes every assignment; so does evaluation.
     dropless = moe_with(capacity_factor=0.0)
-    dropless(x)
+    assert_within_rounding(module.eval()(x), dropless(x), dtype=torch.float64, terms=DIM, what="eval")
     assert float(dropless.step_stats()["dropped"]) == 0
+    assert not torch.allclose(together, dropless(x))  # control: training did drop
 
 
 # --- balancing losses -------------------------------------------------------------------
