@@ -155,10 +155,11 @@ def test_capacity_dropped_assignments_are_not_computed_and_rows_are_independent(
     stats = module.step_stats()
     assert 0 < float(stats["dropped"]) < float(stats["assignments"])
     assert float(stats["tokens_per_expert"].sum()) == float(stats["assignments"] - stats["dropped"])
-    # Dropless: the same routing computes every assignment.
+    # Dropless: the same routing computes every assignment; so does evaluation.
     dropless = moe_with(capacity_factor=0.0)
-    dropless(x)
+    assert_within_rounding(module.eval()(x), dropless(x), dtype=torch.float64, terms=DIM, what="eval")
     assert float(dropless.step_stats()["dropped"]) == 0
+    assert not torch.allclose(together, dropless(x))  # control: training did drop
 
 
 # --- balancing losses -------------------------------------------------------------------
@@ -309,11 +310,12 @@ def test_step_stats_sum_the_training_forwards_then_reset():
 # --- options and rules ------------------------------------------------------------------
 
 
-def _ctx(options, cp: int = 1):
+def _ctx(options, cp: int = 1, pp: int = 1):
+    degrees = {"cp": cp, "pp": pp}
     return SimpleNamespace(
         config=SimpleNamespace(model=SimpleNamespace(options=options)),
-        degrees={"cp": cp},
-        is_active=lambda name: name == "cp" and cp > 1,
+        degrees=degrees,
+        is_active=lambda name: degrees.get(name, 1) > 1,
     )
 
 
@@ -343,6 +345,13 @@ def test_sequence_scope_under_context_parallelism_is_refused():
     assert model_rules.check_moe_sequence_cp(_ctx(options, cp=1)) is None
     batch = attrs.evolve(TINY, moe=attrs.evolve(MOE, aux_loss=0.01))
     assert model_rules.check_moe_sequence_cp(_ctx(batch, cp=2)) is None
+
+
+def test_bias_update_under_pipeline_parallelism_is_warned():
+    options = attrs.evolve(TINY, moe=attrs.evolve(MOE, bias_update_rate=0.01))
+    assert "parallel.pp=2" in model_rules.check_moe_bias_pipeline(_ctx(options, pp=2))
+    assert model_rules.check_moe_bias_pipeline(_ctx(options)) is None
+    assert model_rules.check_moe_bias_pipeline(_ctx(TINY, pp=2)) is None
 
 
 def test_check_names_the_moe_option_and_its_value(tmp_path):

@@ -294,7 +294,9 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, dim)
         logits, scores, indices, weights = self.router(tokens)
         routed = indices
-        if options.capacity_factor > 0:
+        # Training only: evaluation and sampling are dropless (decoding one token at a
+        # time would otherwise see a capacity of its own).
+        if options.capacity_factor > 0 and self.training:
             keep = capacity_keep(
                 indices.view(batch, seq_len, -1),
                 weights.view(batch, seq_len, -1),

@@ -86,6 +86,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# ... per-document balancing (packed rows: doc_ids reach the MoE blocks of every stage),
+# which, unlike the batch scope, is additive over pipeline microbatches; no bias update
+# (under pp torch's shape-inference forward counts in its loads: llama.moe-bias-pipeline)
+VARIANTS["moe_seq"] = (
+    "llama",
+    {"moe": {**VARIANTS["moe"][1]["moe"], "aux_loss_scope": "sequence", "bias_update_rate": 0.0}},
+)
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
 AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
@@ -204,6 +211,8 @@ SCENARIOS: dict[str, Scenario] = {
     "fsdp_moe": Scenario({"dp_shard": 2}, variant="moe"),
     "tp_moe": Scenario({"tp": 2}, variant="moe"),  # MoE parts replicated, attention sharded
     "tp_sp_moe": Scenario({"tp": 2, **SP}, variant="moe"),
+    "packed_pp_moe": _pp("1f1b", variant="moe_seq"),
+    "packed_ddp_ac_moe": Scenario({"dp_replicate": 2, **AC}, variant="moe_seq", packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
     "fsdp_ac_every2": Scenario(

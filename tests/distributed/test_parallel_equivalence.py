@@ -83,6 +83,8 @@ TWO = [
     "fsdp_moe",
     "tp_moe",
     "tp_sp_moe",
+    "packed_pp_moe",
+    "packed_ddp_ac_moe",
     *PACKED_PP,
     # activation checkpointing composes with each strategy (compiled: see composition_rules)
     "fsdp_ac",
