@@ -189,6 +189,8 @@ def test_a_module_that_breaks_the_contract_is_refused_naming_it():
 
     with pytest.raises(ForgeError, match=r"Returns.step_stats\(\) \(test_model_stats/model\) returned list"):
         ModelStatistics([Returns([1.0])], 1.0).local()
+    with pytest.raises(ForgeError, match=r"returned 'load' = 'high'; a statistic is a number or a tensor"):
+        ModelStatistics([Returns({"load": "high"})], 1.0).local()
     keys = iter([{"a": torch.zeros(())}, {"a": torch.zeros(()), "b": torch.zeros(())}])
     stats = ModelStatistics([Returns(lambda: next(keys))], 1.0)
     stats.local()

@@ -129,7 +129,13 @@ class ModelStatistics:
                     "return a dict of statistic name to tensor."
                 )
             for key, value in stats.items():
-                read[name, key] = torch.as_tensor(value).detach().to("cpu", torch.float64)
+                try:
+                    read[name, key] = torch.as_tensor(value).detach().to("cpu", torch.float64)
+                except (TypeError, ValueError, RuntimeError):
+                    raise ForgeError(
+                        f"{type(module).__name__}.{METHOD}() ({name}) returned {key!r} = {value!r}; a "
+                        "statistic is a number or a tensor of numbers."
+                    ) from None
         return read
 
     def _agree(self, read: dict[tuple[str, str], torch.Tensor]) -> None:
