@@ -4,8 +4,8 @@ A step costs ``6 * N`` FLOPs per input token for the parameter matmuls (``N`` ex
 embedding tables, whose lookup is not a matmul; a tied output head is a matmul and
 counts; ``N`` counts the parameters a token is computed with, so a module of which each
 token uses only a share, a mixture-of-experts layer's routed experts, declares it:
-:func:`active_matmul_params`) plus the attention score and value products. Attention is counted for the
-pairs actually attended: under causal attention with document masking a token attends
+:func:`active_matmul_params`) plus the attention score and value products. Attention
+is counted for the pairs actually attended: under causal attention with document masking a token attends
 only to the earlier tokens of its own document, so a row costs ``sum_d L_d (L_d + 1) / 2``
 pairs instead of ``S (S + 1) / 2``. Which pairs are attended is the attention backend's
 to say (:func:`pair_counter`): a backend may count its own (a sliding window attends
