@@ -1,8 +1,10 @@
 """Statistics a model reports about its training forwards (:mod:`forge_core.train.model_stats`):
 found by method and named by block, summed over the processes that saw different tokens
-but not over copies, each pipeline stage reporting its own layers, refused when a
-module breaks the contract, and logged by a real run (every micro-batch, not the
-evaluation's forwards) to ``metrics.jsonl``, TensorBoard and the console line."""
+but not over copies, each pipeline stage reporting its own layers (and not its shape
+inference's forward), refused when a module breaks the contract, logged by a real run
+(every micro-batch, not the evaluation's forwards) to ``metrics.jsonl``, TensorBoard and
+the console line; the MoE llama's blocks against a hand count. A test double
+(:mod:`toy_router`) stands for any model that reports."""
 
 from __future__ import annotations
 
