@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
+from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.feed_forward import FeedForward
 from forge_plugins.models.moe import MoE
 from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
@@ -229,7 +229,7 @@ class Llama(nn.Module):
         for key, layer in self.layers.items():
             extra = {} if cache is None else {"cache": cache.layer(int(key))}
             if doc_ids is not None and getattr(layer.feed_forward, "needs_doc_ids", False):
-                extra["doc_ids"] = doc_ids
+                extra[DOC_IDS] = doc_ids
             h = layer(h, cos, sin, prepared, **extra)
         if cache is not None:
             cache.advance(seq_len)
