@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -127,3 +128,19 @@ def test_a_capped_mfu_is_shown_as_capped_not_as_a_true_100_percent(monkeypatch):
     clock.now += 1.0
     logger.forge_step_end(run, 2, {**metrics(4.0), "mfu": 0.25, "mfu_capped": False})
     assert "mfu=25.0%" in terminal.frames()[-1] and "capped" not in terminal.frames()[-1]
+
+
+def test_routing_statistics_show_the_aux_loss_and_the_worst_layers_load_and_drops(monkeypatch):
+    routed = {"moe/aux_loss": 0.012345, "moe/max/load_cv": 0.314, "moe/max/dropped_frac": 0.015}
+    logger, run, terminal, clock = start(monkeypatch)
+    clock.now += 1.0
+    logger.forge_step_end(run, 1, {**metrics(5.0), **routed})
+    assert "mfu=10.0% moe aux=0.01235 cv=0.31 drop=1.5%]" in terminal.frames()[-1]
+    clock.now += 1.0
+    logger.forge_step_end(run, 2, metrics(4.0))  # a dense model: nothing about routing
+    assert "moe" not in terminal.frames()[-1] and "aux" not in terminal.frames()[-1]
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    plain = ConsoleLogger(ConsoleOptions(bar=False))
+    plain.forge_train_start(run)
+    plain.forge_step_end(run, 1, {**metrics(5.0), **routed})
+    assert "mfu 10.0%  moe aux 0.01235 cv 0.31 drop 1.5%" in sys.stderr.getvalue()

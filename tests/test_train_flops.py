@@ -53,13 +53,38 @@ def test_matmul_params_excludes_embeddings_but_counts_a_tied_head():
     assert flops.matmul_params(model) == 20 + 40
 
 
-def llama(vocab=50, tie=False, attention=None):
+def test_active_params_count_the_share_of_routed_experts_a_token_uses():
+    from toy_router import ToyModel, ToyOptions
+
+    model = ToyModel(ToyOptions(dim=8, experts=4, top_k=2, n_layers=2), vocab_size=32)
+    gate, experts, head = 4 * 8, 4 * 8 * 8, 32 * 8
+    # Every token passes the gates and the head; it visits 2 of each layer's 4 experts.
+    assert flops.matmul_params(model) == 2 * (gate + experts) + head
+    assert flops.active_matmul_params(model) == 2 * (gate + experts * 2 // 4) + head
+    # Nested declarations multiply; a model that declares none is counted whole.
+    model.layers["0"].active_fraction = lambda: 0.5
+    assert flops.active_matmul_params(model) == (gate + experts // 2) // 2 + gate + experts // 2 + head
+    dense = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4))
+    assert flops.active_matmul_params(dense) == flops.matmul_params(dense) == 20
+
+
+def test_mfu_counts_the_active_parameters():
+    from forge_core.train.mfu import MfuMeter
+
+    meter = MfuMeter(n_matmul=400, attn_width=0, peak=1.0, peak_source="x", world_size=1, n_active=100)
+    assert meter.step_flops(input_tokens=10, pairs=0) == 6 * 100 * 10
+    assert MfuMeter(400, 0, 1.0, "x", 1).step_flops(10, 0) == 6 * 400 * 10  # dense: all of them
+
+
+def llama(vocab=50, tie=False, attention=None, moe=None):
     from forge_plugins.attention.options import SdpaOptions
     from forge_plugins.attention.sdpa import SdpaAttention
     from forge_plugins.models.llama import build
     from forge_plugins.models.options import LlamaOptions
 
-    options = LlamaOptions(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=16, tie_embeddings=tie)
+    options = LlamaOptions(
+        dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=16, tie_embeddings=tie, moe=moe
+    )
     return build(options, vocab_size=vocab, attention=attention or SdpaAttention(SdpaOptions()))
 
 
@@ -67,6 +92,18 @@ def test_matmul_params_of_llama():
     model = llama()
     total = sum(p.numel() for p in model.parameters())
     assert flops.matmul_params(model) == total - 50 * 32
+
+
+def test_active_params_of_an_moe_llama_count_top_k_of_the_routed_experts():
+    from forge_plugins.models.options import MoEOptions
+
+    moe = MoEOptions(num_experts=4, top_k=1, expert_hidden=8, shared_experts=1, every=2)
+    model = llama(moe=moe)
+    total = sum(p.numel() for p in model.parameters())
+    routed = 3 * 4 * 32 * 8  # w1, w3, w2 of 4 experts in block 1, the one MoE block of three
+    assert flops.matmul_params(model) == total - 50 * 32
+    # Routed experts count 1 of their 4; the router and the shared expert count fully.
+    assert flops.active_matmul_params(model) == total - 50 * 32 - routed * 3 // 4
 
 
 def test_attention_probe_measures_heads_times_head_dim_per_layer():

@@ -171,6 +171,15 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every process's ``obj``, in rank order (``[obj]`` alone)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Every tensor of a batch on ``device`` (without waiting, where the device allows)."""
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -2,8 +2,10 @@
 
 A step costs ``6 * N`` FLOPs per input token for the parameter matmuls (``N`` excludes
 embedding tables, whose lookup is not a matmul; a tied output head is a matmul and
-counts) plus the attention score and value products. Attention is counted for the
-pairs actually attended: under causal attention with document masking a token attends
+counts; ``N`` counts the parameters a token is computed with, so a module of which each
+token uses only a share, a mixture-of-experts layer's routed experts, declares it:
+:func:`active_matmul_params`) plus the attention score and value products. Attention
+is counted for the pairs actually attended: under causal attention with document masking a token attends
 only to the earlier tokens of its own document, so a row costs ``sum_d L_d (L_d + 1) / 2``
 pairs instead of ``S (S + 1) / 2``. Which pairs are attended is the attention backend's
 to say (:func:`pair_counter`): a backend may count its own (a sliding window attends
@@ -26,16 +28,41 @@ import torch
 
 from forge_core.api import DOC_IDS, INPUT_IDS
 
+#: The method of a module of whose parameters each token uses only a share.
+ACTIVE_FRACTION = "active_fraction"
 
-def matmul_params(model: torch.nn.Module) -> int:
+
+def _shares(model: torch.nn.Module) -> dict[int, float]:
+    """The share of each parameter (by id) one token is computed with: the product of
+    the ``active_fraction()`` of the modules above it (1 where none declares one); a
+    parameter registered in several places takes its largest."""
+    shares: dict[int, float] = {}
+
+    def walk(module: torch.nn.Module, share: float) -> None:
+        declare = getattr(module, ACTIVE_FRACTION, None)
+        if callable(declare):
+            share *= float(declare())
+        for p in module.parameters(recurse=False):
+            shares[id(p)] = max(shares.get(id(p), 0.0), share)
+        for child in module.children():
+            walk(child, share)
+
+    walk(model, 1.0)
+    return shares
+
+
+def matmul_params(model: torch.nn.Module, active: bool = False) -> int:
     """Parameters that take part in matmuls: every parameter except embedding tables
-    (counted once even when shared; a table tied to an output layer is counted)."""
+    (counted once even when shared; a table tied to an output layer is counted).
+    ``active``: count each parameter by the share of it one token uses
+    (:func:`active_matmul_params`)."""
     embedding_only: set[int] = set()
     other: set[int] = set()
     for module in model.modules():
         target = embedding_only if isinstance(module, torch.nn.Embedding) else other
         target.update(id(p) for p in module.parameters(recurse=False))
-    total = 0
+    shares = _shares(model) if active else {}
+    total = 0.0
     seen: set[int] = set()
     for p in model.parameters():
         if id(p) in seen:
@@ -43,8 +70,18 @@ def matmul_params(model: torch.nn.Module) -> int:
         seen.add(id(p))
         if id(p) in embedding_only and id(p) not in other:
             continue
-        total += p.numel()
-    return total
+        total += p.numel() * shares.get(id(p), 1.0)
+    return round(total)
+
+
+def active_matmul_params(model: torch.nn.Module) -> int:
+    """The matmul parameters one token is computed with. A module of whose parameters
+    (its own and its submodules') each token uses only a share has a method
+    ``active_fraction() -> float`` giving it: routed experts, of which a token visits
+    ``top_k`` of ``num_experts``, give ``top_k / num_experts``; a router or a shared
+    expert, which every token passes, declares nothing. Equal to :func:`matmul_params`
+    for a model that declares none."""
+    return matmul_params(model, active=True)
 
 
 def attended_pairs(doc_ids: torch.Tensor | None, batch: int, seq_len: int) -> int:

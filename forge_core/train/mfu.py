@@ -30,17 +30,20 @@ if TYPE_CHECKING:
 @attrs.define
 class MfuMeter:
     """``meter(input_tokens, pairs, seconds) -> (mfu, capped, notice or None)`` for one
-    step; ``capped`` is true when the step beat the peak and ``mfu`` reads 1 for it."""
+    step; ``capped`` is true when the step beat the peak and ``mfu`` reads 1 for it.
+    ``n_matmul`` counts every matmul parameter, ``n_active`` those one token is computed
+    with (:func:`~forge_core.train.flops.active_matmul_params`): the FLOPs count these."""
 
     n_matmul: int
     attn_width: int
     peak: float
     peak_source: str
     world_size: int
+    n_active: int = attrs.field(default=attrs.Factory(lambda self: self.n_matmul, takes_self=True))
     warned: bool = False
 
     def step_flops(self, input_tokens: int, pairs: int) -> float:
-        return flops.step_flops(self.n_matmul, self.attn_width, input_tokens, pairs)
+        return flops.step_flops(self.n_active, self.attn_width, input_tokens, pairs)
 
     def __call__(self, input_tokens: int, pairs: int, seconds: float) -> tuple[float, bool, str | None]:
         achieved = self.step_flops(input_tokens, pairs) / seconds / self.world_size
@@ -95,4 +98,5 @@ def build_meter(
         peak.flops,
         peak.source,
         world_size,
+        flops.active_matmul_params(model),
     )

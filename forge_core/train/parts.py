@@ -6,7 +6,8 @@ from the token cache, which one process per node fills while the others wait), t
 with its attention backend, then the strategies (``train.compile`` among them) applied in their
 declared order, with the loss ``train.loss`` names (the chunked loss takes over the
 model's output head before any strategy shards it), the optimizers (one per model part),
-the loader, evaluation data and the MFU meter.
+the loader, evaluation data, the MFU meter and the collector of the model's own
+statistics.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import torch
 
 from forge_core import components
 from forge_core.api import ForgeError, Plan
-from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.mesh import build_mesh, token_group
 from forge_core.distributed.parallelize import is_meta, parallelize, wrap_attention
-from forge_core.distributed.placement import Placement
-from forge_core.train import flops, precision
+from forge_core.distributed.placement import Placement, all_gather_object
+from forge_core.train import flops, model_stats, module_hooks, precision
 from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
@@ -61,6 +62,8 @@ class RunParts:
     #: ``count(batch) -> int``, the query-key pairs the attention computes for a batch
     #: (for MFU; :func:`~forge_core.train.flops.pair_counter`).
     count_pairs: Callable[[dict[str, torch.Tensor]], int]
+    #: What the model reports about its training forwards (:mod:`forge_core.train.model_stats`).
+    stats: model_stats.ModelStatistics
 
 
 def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
@@ -71,6 +74,13 @@ def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
             f"ranks x {grad_accum} accumulation steps"
         )
     return micro
+
+
+def active_note(mfu: MfuMeter) -> str:
+    """What the model line says when a token uses only some of the matmul parameters."""
+    if mfu.n_active == mfu.n_matmul:
+        return ""
+    return f", {mfu.n_active / 1e6:.2f}M active per token: MFU counts these"
 
 
 def seed_everything(seed: int) -> None:
@@ -109,6 +119,8 @@ def build_parts(
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
     pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)
+    step_tokens = train.batch_size * data.seq_len
+    module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), step_tokens)
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]
@@ -128,8 +140,8 @@ def build_parts(
         eval_data = build_eval_data(plan, registries, tokenizer, is_main=pl.is_main)
         log(eval_data.summary)
     log(
-        f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls), "
-        f"attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
+        f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls"
+        f"{active_note(mfu)}), attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
         f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})"
     )
     return RunParts(
@@ -148,4 +160,7 @@ def build_parts(
         slice_weight=dp / pl.world_size,
         step_inputs=train.batch_size * data.seq_len,
         count_pairs=flops.pair_counter(backend, plan.specs["attention"].honours),
+        stats=model_stats.ModelStatistics(
+            pmodel.parts, 1.0 / model_stats.copies(plan.dims, plan.degrees), all_gather_object
+        ),
     )

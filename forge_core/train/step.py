@@ -9,8 +9,11 @@
    docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync only on the
    last micro-batch;
 3. finish the gradients (what strategies reduce once per step, after the last backward),
-   clip to the global gradient norm and, when the loss and the norm are finite, step
-   every optimizer.
+   clip to the global gradient norm, sum the loss over the processes (one all-reduce
+   that also carries what the forwards measured: the model's statistics,
+   :mod:`forge_core.train.model_stats`) and, when the loss and the norm are finite,
+   step every optimizer, then the modules that ask for it
+   (:func:`~forge_core.train.module_hooks.after_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.distributed.parallelize import clip_grad_norm
 from forge_core.distributed.placement import all_reduce_sum, to_device
-from forge_core.train import precision
+from forge_core.train import module_hooks, precision
 
 
 @attrs.frozen
@@ -41,6 +44,8 @@ class StepOutcome:
     stepped: bool
     #: The caller's ``counts`` summed over the global batch.
     counts: tuple[float, ...] = ()
+    #: What ``measured`` returned, summed over every process.
+    measured: tuple[float, ...] = ()
 
 
 def global_counts(
@@ -78,10 +83,14 @@ def optimizer_step(
     stop: bool,
     count_pairs: Callable[[dict[str, torch.Tensor]], int],
     counts: Sequence[float] = (),
+    measured: Callable[[], Sequence[float]] | None = None,
 ) -> StepOutcome:
     """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
     afterwards whether or not the optimizers stepped. ``counts`` (this process's numbers
-    about its batches) come back summed over the global batch, in the same all-reduce."""
+    about its batches) come back summed over the global batch, in the same all-reduce.
+    ``measured()``, called after the last backward, gives this process's numbers about
+    its forwards (already weighted); they come back summed over every process, in the
+    loss's all-reduce."""
     labelled, pairs, stops, summed = global_counts(micro, count_pairs, slice_weight, stop, device, counts)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
@@ -99,13 +108,18 @@ def optimizer_step(
     # Every process holds its data-parallel slice's loss (pipeline ranks get it back
     # from the last stage), or its share of it under a token split: weight so each
     # slice counts once.
-    loss = all_reduce_sum([float(loss_total) * slice_weight * pmodel.token_split], device)[0] / normalizer
+    local = list(measured()) if measured is not None else []
+    loss_sum, *measured_sums = all_reduce_sum(
+        [float(loss_total) * slice_weight * pmodel.token_split, *local], device
+    )
+    loss = loss_sum / normalizer
     stepped = math.isfinite(loss) and math.isfinite(grad_norm)
     if stepped:
         for optimizer in optimizers:
             optimizer.step()
+        module_hooks.after_optimizer_step(pmodel.parts)
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped, summed)
+    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped, summed, tuple(measured_sums))

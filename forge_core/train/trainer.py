@@ -8,7 +8,8 @@ any third-party plugin, and every step is :func:`~forge_core.train.step.optimize
 Each step of the loop:
 
 1. take ``train.grad_accum`` micro-batches and set the scheduled learning rate;
-2. train one optimizer step on them (:mod:`forge_core.train.step`);
+2. train one optimizer step on them (:mod:`forge_core.train.step`), with what the
+   model reports about its forwards (:mod:`forge_core.train.model_stats`);
 3. on an evaluation step (``eval.every``, and the last with ``eval.at_end``), evaluate
    (:mod:`forge_core.train.evaluate`), call ``forge_eval_end`` and add the eval metrics
    to the step's; the cadence counts steps from the start of the run, so a resumed run
@@ -209,6 +210,7 @@ class Trainer:
                 "tokenizer_identity": str(parts.tokenizer.identity),
                 "parameters": parts.n_params,
                 "matmul_parameters": parts.mfu.n_matmul,
+                "active_matmul_parameters": parts.mfu.n_active,
                 "world_size": pl.world_size,
             },
         )
@@ -314,6 +316,7 @@ class Trainer:
             stop=self.stop.received is not None,
             count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
+            measured=parts.stats.local,
         )
         step_time = time.perf_counter() - t0
         progress.stop_agreed = outcome.stop_agreed
@@ -334,6 +337,7 @@ class Trainer:
             "skipped": not outcome.stepped,
             **parts.memory.measure(),
             **(self.tally.metrics(outcome.counts) if self.tally is not None else {}),
+            **parts.stats.metrics(outcome.measured),
         }
 
     def eval_due(self) -> bool:

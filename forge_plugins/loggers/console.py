@@ -1,6 +1,9 @@
 """The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
 tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
-when tqdm is missing). A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
+when tqdm is missing). A model that reports routing statistics
+(:mod:`forge_core.train.model_stats`) adds, per group (``moe``), the all-layer auxiliary
+loss and the worst layer's load coefficient of variation and dropped fraction:
+``moe aux=0.0123 cv=0.31 drop=0.0%``. A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
 (on the plain line, or as a line of its own above the bar, which would overwrite it),
 and the summary at the end gives the last of them. Acts on the main process only.
 
@@ -38,6 +41,29 @@ def _fmt_memory(metrics: dict[str, Any]) -> str:
         return f"mem {allocated:.1f}/{reserved:.1f} GiB"
     rss = metrics.get("mem_rss_peak_gib_max")
     return f"rss {rss:.2f} GiB" if rss is not None else ""
+
+
+#: The figures of a statistics group the console shows: (metric under the group, label, format).
+_ROUTING = (
+    ("aux_loss", "aux", "{:.4g}"),
+    ("max/load_cv", "cv", "{:.2f}"),
+    ("max/dropped_frac", "drop", "{:.1%}"),
+)
+
+
+def _fmt_routing(metrics: dict[str, Any], sep: str) -> str:
+    """``"moe aux<sep>0.0123 cv<sep>0.31 drop<sep>0.0%"`` for every group that reports the
+    worst layer's load (``<group>/max/load_cv``); empty without one."""
+    groups = [key.removesuffix("/max/load_cv") for key in metrics if key.endswith("/max/load_cv")]
+    shown = []
+    for group in groups:
+        figures = [
+            f"{label}{sep}{form.format(metrics[f'{group}/{key}'])}"
+            for key, label, form in _ROUTING
+            if f"{group}/{key}" in metrics
+        ]
+        shown.append(" ".join([group, *figures]))
+    return "  ".join(shown)
 
 
 def _fmt_eval(metrics: dict[str, Any]) -> str:
@@ -146,20 +172,20 @@ class ConsoleLogger:
             if evaluated:
                 self._write(f"step {step}/{run.total_steps}  {evaluated}")
             if logged:  # before the counter moves: moving it redraws the bar
-                memory = _fmt_memory(metrics).replace(" ", "=", 1)
-                self.bar.set_postfix_str(
+                figures = (
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
-                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)} {memory}".rstrip(),
-                    refresh=False,
+                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)}"
                 )
+                extra = (_fmt_memory(metrics).replace(" ", "=", 1), _fmt_routing(metrics, "="))
+                self.bar.set_postfix_str(" ".join([figures, *(e for e in extra if e)]), refresh=False)
             self.bar.update(step - self.bar.n)
         elif logged:
             line = (
                 f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
-                f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {_fmt_mfu(metrics)}  {_fmt_memory(metrics)}  "
-                f"{evaluated}"
+                f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {_fmt_mfu(metrics)}"
             )
-            print(line.rstrip(), file=sys.stderr, flush=True)
+            extra = (_fmt_memory(metrics), _fmt_routing(metrics, " "), evaluated)
+            print("  ".join([line, *(e for e in extra if e)]), file=sys.stderr, flush=True)
 
     @hookimpl
     def forge_checkpoint_saved(self, run, step, path):

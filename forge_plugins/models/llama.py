@@ -13,8 +13,13 @@ them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` 
 (``model.options.family``, :func:`~forge_plugins.models.options.features`) adds biases
 (qwen2: on ``wq/wk/wv``; llama and qwen3 with ``attention_bias``: on all four; llama
 with ``mlp_bias``: on the MLP) or ``attention.q_norm``/``k_norm`` (qwen3: an RMSNorm over
-each head's channels of the queries and keys, before rotary). A pipeline stage may set
-``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
+each head's channels of the queries and keys, before rotary). With ``model.options.moe`` the
+blocks it selects (:func:`~forge_plugins.models.options.is_moe_layer`) have an ``MoE``
+feed-forward instead (:mod:`forge_plugins.models.moe`: ``feed_forward.router``,
+``feed_forward.experts``, optionally ``feed_forward.shared``); the forward passes
+``doc_ids`` to a block only when its feed-forward asks for them (``needs_doc_ids``:
+per-document balancing), so a block's four positional inputs never change. A pipeline
+stage may set ``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
 ``(B, S, dim)`` instead of token ids, or returns hidden states instead of logits.
 
 The parallelism strategies know the model through :meth:`Llama.parallel_contract`
@@ -22,13 +27,16 @@ only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first
 only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
 (which covers every family's extra parameters: biases are sharded with their layer, the
 per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`;
-the output head is ``output`` (the chunked loss applies it itself).
+the output head is ``output`` (the chunked loss applies it itself); the routed experts
+of an MoE block are ``feed_forward.experts`` (``ParallelContract.experts``).
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
 residual stream (``wo`` and ``w2``) ~ N(0, init_std / sqrt(2 * n_layers)) so the
 residual's variance does not grow with depth; biases are zeros; RMSNorm weights are
-ones; a tied output shares the embedding matrix.
+ones; a tied output shares the embedding matrix. In an MoE block the router's gate and
+every expert's ``w1``/``w3`` ~ N(0, init_std), every expert's ``w2`` (and the shared
+experts') as a dense ``w2``, the selection bias zeros.
 
 With ``init_from_hf`` the checkpoint is the init: :func:`build` returns the model on the
 meta device (no memory), the trainer shards it as the strategies say, moves it to its
@@ -47,11 +55,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
-from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
+from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParallelPlan
+from forge_plugins.models.feed_forward import FeedForward
+from forge_plugins.models.moe import MoE
+from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
@@ -108,35 +117,34 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
-
-    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=bias)
-        self.w3 = nn.Linear(dim, hidden, bias=bias)
-        self.w2 = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(nn.Module):
-    def __init__(self, options: LlamaOptions, backend: Any) -> None:
+    def __init__(self, options: LlamaOptions, backend: Any, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(options.dim, options.norm_eps)
         self.attention = Attention(options, backend)
         self.ffn_norm = RMSNorm(options.dim, options.norm_eps)
-        self.feed_forward = FeedForward(options.dim, ffn_hidden_size(options), features(options).mlp_bias)
+        self.feed_forward: nn.Module = (
+            MoE(options.dim, options.moe)
+            if moe
+            else FeedForward(options.dim, ffn_hidden_size(options), features(options).mlp_bias)
+        )
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any, cache: Any = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prepared: Any,
+        cache: Any = None,
+        doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # The cache only as a keyword (sampling): training calls keep their four inputs,
-        # which tensor-parallel input styles count.
+        # The cache and doc ids only as keywords (sampling; an MoE block's per-document
+        # balancing): training calls keep their four inputs, which tensor-parallel input
+        # styles count.
         extra = {} if cache is None else {"cache": cache}
         x = x + self.attention(self.attention_norm(x), cos, sin, prepared, **extra)
-        return x + self.feed_forward(self.ffn_norm(x))
+        h = self.ffn_norm(x)
+        return x + (self.feed_forward(h) if doc_ids is None else self.feed_forward(h, doc_ids=doc_ids))
 
 
 def check_options(options: LlamaOptions) -> LlamaOptions:
@@ -161,7 +169,9 @@ class Llama(nn.Module):
         self.attention_backend = attention
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, options.dim)
         self.rope = Rotary(head_dim(options), options.max_seq_len, options.rope_theta, options.rope_scaling)
-        self.layers = nn.ModuleDict({str(i): Block(options, attention) for i in range(options.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(options, attention, is_moe_layer(options, i)) for i in range(options.n_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(options.dim, options.norm_eps)
         self.output: nn.Linear | None = nn.Linear(options.dim, vocab_size, bias=False)
         if options.tie_embeddings:
@@ -169,11 +179,19 @@ class Llama(nn.Module):
 
     def parallel_contract(self) -> ParallelContract:
         """How the strategies split and shard this model (see the module docstring)."""
+        feed_forwards = [layer.feed_forward for layer in self.layers.values()]
         return ParallelContract(
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
-            tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
+            tensor_parallel=functools.partial(
+                tensor_parallel_plan,
+                qk_norm=self.has_qk_norm,
+                dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
+                moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
+                shared=any(getattr(ffn, "shared", None) is not None for ffn in feed_forwards),
+            ),
             output_head="output",
+            experts="feed_forward.experts" if self.options.moe is not None else None,
         )
 
     @property
@@ -209,7 +227,10 @@ class Llama(nn.Module):
         cos, sin = self.rope(seq_len, positions, 0 if cache is None else cache.reserve(seq_len))
         prepared = self.attention_backend.prepare(doc_ids, seq_len, h.device)
         for key, layer in self.layers.items():
-            h = layer(h, cos, sin, prepared, **({} if cache is None else {"cache": cache.layer(int(key))}))
+            extra = {} if cache is None else {"cache": cache.layer(int(key))}
+            if doc_ids is not None and getattr(layer.feed_forward, "needs_doc_ids", False):
+                extra[DOC_IDS] = doc_ids
+            h = layer(h, cos, sin, prepared, **extra)
         if cache is not None:
             cache.advance(seq_len)
         if self.norm is not None:
@@ -257,27 +278,30 @@ class Llama(nn.Module):
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         for layer in self.layers.values():
-            for linear in (
-                layer.attention.wq,
-                layer.attention.wk,
-                layer.attention.wv,
-                layer.feed_forward.w1,
-                layer.feed_forward.w3,
-            ):
+            attention, ffn = layer.attention, layer.feed_forward
+            dense = [ffn] if isinstance(ffn, FeedForward) else [ffn.shared] if ffn.shared is not None else []
+            inputs = [
+                attention.wq,
+                attention.wk,
+                attention.wv,
+                *(f.w1 for f in dense),
+                *(f.w3 for f in dense),
+            ]
+            outputs = [attention.wo, *(f.w2 for f in dense)]
+            for linear in inputs:
                 nn.init.normal_(linear.weight, mean=0.0, std=std)
-            for linear in (layer.attention.wo, layer.feed_forward.w2):
+            for linear in outputs:
                 nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
-            for linear in (
-                layer.attention.wq,
-                layer.attention.wk,
-                layer.attention.wv,
-                layer.attention.wo,
-                layer.feed_forward.w1,
-                layer.feed_forward.w3,
-                layer.feed_forward.w2,
-            ):
+            for linear in inputs + outputs:
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
+            if isinstance(ffn, MoE):
+                # Every expert as a dense SwiGLU; the router's gate as an input projection.
+                nn.init.normal_(ffn.router.gate.weight, mean=0.0, std=std)
+                nn.init.zeros_(ffn.router.expert_bias)
+                nn.init.normal_(ffn.experts.w1, mean=0.0, std=std)
+                nn.init.normal_(ffn.experts.w3, mean=0.0, std=std)
+                nn.init.normal_(ffn.experts.w2, mean=0.0, std=residual_std)
             for norm in (
                 layer.attention_norm,
                 layer.ffn_norm,
@@ -296,12 +320,21 @@ class Llama(nn.Module):
                 nn.init.normal_(self.output.weight, mean=0.0, std=std)
 
 
-def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
+def tensor_parallel_plan(
+    *,
+    sequence_parallel: bool,
+    qk_norm: bool = False,
+    dense: bool = True,
+    moe: bool = False,
+    shared: bool = False,
+) -> TensorParallelPlan:
     """The plan of :mod:`forge_plugins.models.llama_parallel`, imported only when tensor
     parallelism is applied."""
     from forge_plugins.models import llama_parallel
 
-    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel, qk_norm=qk_norm)
+    return llama_parallel.tensor_parallel_plan(
+        sequence_parallel=sequence_parallel, qk_norm=qk_norm, dense=dense, moe=moe, shared=shared
+    )
 
 
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:

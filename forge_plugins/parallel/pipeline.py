@@ -38,7 +38,9 @@ processes and 4 microbatches under each of the seven schedules:
 - Shape inference (the first step only) calls each stage's forward once more, with
   microbatch 0's keyword tensors (real values) and, after the first stage,
   uninitialised hidden states, and the loss once more on the last stage: the step
-  keeps only the last ``microbatches`` losses.
+  keeps only the last ``microbatches`` losses, and what the stage's modules counted
+  of that forward (``step_stats``, an MoE layer's routing statistics) is read and
+  dropped right after it (:func:`drop_first_forward_stats`).
 - ``schedule.eval`` (forward only) re-runs shape inference on every switch between
   training and evaluation, and under ``zbv_zero_bubble`` it still runs the
   input-backward actions and hangs the pipeline; evaluation therefore does not use it
@@ -149,6 +151,22 @@ def pipeline_stages(model: nn.Module, model_name: str, n_stages: int) -> list[nn
         )
         for s, blocks_of_stage in enumerate(stage_layer_ranges(len(keys), n_stages))
     ]
+
+
+def drop_first_forward_stats(stage: nn.Module) -> None:
+    """After the stage's next forward (shape inference's, in the first step), read and
+    drop what its modules with ``step_stats()`` counted of it: that forward is not one
+    of the step's microbatches."""
+    handles = []
+
+    def drop(module: nn.Module, args: Any, output: Any) -> None:
+        handles.pop().remove()
+        for inner in module.modules():
+            read = getattr(inner, "step_stats", None)
+            if callable(read):
+                read()
+
+    handles.append(stage.register_forward_hook(drop))
 
 
 class _MicrobatchLoss:
@@ -314,6 +332,8 @@ class PipelineParallel:
             PipelineStage(runner, stage, n_stages, ctx.device, group=group)
             for stage, runner in zip(stage_ids, runners)
         ]
+        for runner in runners:
+            drop_first_forward_stats(runner)
         loss = _MicrobatchLoss()
         schedule_cls = SCHEDULES[options.schedule]
         # scale_grads=False: the trainer's loss is already normalised by the global token count.

@@ -43,9 +43,10 @@ from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, 
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
-from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.mesh import build_mesh, token_group
 from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process, wrap_attention
 from forge_core.registry import load_registries
+from forge_core.train import module_hooks
 from forge_core.train.loss import build_loss, loss_fn
 
 VOCAB = 64
@@ -67,7 +68,31 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
     "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
+    # mixture-of-experts blocks (every second), dropless, with every balancing on: the
+    # batch-scope loss's counts and the bias update's loads are summed over the data ranks
+    "moe": (
+        "llama",
+        {
+            "moe": {
+                "num_experts": 4,
+                "top_k": 2,
+                "expert_hidden": 16,
+                "every": 2,
+                "shared_experts": 1,
+                "aux_loss": 1.0,  # large, so that a count not summed over ranks shows in the norms
+                "z_loss": 0.01,
+                "bias_update_rate": 0.01,
+            }
+        },
+    ),
 }
+# ... per-document balancing (packed rows: doc_ids reach the MoE blocks of every stage),
+# which, unlike the batch scope, is additive over pipeline microbatches; no bias update
+# (under pp torch's shape-inference forward counts in its loads: llama.moe-bias-pipeline)
+VARIANTS["moe_seq"] = (
+    "llama",
+    {"moe": {**VARIANTS["moe"][1]["moe"], "aux_loss_scope": "sequence", "bias_update_rate": 0.0}},
+)
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
 AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
@@ -182,6 +207,12 @@ SCENARIOS: dict[str, Scenario] = {
     ),  # the last stage's loss
     "packed_pp_zbv_chunked": _pp("zbv_zero_bubble", chunked=True),  # the last stage on rank 0
     "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
+    "ddp_moe": Scenario({"dp_replicate": 2}, variant="moe"),
+    "fsdp_moe": Scenario({"dp_shard": 2}, variant="moe"),
+    "tp_moe": Scenario({"tp": 2}, variant="moe"),  # MoE parts replicated, attention sharded
+    "tp_sp_moe": Scenario({"tp": 2, **SP}, variant="moe"),
+    "packed_pp_moe": _pp("1f1b", variant="moe_seq"),
+    "packed_ddp_ac_moe": Scenario({"dp_replicate": 2, **AC}, variant="moe_seq", packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
     "fsdp_ac_every2": Scenario(
@@ -359,6 +390,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
+        module_hooks.after_optimizer_step(pmodel.parts)  # the loss-free bias update
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)
@@ -468,6 +500,7 @@ def main() -> None:
                 registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed
             )
             ref_model = single_process(build_model(ref_plan, registries), loss_fn)
+            module_hooks.set_token_group(ref_model.parts, None, ROWS * SEQ)
             start = qk_norms(ref_model)
             results[sc.reference] = {
                 **train(ref_model, ref_plan, data),
@@ -483,6 +516,7 @@ def main() -> None:
             mesh = build_mesh(plan.degrees, torch.device("cpu"))
             model = build_model(plan, registries, mesh)
             pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)
+            module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), ROWS * SEQ)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue
