@@ -202,6 +202,22 @@ class ModelSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class TransformSpec(ComponentSpec):
+    """A model transform (adapters such as LoRA), enabled by listing its name in
+    ``model.transforms``: applied to the model right after it is built, before any
+    strategy, by training and by ``eval``, ``sample`` and ``export-hf`` alike.
+
+    - ``saves_trainable_only``: checkpoints hold only the parameters that stay trainable
+      once the transform is applied (the adapters), not the frozen base: the base comes
+      from the model's pretrained weights (its ``pretrained_option``) or from the seed,
+      and its identity is recorded in the checkpoint and checked on resume.
+    """
+
+    kind: ClassVar[str] = "transform"
+    saves_trainable_only: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class SourceSpec(ComponentSpec):
     """A data source: yields documents as text, or as token arrays when ``pretokenized``."""
 

@@ -107,24 +107,38 @@ def attention(plan: Plan, registries: Any) -> Any:
 
 def without_pretrained(plan: Plan) -> Any:
     """``plan`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
-    for commands whose weights come from a Forge checkpoint instead."""
+    for commands whose weights come from a Forge checkpoint instead. Kept when a
+    transform's checkpoints hold only its own parameters
+    (``TransformSpec.saves_trainable_only``): the base weights come from there."""
     name = plan.specs["model"].pretrained_option
     config = plan.config
     options = config.model.options
     if not name or not getattr(options, name, None):
+        return plan
+    if any(t.spec.saves_trainable_only for t in plan.transforms):
         return plan
     options = attrs.evolve(options, **{name: ""})
     return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
 
 
 def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
+    """The model of the plan with its transforms applied (``model.transforms``): the one
+    place every command builds a model through, so training, ``eval``, ``sample`` and
+    ``export-hf`` see the same module."""
+    from forge_core.components.transforms import apply_transforms
+
     options = plan.config.model.options
-    return _build(
+    built = _build(
         plan,
         registries,
         "model",
         lambda build: build(options, vocab_size=vocab_size, attention=attention_backend),
     )
+    impls = [
+        _build(plan, registries, "transform", lambda cls, c=chosen: cls(c.options), spec=chosen.spec)
+        for chosen in plan.transforms
+    ]
+    return apply_transforms(plan, registries, built, impls)
 
 
 #: The first parameter of an optimizer factory under the current contract.
@@ -190,6 +204,6 @@ def loggers(plan: Plan, registries: Any) -> list[tuple[str, Any]]:
     out = []
     for name in plan.config.logging.loggers:
         spec = registries["logger"].get(name)
-        options = component_options(plan.config, "logging", name, registries["logger"])
+        options = component_options(plan.config, name, registries["logger"])
         out.append((name, _build(plan, registries, "logger", lambda cls: cls(options), spec=spec)))
     return out
