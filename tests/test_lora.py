@@ -83,6 +83,24 @@ def test_gradients_reach_only_the_adapters(tmp_path):
             assert param.grad.abs().sum() > 0, name
 
 
+def test_merging_folds_the_adapters_into_the_base_weights(tmp_path):
+    from forge_core.api.transforms import merge_transforms
+
+    base = build(tmp_path, tiny_config(tmp_path)).double()
+    adapted = build(tmp_path, lora_config(tmp_path, lora={"dropout": 0.5})).double().eval()
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(std=0.1)
+        x = torch.randint(0, 256, (2, 16))
+        expected = adapted(x)
+        merge_transforms(adapted)
+        assert applied_transforms(adapted) == ()
+        assert sorted(adapted.state_dict()) == sorted(base.state_dict())  # a plain model again
+        torch.testing.assert_close(adapted(x), expected, rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(base(x), expected, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("lora", "path", "said"),
     [

@@ -113,12 +113,29 @@ def without_pretrained(plan: Plan) -> Any:
     name = plan.specs["model"].pretrained_option
     config = plan.config
     options = config.model.options
-    if not name or not getattr(options, name, None):
-        return plan
-    if any(t.spec.saves_trainable_only for t in plan.transforms):
+    if not name or not getattr(options, name, None) or saves_trainable_only(plan):
         return plan
     options = attrs.evolve(options, **{name: ""})
     return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
+
+
+def saves_trainable_only(plan: Plan) -> bool:
+    """Whether the run's checkpoints hold only the trainable parameters (a transform's
+    ``saves_trainable_only``): the base weights then come from elsewhere."""
+    return any(t.spec.saves_trainable_only for t in plan.transforms)
+
+
+def pretrained_source(plan: Plan) -> str:
+    """The model's pretrained option's value (``ModelSpec.pretrained_option``), or ``""``."""
+    name = plan.specs["model"].pretrained_option
+    return str(getattr(plan.config.model.options, name, "") or "") if name else ""
+
+
+def base_from_seed(plan: Plan) -> bool:
+    """Whether the base weights of a run whose checkpoints hold only the trainable
+    parameters come from ``run.seed`` (no pretrained weights): the model is then built
+    under that seed."""
+    return saves_trainable_only(plan) and not pretrained_source(plan)
 
 
 def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
@@ -128,12 +145,20 @@ def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) 
     from forge_core.components.transforms import apply_transforms
 
     options = plan.config.model.options
-    built = _build(
-        plan,
-        registries,
-        "model",
-        lambda build: build(options, vocab_size=vocab_size, attention=attention_backend),
-    )
+
+    def make(build: Callable[..., Any]) -> Any:
+        return build(options, vocab_size=vocab_size, attention=attention_backend)
+
+    if base_from_seed(plan):
+        # The checkpoints will not hold this base: it must come out of the seed alone,
+        # in every command and every process, whatever used the generator before.
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(plan.config.run.seed)
+            built = _build(plan, registries, "model", make)
+    else:
+        built = _build(plan, registries, "model", make)
     impls = [
         _build(plan, registries, "transform", lambda cls, c=chosen: cls(c.options), spec=chosen.spec)
         for chosen in plan.transforms

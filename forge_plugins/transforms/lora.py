@@ -173,6 +173,43 @@ class Lora:
                     del base._forward_hooks[key]
             del parent._modules[attr + SUFFIX]
 
+    def write_adapter(self, module: nn.Module, directory: str, hf_key: Any, base: str) -> None:
+        """Write the adapters as a PEFT folder (``adapter_config.json`` and
+        ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto
+        the Hugging Face base model ``base``; ``hf_key`` maps a Forge parameter name to
+        the Hugging Face one (``ModelSpec.hf_key``)."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        tensors, modules = {}, set()
+        for path, parent, attr, adapter in adapters(module):
+            owner = path[: -len(attr + SUFFIX)]
+            hf_module = hf_key(f"{owner}{attr}.weight").removesuffix(".weight")
+            modules.add(hf_module.rpartition(".")[2])
+            for part in ("lora_A", "lora_B"):
+                weight = getattr(adapter, part).weight.detach()
+                tensors[f"base_model.model.{hf_module}.{part}.weight"] = weight.contiguous().cpu()
+        options = self.options
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base,
+            "r": options.rank,
+            "lora_alpha": options.alpha,
+            "lora_dropout": options.dropout,
+            "target_modules": sorted(modules),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "init_lora_weights": True,
+            "use_rslora": False,
+            "modules_to_save": None,
+        }
+        Path(directory, "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(Path(directory, "adapter_model.safetensors")), metadata={"format": "pt"})
+
 
 # --- tensor parallelism -------------------------------------------------------------
 
