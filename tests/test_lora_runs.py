@@ -71,14 +71,9 @@ def test_the_checkpoint_holds_only_the_adapters_and_the_base_identity(runs):
     assert state["base_identity"].startswith("pretrained:base:sha256:")
 
 
-def test_the_first_loss_is_the_base_model_s_and_the_adapters_learn(runs):
-    base = tiny_config(runs, "full", train={"steps": 1}, logging={"loggers": ["jsonl"]})
-    base["data"]["heldout"] = {"fraction": 0.1}
-    base["model"] = {"name": "llama", "options": {"init_from_hf": str(runs / "base")}}
-    assert cli.main([write_config(runs / "full.yaml", base)]) == 0
-    adapted = [r["loss"] for r in read_metrics(runs / "lora")]
-    assert adapted[0] == read_metrics(runs / "full")[0]["loss"]  # B = 0: exactly the base's
-    assert adapted[-1] < adapted[0]
+def test_the_adapters_learn(runs):
+    losses = [r["loss"] for r in read_metrics(runs / "lora")]
+    assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
 def test_a_resumed_adapter_run_equals_the_uninterrupted_one_bit_for_bit(runs):
