@@ -184,6 +184,9 @@ class ModelFacts:
     heads: int  # query heads
     kv_heads: int  # key/value heads
     tied_embeddings: bool = False  # the output head shares the token embedding's matrix
+    #: The roles of its block projections (``ParallelContract.roles``' keys), which model
+    #: transforms target (``forge_core.api.transforms.ROLES``).
+    roles: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
 
 @attrs.frozen
@@ -256,6 +259,11 @@ class ParallelContract:
       ``first_expert``, ``local_experts``, expert-stacked parameters (dim 0: the local
       experts), ``compute(x_grouped, counts)`` and a replaceable ``dispatcher``; expert
       parallelism and the sharding strategies find experts only through this path.
+    - ``roles``: role -> path of a linear projection (``nn.Linear``) relative to each
+      block (``{"attention.q": "attention.wq", "mlp.up": "feed_forward.w3"}``): what a
+      model transform (LoRA) targets, whatever the model calls its modules. The role
+      names are those of :data:`forge_core.api.transforms.ROLES` where they apply; the
+      model's ``facts`` list the same names (``ModelFacts.roles``) for ``check``.
     """
 
     blocks: str
@@ -263,6 +271,7 @@ class ParallelContract:
     tensor_parallel: Callable[..., TensorParallelPlan] | None = None
     output_head: str | None = None
     experts: str | None = None
+    roles: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def contract_of(module: Any) -> ParallelContract | None:

@@ -60,7 +60,7 @@ from torch import nn
 from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.feed_forward import FeedForward
 from forge_plugins.models.moe import MoE
-from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
+from forge_plugins.models.options import ROLES, LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
@@ -192,6 +192,7 @@ class Llama(nn.Module):
             ),
             output_head="output",
             experts="feed_forward.experts" if self.options.moe is not None else None,
+            roles=ROLES,
         )
 
     @property
