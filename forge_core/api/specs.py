@@ -50,6 +50,14 @@ class ComponentSpec:
     ``options`` is an attrs class; the config's option block for this component is
     structured against it (unknown keys rejected, strict scalars), so a component's
     settings are validated before anything is built.
+
+    ``fetch`` is optionally a torch-free ``"package.module:function"``,
+    ``fetch(options) -> None``, that brings onto this machine what the (structured)
+    options name elsewhere (a model or tokenizer by Hub id). ``forge-run train`` calls
+    it for the chosen component of each option block (``model``, ``data.tokenizer``,
+    ...) before judging the config, so the rules then see the files; ``forge-run check``
+    never calls it and judges what is already here. It returns at once when there is
+    nothing to fetch, and raises :class:`~forge_core.api.ForgeError` when fetching fails.
     """
 
     kind: ClassVar[str] = "component"
@@ -58,6 +66,7 @@ class ComponentSpec:
     summary: str
     impl: str = attrs.field(validator=_check_impl)
     options: type = NoOptions
+    fetch: str | None = None
 
     def load(self) -> Any:
         """Import and return the implementation object named by ``impl``."""
