@@ -2,10 +2,9 @@
 (``models--org--name/refs/<revision>``, ``snapshots/<commit>/<file>`` linking to
 ``blobs/<sha256>``), so Hub ids resolve with the network off.
 
-What goes into it: a tiny random checkpoint written by transformers from a (reduced)
-``config.json``; a checkpoint of a real model's ``config.json`` whose safetensors hold
-only headers (the real shapes, no tensor data: what ``forge-run check`` reads); a small
-BPE tokenizer."""
+What goes into it: a random checkpoint of a (reduced) ``config.json``; a checkpoint of
+a real model's ``config.json`` whose safetensors hold only headers (the real shapes, no
+tensor data: what ``forge-run check`` reads); a small BPE tokenizer."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import math
 import os
 import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,29 +48,38 @@ def put(cache: Path, repo_id: str, folder: Path, revision: str = "main", commit:
     return snapshot
 
 
-def tiny_checkpoint(out: Path, config: dict[str, Any]) -> Path:
-    """A random checkpoint of ``config`` (a ``config.json`` mapping) written by
-    transformers, as ``save_pretrained`` writes it."""
-    import torch
-    import transformers
+def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape a ``config.json`` describes (a tied checkpoint stores
+    no ``lm_head``)."""
+    values, problems = options_from_hf_config(config)
+    assert not problems, problems
+    shapes = expected_hf_shapes(with_defaults(LlamaOptions(), values), config["vocab_size"])
+    if config.get("tie_word_embeddings"):
+        shapes.pop("lm_head.weight", None)
+    return shapes
 
-    hf_config = transformers.AutoConfig.for_model(**config)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(hf_config).save_pretrained(out)
+
+def random_checkpoint(out: Path, config: dict[str, Any]) -> Path:
+    """``config.json`` and a ``model.safetensors`` of random tensors at the shapes it
+    describes (small sizes only)."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        name: 0.05 * torch.randn(shape, generator=generator) for name, shape in _shapes(config).items()
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 
 def header_only_checkpoint(out: Path, config: dict[str, Any]) -> Path:
     """``config.json`` and a ``model.safetensors`` whose header lists every tensor the
     config describes at its real shape, with no tensor data after it."""
-    values, problems = options_from_hf_config(config)
-    assert not problems, problems
-    options = with_defaults(LlamaOptions(), values)
-    shapes = expected_hf_shapes(options, config["vocab_size"])
-    if config.get("tie_word_embeddings"):
-        shapes.pop("lm_head.weight", None)
     header, offset = {}, 0
-    for name, shape in shapes.items():
+    for name, shape in _shapes(config).items():
         size = 2 * math.prod(shape)
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
@@ -87,14 +96,19 @@ class _Texts:
             yield f"def f{i}(x):\n    return x * {i} + {i % 7}\n# the quick brown fox {i}\n"
 
 
+_TRAINED: list[Path] = []
+
+
 def tokenizer(out: Path) -> Path:
     """A byte-level BPE tokenizer of :data:`TOKENIZER_VOCAB` tokens with EOS and PAD,
-    written into ``out`` beside what is there."""
+    written into ``out`` beside what is there (trained once per test process)."""
     from forge_core.data.bpe import train_bpe
 
-    trained = Path(train_bpe(_Texts(), TOKENIZER_VOCAB, out.with_name(out.name + "-tok"), progress=False))
+    if not _TRAINED:
+        _TRAINED.append(
+            Path(train_bpe(_Texts(), TOKENIZER_VOCAB, tempfile.mkdtemp() + "/tok", progress=False))
+        )
     out.mkdir(parents=True, exist_ok=True)
-    for file in trained.iterdir():
+    for file in _TRAINED[0].iterdir():
         shutil.copy(file, out / file.name)
-    shutil.rmtree(trained)
     return out
