@@ -213,3 +213,27 @@ def test_a_preset_trains_two_steps_at_a_reduced_shape(project, capsys, name):
     assert COMMIT.fullmatch(saved["revision"]) and saved["revision"] == snapshot.name
     assert (saved["dim"], saved["n_layers"], saved["head_dim"]) == (32, 2, 16)
     assert saved["tie_embeddings"] is REAL[repo_id]["tie_word_embeddings"]
+
+
+FINE_TUNING = "docs/fine-tuning.md"
+
+
+def test_the_fine_tuning_page_runs_as_pasted(tmp_path, monkeypatch):
+    """The page's commands, from a checkout's root (``configs/`` linked in), against a
+    Hub cache holding a reduced checkpoint under every preset's id; each training
+    command with :data:`SMALL_RUN` appended."""
+    from doc_chapters import Setting, play_chapters
+
+    for repo_id in {config["model"]["options"]["init_from_hf"] for config in PRESETS.values()}:
+        folder = tmp_path / "checkpoints" / repo_id
+        put(tmp_path / "hub", repo_id, tokenizer(random_checkpoint(folder, {**REAL[repo_id], **REDUCED})))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    page = (REPO / FINE_TUNING).read_text()
+    (tmp_path / "play").mkdir()
+    played = play_chapters(
+        {FINE_TUNING: page},
+        tmp_path / "play",
+        {FINE_TUNING: Setting(links=("configs",), train_overrides=SMALL_RUN)},
+    )
+    assert played[FINE_TUNING] is None, played[FINE_TUNING]
