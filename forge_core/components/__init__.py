@@ -6,12 +6,16 @@ the commands alike."""
 from forge_core.components.blame import built_culprit, culprit, describe, failure, original_error
 from forge_core.components.build import (
     attention,
+    base_from_seed,
     chosen_source,
     loggers,
     model,
     optimizer,
     packer,
+    pretrained_path,
+    pretrained_source,
     saved_tokenizer,
+    saves_trainable_only,
     schedule,
     source,
     tokenizer,
@@ -20,6 +24,7 @@ from forge_core.components.build import (
 
 __all__ = [
     "attention",
+    "base_from_seed",
     "built_culprit",
     "chosen_source",
     "culprit",
@@ -30,7 +35,10 @@ __all__ = [
     "optimizer",
     "original_error",
     "packer",
+    "pretrained_path",
+    "pretrained_source",
     "saved_tokenizer",
+    "saves_trainable_only",
     "schedule",
     "source",
     "tokenizer",

@@ -32,6 +32,7 @@ import torch
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
+from forge_core.api.transforms import initialize_transforms, transforms_detached
 
 if TYPE_CHECKING:
     from forge_core.api import Plan
@@ -191,7 +192,9 @@ def is_meta(module: torch.nn.Module) -> bool:
 
 def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
     """Give a module built on the meta device real storage on ``device`` and fill it:
-    ``to_empty`` then the model's ``init_weights()`` (which loads its checkpoint).
+    ``to_empty`` then the model's ``init_weights()`` (which loads its checkpoint), with
+    the model transforms' parameters out of its sight, then theirs
+    (:mod:`forge_core.api.transforms`).
     Parameters shared under several names (tied embeddings) stay shared: a plain
     ``to_empty`` would give each name its own tensor. Nothing to do for a module with
     no meta tensor."""
@@ -214,8 +217,11 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
             owner, _, attr = name.rpartition(".")
             if module.get_parameter(name) is not param:
                 setattr(module.get_submodule(owner), attr, param)
+    # The model fills what its factory built; each model transform, its own parameters.
     with torch.no_grad():
-        init()
+        with transforms_detached(module):
+            init()
+        initialize_transforms(module)
 
 
 def parallelize(
@@ -259,6 +265,9 @@ def parallelize(
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
     split: contract.ModelSplit | None = None
+    # A style that re-registers a parameter may make it trainable again (torch's
+    # SequenceParallel does): what the model or its transforms froze stays frozen.
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     for strategy in plan.strategies:
         name = strategy.name
         if not strategy.spec.handles_meta_device:
@@ -294,6 +303,9 @@ def parallelize(
             runners = results
     for part in parts:
         materialize(part, device)
+        for name, param in part.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)
     pmodel.parts = parts
     if split is not None:
         pmodel.forward = None
