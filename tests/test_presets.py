@@ -130,7 +130,7 @@ SMALL_RUN = (
     "train.precision=fp32",
     "train.steps=2",
     "train.warmup_steps=1",
-    "train.batch_size=4",
+    "train.batch_size=8",
     "train.peak_tflops=1.0",
     "data.seq_len=32",
     "checkpoint.every=2",
@@ -161,9 +161,8 @@ def world_size(name: str) -> int:
 
 
 def test_the_presets_are_found_and_each_model_has_its_facts():
-    assert {"llama-3.2-1b.yaml", "llama-3.1-8b-fsdp.yaml", "qwen3-0.6b.yaml", "qwen3-8b-fsdp.yaml"} <= set(
-        PRESETS
-    )
+    expected = ("llama-3.2-1b", "llama-3.1-8b-fsdp", "llama-3.1-8b-lora", "qwen3-0.6b", "qwen3-8b-fsdp")
+    assert {f"{name}.yaml" for name in expected} <= set(PRESETS)
     ids = {config["model"]["options"]["init_from_hf"] for config in PRESETS.values()}
     assert ids <= set(REAL), f"presets of models without their config.json facts here: {ids - set(REAL)}"
     assert world_size("llama-3.1-8b-fsdp.yaml") == 8 and world_size("llama-3.2-1b.yaml") == 1
