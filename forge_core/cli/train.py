@@ -4,7 +4,8 @@
   (``ComponentSpec.fetch``; ``check`` never downloads). Then the config is judged,
   exactly as ``forge-run check`` does, against the world size the run will have; an
   invalid config is refused with the same report (and the exact ``forge-run check``
-  command that prints it) before any process group or tensor exists. Warnings are printed and the run goes on.
+  command that prints it) before any process group or tensor exists. Warnings are
+  printed and the run goes on.
 - One process by default. ``--nproc N`` starts :mod:`forge_core.cli.agent` (torchrun's
   agent, same options) which starts N :mod:`forge_core.cli.worker` processes
   (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` passed through).
