@@ -180,3 +180,32 @@ def test_the_kit_refuses_a_transform_whose_disabled_leaves_it_on():
     )
     with pytest.raises(AssertionError, match=r"transform 'leaky': disabled\(\)"):
         check_transform(spec)
+
+
+def test_a_transform_listed_twice_is_refused_and_unused_options_are_warned_about(tmp_path):
+    registries = load_registries()
+    twice = lora_config(tmp_path)
+    twice["model"]["transforms"] = ["lora", "lora"]
+    judged = judge_config(
+        load_config(write_config(tmp_path / "a.yaml", twice), [], registries), registries, 1
+    )
+    assert [v.rule_id for v in judged.errors] == ["model.transforms-once"]
+    unused = lora_config(tmp_path)
+    unused["model"]["transforms"] = []
+    judged = judge_config(
+        load_config(write_config(tmp_path / "b.yaml", unused), [], registries), registries, 1
+    )
+    assert not judged.errors
+    assert "model.transform-options-used" in [v.rule_id for v in judged.warnings]
+
+
+def test_export_of_an_adapter_folder_is_refused_for_a_model_without_one(tmp_path):
+    from forge_core.api import ForgeError
+    from forge_core.cli.export import _export_adapter
+
+    plan, _ = plan_of(tmp_path, tiny_config(tmp_path))
+    with pytest.raises(ForgeError, match=r"export-hf --adapter: the run's model.transforms \[\] have no"):
+        _export_adapter(
+            build(tmp_path, tiny_config(tmp_path)), plan, tmp_path, tmp_path / "out", tmp_path / "out"
+        )
+    assert not (tmp_path / "out").exists()
