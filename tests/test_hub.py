@@ -169,3 +169,19 @@ def test_train_downloads_an_uncached_id_before_judging_and_refuses_offline(proje
     assert cli.main(["config.yaml", "train.steps=3"]) == 0
     out = capsys.readouterr()
     assert "model.options.revision" in out.out + out.err and len(calls) == 1
+
+
+def test_a_failed_download_is_an_error_naming_the_id_and_the_command(project, capsys, monkeypatch):
+    import huggingface_hub
+
+    def snapshot_download(repo_id, **kwargs):
+        raise OSError("401 Client Error: Unauthorized (a gated repository)")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert cli.main(["config.yaml"]) == 2
+    out = capsys.readouterr()
+    message = out.err + out.out
+    assert f"model.options.init_from_hf='{ID}': downloading it from the Hugging Face Hub failed" in message
+    assert "OSError: 401 Client Error" in message and "HF_TOKEN" in message
+    assert f"`hf download {ID} --include '*.json'" in message and "Traceback" not in message
