@@ -59,13 +59,13 @@ def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_checkpoint(out: Path, config: dict[str, Any]) -> Path:
-    """``config.json`` and a ``model.safetensors`` of random tensors at the shapes it
-    describes (small sizes only)."""
+def random_checkpoint(out: Path, config: dict[str, Any], seed: int = 0) -> Path:
+    """``config.json`` and a ``model.safetensors`` of random tensors (drawn from ``seed``)
+    at the shapes it describes (small sizes only)."""
     import torch
     from safetensors.torch import save_file
 
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     tensors = {
         name: 0.05 * torch.randn(shape, generator=generator) for name, shape in _shapes(config).items()
     }

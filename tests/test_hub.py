@@ -185,3 +185,16 @@ def test_a_failed_download_is_an_error_naming_the_id_and_the_command(project, ca
     assert f"model.options.init_from_hf='{ID}': downloading it from the Hugging Face Hub failed" in message
     assert "OSError: 401 Client Error" in message and "HF_TOKEN" in message
     assert f"`hf download {ID} --include '*.json'" in message and "Traceback" not in message
+
+
+def test_adapters_on_a_hub_id_are_bound_to_its_snapshot(project, capsys):
+    # LoRA checkpoints hold only the adapters: the base is the snapshot's files, so a
+    # branch that moved to other weights is refused on resume, not trained on silently.
+    put(project / "hub", ID, checkpoint(project))
+    lora = ["model.transforms=[lora]"]
+    assert cli.main(["config.yaml", *lora]) == 0, capsys.readouterr()
+    other = tokenizer(random_checkpoint(project / "other", CONFIG, seed=1))
+    put(project / "hub", ID, other, commit="e" * 40)
+    assert cli.main(["config.yaml", *lora, "train.steps=3"]) == 2
+    out = capsys.readouterr()
+    assert "holds adapters trained on another base" in out.err + out.out
