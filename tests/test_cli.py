@@ -58,7 +58,16 @@ def test_check_warns_but_passes(forge_config):
     assert ": valid: 0 error(s), 1 warning(s)" in result.stdout
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def _needs_no_hub(path) -> bool:
+    # Presets by Hub id need the model in a cache and data/train.jsonl: tests/test_presets.py
+    # checks each with both laid out, at the real model's shapes.
+    data = yaml.safe_load(path.read_text()) or {}
+    return "/" not in str(data.get("model", {}).get("options", {}).get("init_from_hf", ""))
+
+
+@pytest.mark.parametrize(
+    "config", sorted(p.name for p in (REPO / "configs").glob("*.yaml") if _needs_no_hub(p))
+)
 def test_every_shipped_config_loads_and_passes_check(config):
     data = yaml.safe_load((REPO / "configs" / config).read_text()) or {}
     parallel = data.get("parallel", {})

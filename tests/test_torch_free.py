@@ -1,13 +1,14 @@
 """What must stay cheap stays torch-free: loading every entry point of the ``forge``
 group and calling each registration hook it implements, the kit and its pytest plugin,
 the commands that only judge or list (``check``, ``show``, ``plugins``, ``rules``, a
-refused ``train``) and the generator of the documentation pages. One fresh interpreter
-does all of it, since in this process torch is long imported; the rest of the suite
-cannot see an import it should not make."""
+refused ``train``; a model and tokenizer by Hub id among them) and the generator of the
+documentation pages. One fresh interpreter does all of it, since in this process torch is
+long imported; the rest of the suite cannot see an import it should not make."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,6 +62,20 @@ def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(fo
             "train": {"precision": "bf16"},
         }
     )
+    # Hub ids: check reads the cache's layout and a snapshot's headers; a train refused for
+    # an uncached id (offline) fetches nothing.
+    from hub_cache import header_only_checkpoint, put, tokenizer
+    from test_hub import CONFIG
+
+    put(tmp_path / "hub", "acme/tiny", tokenizer(header_only_checkpoint(tmp_path / "ck", CONFIG)))
+    by_id = {"init_from_hf": "acme/tiny"}
+    hub = forge_config(
+        {
+            "model": {"options": by_id},
+            "data": {"tokenizer": "hf", "tokenizer_options": {"path": "acme/tiny"}, "seq_len": 32},
+        }
+    )
+    uncached = forge_config({"model": {"options": {"init_from_hf": "acme/missing"}}})
     commands = [
         ["check", valid],
         ["show", valid],
@@ -69,13 +84,19 @@ def test_entry_points_the_kit_the_judging_commands_and_docgen_import_no_torch(fo
         ["check", refused, "--world-size", "1"],
         [refused],
         ["check", fields],
+        ["check", hub],
+        ["check", uncached],
+        [uncached],
     ]
     code = DRIVER.format(heavy=HEAVY, commands=commands)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["heavy"] == [], report
-    assert report["codes"] == [0, 0, 0, 0, 2, 2, 2], report
+    assert report["codes"] == [0, 0, 0, 0, 2, 2, 2, 0, 2, 2], report
     # Every built-in plugin was loaded and registered something: nothing was skipped.
     assert {
         "attention",

@@ -50,6 +50,14 @@ class ComponentSpec:
     ``options`` is an attrs class; the config's option block for this component is
     structured against it (unknown keys rejected, strict scalars), so a component's
     settings are validated before anything is built.
+
+    ``fetch`` is optionally a torch-free ``"package.module:function"``,
+    ``fetch(options) -> None``, that brings onto this machine what the (structured)
+    options name elsewhere (a model or tokenizer by Hub id). ``forge-run train`` calls
+    it for the chosen component of each option block (``model``, ``data.tokenizer``,
+    ...) before judging the config, so the rules then see the files; ``forge-run check``
+    never calls it and judges what is already here. It returns at once when there is
+    nothing to fetch, and raises :class:`~forge_core.api.ForgeError` when fetching fails.
     """
 
     kind: ClassVar[str] = "component"
@@ -58,6 +66,7 @@ class ComponentSpec:
     summary: str
     impl: str = attrs.field(validator=_check_impl)
     options: type = NoOptions
+    fetch: str | None = None
 
     def load(self) -> Any:
         """Import and return the implementation object named by ``impl``."""
@@ -193,6 +202,11 @@ class ModelSpec(ComponentSpec):
       restore a Forge checkpoint instead (``export-hf``, ``sample``) clear the option
       (set it to ``""``), so they need neither the pretrained files nor the time to
       read them.
+    - ``pretrained_folder``: optionally a torch-free ``"package.module:function"``,
+      ``folder(options) -> str``, the local path of the pretrained weights when the
+      option's value may name them otherwise (a Hub id: its cached snapshot); the
+      identity of a base under adapters is taken from that folder's files. Without it
+      the option's value is the path.
     """
 
     kind: ClassVar[str] = "model"
@@ -204,6 +218,7 @@ class ModelSpec(ComponentSpec):
     facts: Callable[[Any], Any] | None = None
     resolve_options: str | None = None
     pretrained_option: str | None = None
+    pretrained_folder: str | None = None
 
 
 @attrs.frozen(kw_only=True)

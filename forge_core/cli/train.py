@@ -1,9 +1,11 @@
 """``forge-run CONFIG`` / ``forge-run train``: judge the config, then train.
 
-- The config is judged first, exactly as ``forge-run check`` does, against the world
-  size the run will have; an invalid config is refused with the same report (and the
-  exact ``forge-run check`` command that prints it) before any process group or tensor
-  exists. Warnings are printed and the run goes on.
+- What the chosen components name elsewhere (a model by Hub id) is fetched first
+  (``ComponentSpec.fetch``; ``check`` never downloads). Then the config is judged,
+  exactly as ``forge-run check`` does, against the world size the run will have; an
+  invalid config is refused with the same report (and the exact ``forge-run check``
+  command that prints it) before any process group or tensor exists. Warnings are
+  printed and the run goes on.
 - One process by default. ``--nproc N`` starts :mod:`forge_core.cli.agent` (torchrun's
   agent, same options) which starts N :mod:`forge_core.cli.worker` processes
   (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` passed through).
@@ -58,6 +60,27 @@ def check_command(config_path: str, overrides: Sequence[str], world_size: int | 
     return shlex.join(words)
 
 
+def fetch_remote(
+    config_path: str, overrides: Sequence[str], extra_plugins: Sequence[tuple[str, Any]] = ()
+) -> None:
+    """Call the ``fetch`` of each chosen component that declares one
+    (:class:`~forge_core.api.ComponentSpec`), so that what the options name elsewhere (a
+    Hub id) is here before the config is judged. A config that does not load is left
+    to the judge, which reports every problem of it."""
+    from forge_core.api import get_path, import_path
+    from forge_core.config.schema import OPTION_BLOCKS
+    from forge_core.resolve import load_resolved
+
+    try:
+        config, registries = load_resolved(config_path, list(overrides), tuple(extra_plugins))
+    except ForgeError:
+        return
+    for block in OPTION_BLOCKS:
+        spec = registries[block.name].get(get_path(config, block.name_path))
+        if spec.fetch:
+            import_path(spec.fetch)(get_path(config, block.options_path))
+
+
 def judged(
     config_path: str,
     overrides: Sequence[str],
@@ -71,6 +94,7 @@ def judged(
     from forge_core.cli.report import render
     from forge_core.judge import judge
 
+    fetch_remote(config_path, overrides, extra_plugins)
     result = judge(config_path, list(overrides), world_size, tuple(extra_plugins))
     if result.errors:
         raise InvalidConfig(

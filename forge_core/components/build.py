@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, Plan
+from forge_core.api import ForgeError, Plan, import_path
 from forge_core.components.blame import describe, original_error, remember
 from forge_core.errors import TRACEBACK_ENV, ComponentError
 
@@ -129,6 +129,17 @@ def pretrained_source(plan: Plan) -> str:
     """The model's pretrained option's value (``ModelSpec.pretrained_option``), or ``""``."""
     name = plan.specs["model"].pretrained_option
     return str(getattr(plan.config.model.options, name, "") or "") if name else ""
+
+
+def pretrained_path(plan: Plan) -> str:
+    """The local path of the model's pretrained weights: what the spec's
+    ``pretrained_folder`` makes of the option (a Hub id's cached snapshot), else the
+    option's value; ``""`` without pretrained weights."""
+    spec = plan.specs["model"]
+    source = pretrained_source(plan)
+    if not source or not spec.pretrained_folder:
+        return source
+    return str(import_path(spec.pretrained_folder)(plan.config.model.options))
 
 
 def base_from_seed(plan: Plan) -> bool:

@@ -308,9 +308,10 @@ AXOLOTL = Trainer(
             "`optimizer: muon`", "`train.optimizer: muon`", "Muon on the blocks' matrices, AdamW on the rest"
         ),
         Row(
-            "`base_model` (a local folder)",
+            "`base_model`",
             "`model.options.init_from_hf`",
-            "Llama, Qwen2, Qwen3 and Mistral checkpoints; shapes read from `config.json`",
+            "a Hub id or a local folder; Llama, Qwen2, Qwen3 and Mistral checkpoints; shapes read from "
+            "`config.json`",
         ),
         Row("`fsdp`, `deepspeed`", "`parallel.dp_shard`", "FSDP2; there is no DeepSpeed"),
     ),

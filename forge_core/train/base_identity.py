@@ -4,9 +4,9 @@ checkpoint is loaded (resume, ``eval``, ``sample``, ``export-hf``), because adap
 loaded onto another base compute something else without any error.
 
 The base is either the model's pretrained weights (``ModelSpec.pretrained_option``: a
-Hugging Face folder), identified by the SHA-256 of every byte of its files, or the
-seeded initialisation, identified by the model's name, its resolved options and
-``run.seed`` (:func:`forge_core.components.build.base_from_seed`).
+Hugging Face folder, or a Hub id's cached snapshot), identified by the SHA-256 of every
+byte of its files, or the seeded initialisation, identified by the model's name, its
+resolved options and ``run.seed`` (:func:`forge_core.components.build.base_from_seed`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from typing import Any
 import attrs
 
 from forge_core.api import ForgeError, Plan, files_fingerprint
-from forge_core.components.build import base_from_seed, pretrained_source, saves_trainable_only
+from forge_core.components.build import (
+    base_from_seed,
+    pretrained_path,
+    pretrained_source,
+    saves_trainable_only,
+)
 
 #: The train state's key.
 STATE_KEY = "base_identity"
@@ -48,7 +53,7 @@ def base_identity(plan: Plan) -> str | None:
         )
         digest = hashlib.sha256(blob.encode()).hexdigest()
         return f"init:{config.model.name}:seed={config.run.seed}:sha256:{digest}"
-    source = Path(pretrained_source(plan))
+    source = Path(pretrained_path(plan))
     return f"pretrained:{source.name}:" + files_fingerprint("forge-base/1", _files(source), {})
 
 

@@ -5,9 +5,11 @@
 - :func:`resolve_options`: the loader's resolver (``ModelSpec.resolve_options``): unset
   options from the ``init_from_hf`` checkpoint, else the defaults. It never raises: a
   folder it cannot read leaves the defaults, and the ``llama.init-from-hf`` rule says why.
+- :func:`hf_dir`: the folder ``init_from_hf`` names, a Hub id's cached snapshot
+  (:mod:`forge_plugins.hub`); :func:`fetch` (``ModelSpec.fetch``) downloads one.
 - :func:`hf_folder_problems`: every reason a folder cannot initialise a llama with the
-  (resolved) options: what that rule reports and what the build refuses
-  (:func:`check_hf_compatible`). An option that differs from the checkpoint after
+  (resolved) options: what that rule reports (:func:`init_problems`) and what the build
+  refuses (:func:`check_hf_compatible`). An option that differs from the checkpoint after
   resolution was given explicitly; the message shows both values.
 - :func:`hf_config_kwargs`: the ``transformers`` config of the family for export.
 
@@ -24,6 +26,7 @@ from typing import Any
 import attrs
 
 from forge_core.api import ForgeError, show_value
+from forge_plugins import hub
 from forge_plugins.models.hf_fields import ROPE_KEYS, read_fields
 from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where
 from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes, stored_layers
@@ -169,13 +172,37 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
     return values, problems
 
 
+HF_OPTION = "model.options.init_from_hf"
+
+
+def hf_dir(options: LlamaOptions) -> str:
+    """The local folder ``init_from_hf`` names: the path itself, or a Hub id's cached
+    snapshot at ``revision``. Raises :class:`~forge_plugins.hub.HubNotCached` (with the
+    download command) when the id is not cached."""
+    return hub.local_folder(options.init_from_hf, options.revision, hub.MODEL_FILES, HF_OPTION)[0]
+
+
+def fetch(options: LlamaOptions) -> None:
+    """The spec's ``fetch``: download an ``init_from_hf`` Hub id that is not cached
+    (config, safetensors and tokenizer files only), unless ``HF_HUB_OFFLINE`` is set."""
+    if options.init_from_hf:
+        hub.download(options.init_from_hf, options.revision, hub.MODEL_FILES, HF_OPTION)
+
+
 def resolve_options(options: LlamaOptions) -> LlamaOptions:
     """Unset options from the ``init_from_hf`` checkpoint's ``config.json`` when it is
-    set and readable, else from the defaults (:func:`~forge_plugins.models.options.with_defaults`)."""
+    set and readable, else from the defaults (:func:`~forge_plugins.models.options.with_defaults`).
+    A Hub id's branch or tag becomes the commit it points at in the cache, which the
+    run's saved config then records."""
     values: dict[str, Any] = {}
     if options.init_from_hf:
         try:
-            values, _ = options_from_hf_config(read_hf_config(options.init_from_hf))
+            folder, commit = hub.local_folder(
+                options.init_from_hf, options.revision, hub.MODEL_FILES, HF_OPTION
+            )
+            if commit:
+                options = attrs.evolve(options, revision=commit)
+            values, _ = options_from_hf_config(read_hf_config(folder))
         except ForgeError:
             pass  # the llama.init-from-hf rule reports the folder
     return with_defaults(options, values)
@@ -302,6 +329,25 @@ def hf_folder_problems(options: LlamaOptions, hf_dir: str | Path, vocab_size: in
         return _folder_problems(options, hf_dir, vocab_size)[0]
     except ForgeError as exc:
         return [str(exc).removeprefix(f"{where(hf_dir)}: ")]
+
+
+def init_problems(options: LlamaOptions) -> list[str]:
+    """What the ``llama.init-from-hf`` rule reports: an uncached Hub id (with the
+    download command), a revision given with a local folder, else every problem of
+    the folder or snapshot (:func:`hf_folder_problems`)."""
+    try:
+        folder = hf_dir(options)
+    except hub.HubNotCached as exc:
+        return [str(exc).removeprefix(f"{HF_OPTION}=")]
+    if options.revision != hub.DEFAULT_REVISION and not hub.is_hub_id(options.init_from_hf):
+        return [
+            f"revision={options.revision!r} with the local folder {options.init_from_hf!r}: a revision "
+            "chooses a snapshot of a Hub id; remove revision, or give init_from_hf as org/name"
+        ]
+    problems = hf_folder_problems(options, folder)
+    if hub.is_hub_id(options.init_from_hf):  # name the files the problems are about
+        problems = [f"{options.init_from_hf} (cached snapshot {folder}): {p}" for p in problems]
+    return problems
 
 
 def check_hf_compatible(options: LlamaOptions, hf_dir: str | Path, vocab_size: int | None = None) -> int:

@@ -38,11 +38,11 @@ ones; a tied output shares the embedding matrix. In an MoE block the router's ga
 every expert's ``w1``/``w3`` ~ N(0, init_std), every expert's ``w2`` (and the shared
 experts') as a dense ``w2``, the selection bias zeros.
 
-With ``init_from_hf`` the checkpoint is the init: :func:`build` returns the model on the
-meta device (no memory), the trainer shards it as the strategies say, moves it to its
-device with ``to_empty`` and calls :meth:`Llama.init_weights`, which reads from the
-checkpoint only the slice of each tensor this process holds
-(:func:`forge_plugins.models.hf_interop.load_into`).
+With ``init_from_hf`` (a folder, or a Hub id's cached snapshot) the checkpoint is the
+init: :func:`build` returns the model on the meta device (no memory), the trainer shards
+it as the strategies say, moves it to its device with ``to_empty`` and calls
+:meth:`Llama.init_weights`, which reads from the checkpoint only the slice of each tensor
+this process holds (:func:`forge_plugins.models.hf_interop.load_into`).
 
 Sampling: :meth:`Llama.new_cache` and ``forward(..., cache=)`` decode with a key/value
 cache (:mod:`forge_plugins.models.kv_cache`) through this same forward.
@@ -268,11 +268,12 @@ class Llama(nn.Module):
         options = self.options
         self.rope.reset_table()
         if options.init_from_hf:
+            from forge_plugins.models.hf_config import hf_dir
             from forge_plugins.models.hf_interop import load_into
 
             if options.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
                 self.output.weight = self.tok_embeddings.weight  # to_empty unties
-            load_into(self, options.init_from_hf)
+            load_into(self, hf_dir(options))
             return
         std = options.init_std
         residual_std = std / math.sqrt(2 * options.n_layers)
@@ -348,9 +349,9 @@ def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:
     """
     options = check_options(options)
     if options.init_from_hf:
-        from forge_plugins.models.hf_config import check_hf_compatible
+        from forge_plugins.models.hf_config import check_hf_compatible, hf_dir
 
-        vocab_size = check_hf_compatible(options, options.init_from_hf, vocab_size)
+        vocab_size = check_hf_compatible(options, hf_dir(options), vocab_size)
         with torch.device("meta"):
             return Llama(options, vocab_size, attention)
     model = Llama(options, vocab_size, attention)

@@ -23,7 +23,16 @@ from typing import Any, Literal
 
 import attrs
 
-from forge_core.api import ModelFacts, Validator, above, at_least, option, path_fits, satisfies
+from forge_core.api import (
+    ModelFacts,
+    Validator,
+    above,
+    at_least,
+    non_blank,
+    option,
+    path_fits,
+    satisfies,
+)
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -209,16 +218,26 @@ class LlamaOptions:
     )
     init_from_hf: str = option(
         "",
-        "Path to a local Hugging Face folder (config.json + safetensors, one file or "
-        "sharded) of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or "
-        "MistralForCausalLM to start from. Every unset option is read from its "
-        "config.json; an option given here that differs is an error. Each process "
-        "reads only the weights it holds. Empty: random init.",
+        "The checkpoint to start from: a local Hugging Face folder (config.json + "
+        "safetensors, one file or sharded) or a Hub id (org/name, when no such local "
+        "path exists, found in the Hugging Face cache and downloaded into it by "
+        "`forge-run train` unless HF_HUB_OFFLINE is set) of a LlamaForCausalLM, "
+        "Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM. Every unset option "
+        "is read from its config.json; an option given here that differs is an error. "
+        "Each process reads only the weights it holds. Empty: random init.",
         path_fits,
     )
     moe: MoEOptions | None = option(
         None,
         "Mixture-of-experts feed-forward blocks (the keys below); null: every block is dense.",
+    )
+    revision: str = option(
+        "main",
+        "The branch, tag or commit of an init_from_hf Hub id (not used for a local "
+        "folder). A branch or tag is resolved to the commit it points at in the local "
+        "cache when the config is loaded, so the run's config.yaml records that commit "
+        "and a resume whose cache has moved on is told the revision changed.",
+        non_blank,
     )
 
 

@@ -33,6 +33,8 @@ def forge_models() -> list[ModelSpec]:
             max_seq_len_option="max_seq_len",
             resolve_options="forge_plugins.models.hf_config:resolve_options",
             pretrained_option="init_from_hf",
+            pretrained_folder="forge_plugins.models.hf_config:hf_dir",
+            fetch="forge_plugins.models.hf_config:fetch",
             supports={BLOCKS, TENSOR_PARALLEL, SEQUENCE_PARALLEL, PIPELINE, OUTPUT_HEAD},
             facts=llama_facts,
         )

@@ -3,8 +3,8 @@
 
 The options they see are resolved (:mod:`forge_plugins.models.options`: unset options
 come from the ``init_from_hf`` checkpoint or the defaults). ``llama.init-from-hf``
-reads the Hugging Face folder's ``config.json`` and safetensors headers with json only,
-through the same function the build calls
+reads the Hugging Face folder's (or cached Hub snapshot's) ``config.json`` and
+safetensors headers with json only, through the same function the build calls
 (:func:`forge_plugins.models.hf_config.hf_folder_problems`): a folder that ``check``
 accepts is one the build loads."""
 
@@ -208,9 +208,9 @@ def check_init_from_hf(ctx: Any) -> list[str]:
     # Only meaningful once the shapes themselves are consistent.
     if heads_problem(options) or head_dim_problem(options):
         return []
-    from forge_plugins.models.hf_config import hf_folder_problems
+    from forge_plugins.models.hf_config import init_problems
 
-    return hf_folder_problems(options, options.init_from_hf)
+    return init_problems(options)
 
 
 def rules() -> list[Any]:

@@ -1,4 +1,6 @@
-"""The ``hf`` tokenizer: any Hugging Face tokenizer from a local directory.
+"""The ``hf`` tokenizer: any Hugging Face tokenizer from a local directory, or by Hub id
+from the local Hugging Face cache (:mod:`forge_plugins.hub`; ``forge-run train`` downloads
+an uncached one first, :func:`fetch`).
 
 Loaded with ``transformers.AutoTokenizer.from_pretrained(path, local_files_only=True,
 trust_remote_code=False)``: Forge never runs code from a model folder. A folder that asks
@@ -25,6 +27,7 @@ import os
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_plugins import hub
 from forge_plugins.tokenizers.options import HFOptions
 
 #: What a tokenizer folder must hold one of: a fast tokenizer's serialization, or a slow
@@ -92,10 +95,39 @@ def load_pretrained(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
 
 
+WHERE = "data.tokenizer_options.path"
+
+
+def local_dir(options: HFOptions) -> str:
+    """The folder ``path`` names: itself, or a Hub id's cached snapshot at ``revision``
+    (raises :class:`~forge_plugins.hub.HubNotCached`, with the download command)."""
+    return hub.local_folder(options.path, options.revision, hub.TOKENIZER_FILES, WHERE)[0]
+
+
+def fetch(options: HFOptions) -> None:
+    """The spec's ``fetch``: download a Hub id's tokenizer files unless cached or offline."""
+    hub.download(options.path, options.revision, hub.TOKENIZER_FILES, WHERE)
+
+
+def options_problem(options: HFOptions) -> str | None:
+    """:func:`tokenizer_dir_problem` of the folder the options name (a Hub id's cached
+    snapshot), or why there is none."""
+    if options.revision != hub.DEFAULT_REVISION and not hub.is_hub_id(options.path):
+        return (
+            f"data.tokenizer_options.revision={options.revision!r} with the local directory "
+            f"{options.path!r}: a revision chooses a snapshot of a Hub id; remove revision, or give "
+            "path as org/name"
+        )
+    try:
+        return tokenizer_dir_problem(local_dir(options))
+    except hub.HubNotCached as exc:
+        return str(exc)
+
+
 def tokenizer_dir_problem(path: str) -> str | None:
     """Why ``data.tokenizer_options.path`` cannot be loaded, from the file system alone
     (no transformers import), or ``None``. Shared by the build and ``forge-run check``."""
-    where = "data.tokenizer_options.path"
+    where = WHERE
     if not path:
         return (
             f"{where} is empty: give the directory of a Hugging Face "
@@ -110,10 +142,10 @@ def tokenizer_dir_problem(path: str) -> str | None:
 
 class HFTokenizer:
     def __init__(self, options: Any) -> None:
-        path = options.path
-        problem = tokenizer_dir_problem(path)
+        problem = options_problem(options)
         if problem:
             raise ForgeError(problem)
+        path = local_dir(options)
         try:
             tok = load_pretrained(path)
         except (OSError, ValueError) as exc:

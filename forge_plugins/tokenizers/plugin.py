@@ -17,9 +17,10 @@ def forge_tokenizers() -> list[TokenizerSpec]:
         ),
         TokenizerSpec(
             name="hf",
-            summary="A Hugging Face tokenizer from a local directory (AutoTokenizer)",
+            summary="A Hugging Face tokenizer from a local directory or a Hub id (AutoTokenizer)",
             impl="forge_plugins.tokenizers.hf:HFTokenizer",
             options=HFOptions,
+            fetch="forge_plugins.tokenizers.hf:fetch",
         ),
     ]
 

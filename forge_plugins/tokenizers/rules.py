@@ -17,9 +17,9 @@ def check_hf_files(ctx: Any) -> str | None:
     options = ctx.config.data.tokenizer_options
     if not isinstance(options, HFOptions):
         return None
-    from forge_plugins.tokenizers.hf import tokenizer_dir_problem
+    from forge_plugins.tokenizers.hf import options_problem
 
-    return tokenizer_dir_problem(options.path)
+    return options_problem(options)
 
 
 def chat_template_problem(ctx: Any) -> str | None:
@@ -58,11 +58,11 @@ def rules() -> list[Any]:
         Rule(
             id=HF_FILES,
             severity="error",
-            paths=("data.tokenizer", "data.tokenizer_options.path"),
-            summary="The hf tokenizer's path is a folder holding a tokenizer's files.",
+            paths=("data.tokenizer", "data.tokenizer_options.path", "data.tokenizer_options.revision"),
+            summary="The hf tokenizer's path is a folder (or a cached Hub id) holding a tokenizer's files.",
             check=check_hf_files,
             fix="Point data.tokenizer_options.path at a folder written by save_pretrained or by "
-            "`forge-run prepare --train-bpe`.",
+            "`forge-run prepare --train-bpe`, or download the Hub id with the command the message gives.",
         ),
         Rule(
             id=CHAT_TEMPLATE,
