@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         AttentionBackendSpec,
         LoggerSpec,
         ModelSpec,
+        ObjectiveSpec,
         OptimizerSpec,
         PackerSpec,
         ParallelismSpec,
@@ -278,6 +279,42 @@ def forge_schedules() -> list[ScheduleSpec]:
         def forge_schedules():
             return [ScheduleSpec(name="inverse_sqrt", summary="1/sqrt(step) decay",
                                  impl="my_pkg.sched:inverse_sqrt")]
+    """
+
+
+@_hookspec
+def forge_objectives() -> list[ObjectiveSpec]:
+    """Register training objectives, selected by ``train.objective``.
+
+    Return a list of :class:`~forge_core.api.ObjectiveSpec`. The implementation is a
+    class constructed as ``cls(options, token_loss=...)``: ``options`` is the structured
+    ``train.objective_options`` and ``token_loss`` the run's token cross-entropy,
+    ``token_loss(output, labels) -> (loss_sum, tokens)`` (over the logits, or over the
+    hidden states under ``train.loss.name: chunked``). An instance has:
+
+    - ``count(batch) -> int``: what the step's normalizer counts in one micro-batch
+      (labelled tokens for ``lm``, preference pairs for ``dpo``), read on the host before
+      the batch moves to the device; the step divides every micro-batch's loss sum by
+      the sum of the counts over the micro-batches and data-parallel ranks (`the
+      gradient convention <plugin-guide/parallelism.md#the-gradient-convention>`_);
+    - ``needs_reference``: a ``bool``, whether ``loss`` wants a frozen reference model's
+      output (the model as it was at the start, or with a model transform's adapters
+      off);
+    - ``loss(output, batch, reference) -> (loss_sum, count, sums)``: ``output`` is what
+      the model returned for ``batch`` (which holds ``labels`` and every key the
+      packer emits, as well as the spec's ``batch_keys``, which the model does not
+      receive), ``reference`` the reference model's output for the same inputs (no
+      gradient) or ``None``; ``loss_sum`` is a scalar tensor summed over what ``count``
+      counts, and ``sums`` maps each of the spec's ``metrics`` to its sum over the same
+      units (the step logs each divided by the global count).
+
+    Example::
+
+        @hookimpl
+        def forge_objectives():
+            return [ObjectiveSpec(name="focal", summary="Focal loss over tokens",
+                                  impl="my_pkg.focal:FocalLoss", options=FocalOptions,
+                                  pipeline=False)]
     """
 
 

@@ -33,6 +33,7 @@ from forge_core import docgen
 from forge_core.api import (
     AttentionBackendSpec,
     LoggerSpec,
+    ObjectiveSpec,
     OptimizerSpec,
     PackerSpec,
     ParallelismSpec,
@@ -89,6 +90,13 @@ def recording_schedule(*args: Any, **kwargs: Any) -> float:
     return 1.0
 
 
+class RecordingObjective:
+    needs_reference = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _record("forge_objectives", args, kwargs)
+
+
 class RecordingLogger:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _record("forge_loggers", args, kwargs)
@@ -137,6 +145,10 @@ def _recorder_plugin() -> types.SimpleNamespace:
         return [spec(ScheduleSpec, "rec_schedule", "recording_schedule")]
 
     @hookimpl
+    def forge_objectives():
+        return [spec(ObjectiveSpec, "rec_objective", "RecordingObjective")]
+
+    @hookimpl
     def forge_loggers():
         return [spec(LoggerSpec, "rec_logger", "RecordingLogger")]
 
@@ -167,6 +179,7 @@ def _recorder_plugin() -> types.SimpleNamespace:
                 forge_tokenizers,
                 forge_optimizers,
                 forge_schedules,
+                forge_objectives,
                 forge_loggers,
                 forge_parallelisms,
                 forge_rules,
@@ -178,7 +191,7 @@ def _recorder_plugin() -> types.SimpleNamespace:
 _CONFIG = """
 attention: {backend: rec_attention}
 data: {source: rec_source, tokenizer: rec_tokenizer, packer: rec_packer}
-train: {optimizer: rec_optimizer, schedule: rec_schedule}
+train: {optimizer: rec_optimizer, schedule: rec_schedule, objective: rec_objective}
 parallel: {wrappers: [rec_wrapper]}
 logging: {loggers: [rec_logger]}
 """
@@ -206,6 +219,7 @@ def recorded(tmp_path_factory) -> dict[str, tuple[int, frozenset[str]]]:
     components.attention(plan, registries)
     components.optimizer(plan, registries, torch.nn.Linear(2, 2))
     components.schedule(plan, registries, 10)(3)
+    components.objective(plan, registries, loss_fn)
     components.loggers(plan, registries)
     parallelize(torch.nn.Linear(2, 2), plan, torch.device("cpu"), loss_fn=loss_fn)
     return dict(CALLS)
