@@ -63,7 +63,7 @@ from forge_core.api.rules import (
     get_path,
 )
 from forge_core.api.run import RunContext
-from forge_core.api.shards import Shards, TokenDocuments, read_shard_index
+from forge_core.api.shards import MaskedDocument, Shards, TokenDocuments, read_shard_index
 from forge_core.api.specs import (
     AttentionBackendSpec,
     ComponentSpec,
@@ -159,6 +159,7 @@ __all__ = [
     "RunContext",
     "Shards",
     "TokenDocuments",
+    "MaskedDocument",
     "read_shard_index",
     "AttentionBackendSpec",
     "ComponentSpec",

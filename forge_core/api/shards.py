@@ -25,7 +25,12 @@ A shard directory (format version 2) holds four files and the tokenizer that mad
   ``tokens.bin``, for provenance), the three file names, and for a cache entry
   ``cache`` (the key and the source fingerprint it was made for);
 - ``tokenizer/``: what the tokenizer's ``save`` wrote (a Hugging Face tokenizer's
-  files; nothing for the byte tokenizer).
+  files; nothing for the byte tokenizer);
+- ``trainable.bin`` (only when some document carries a trainable mask, and then named
+  in ``files`` as ``trainable``): one byte per token, 1 where the token takes a loss
+  (an assistant token of a conversation), 0 where it does not (its prompt). A shard
+  without it is all trainable. How the mask becomes labels:
+  :class:`forge_core.data.packed_rows.PackedRows`.
 
 The directory is written under ``<dir>.partial`` and renamed to ``<dir>`` only once
 complete; ``index.json`` is written last. A ``.partial`` directory is therefore the
@@ -46,6 +51,7 @@ from forge_core.api.errors import ForgeError
 TOKENS = "tokens.bin"
 OFFSETS = "offsets.npy"
 HASHES = "hashes.npy"
+TRAINABLE = "trainable.bin"
 TOKENIZER_DIR = "tokenizer"
 FORMAT = "forge-shards"
 VERSION = 2
@@ -112,6 +118,15 @@ def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
             f"{num_tokens} tokens of {index['dtype']} ({expected} bytes). The "
             "shard is damaged: run `forge-run prepare` again."
         )
+    if files.get("trainable"):
+        mask_path = path / files["trainable"]
+        size = mask_path.stat().st_size if mask_path.is_file() else None
+        if size != num_tokens:
+            found = "missing" if size is None else f"{size} bytes"
+            raise ForgeError(
+                f"{mask_path}: {found}, the index says {num_tokens} tokens (one byte of trainable "
+                "mask each). The shard is damaged: run `forge-run prepare` again."
+            )
     return index
 
 
@@ -127,6 +142,27 @@ def token_document_hash(tokens: Any) -> bytes:
     return hashlib.blake2b(data, digest_size=8).digest()
 
 
+class MaskedDocument:
+    """A tokenized document whose tokens do not all take a loss: ``ids`` (1-D integers,
+    no EOS) and ``trainable`` (one bool per id, True where the token is a target, for
+    example a conversation's assistant tokens). What a tokenizer's ``encode_chat``
+    returns and what a source may yield in place of text; the token cache stores the
+    mask beside the ids (``trainable.bin``)."""
+
+    __slots__ = ("ids", "trainable")
+
+    def __init__(self, ids: Any, trainable: Any) -> None:
+        import numpy as np
+
+        self.ids = np.asarray(ids).reshape(-1)
+        self.trainable = np.asarray(trainable, dtype=bool).reshape(-1)
+        if self.ids.shape != self.trainable.shape:
+            raise ValueError(f"{len(self.ids)} token ids but {len(self.trainable)} trainable flags")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 class TokenDocuments:
     """Documents that already are tokens, read in place: document ``i`` is
     ``tokens[starts[i] : starts[i] + counts[i]]`` (no EOS: the run appends it). A source
@@ -137,14 +173,23 @@ class TokenDocuments:
     size); ``starts`` and ``counts``: int64, one per document, inside ``tokens``;
     ``path``: the file named in messages. ``hashes`` (one per document,
     :func:`token_document_hash`) are computed when first read, one pass over the
-    tokens: only a held-out split needs them."""
+    tokens: only a held-out split needs them. ``trainable``: ``None`` (every token takes
+    a loss) or one byte per token of ``tokens``, nonzero where it does."""
 
-    def __init__(self, tokens: Any, starts: Any, counts: Any, path: str | os.PathLike) -> None:
+    #: One byte per token (nonzero: the token takes a loss), or None: all trainable.
+    trainable: Any = None
+
+    def __init__(
+        self, tokens: Any, starts: Any, counts: Any, path: str | os.PathLike, trainable: Any = None
+    ) -> None:
         import numpy as np
 
         self.path = Path(path)
         self.tokens_path = self.path
         self.tokens = tokens
+        if trainable is not None and len(trainable) != len(tokens):
+            raise ForgeError(f"{self.path}: {len(trainable)} trainable flags for {len(tokens)} tokens.")
+        self.trainable = trainable
         self.dtype = np.dtype(tokens.dtype)
         self.starts = np.ascontiguousarray(starts, dtype=np.int64)
         self.counts = np.ascontiguousarray(counts, dtype=np.int64)
@@ -217,6 +262,14 @@ class Shards(TokenDocuments):
             self.tokens = np.memmap(tokens_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
         else:  # np.memmap refuses an empty file
             self.tokens = np.zeros(0, self.dtype)
+        mask_file = index["files"].get("trainable")
+        if mask_file:
+            mask_path = self.path / mask_file
+            self.trainable = (
+                np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(self.num_tokens,))
+                if self.num_tokens
+                else np.zeros(0, np.uint8)
+            )
 
     @property
     def starts(self) -> Any:

@@ -11,6 +11,11 @@ labels, ``doc_ids`` and ``positions`` from those runs with whole-batch numpy (no
 over rows or tokens). What it keeps in memory is
 the layout (a few integers per piece) and the stream's per-document arrays.
 
+With a trainable mask (``DocumentStream.trainable``: the tokens that take a loss, e.g.
+a conversation's assistant tokens) the label at ``i`` is kept only when the token it
+names (at ``i + 1``, or the next stream token at a piece's end) is trainable, else -100;
+without one, nothing changes.
+
 :func:`check_layout` is the kernel's check of what a packer returned, and
 :func:`pack_documents` packs in-memory documents completely (tests and examples).
 """
@@ -42,7 +47,10 @@ class DocumentStream:
     ``lengths`` (EOS included) and ``offsets`` (``len + 1`` entries) describe the
     stream; ``vocab_size``, when given, bounds every id read (an id outside it is an
     error naming ``where`` and the document: the file was damaged after it was
-    written)."""
+    written). ``trainable``, when given, is one flag per entry of ``tokens`` (nonzero:
+    the token takes a loss); the EOS appended after a document is trainable iff the
+    document's last token is (an assistant turn learns to stop; an empty document's
+    EOS is trainable, as without a mask). Without it every token is trainable."""
 
     def __init__(
         self,
@@ -54,8 +62,10 @@ class DocumentStream:
         vocab_size: int | None = None,
         where: str = "the token stream",
         document_index: np.ndarray | None = None,
+        trainable: Any = None,
     ) -> None:
         self.tokens = tokens
+        self.trainable = trainable
         self.start = np.ascontiguousarray(start, dtype=np.int64)
         self.count = np.ascontiguousarray(count, dtype=np.int64)
         self.eos_id = eos_id
@@ -65,15 +75,28 @@ class DocumentStream:
         self.lengths = self.count + (0 if eos_id is None else 1)
         self.offsets = np.zeros(len(self.lengths) + 1, np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
+        self.eos_trainable = None
+        if trainable is not None and eos_id is not None:
+            last = self.start + self.count - 1
+            self.eos_trainable = np.ones(len(self.count), bool)
+            has = np.flatnonzero(self.count > 0)
+            self.eos_trainable[has] = np.asarray(trainable[last[has]]) != 0
 
     @classmethod
-    def from_documents(cls, documents: list[Any]) -> DocumentStream:
-        """In-memory documents that already end with EOS (what packers used to receive)."""
+    def from_documents(cls, documents: list[Any], trainable: list[Any] | None = None) -> DocumentStream:
+        """In-memory documents that already end with EOS (what packers used to receive),
+        with, optionally, one trainable mask per document (EOS included)."""
         arrays = [np.asarray(d).reshape(-1) for d in documents]
         count = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
         start = np.cumsum(count) - count
         flat = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
-        return cls(flat, start, count, None)
+        mask = None
+        if trainable is not None:
+            masks = [np.asarray(m, bool).reshape(-1) for m in trainable]
+            if [len(m) for m in masks] != count.tolist():
+                raise ValueError("from_documents: one trainable flag per token of every document")
+            mask = np.concatenate(masks).astype(np.uint8) if masks else np.zeros(0, np.uint8)
+        return cls(flat, start, count, None, trainable=mask)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -81,18 +104,18 @@ class DocumentStream:
     # A memory map travels to loader worker processes as its file, not its contents.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        if isinstance(self.tokens, np.memmap) and self.tokens.filename:
-            t = self.tokens
-            state["tokens"] = ("memmap", t.filename, t.dtype.str, t.shape, t.offset)
+        for key in ("tokens", "trainable"):
+            t = state[key]
+            if isinstance(t, np.memmap) and t.filename:
+                state[key] = ("memmap", t.filename, t.dtype.str, t.shape, t.offset)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        tokens = state["tokens"]
-        if isinstance(tokens, tuple) and tokens[0] == "memmap":
-            # The offset: a .npy file's array starts after its header.
-            state["tokens"] = np.memmap(
-                tokens[1], dtype=np.dtype(tokens[2]), mode="r", shape=tokens[3], offset=tokens[4]
-            )
+        for key in ("tokens", "trainable"):
+            t = state.get(key)
+            if isinstance(t, tuple) and t[0] == "memmap":
+                # The offset: a .npy file's array starts after its header.
+                state[key] = np.memmap(t[1], dtype=np.dtype(t[2]), mode="r", shape=t[3], offset=t[4])
         self.__dict__.update(state)
 
     @property
@@ -115,6 +138,19 @@ class DocumentStream:
                 raise self.out_of_vocabulary(int(doc[real[bad]]), int(ids[bad]))
             out[real] = ids
         return out, last
+
+    def trainable_at(self, positions: np.ndarray) -> np.ndarray:
+        """Whether the tokens at stream ``positions`` take a loss (requires a mask)."""
+        doc = np.searchsorted(self.offsets, positions, side="right") - 1
+        within = positions - self.offsets[doc]
+        out = np.empty(len(positions), bool)
+        last = np.zeros(len(positions), bool)
+        if self.eos_id is not None:  # the appended EOS has no flag of its own
+            last = within == self.lengths[doc] - 1
+            out[last] = self.eos_trainable[doc[last]]
+        real = np.flatnonzero(~last)
+        out[real] = np.asarray(self.trainable[self.start[doc[real]] + within[real]]) != 0
+        return out
 
     def out_of_vocabulary(self, d: int, token: int) -> ForgeError:
         """The error for token id ``token`` of document ``d`` outside the vocabulary."""
@@ -245,7 +281,7 @@ class PackedRows:
         real = b - a - (ends_doc if eos_appended else 0)  # tokens read from the array
         run = real > 0
 
-        input_ids = self._gather_ids(
+        input_ids, index = self._gather_ids(
             slot[run], stream.start[doc[run]] + (a - offsets[doc])[run], real[run], doc[run], N
         )
         doc_last = slot[ends_doc] + (b - a)[ends_doc] - 1
@@ -274,6 +310,19 @@ class PackedRows:
                 eos_slots = eos_slots[~pad.reshape(-1)[eos_slots]]
             if eos_slots is not None:
                 labels[eos_slots] = IGNORE_INDEX
+        if stream.trainable is not None:
+            # A label is kept only where the token it names takes a loss: the next slot's
+            # token, or at a piece's last slot the next stream token.
+            took = np.zeros(N, bool)
+            if index is not None:
+                took[:] = np.take(stream.trainable, index, mode="clip")
+            if eos_appended:
+                took[doc_last] = stream.eos_trainable[doc[ends_doc]]
+            target = np.zeros(N, bool)
+            target[:-1] = took[1:]
+            if len(piece):
+                target[plast] = stream.trainable_at(np.minimum(pend, max(stream.total - 1, 0)))
+            labels[~target] = IGNORE_INDEX
         if pad is not None:
             np.copyto(labels.reshape(B, S), IGNORE_INDEX, where=pad)
         out = {INPUT_IDS: input_ids.reshape(B, S), LABELS: labels.reshape(B, S)}
@@ -309,9 +358,11 @@ class PackedRows:
         """``out[slot[k] + i] = tokens[src[k] + i]`` for ``i < length[k]``, in one gather:
         the source index of every slot is one repeat (a run's index counts on into the
         slots after it, clipped to the array, and those slots are overwritten by the
-        caller). Ids outside the vocabulary are refused naming their document."""
+        caller). Ids outside the vocabulary are refused naming their document. Returns
+        the ids and the source index of every slot (``None`` when no slot reads one),
+        which the trainable mask is read through."""
         if not len(slot):
-            return np.zeros(size, np.int64)
+            return np.zeros(size, np.int64), None
         if slot[0] != 0:  # slots before the first run read token 0
             slot, src, length, doc = (np.concatenate([[0], x]) for x in (slot, src, length, doc))
             length[0], src[0] = 0, 0
@@ -325,7 +376,7 @@ class PackedRows:
         vocab = self.stream.vocab_size
         if vocab is not None and self.stream.eos_id is not None and (out.max() >= vocab or out.min() < 0):
             self._refuse_ids(out, slot, length, doc, vocab)
-        return out
+        return out, index
 
     def _refuse_ids(
         self, ids: np.ndarray, slot: np.ndarray, length: np.ndarray, doc: np.ndarray, vocab: int
@@ -370,10 +421,12 @@ def pack_documents(
     seq_len: int | None = None,
     eos_id: int | None = None,
     pad_id: int | None = None,
+    trainable: list[Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Pack in-memory documents (EOS appended) completely: every row, every key, the
     packer's layout materialized exactly as a training run reads it. ``seq_len``,
-    ``eos_id`` and ``pad_id`` default to the packer's attributes of those names."""
+    ``eos_id`` and ``pad_id`` default to the packer's attributes of those names;
+    ``trainable``: one mask per document (EOS included), as the token cache stores it."""
 
     def given(value: int | None, name: str) -> int:
         if value is None:
@@ -384,7 +437,7 @@ def pack_documents(
             )
         return int(value)
 
-    stream = DocumentStream.from_documents(documents)
+    stream = DocumentStream.from_documents(documents, trainable)
     who = f"packer {type(packer).__name__}"
     require_layout(packer, who)
     layout = check_layout(packer.layout(stream.lengths.copy()), stream, given(seq_len, "seq_len"), who)

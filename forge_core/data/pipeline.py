@@ -1,7 +1,9 @@
 """Source -> tokenizer: documents tokenized in batches, each with its content hash.
 
 Contract with the components (see the hook docstrings): a source's ``documents()``
-yields ``str``, or 1-D token arrays when it is pre-tokenized. A pre-tokenized source
+yields ``str``, or 1-D token arrays when it is pre-tokenized, or
+:class:`~forge_core.api.MaskedDocument` (token ids with a trainable mask: the tokens
+that take a loss; the cache stores the mask beside the ids). A pre-tokenized source
 may expose ``tokenizer_identity``; the pipeline refuses a tokenizer whose ``identity``
 differs, and checks every pre-tokenized id against the tokenizer's vocabulary. Text is
 encoded with ``tokenizer.encode_batch(texts)`` when the tokenizer has it, else
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, MaskedDocument
 from forge_core.api.shards import token_document_hash
 
 #: Documents encoded per ``encode_batch`` call.
@@ -43,7 +45,11 @@ def check_tokenizer(source: Any, tokenizer: Any) -> None:
 
 def document_hash(document: Any) -> bytes:
     """8 bytes of BLAKE2b over a document's content: its UTF-8 text, or its token ids as
-    little-endian int64 (a pre-tokenized document)."""
+    little-endian int64 (a pre-tokenized document), followed for a masked document by
+    its mask (one byte per token)."""
+    if isinstance(document, MaskedDocument):
+        data = np.ascontiguousarray(document.ids, dtype="<i8").tobytes() + document.trainable.tobytes()
+        return hashlib.blake2b(data, digest_size=8).digest()
     if not isinstance(document, str):
         return token_document_hash(document)
     return hashlib.blake2b(document.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
@@ -58,7 +64,8 @@ def tokenize(
     source: Any, tokenizer: Any, *, progress: bool = True
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
     """Batches of ``(tokenized documents, their content hashes)`` in source order: int32
-    arrays without EOS, and uint64 hashes of the documents as the source gave them.
+    arrays without EOS (a :class:`~forge_core.api.MaskedDocument` of them when the
+    source gave a mask), and uint64 hashes of the documents as the source gave them.
 
     Pre-tokenized ids outside ``[0, vocab_size)`` are an error naming the document.
     Shows a progress bar on stderr once tokenizing has taken more than two seconds.
@@ -75,16 +82,29 @@ def tokenize(
                 if texts
                 else ()
             )
-            arrays = [d if isinstance(d, str) else np.asarray(d).reshape(-1) for d in batch]
+            arrays = [_ids(d) for d in batch]
             if len(texts) < len(batch):
                 _check_ids(arrays, vocab, index, source)
             out = [
                 np.asarray(next(encoded) if isinstance(a, str) else a).astype(np.int32, copy=False)
                 for a in arrays
             ]
+            out = [
+                MaskedDocument(a, d.trainable) if isinstance(d, MaskedDocument) else a
+                for a, d in zip(out, batch)
+            ]
             index += len(batch)
             bar.update(len(batch), sum(len(d) for d in out))
-            yield out, document_hashes(arrays)
+            yield out, document_hashes(batch)
+
+
+def _ids(document: Any) -> Any:
+    """A document's text, or its token ids as a 1-D array."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, MaskedDocument):
+        return document.ids
+    return np.asarray(document).reshape(-1)
 
 
 def _check_ids(docs: list[Any], vocab: int, first_index: int, source: Any) -> None:

@@ -23,7 +23,9 @@ from forge_core.api.shards import (
     PARTIAL_SUFFIX,
     TOKENIZER_DIR,
     TOKENS,
+    TRAINABLE,
     VERSION,
+    MaskedDocument,
     Shards,
     TokenDocuments,
     partial_dir,
@@ -71,6 +73,8 @@ class ShardWriter:
         self.dtype = token_dtype(int(tokenizer["vocab_size"]))
         self.tmp.mkdir(parents=True)
         self._tokens = open(self.tmp / TOKENS, "wb")
+        self._mask: Any = None  # trainable.bin, opened at the first masked document
+        self.trainable_tokens = 0
         self._lengths: list[int] = []
         self._hashes: list[np.ndarray] = []
         self._digest = hashlib.sha256()
@@ -80,10 +84,15 @@ class ShardWriter:
     def num_documents(self) -> int:
         return len(self._lengths)
 
-    def add(self, documents: list[np.ndarray], hashes: np.ndarray) -> None:
-        """Append documents (1-D integer arrays, no EOS) and their content hashes (uint64)."""
+    def add(self, documents: list[Any], hashes: np.ndarray) -> None:
+        """Append documents (1-D integer arrays, no EOS, or
+        :class:`~forge_core.api.MaskedDocument`) and their content hashes (uint64).
+        ``trainable.bin`` is written once some document has a mask (the documents
+        before it, and every plain array, count as all trainable)."""
         if not documents:
             return
+        masks = [d.trainable if isinstance(d, MaskedDocument) else None for d in documents]
+        documents = [d.ids if isinstance(d, MaskedDocument) else d for d in documents]
         if len(hashes) != len(documents):
             raise ValueError(f"{len(documents)} documents but {len(hashes)} hashes")
         flat = np.concatenate(documents)
@@ -96,6 +105,21 @@ class ShardWriter:
                     f"token id {hi if hi >= vocab else lo} is outside the tokenizer's "
                     f"vocabulary of {vocab} ids."
                 )
+        if self._mask is None and any(m is not None for m in masks):
+            self._mask = open(self.tmp / TRAINABLE, "wb")
+            self._mask.write(np.ones(self.num_tokens, np.uint8).tobytes())
+            self.trainable_tokens = self.num_tokens
+        if self._mask is not None:
+            bits = np.concatenate(
+                [
+                    np.ones(len(d), np.uint8) if m is None else m.astype(np.uint8)
+                    for d, m in zip(documents, masks)
+                ]
+            )
+            self._mask.write(bits.tobytes())
+            self.trainable_tokens += int(bits.sum())
+        else:
+            self.trainable_tokens += int(flat.size)
         data = flat.astype(self.dtype).tobytes()
         self._tokens.write(data)
         self._digest.update(data)
@@ -110,6 +134,12 @@ class ShardWriter:
         directory into place (:func:`~forge_core.api.files.move_into_place` flushes it to
         disk first); ``replace`` allows an existing ``out_dir`` to be replaced."""
         self._tokens.close()
+        files = {"tokens": TOKENS, "offsets": OFFSETS, "hashes": HASHES}
+        mask_fields: dict[str, Any] = {}
+        if self._mask is not None:
+            self._mask.close()
+            files["trainable"] = TRAINABLE
+            mask_fields["num_trainable_tokens"] = self.trainable_tokens
         offsets = np.zeros(len(self._lengths) + 1, np.int64)
         np.cumsum(np.asarray(self._lengths, np.int64), out=offsets[1:])
         np.save(self.tmp / OFFSETS, offsets)
@@ -123,7 +153,8 @@ class ShardWriter:
             "tokenizer": self.tokenizer,
             "source": source,
             "tokens_sha256": self._digest.hexdigest(),
-            "files": {"tokens": TOKENS, "offsets": OFFSETS, "hashes": HASHES},
+            "files": files,
+            **mask_fields,
             **(extra or {}),
         }
         with open(self.tmp / INDEX, "w") as f:
@@ -135,6 +166,8 @@ class ShardWriter:
     def abort(self) -> None:
         """Remove the partial directory (after an error: nothing half-written remains)."""
         self._tokens.close()
+        if self._mask is not None:
+            self._mask.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -142,7 +175,8 @@ def stream(
     shards: TokenDocuments, eos_id: int, vocab_size: int, documents: np.ndarray | None = None
 ) -> DocumentStream:
     """The documents (all, or those numbered in ``documents``) as the packer's stream,
-    EOS appended, every id read checked against ``vocab_size``."""
+    EOS appended, every id read checked against ``vocab_size``, with their trainable
+    mask when the shards have one."""
     index = np.arange(shards.num_documents) if documents is None else np.asarray(documents, np.int64)
     return DocumentStream(
         shards.tokens,
@@ -152,4 +186,5 @@ def stream(
         vocab_size=vocab_size,
         where=str(shards.tokens_path),
         document_index=index,
+        trainable=getattr(shards, "trainable", None),
     )
