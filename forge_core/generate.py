@@ -35,7 +35,8 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     checkpoint directory, on the run's device (CPU without CUDA)."""
     from forge_core import components
     from forge_core.distributed.placement import choose_device
-    from forge_core.train.checkpoint import load_model, resolve_checkpoint
+    from forge_core.train.checkpoint import resolve_checkpoint
+    from forge_core.train.restore import restored_model
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
     checkpoint, run_dir = resolve_checkpoint(path)
@@ -44,8 +45,7 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     config = plan.config
     tokenizer = components.saved_tokenizer(plan, registries, run_dir / TOKENIZER)
     vocab_size = int(read_run_info(run_dir).get("vocab_size", tokenizer.vocab_size))
-    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
-    load_model(checkpoint, [model], verified=True)
+    model = restored_model(plan, registries, vocab_size, checkpoint)
     device = choose_device(config.run.device)
     return model.to(device).eval(), tokenizer, config, checkpoint
 

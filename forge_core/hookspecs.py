@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ScheduleSpec,
         SourceSpec,
         TokenizerSpec,
+        TransformSpec,
     )
 
 
@@ -150,6 +151,41 @@ def forge_models() -> list[ModelSpec]:
         def forge_models():
             return [ModelSpec(name="tiny", summary="A two-layer test model",
                               impl="my_pkg.tiny:build", options=TinyOptions)]
+    """
+
+
+@_hookspec
+def forge_transforms() -> list[TransformSpec]:
+    """Register model transforms (adapters), enabled by listing their names in
+    ``model.transforms``.
+
+    Return a list of :class:`~forge_core.api.TransformSpec`. The implementation is a
+    class constructed as ``cls(options)``, with the structured
+    ``model.transform_options.<name>``, that meets :class:`~forge_core.api.ModelTransform`:
+    ``apply(model, ctx)`` changes the model in place right after its factory built it,
+    before any parallelism strategy, in training and in ``eval``, ``sample`` and
+    ``export-hf`` alike; ``ctx`` is a :class:`~forge_core.api.TransformContext` whose
+    ``roles`` map the roles the model declares in its parallel contract
+    (``"attention.q"``, ``"mlp.up"``, ...) to module paths inside each block: target
+    those, never a model's module names. Parameters the transform freezes
+    (``requires_grad_(False)``) stay out of the optimizer. ``initialize(module)`` fills
+    the transform's own parameters, from ``ctx.seed`` and their names, on the model or a
+    pipeline stage of it, whole or sharded (the kernel calls it after the base weights
+    are in place, also when the model was built on the meta device); ``detached(module)``
+    and ``disabled(module)`` are context managers (the model's parameters as its factory
+    built them, for its ``init_weights``; the model computing without the transform, for
+    a reference model: :func:`~forge_core.api.transforms_disabled`); ``merge(module)``
+    folds the transform into the model's own weights (``export-hf``). With
+    ``saves_trainable_only`` on the spec, checkpoints keep only the trainable parameters,
+    and the identity of the base weights is recorded and checked on resume.
+
+    Example::
+
+        @hookimpl
+        def forge_transforms():
+            return [TransformSpec(name="ia3", summary="(IA)^3 scaling vectors",
+                                  impl="my_pkg.ia3:IA3", options=IA3Options,
+                                  saves_trainable_only=True)]
     """
 
 

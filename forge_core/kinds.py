@@ -45,6 +45,14 @@ class Kind:
 KINDS: tuple[Kind, ...] = (
     Kind("forge_models", S.ModelSpec, "model", "model.name", "model.options"),
     Kind(
+        "forge_transforms",
+        S.TransformSpec,
+        "model transform",
+        "model.transforms",
+        "model.transform_options",
+        keyed=True,
+    ),
+    Kind(
         "forge_attention_backends",
         S.AttentionBackendSpec,
         "attention backend",

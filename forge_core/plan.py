@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import ActiveStrategy, ChosenSource, ForgeError, Plan, get_path
+from forge_core.api import ActiveStrategy, ChosenSource, ChosenTransform, ForgeError, Plan, get_path
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, mesh_dims, resolve_degrees
 from forge_core.registry import Registries
 
 
-def component_options(config: ForgeConfig, section: str, name: str, registry: Any) -> Any:
-    """The structured options of a keyed component (a strategy or a logger), defaults when
-    the config gives none."""
-    given = getattr(config, section).options.get(name)
+def component_options(config: ForgeConfig, name: str, registry: Any) -> Any:
+    """The structured options of a keyed component (a transform, a strategy or a logger):
+    those under its kind's options path, defaults when the config gives none."""
+    given = get_path(config, registry.kind.options_path).get(name)
     return given if given is not None else registry.get(name).options()
 
 
@@ -29,7 +29,7 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
         block.name: registries[block.name].get(get_path(config, block.name_path)) for block in OPTION_BLOCKS
     }
     registry = registries["parallelism"]
-    options = {name: component_options(config, "parallel", name, registry) for name in registry.names()}
+    options = {name: component_options(config, name, registry) for name in registry.names()}
     facts = model_facts(specs["model"], config.model.options, registries)
     sources = tuple(
         ChosenSource(
@@ -53,8 +53,24 @@ def make_plan(config: ForgeConfig, registries: Registries, world_size: int | Non
         if ev.source
         else None
     )
+    chosen = registries["transform"]
+    transforms = tuple(
+        ChosenTransform(chosen.get(name), component_options(config, name, chosen), chosen.plugin_of(name))
+        for name in config.model.transforms
+    )
     return Plan(
-        config, specs, strategies, degrees, world_size, emitted, facts, options, sources, eval_source, dims
+        config,
+        specs,
+        strategies,
+        degrees,
+        world_size,
+        emitted,
+        facts,
+        options,
+        sources,
+        eval_source,
+        dims,
+        transforms,
     )
 
 

@@ -77,6 +77,7 @@ def test_every_public_name_is_exported():
             "run",
             "shards",
             "specs",
+            "transforms",
             "validators",
         }
     )

@@ -41,6 +41,7 @@ from forge_core.api import (
     ScheduleSpec,
     SourceSpec,
     TokenizerSpec,
+    TransformSpec,
     hookimpl,
 )
 
@@ -102,6 +103,17 @@ class RecordingLogger:
         _record("forge_loggers", args, kwargs)
 
 
+class RecordingTransform:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _record("forge_transforms", args, kwargs)
+
+    def apply(self, model: Any, ctx: Any) -> None:
+        pass
+
+    def initialize(self, module: Any) -> None:
+        pass
+
+
 class RecordingWrapper:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _record("forge_parallelisms", args, kwargs)
@@ -153,6 +165,10 @@ def _recorder_plugin() -> types.SimpleNamespace:
         return [spec(LoggerSpec, "rec_logger", "RecordingLogger")]
 
     @hookimpl
+    def forge_transforms():
+        return [spec(TransformSpec, "rec_transform", "RecordingTransform")]
+
+    @hookimpl
     def forge_parallelisms():
         return [spec(ParallelismSpec, "rec_wrapper", "RecordingWrapper", order=250)]
 
@@ -181,6 +197,7 @@ def _recorder_plugin() -> types.SimpleNamespace:
                 forge_schedules,
                 forge_objectives,
                 forge_loggers,
+                forge_transforms,
                 forge_parallelisms,
                 forge_rules,
             )
@@ -189,6 +206,9 @@ def _recorder_plugin() -> types.SimpleNamespace:
 
 
 _CONFIG = """
+model:
+  options: {dim: 8, n_layers: 1, n_heads: 2, n_kv_heads: 1, max_seq_len: 8, multiple_of: 8}
+  transforms: [rec_transform]
 attention: {backend: rec_attention}
 data: {source: rec_source, tokenizer: rec_tokenizer, packer: rec_packer}
 train: {optimizer: rec_optimizer, schedule: rec_schedule, objective: rec_objective}
@@ -216,7 +236,7 @@ def recorded(tmp_path_factory) -> dict[str, tuple[int, frozenset[str]]]:
     tokenizer = components.tokenizer(plan, registries)
     components.source(plan, registries, 0)
     components.packer(plan, registries, tokenizer)
-    components.attention(plan, registries)
+    components.model(plan, registries, 8, components.attention(plan, registries))
     components.optimizer(plan, registries, torch.nn.Linear(2, 2))
     components.schedule(plan, registries, 10)(3)
     components.objective(plan, registries, loss_fn)

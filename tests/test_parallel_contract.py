@@ -14,6 +14,7 @@ from forge_core.api import (
     BLOCKS,
     OUTPUT_HEAD,
     PIPELINE,
+    ROLES,
     SEQUENCE_PARALLEL,
     TENSOR_PARALLEL,
     ForgeError,
@@ -185,7 +186,9 @@ def test_the_plan_carries_the_facts_once(forge_config):
     _, result = judged(forge_config, "renamed", {}, 1)
     assert result.plan.facts == ModelFacts(blocks=4, heads=6, kv_heads=2)
     _, result = judged(forge_config, "llama", {}, 1)
-    assert result.plan.facts == ModelFacts(blocks=4, heads=8, kv_heads=4, tied_embeddings=False)
+    assert result.plan.facts == ModelFacts(
+        blocks=4, heads=8, kv_heads=4, tied_embeddings=False, roles=frozenset(ROLES)
+    )
 
 
 def test_a_facts_function_that_raises_names_its_plugin(forge_config):

@@ -4,9 +4,9 @@
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
 ``rules``, ``errors``, ``run``, ``metrics``, ``batch``, ``packing``, ``files``, ``fingerprint``,
-``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``validators``) and
-nothing here imports torch or any other part of Forge, so a plugin's registration
-module stays as light as ``forge-run check`` needs it. Trainer internals are free to
+``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``transforms``,
+``validators``) and nothing here imports torch or any other part of Forge, so a
+plugin's registration module stays as light as ``forge-run check`` needs it. Trainer internals are free to
 move; these names are what Forge keeps stable.
 """
 
@@ -44,6 +44,7 @@ from forge_core.api.protocols import (
     AttentionBackend,
     CachingModel,
     Model,
+    ModelTransform,
     Packer,
     ParallelModule,
     PretrainedModel,
@@ -56,6 +57,7 @@ from forge_core.api.rules import (
     DEGREES,
     ActiveStrategy,
     ChosenSource,
+    ChosenTransform,
     Plan,
     Rule,
     Severity,
@@ -77,7 +79,15 @@ from forge_core.api.specs import (
     ScheduleSpec,
     SourceSpec,
     TokenizerSpec,
+    TransformSpec,
     import_path,
+)
+from forge_core.api.transforms import (
+    ROLES,
+    AppliedTransform,
+    TransformContext,
+    applied_transforms,
+    transforms_disabled,
 )
 from forge_core.api.validators import (
     INT_MAX,
@@ -141,6 +151,7 @@ __all__ = [
     "AttentionBackend",
     "CachingModel",
     "Model",
+    "ModelTransform",
     "Packer",
     "ParallelModule",
     "PretrainedModel",
@@ -151,6 +162,7 @@ __all__ = [
     "DEGREES",
     "ActiveStrategy",
     "ChosenSource",
+    "ChosenTransform",
     "Plan",
     "Rule",
     "Severity",
@@ -173,7 +185,13 @@ __all__ = [
     "ScheduleSpec",
     "SourceSpec",
     "TokenizerSpec",
+    "TransformSpec",
     "import_path",
+    "ROLES",
+    "AppliedTransform",
+    "TransformContext",
+    "applied_transforms",
+    "transforms_disabled",
     "INT_MAX",
     "INT_MIN",
     "Validator",

@@ -184,6 +184,9 @@ class ModelFacts:
     heads: int  # query heads
     kv_heads: int  # key/value heads
     tied_embeddings: bool = False  # the output head shares the token embedding's matrix
+    #: The roles of its block projections (``ParallelContract.roles``' keys), which model
+    #: transforms target (``forge_core.api.transforms.ROLES``).
+    roles: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
 
 @attrs.frozen
@@ -250,12 +253,18 @@ class ParallelContract:
       identity, so the model returns the hidden states; the head stays registered where
       it is (state-dict keys, sharding and tied weights unchanged). Declared on the spec
       as ``OUTPUT_HEAD`` in ``supports``.
+    - ``roles``: role -> path of a linear projection (``nn.Linear``) relative to each
+      block (``{"attention.q": "attention.wq", "mlp.up": "feed_forward.w3"}``): what a
+      model transform (LoRA) targets, whatever the model calls its modules. The role
+      names are those of :data:`forge_core.api.transforms.ROLES` where they apply; the
+      model's ``facts`` list the same names (``ModelFacts.roles``) for ``check``.
     """
 
     blocks: str
     pipeline: PipelineSplit | None = None
     tensor_parallel: Callable[..., TensorParallelPlan] | None = None
     output_head: str | None = None
+    roles: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def contract_of(module: Any) -> ParallelContract | None:

@@ -91,6 +91,41 @@ class Strategy(Protocol):
     def apply(self, model: Any, ctx: Any) -> Any: ...
 
 
+@runtime_checkable
+class ModelTransform(Protocol):
+    """A model transform (adapters), built as ``cls(options)``; see
+    :mod:`forge_core.api.transforms`.
+
+    - ``apply(model, ctx)``: change ``model`` in place right after it is built, before
+      any strategy (``ctx``: :class:`~forge_core.api.TransformContext`, with the roles
+      the model declares). Parameters it adds are created on the device of the weights
+      they adapt (the meta device for a model that loads pretrained weights); freezing
+      the base is ``requires_grad_(False)``: only parameters that still require a
+      gradient reach the optimizer. Modules it adds live inside the blocks they adapt,
+      so sharding, pipeline stages, checkpointing and compile take them with the block.
+    - ``initialize(module)``: fill the transform's own parameters of ``module`` (the
+      model, or a pipeline stage; whole tensors or DTensor shards) from ``ctx.seed`` and
+      their names, so that every layout holds the same values.
+    - ``detached(module)``: a context manager inside which ``module``'s parameters and
+      submodules are the model's own (the transform's taken out); the kernel calls the
+      model's ``init_weights`` inside it.
+    - ``disabled(module)``: a context manager inside which ``module`` computes as the
+      model without the transform (the reference model of preference training).
+    - ``merge(module)``: fold the transform into the model's own weights and take its
+      parameters out (``export-hf``); called on the whole, unsharded model.
+    """
+
+    def apply(self, model: Any, ctx: Any) -> None: ...
+
+    def initialize(self, module: Any) -> None: ...
+
+    def detached(self, module: Any) -> Any: ...
+
+    def disabled(self, module: Any) -> Any: ...
+
+    def merge(self, module: Any) -> None: ...
+
+
 # --- the model contract -----------------------------------------------------------------
 
 

@@ -70,6 +70,21 @@ class ActiveStrategy:
 
 
 @attrs.frozen
+class ChosenTransform:
+    """A model transform the config lists in ``model.transforms``: its spec, its
+    structured options (``model.transform_options.<name>``, defaults where the config
+    gives none) and the plugin that registered it."""
+
+    spec: Any
+    options: Any
+    plugin: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@attrs.frozen
 class ChosenSource:
     """A data source the run reads: where the config names it (``data.source``, or
     ``data.sources[i]`` in a mixture), its spec, its structured options, its weight in
@@ -114,6 +129,8 @@ class Plan:
       ``where`` is ``eval.source``), or ``None`` when evaluation reads the held-out split.
     - ``dims``: the declared mesh dimensions (:class:`~forge_core.api.MeshDim`), in mesh
       order; :attr:`data_parallel_size` and :attr:`token_split` read them.
+    - ``transforms``: the model transforms of ``model.transforms``
+      (:class:`ChosenTransform`), in the order they are applied.
     """
 
     config: Any
@@ -127,6 +144,7 @@ class Plan:
     sources: tuple[ChosenSource, ...] = ()
     eval_source: ChosenSource | None = None
     dims: tuple[Any, ...] = ()
+    transforms: tuple[ChosenTransform, ...] = ()
 
     def _product(self, flag: str) -> int:
         return math.prod(self.degrees.get(d.name, 1) for d in self.dims if getattr(d, flag))

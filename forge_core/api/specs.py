@@ -166,6 +166,10 @@ class ModelSpec(ComponentSpec):
       vocab_size=...)``, plus ``eos_token_id``/``pad_token_id``/``bos_token_id``/
       ``max_shard_size`` keywords when the function accepts them; the state dict is
       already in the dtype asked for).
+    - ``hf_key``: optionally ``"package.module:function"`` mapping a Forge parameter name
+      to its Hugging Face name (``layers.0.attention.wq.weight`` ->
+      ``model.layers.0.self_attn.q_proj.weight``): how ``export-hf --adapter`` names the
+      adapted modules in a PEFT folder.
     - ``supports``: the pieces of the parallel contract its implementation supplies
       through ``parallel_contract()`` (``BLOCKS``, ``TENSOR_PARALLEL``,
       ``SEQUENCE_PARALLEL``, ``PIPELINE``, ``OUTPUT_HEAD`` from :mod:`forge_core.api`); a
@@ -195,10 +199,27 @@ class ModelSpec(ComponentSpec):
     max_seq_len_option: str | None = "max_seq_len"
     accepts: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     hf_export: str | None = None
+    hf_key: str | None = None
     supports: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     facts: Callable[[Any], Any] | None = None
     resolve_options: str | None = None
     pretrained_option: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TransformSpec(ComponentSpec):
+    """A model transform (adapters such as LoRA), enabled by listing its name in
+    ``model.transforms``: applied to the model right after it is built, before any
+    strategy, by training and by ``eval``, ``sample`` and ``export-hf`` alike.
+
+    - ``saves_trainable_only``: checkpoints hold only the parameters that stay trainable
+      once the transform is applied (the adapters), not the frozen base: the base comes
+      from the model's pretrained weights (its ``pretrained_option``) or from the seed,
+      and its identity is recorded in the checkpoint and checked on resume.
+    """
+
+    kind: ClassVar[str] = "transform"
+    saves_trainable_only: bool = False
 
 
 @attrs.frozen(kw_only=True)

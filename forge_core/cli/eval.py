@@ -110,9 +110,10 @@ def main(args: Any) -> int:
     from forge_core.distributed.parallelize import single_process
     from forge_core.distributed.placement import choose_device
     from forge_core.train import precision
-    from forge_core.train.checkpoint import load_model, step_of
+    from forge_core.train.checkpoint import step_of
     from forge_core.train.evaluate import build_eval_data, run_eval
     from forge_core.train.loss import build_loss
+    from forge_core.train.restore import restored_model
     from forge_core.train.rundir import TOKENIZER, read_run_info
     from forge_core.train.view import RunView
 
@@ -133,8 +134,7 @@ def main(args: Any) -> int:
     data = build_eval_data(plan, registries, tokenizer)
     print(f"forge: {data.summary}", file=sys.stderr, flush=True)
     vocab_size = int(info.get("vocab_size", tokenizer.vocab_size))
-    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
-    load_model(checkpoint, [model], verified=True)
+    model = restored_model(plan, registries, vocab_size, checkpoint)
     device = choose_device(config.run.device)
     precision.check_precision(config.train.precision, device)
     pmodel = single_process(model.to(device), loss_fn=build_loss(model, config))

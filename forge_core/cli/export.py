@@ -11,7 +11,12 @@ are in Hugging Face format (``tokenizer.json``).
 
 The checkpoint is checked against its manifest's checksums and read without running
 code from it (:func:`forge_core.train.checkpoint.load_model`); the model's pretrained
-option is cleared (the checkpoint holds every weight). Everything is written to
+option is cleared (the checkpoint holds every weight), unless the run's model transforms
+keep only their own parameters in checkpoints (LoRA): the base then comes from its
+pretrained weights, after its identity is checked (:mod:`forge_core.train.restore`).
+The model transforms are merged into the base weights, so the folder is a plain model;
+``--adapter`` writes the adapters as a PEFT folder instead (``adapter_config.json``,
+``adapter_model.safetensors``), by the transform's ``write_adapter``. Everything is written to
 ``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
 refused unless ``--overwrite``, and then replaced only by a complete export; a failed
 export (a full disk included: a clean error, exit 2) leaves nothing half-written.
@@ -33,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, Plan
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -95,6 +100,45 @@ def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bo
             )
 
 
+def _export_adapter(model: Any, plan: Plan, checkpoint: Path, given: Path, out_dir: Path) -> int:
+    """``--adapter``: the run's adapters as a PEFT folder, written by the transform that
+    has them (``write_adapter(module, directory, hf_key, base)``), into place atomically."""
+    from forge_core import components
+    from forge_core.api import applied_transforms, import_path
+    from forge_core.api.files import move_into_place
+    from forge_core.api.shards import partial_dir
+    from forge_core.train.run_lock import ensure_out_dir
+
+    writers = [t for t in applied_transforms(model) if callable(getattr(t.impl, "write_adapter", None))]
+    listed = list(plan.config.model.transforms)
+    if len(writers) != 1:
+        raise ForgeError(
+            f"export-hf --adapter: the run's model.transforms {listed} "
+            f"{'have no transform that writes' if not writers else 'have several transforms that write'} "
+            "an adapter folder; export the merged model instead (leave out --adapter)."
+        )
+    spec = plan.specs["model"]
+    if not spec.hf_key:
+        raise ForgeError(
+            f"export-hf --adapter: model {spec.name!r} declares no Hugging Face parameter names "
+            "(ModelSpec.hf_key is empty), so the adapted modules cannot be named for PEFT; export the "
+            "merged model instead (leave out --adapter)."
+        )
+    ensure_out_dir(out_dir.parent, "export-hf OUT_DIR", "Give export-hf a directory you can write.")
+    tmp = partial_dir(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        writers[0].impl.write_adapter(
+            model, str(tmp), import_path(spec.hf_key), components.pretrained_source(plan)
+        )
+        move_into_place(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"exported the {writers[0].name} adapters of {checkpoint} to {given} (a PEFT adapter folder)")
+    return 0
+
+
 def main(args: Any) -> int:
     import torch
 
@@ -102,7 +146,9 @@ def main(args: Any) -> int:
     from forge_core.api import import_path
     from forge_core.api.files import move_into_place
     from forge_core.api.shards import partial_dir
-    from forge_core.train.checkpoint import is_disk_full, load_model, no_space_message, resolve_checkpoint
+    from forge_core.api.transforms import merge_transforms
+    from forge_core.train.checkpoint import is_disk_full, no_space_message, resolve_checkpoint
+    from forge_core.train.restore import restored_model
     from forge_core.train.run_lock import ensure_out_dir
     from forge_core.train.rundir import TOKENIZER, load_run_config, read_run_info
 
@@ -144,8 +190,10 @@ def main(args: Any) -> int:
             f"warning: cannot rebuild the run's tokenizer ({exc}); exporting the model only", file=sys.stderr
         )
     vocab_size = int(info.get("vocab_size") or (tokenizer.vocab_size if tokenizer else 0)) or None
-    model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
-    load_model(checkpoint, [model], verified=True)
+    model = restored_model(plan, registries, vocab_size, checkpoint)
+    if getattr(args, "adapter", False):
+        return _export_adapter(model, plan, checkpoint, given, out_dir)
+    merge_transforms(model)  # the adapters folded into the base weights: a plain model
     kwargs: dict[str, Any] = {
         "vocab_size": vocab_size,
         **(_tokenizer_ids(tokenizer, params) if tokenizer else {}),

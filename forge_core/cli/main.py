@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing OUT_DIR (only once the new export is complete)",
     )
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="for a run with model.transforms (LoRA): write the adapters as a PEFT folder "
+        "(adapter_config.json, adapter_model.safetensors) instead of the merged model",
+    )
 
     p = sub.add_parser("sample", help="print continuations from a run's latest checkpoint")
     p.add_argument("run_dir")

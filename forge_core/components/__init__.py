@@ -6,13 +6,16 @@ the commands alike."""
 from forge_core.components.blame import built_culprit, culprit, describe, failure, original_error
 from forge_core.components.build import (
     attention,
+    base_from_seed,
     chosen_source,
     loggers,
     model,
     objective,
     optimizer,
     packer,
+    pretrained_source,
     saved_tokenizer,
+    saves_trainable_only,
     schedule,
     source,
     tokenizer,
@@ -21,6 +24,7 @@ from forge_core.components.build import (
 
 __all__ = [
     "attention",
+    "base_from_seed",
     "built_culprit",
     "chosen_source",
     "culprit",
@@ -32,7 +36,9 @@ __all__ = [
     "optimizer",
     "original_error",
     "packer",
+    "pretrained_source",
     "saved_tokenizer",
+    "saves_trainable_only",
     "schedule",
     "source",
     "tokenizer",

@@ -107,24 +107,63 @@ def attention(plan: Plan, registries: Any) -> Any:
 
 def without_pretrained(plan: Plan) -> Any:
     """``plan`` with the model's pretrained option cleared (``ModelSpec.pretrained_option``):
-    for commands whose weights come from a Forge checkpoint instead."""
+    for commands whose weights come from a Forge checkpoint instead. Kept when a
+    transform's checkpoints hold only its own parameters
+    (``TransformSpec.saves_trainable_only``): the base weights come from there."""
     name = plan.specs["model"].pretrained_option
     config = plan.config
     options = config.model.options
-    if not name or not getattr(options, name, None):
+    if not name or not getattr(options, name, None) or saves_trainable_only(plan):
         return plan
     options = attrs.evolve(options, **{name: ""})
     return attrs.evolve(plan, config=attrs.evolve(config, model=attrs.evolve(config.model, options=options)))
 
 
+def saves_trainable_only(plan: Plan) -> bool:
+    """Whether the run's checkpoints hold only the trainable parameters (a transform's
+    ``saves_trainable_only``): the base weights then come from elsewhere."""
+    return any(t.spec.saves_trainable_only for t in plan.transforms)
+
+
+def pretrained_source(plan: Plan) -> str:
+    """The model's pretrained option's value (``ModelSpec.pretrained_option``), or ``""``."""
+    name = plan.specs["model"].pretrained_option
+    return str(getattr(plan.config.model.options, name, "") or "") if name else ""
+
+
+def base_from_seed(plan: Plan) -> bool:
+    """Whether the base weights of a run whose checkpoints hold only the trainable
+    parameters come from ``run.seed`` (no pretrained weights): the model is then built
+    under that seed."""
+    return saves_trainable_only(plan) and not pretrained_source(plan)
+
+
 def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
+    """The model of the plan with its transforms applied (``model.transforms``): the one
+    place every command builds a model through, so training, ``eval``, ``sample`` and
+    ``export-hf`` see the same module."""
+    from forge_core.components.transforms import apply_transforms
+
     options = plan.config.model.options
-    return _build(
-        plan,
-        registries,
-        "model",
-        lambda build: build(options, vocab_size=vocab_size, attention=attention_backend),
-    )
+
+    def make(build: Callable[..., Any]) -> Any:
+        return build(options, vocab_size=vocab_size, attention=attention_backend)
+
+    if base_from_seed(plan):
+        # The checkpoints will not hold this base: it must come out of the seed alone,
+        # in every command and every process, whatever used the generator before.
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(plan.config.run.seed)
+            built = _build(plan, registries, "model", make)
+    else:
+        built = _build(plan, registries, "model", make)
+    impls = [
+        _build(plan, registries, "transform", lambda cls, c=chosen: cls(c.options), spec=chosen.spec)
+        for chosen in plan.transforms
+    ]
+    return apply_transforms(plan, registries, built, impls)
 
 
 #: The first parameter of an optimizer factory under the current contract.
@@ -196,6 +235,6 @@ def loggers(plan: Plan, registries: Any) -> list[tuple[str, Any]]:
     out = []
     for name in plan.config.logging.loggers:
         spec = registries["logger"].get(name)
-        options = component_options(plan.config, "logging", name, registries["logger"])
+        options = component_options(plan.config, name, registries["logger"])
         out.append((name, _build(plan, registries, "logger", lambda cls: cls(options), spec=spec)))
     return out

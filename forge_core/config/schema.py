@@ -50,6 +50,12 @@ class RunSection:
 class ModelSection:
     name: str = option("llama", "Registered model name (`forge-run plugins` lists them).")
     options: Any = option({}, "The model's own options, checked against its options class.")
+    transforms: list[str] = option(
+        [],
+        "Registered model transforms (adapters such as `lora`) applied to the model, in this "
+        "order, right after it is built: in training and in `eval`, `sample` and `export-hf`.",
+    )
+    transform_options: dict[str, Any] = option({}, "Per-transform options, keyed by transform name.")
 
 
 @attrs.frozen

@@ -32,6 +32,7 @@ import torch
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
+from forge_core.api.transforms import initialize_transforms, transforms_detached
 
 if TYPE_CHECKING:
     from forge_core.api import Plan
@@ -239,7 +240,9 @@ def is_meta(module: torch.nn.Module) -> bool:
 
 def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
     """Give a module built on the meta device real storage on ``device`` and fill it:
-    ``to_empty`` then the model's ``init_weights()`` (which loads its checkpoint).
+    ``to_empty`` then the model's ``init_weights()`` (which loads its checkpoint), with
+    the model transforms' parameters out of its sight, then theirs
+    (:mod:`forge_core.api.transforms`).
     Parameters shared under several names (tied embeddings) stay shared: a plain
     ``to_empty`` would give each name its own tensor. Nothing to do for a module with
     no meta tensor."""
@@ -262,8 +265,11 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
             owner, _, attr = name.rpartition(".")
             if module.get_parameter(name) is not param:
                 setattr(module.get_submodule(owner), attr, param)
+    # The model fills what its factory built; each model transform, its own parameters.
     with torch.no_grad():
-        init()
+        with transforms_detached(module):
+            init()
+        initialize_transforms(module)
 
 
 def parallelize(

@@ -69,6 +69,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from forge_core.api import ForgeError
 from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir
+from forge_core.api.transforms import saves_trainable_only
+from forge_core.distributed.parallelize import materialize
 from forge_core.distributed.placement import broadcast_object, is_distributed
 from forge_core.train import elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
@@ -96,9 +98,16 @@ def _megabytes(n: int) -> str:
 
 
 def model_state(parts: list[torch.nn.Module]) -> dict[str, Any]:
+    """The model state the checkpoints hold: every part's, or only its trainable
+    parameters under a model transform that saves only its own (LoRA's adapters; the
+    frozen base comes from its pretrained weights or the seed)."""
     merged: dict[str, Any] = {}
     for part in parts:
-        merged.update(get_model_state_dict(part))
+        state = get_model_state_dict(part)
+        if saves_trainable_only(part):
+            trainable = {name for name, param in part.named_parameters() if param.requires_grad}
+            state = {key: value for key, value in state.items() if key in trainable}
+        merged.update(state)
     return merged
 
 
@@ -110,15 +119,18 @@ def optimizer_state(parts: list[torch.nn.Module], optimizers: list[torch.optim.O
 
 
 def _set_model(parts: list[torch.nn.Module], merged: dict[str, Any]) -> None:
-    """Load a merged model state into every part (each takes its own keys)."""
-    strict = StateDictOptions(strict=len(parts) == 1)
+    """Load a merged model state into every part (each takes its own keys; a part whose
+    checkpoints hold only its trainable parameters takes those)."""
+    strict = StateDictOptions(strict=len(parts) == 1 and not any(map(saves_trainable_only, parts)))
     for part in parts:
         set_model_state_dict(part, merged, options=strict)
 
 
 def load_model(path: Path, parts: list[torch.nn.Module], *, verified: bool = False) -> None:
     """Load only the model weights of a checkpoint into ``parts``: the one function
-    every reader of weights (``sample``, ``export-hf``, evaluation, import) calls.
+    every reader of weights (``sample``, ``export-hf``, evaluation, import) calls. A part
+    still on the meta device (the pretrained base of an adapter checkpoint) is
+    materialised on the CPU first.
     Integrity is checked first unless the caller already did (``verified``: the path
     came from :func:`resolve_checkpoint` or :func:`find_latest`); the files are read
     without running code from them either way."""
@@ -127,6 +139,8 @@ def load_model(path: Path, parts: list[torch.nn.Module], *, verified: bool = Fal
         why = problem_with(path)
         if why:
             raise ForgeError(f"checkpoint {path} cannot be used: {why}")
+    for part in parts:  # the base of an adapter checkpoint loads its pretrained weights here
+        materialize(part, "cpu")
     state = {"model": model_state(parts)}
     load_state(state, path, no_dist=not is_distributed())
     _set_model(parts, state["model"])

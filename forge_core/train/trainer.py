@@ -47,6 +47,8 @@ from forge_core.distributed.placement import Placement, broadcast_object
 from forge_core.plugins import register
 from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span
 from forge_core.train import train_state as ts
+from forge_core.train.base_identity import STATE_KEY as BASE_KEY
+from forge_core.train.base_identity import base_identity, check_base
 from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_stale_temporaries
 from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
@@ -118,6 +120,7 @@ class Trainer:
         self.parts = None
         self.progress = Progress()
         self.tally = None
+        self.base_identity: str | None = None
 
     @property
     def pm(self) -> Any:
@@ -128,6 +131,8 @@ class Trainer:
         self.parts = build_parts(
             self.plan, self.registries, pl, self.run_dir, lambda m: log(pl, m), lambda m: warn(pl, m)
         )
+        # Hashed once, by one process: a pretrained base can be many gigabytes.
+        self.base_identity = broadcast_object(base_identity(self.plan) if pl.is_main else None)
         mixture = self.parts.loader.mixture
         self.tally = mixture_tally.MixtureTally(mixture.labels) if mixture is not None else None
         self._set_schedule(schedule_span.span_at_start(self.config.train))
@@ -234,6 +239,7 @@ class Trainer:
                     f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
                     f"the config gives {identity!r}. Use the same tokenizer or a new run.out_dir."
                 )
+            check_base(state, self.plan, path, self.base_identity)
 
         state = parts.checkpoints.load(
             path,
@@ -277,6 +283,8 @@ class Trainer:
             "tokenizer_identity": str(parts.tokenizer.identity),
             schedule_span.STATE_KEY: progress.schedule_steps,
         }
+        if self.base_identity is not None:
+            state[BASE_KEY] = self.base_identity
         if self.tally is not None:
             state[mixture_tally.STATE_KEY] = self.tally.state_dict()
         path = parts.checkpoints.save(

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
-from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
+from forge_plugins.models.options import ROLES, LlamaOptions, features, ffn_hidden_size, head_dim
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
@@ -174,6 +174,7 @@ class Llama(nn.Module):
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
             output_head="output",
+            roles=ROLES,
         )
 
     @property

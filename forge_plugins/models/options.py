@@ -221,4 +221,18 @@ def llama_facts(options: LlamaOptions) -> ModelFacts:
         heads=options.n_heads,
         kv_heads=options.n_kv_heads,
         tied_embeddings=bool(options.tie_embeddings),
+        roles=frozenset(ROLES),
     )
+
+
+#: The block projections by role (``ParallelContract.roles``), what model transforms
+#: (LoRA) target: the attention's q/k/v/o and the SwiGLU MLP's gate, up and down.
+ROLES = {
+    "attention.q": "attention.wq",
+    "attention.k": "attention.wk",
+    "attention.v": "attention.wv",
+    "attention.o": "attention.wo",
+    "mlp.gate": "feed_forward.w1",
+    "mlp.up": "feed_forward.w3",
+    "mlp.down": "feed_forward.w2",
+}

@@ -29,6 +29,7 @@ def forge_models() -> list[ModelSpec]:
             options=LlamaOptions,
             accepts={DOC_IDS, POSITIONS},
             hf_export="forge_plugins.models.hf_interop:export",
+            hf_key="forge_plugins.models.hf_keys:to_hf_key",
             max_seq_len_option="max_seq_len",
             resolve_options="forge_plugins.models.hf_config:resolve_options",
             pretrained_option="init_from_hf",

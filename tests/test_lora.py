@@ -1,0 +1,130 @@
+"""The model-transform kind and its first built-in, LoRA: applied where every command
+builds the model, base frozen, adapters only in the optimizer and the checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import tiny_config, write_config
+
+from forge_core import components
+from forge_core.api import applied_transforms, transforms_disabled
+from forge_core.config.loader import load_config
+from forge_core.judge import judge_config
+from forge_core.registry import load_registries
+
+TARGETS = ["attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down"]
+
+
+def lora_config(tmp_path: Path, name: str = "run", lora: dict | None = None, **sections) -> dict:
+    config = tiny_config(tmp_path, name, **sections)
+    config["model"]["transforms"] = ["lora"]
+    config["model"]["transform_options"] = {"lora": {"rank": 4, "targets": TARGETS, **(lora or {})}}
+    return config
+
+
+def plan_of(tmp_path: Path, config: dict, world_size: int = 1):
+    registries = load_registries()
+    loaded = load_config(write_config(tmp_path / "config.yaml", config), [], registries)
+    judged = judge_config(loaded, registries, world_size=world_size)
+    assert not judged.errors, [str(v) for v in judged.errors]
+    return judged.plan, registries
+
+
+def build(tmp_path: Path, config: dict) -> torch.nn.Module:
+    plan, registries = plan_of(tmp_path, config)
+    torch.manual_seed(0)
+    return components.model(plan, registries, 256, components.attention(plan, registries))
+
+
+def test_the_model_of_every_command_has_the_adapters_and_starts_as_the_base(tmp_path):
+    base = build(tmp_path, tiny_config(tmp_path))
+    adapted = build(tmp_path, lora_config(tmp_path))
+    assert [t.name for t in applied_transforms(adapted)] == ["lora"]
+    x = torch.randint(0, 256, (2, 16))
+    # B starts at zero: the adapted model's first forward is the base model's, bit for bit.
+    assert torch.equal(adapted(x), base(x))
+    trainable = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert len(trainable) == 2 * len(TARGETS) * 2  # A and B, every role, both blocks
+    # Every base parameter keeps its name: the base model's state is a subset.
+    assert set(base.state_dict()) <= set(adapted.state_dict())
+
+
+def test_adapters_disabled_give_the_base_model_and_come_back(tmp_path):
+    base = build(tmp_path, tiny_config(tmp_path))
+    adapted = build(tmp_path, lora_config(tmp_path))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_()
+    x = torch.randint(0, 256, (2, 16))
+    moved = adapted(x)
+    assert not torch.allclose(moved, base(x))
+    with transforms_disabled(adapted):
+        assert torch.equal(adapted(x), base(x))
+    assert torch.equal(adapted(x), moved)
+
+
+def test_gradients_reach_only_the_adapters(tmp_path):
+    adapted = build(tmp_path, lora_config(tmp_path))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(std=0.1)
+    x = torch.randint(0, 256, (2, 16))
+    adapted(x).logsumexp(-1).sum().backward()
+    for name, param in adapted.named_parameters():
+        is_adapter = ".lora_A." in name or ".lora_B." in name
+        assert (param.grad is not None) == is_adapter, name
+        if is_adapter:
+            assert param.grad.abs().sum() > 0, name
+
+
+def test_merging_folds_the_adapters_into_the_base_weights(tmp_path):
+    from forge_core.api.transforms import merge_transforms
+
+    base = build(tmp_path, tiny_config(tmp_path)).double()
+    adapted = build(tmp_path, lora_config(tmp_path, lora={"dropout": 0.5})).double().eval()
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(std=0.1)
+        x = torch.randint(0, 256, (2, 16))
+        expected = adapted(x)
+        merge_transforms(adapted)
+        assert applied_transforms(adapted) == ()
+        assert sorted(adapted.state_dict()) == sorted(base.state_dict())  # a plain model again
+        torch.testing.assert_close(adapted(x), expected, rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(base(x), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("lora", "path", "said"),
+    [
+        ({"rank": 0}, "$.model.transform_options.lora.rank", "at least 1"),
+        ({"alpha": 0}, "$.model.transform_options.lora.alpha", "above 0"),
+        ({"dropout": 1.0}, "$.model.transform_options.lora.dropout", "1"),
+        ({"targets": []}, "$.model.transform_options.lora.targets", "non-empty"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_path(tmp_path, lora, path, said):
+    from forge_core.api import ForgeError
+
+    registries = load_registries()
+    with pytest.raises(ForgeError) as err:
+        load_config(write_config(tmp_path / "c.yaml", lora_config(tmp_path, lora=lora)), [], registries)
+    assert path in str(err.value) and said in str(err.value)
+
+
+def test_a_target_that_is_a_module_name_is_refused_with_the_roles(tmp_path):
+    registries = load_registries()
+    wrong = lora_config(tmp_path, lora={"targets": ["attention.wq", "mlp.upp"]})
+    config = load_config(write_config(tmp_path / "c.yaml", wrong), [], registries)
+    errors = judge_config(config, registries, world_size=1).errors
+    message = " | ".join(v.message for v in errors if v.rule_id == "lora.targets-are-roles")
+    assert "targets[0] = 'attention.wq' is not a role" in message
+    assert "did you mean 'mlp.up'" in message.lower()
+    assert "attention.q" in message and "mlp.down" in message

@@ -1,0 +1,150 @@
+"""LoRA runs end to end, in process: a tiny Hugging Face llama as the base, adapters
+trained on it, checkpoints of the adapters alone, bit-exact resume, and ``eval``,
+``sample`` and ``export-hf`` (merged, and as a PEFT folder that ``peft`` loads onto the
+base with the same logits)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from test_hf_runs import checkpoint as hf_checkpoint
+from test_lora import TARGETS
+from train_helpers import read_metrics, tiny_config, write_config
+
+from forge_core import cli
+from forge_core.generate import load_for_inference
+from forge_core.testing import assert_within_rounding, longest_sum
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 4
+
+
+def lora_run_config(tmp, name, base, **train):
+    config = tiny_config(
+        tmp,
+        name,
+        train={"steps": STEPS, "lr": 2e-2, "warmup_steps": 0, **train},
+        checkpoint={"every": 2, "keep": 3},
+        logging={"loggers": ["jsonl"]},
+    )
+    config["data"]["heldout"] = {"fraction": 0.1}
+    config["model"] = {
+        "name": "llama",
+        "options": {"init_from_hf": str(base)},
+        "transforms": ["lora"],
+        "transform_options": {"lora": {"rank": 4, "alpha": 8.0, "targets": TARGETS}},
+    }
+    return config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    hf_checkpoint(tmp / "base", "llama")
+    config = write_config(tmp / "lora.yaml", lora_run_config(tmp, "lora", tmp / "base"))
+    assert cli.main([config]) == 0
+    # The same run in two starts: stopped after step 2, resumed to the end.
+    split = write_config(tmp / "split.yaml", lora_run_config(tmp, "split", tmp / "base"))
+    assert cli.main([split, "train.steps=2", "train.schedule_steps=4"]) == 0
+    assert cli.main([split, "train.schedule_steps=4"]) == 0
+    return tmp
+
+
+def test_the_checkpoint_holds_only_the_adapters_and_the_base_identity(runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    step = runs / "lora/checkpoints/step-000004"
+    keys = [
+        k for k in FileSystemReader(str(step)).read_metadata().state_dict_metadata if k.startswith("model.")
+    ]
+    assert len(keys) == 2 * len(TARGETS) * 2
+    assert all(".lora_A." in k or ".lora_B." in k for k in keys), keys
+    state = json.loads((step / "train_state-rank00000.json").read_text())
+    assert state["base_identity"].startswith("pretrained:base:sha256:")
+
+
+def test_the_first_loss_is_the_base_model_s_and_the_adapters_learn(runs):
+    base = tiny_config(runs, "full", train={"steps": 1}, logging={"loggers": ["jsonl"]})
+    base["data"]["heldout"] = {"fraction": 0.1}
+    base["model"] = {"name": "llama", "options": {"init_from_hf": str(runs / "base")}}
+    assert cli.main([write_config(runs / "full.yaml", base)]) == 0
+    adapted = [r["loss"] for r in read_metrics(runs / "lora")]
+    assert adapted[0] == read_metrics(runs / "full")[0]["loss"]  # B = 0: exactly the base's
+    assert adapted[-1] < adapted[0]
+
+
+def test_a_resumed_adapter_run_equals_the_uninterrupted_one_bit_for_bit(runs):
+    whole = read_metrics(runs / "lora")
+    split = read_metrics(runs / "split")
+    assert [r["step"] for r in split] == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm", "lr"):
+        assert [r[key] for r in split] == [r[key] for r in whole], key
+
+
+def test_eval_and_sample_of_an_adapter_run(runs, capsys):
+    assert cli.main(["eval", str(runs / "lora"), "--json", "eval.max_batches=2"]) == 0
+    loss = json.loads(capsys.readouterr().out)["loss"]
+    assert 0 < loss < 10
+    args = ["sample", str(runs / "lora"), "--temperature", "0", "--max-new-tokens", "8", "--prompt", "the"]
+    assert cli.main(args) == 0
+    assert "tokens sampled" in capsys.readouterr().err
+
+
+def _ids():
+    return torch.tensor([[116, 104, 101, 32, 108, 97, 122, 121, 32, 100, 111, 103]])
+
+
+def test_the_merged_export_computes_the_adapted_model(runs):
+    assert cli.main(["export-hf", str(runs / "lora"), str(runs / "merged")]) == 0
+    model, *_ = load_for_inference(runs / "lora")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(runs / "merged").eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(runs / "base").eval()
+    with torch.no_grad():
+        adapted = model(_ids())
+        assert not torch.allclose(base(_ids()).logits, adapted, atol=1e-3)  # the adapters matter
+        # The merged weights are float32, rounded once: two libraries, two summation orders.
+        assert_within_rounding(
+            hf(_ids()).logits,
+            adapted,
+            dtype=torch.float32,
+            terms=longest_sum(model, _ids().shape[1]),
+            what="the merged export's logits in transformers",
+        )
+
+
+def test_a_peft_folder_loads_onto_the_base_with_the_adapted_logits(runs):
+    peft = pytest.importorskip("peft")
+    assert cli.main(["export-hf", str(runs / "lora"), str(runs / "adapter"), "--adapter"]) == 0
+    assert sorted(p.name for p in (runs / "adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    base = transformers.AutoModelForCausalLM.from_pretrained(runs / "base")
+    loaded = peft.PeftModel.from_pretrained(base, str(runs / "adapter")).eval()
+    model, *_ = load_for_inference(runs / "lora")
+    with torch.no_grad():
+        assert_within_rounding(
+            loaded(_ids()).logits,
+            model(_ids()),
+            dtype=torch.float32,
+            terms=longest_sum(model, _ids().shape[1]),
+            what="peft's model of the exported adapters",
+        )
+
+
+def test_adapters_are_refused_on_another_base(runs, capsys):
+    other = runs / "other-base"
+    shutil.copytree(runs / "base", other)
+    weights = json.loads((other / "config.json").read_text())
+    weights["rms_norm_eps"] = 1e-5  # same shapes, another model
+    (other / "config.json").write_text(json.dumps(weights))
+    swapped = f"model.options.init_from_hf={other}"
+    assert cli.main(["eval", str(runs / "lora"), swapped]) == 2
+    said = capsys.readouterr().err
+    assert "holds adapters trained on another base" in said and str(other) in said
+    assert cli.main([str(runs / "lora.yaml"), swapped, "train.steps=6"]) == 2
+    assert "holds adapters trained on another base" in capsys.readouterr().err
