@@ -175,3 +175,31 @@ def test_the_reference_is_a_frozen_copy_and_the_first_loss_is_log_2():
     torch.testing.assert_close(reference(inputs), before, rtol=0, atol=0)
     loss_after, _, _ = model_step(model, rows, dpo(), reference)
     assert loss_after < math.log(2)  # one gradient step prefers the chosen completions
+
+
+def test_with_lora_the_reference_is_the_base_model_with_the_adapters_off(tmp_path):
+    """No copy: the reference runs the adapted model with its adapters disabled, and its
+    sequence log-probabilities are the base model's, while the policy's have moved."""
+    from test_lora import build, lora_config
+    from train_helpers import tiny_config
+
+    from forge_core.train.reference import adapters_off, needs_copy
+    from forge_plugins.objectives.dpo import sequence_logps
+
+    base = build(tmp_path, tiny_config(tmp_path)).double()
+    adapted = build(tmp_path, lora_config(tmp_path)).double()
+    assert needs_copy(base) and not needs_copy(adapted)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(std=0.1)
+    pmodel = single_process(adapted, loss_fn)
+    reference = adapters_off(pmodel)
+    rows = stack([pair_row(random_pairs(3, 256, torch.Generator().manual_seed(7)), 64)])
+    inputs = {k: v for k, v in rows.items() if k != "labels"}
+    labels, doc_ids = rows["labels"], rows["doc_ids"]
+    want = sequence_logps(base(**inputs), labels, doc_ids)[0]
+    torch.testing.assert_close(sequence_logps(reference(inputs), labels, doc_ids)[0], want, rtol=1e-12, atol=0)
+    policy = sequence_logps(adapted(**inputs), labels, doc_ids)[0]
+    assert float((policy - want).detach().abs().max()) > 1e-3  # the adapters are on again outside
+    assert adapted.training  # the reference put the modes back

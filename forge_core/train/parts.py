@@ -31,7 +31,7 @@ from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
 from forge_core.train.mfu import MfuMeter, build_meter
-from forge_core.train.reference import build_reference
+from forge_core.train.reference import adapters_off, build_reference, needs_copy
 
 
 @attrs.frozen
@@ -113,11 +113,15 @@ def build_parts(
         model.to(pl.device)
     token_loss = build_loss(model, cfg)
     objective = components.objective(plan, registries, token_loss)
-    # The reference is taken from the model as built, before any strategy shards it.
-    reference = build_reference(model, pl.device) if objective.needs_reference else None
+    # A copied reference is taken from the model as built, before any strategy shards it;
+    # with adapters, the reference is the trained model with them off.
+    copied = objective.needs_reference and needs_copy(model)
+    reference = build_reference(model, pl.device) if copied else None
     pmodel = parallelize(
         model, plan, pl.device, loss_fn=token_loss, mesh=mesh, objective=objective, reference=reference
     )
+    if objective.needs_reference and not copied:
+        pmodel.reference = adapters_off(pmodel)
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]

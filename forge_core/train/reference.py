@@ -1,7 +1,13 @@
 """The frozen reference model of an objective that needs one (``needs_reference``: the
 ``dpo`` objective's policy is scored against it).
 
-The reference is the model as the run starts: a copy of it taken once it is built and
+With a model transform applied (``model.transforms``: LoRA), the reference is the
+trained model itself with the transforms switched off
+(:func:`~forge_core.api.transforms_disabled` on every part this process holds): the base
+is frozen, so with the adapters off it is the model as the run started, and no copy is
+made (:func:`adapters_off`).
+
+Without one, the reference is the model as the run starts: a copy of it taken once it is built and
 before any strategy shards or wraps it, filled the way the model itself is (a model
 built on the meta device, whose weights come from a checkpoint, is materialised through
 its ``init_weights()``, :func:`~forge_core.distributed.parallelize.materialize`), on the
@@ -13,13 +19,15 @@ more copy of the weights (no gradients, no optimizer state).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from forge_core.distributed.parallelize import is_meta, materialize
+from forge_core.api.transforms import applied_transforms, transforms_disabled
+from forge_core.distributed.parallelize import ParallelModel, is_meta, materialize
 
 
 def frozen_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -45,3 +53,26 @@ def build_reference(model: torch.nn.Module, device: torch.device) -> Callable[[d
 
     forward.module = reference  # type: ignore[attr-defined]
     return forward
+
+
+def adapters_off(pmodel: ParallelModel) -> Callable[[dict[str, Any]], Any]:
+    """``reference(inputs) -> output``: ``pmodel``'s own forward with every transform of
+    every part disabled, under ``torch.no_grad`` and in eval mode (each module put back
+    in the mode it had)."""
+    from forge_core.train.evaluate import eval_mode
+
+    @torch.no_grad()
+    def forward(inputs: dict[str, Any]) -> Any:
+        with contextlib.ExitStack() as stack:
+            for part in pmodel.parts:
+                stack.enter_context(transforms_disabled(part))
+            stack.enter_context(eval_mode([*pmodel.parts, pmodel.forward]))
+            return pmodel.forward(**inputs)
+
+    return forward
+
+
+def needs_copy(model: torch.nn.Module) -> bool:
+    """Whether the reference of ``model`` is a copy (:func:`build_reference`): it is
+    unless a transform can be switched off (:func:`adapters_off`)."""
+    return not applied_transforms(model)
