@@ -199,7 +199,8 @@ def test_with_lora_the_reference_is_the_base_model_with_the_adapters_off(tmp_pat
     inputs = {k: v for k, v in rows.items() if k != "labels"}
     labels, doc_ids = rows["labels"], rows["doc_ids"]
     want = sequence_logps(base(**inputs), labels, doc_ids)[0]
-    torch.testing.assert_close(sequence_logps(reference(inputs), labels, doc_ids)[0], want, rtol=1e-12, atol=0)
+    got = sequence_logps(reference(inputs), labels, doc_ids)[0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     policy = sequence_logps(adapted(**inputs), labels, doc_ids)[0]
     assert float((policy - want).detach().abs().max()) > 1e-3  # the adapters are on again outside
     assert adapted.training  # the reference put the modes back
