@@ -115,7 +115,9 @@ def main() -> None:
         if name == "ddp_miscounted" and dist.get_rank() == 1:
             count = objective.count
             objective.count = lambda batch: 2 * count(batch)
-        pmodel = parallelize(model, plan, CPU, token_loss, mesh=mesh, objective=objective, reference=reference)
+        pmodel = parallelize(
+            model, plan, CPU, token_loss, mesh=mesh, objective=objective, reference=reference
+        )
         steps = train(pmodel, plan, pmodel.dp_size / dist.get_world_size())
         results[name] = {"steps": steps, "parameters": worst(parameters(pmodel), want)}
     if dist.get_rank() == 0:
