@@ -234,6 +234,16 @@ def check_honours_doc_ids(ctx: Plan) -> str | None:
     )
 
 
+def check_pairs_isolated(ctx: Plan) -> str | None:
+    """Preference pairs are two documents in one row: attention must keep them apart."""
+    if ctx.config.data.chat.format != "preference" or DOC_IDS in ctx.emitted:
+        return None
+    return (
+        f"data.chat.format is 'preference', but packer {ctx.config.data.packer!r} emits no doc_ids: the "
+        "rejected completion of every pair would attend to the chosen one"
+    )
+
+
 def check_out_dir(ctx: Plan) -> str | None:
     """The run directory cannot be used (created if missing, written): the same answer
     the run gives when it takes the directory (:func:`~forge_core.api.files.directory_problem`)."""
@@ -468,6 +478,15 @@ RULES = [
         summary="The model takes every per-token metadata key the packer emits.",
         check=check_model_accepts,
         fix="Choose a packer that emits only what the model accepts, or a model that accepts it.",
+    ),
+    Rule(
+        id="data.chat-pairs-isolated",
+        severity="error",
+        paths=("data.chat.format", "data.packer"),
+        summary="Preference pairs are packed by a packer that emits doc_ids (chosen and rejected "
+        "never attend to each other).",
+        check=check_pairs_isolated,
+        fix="Set data.packer: bfd (it keeps every pair whole in one row, each half its own document).",
     ),
     Rule(
         id="train.batch-divisible",

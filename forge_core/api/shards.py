@@ -147,13 +147,15 @@ class MaskedDocument:
     no EOS) and ``trainable`` (one bool per id, True where the token is a target, for
     example a conversation's assistant tokens). What a tokenizer's ``encode_chat``
     returns and what a source may yield in place of text; the token cache stores the
-    mask beside the ids (``trainable.bin``)."""
+    mask beside the ids (``trainable.bin``). ``content``, when given, is the bytes the
+    held-out split hashes (a chat record's JSON) instead of the ids and the mask."""
 
-    __slots__ = ("ids", "trainable")
+    __slots__ = ("content", "ids", "trainable")
 
-    def __init__(self, ids: Any, trainable: Any) -> None:
+    def __init__(self, ids: Any, trainable: Any, content: bytes | None = None) -> None:
         import numpy as np
 
+        self.content = content
         self.ids = np.asarray(ids).reshape(-1)
         self.trainable = np.asarray(trainable, dtype=bool).reshape(-1)
         if self.ids.shape != self.trainable.shape:

@@ -105,8 +105,10 @@ def _prepare(args: Any, config: Any, registries: Any, plan: Plan, out: Path) -> 
     source = components.source(plan, registries)
     print(f"source: {source.describe()}", file=sys.stderr)
     if not vocab:
+        from forge_core.data.chat import chat_source
+
         tokenizer = components.tokenizer(plan, registries)
-        prepare(source, tokenizer, out, overwrite=overwrite)
+        prepare(chat_source(source, tokenizer, config.data.chat), tokenizer, out, overwrite=overwrite)
         _next_steps(config.data.tokenizer, None, out)
         return 0
 

@@ -116,6 +116,38 @@ class CacheSection:
 
 
 @attrs.frozen
+class ChatSection:
+    format: Literal["", "messages", "prompt_completion", "preference"] = option(
+        "",
+        "Read the source's records as chat data ('' reads text): 'messages' (a `messages` "
+        "list of {role, content}), 'prompt_completion' (`prompt` and `completion`, each a "
+        "string or a messages list) or 'preference' (`prompt` or `messages`, then `chosen` "
+        "and `rejected`: one unit of two documents per record). Rendered with the chat "
+        "template; see docs/data.md.",
+    )
+    loss: Literal["assistant", "all"] = option(
+        "assistant",
+        "Which tokens take a loss: 'assistant' (the assistant turns, the completion) or "
+        "'all' (every token of the rendered conversation). Preference pairs always train "
+        "on their completions only.",
+    )
+    template: str = option(
+        "",
+        "A Jinja chat template file, rendered instead of the tokenizer's own "
+        "`chat_template` ('': the tokenizer's). Required with a tokenizer that has none "
+        "(byte).",
+        validator=path_fits,
+    )
+    truncation: Literal["drop", "cut_prompt"] = option(
+        "drop",
+        "What happens to a conversation (or pair) longer than `data.seq_len` with its EOS, "
+        "which is never cut silently: 'drop' leaves it out; 'cut_prompt' cuts the tokens "
+        "before its first trained token from the left until it fits, and drops it when that "
+        "is not enough (pairs are always dropped). The counts are in the data summary.",
+    )
+
+
+@attrs.frozen
 class DataSection:
     source: str = option("stdlib", "Registered data source (one source; `sources` for a mixture).")
     source_options: Any = option({}, "The source's own options.")
@@ -135,6 +167,9 @@ class DataSection:
     )
     heldout: HeldoutSection = option(HeldoutSection(), "A document-level held-out split.")
     cache: CacheSection = option(CacheSection(), "The cache of tokenized sources.")
+    chat: ChatSection = option(
+        ChatSection(), "Chat and preference data: records rendered by a chat template."
+    )
 
     def source_entries(self) -> list[tuple[str, SourceEntry]]:
         """``(where, entry)`` for every source the run reads: each of ``sources``

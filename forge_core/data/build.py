@@ -56,6 +56,7 @@ class SourceData:
     heldout: np.ndarray  # and those held out
     rows: Any  # PackedRows or ArrayRows
     tokens_note: str
+    chat_note: str = ""  # what data.chat.truncation did, for chat data
 
 
 @attrs.frozen
@@ -202,6 +203,7 @@ def build_training_data(
 ) -> TrainingData:
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core import components
+    from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
 
@@ -213,7 +215,7 @@ def build_training_data(
     packer_spec = plan.specs["packer"]
     parts = []
     for index, (chosen, label) in enumerate(zip(plan.sources, labels)):
-        source = build_source(plan, registries, index)
+        source = chat_source(build_source(plan, registries, index), tokenizer, data.chat)
         shards, note = source_shards(source, tokenizer, data.cache, label, is_main=is_main, report=report)
         train, held = split_documents(shards, data.heldout)
         if not len(train):
@@ -221,7 +223,17 @@ def build_training_data(
                 f"{label}: all {shards.num_documents} documents are held out "
                 f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction."
             )
-        stream = document_stream(shards, eos, vocab, train)
+        chat_note = ""
+        if data.chat.format:
+            stream, truncation = chat_stream(shards, train, eos, vocab, data.chat, data.seq_len)
+            chat_note = truncation.note(data.seq_len, data.chat.format)
+            if not len(stream):
+                raise ForgeError(
+                    f"{label}: {chat_note}, so nothing is left to train on (data.chat.truncation: "
+                    f"{data.chat.truncation}). Raise data.seq_len or shorten the conversations."
+                )
+        else:
+            stream = document_stream(shards, eos, vocab, train)
         packer = components.packer(plan, registries, tokenizer)
         rows = pack(
             packer,
@@ -234,7 +246,9 @@ def build_training_data(
         )
         if rows.num_rows == 0:
             raise _too_small(source.describe(), stream, data.seq_len, type(packer).__name__)
-        parts.append(SourceData(label, chosen.where, chosen.weight, shards, train, held, rows, note))
+        parts.append(
+            SourceData(label, chosen.where, chosen.weight, shards, train, held, rows, note, chat_note)
+        )
     if len(parts) == 1:
         rows = parts[0].rows
     else:
@@ -253,11 +267,12 @@ def _stats(stats: dict[str, Any]) -> str:
 
 
 def _held(part: SourceData) -> str:
+    chat = f"; {part.chat_note}" if part.chat_note else ""
     n = len(part.heldout)
     if not n:
-        return ""
+        return chat
     tokens = int(np.sum(part.shards.counts[part.heldout]))
-    return f"; held out {n:,} of {part.shards.num_documents:,} documents ({tokens:,} tokens)"
+    return f"{chat}; held out {n:,} of {part.shards.num_documents:,} documents ({tokens:,} tokens)"
 
 
 def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) -> str:
@@ -291,13 +306,19 @@ def heldout_documents(
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet); only
     the main process (``is_main``) reports progress."""
+    from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.shards import stream as document_stream
 
     data = plan.config.data
+    eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)
     out = []
     for index, label in enumerate(_labels(plan.sources)):
-        source = build_source(plan, registries, index)
+        source = chat_source(build_source(plan, registries, index), tokenizer, data.chat)
         shards, _ = source_shards(source, tokenizer, data.cache, label, is_main=is_main)
         _, held = split_documents(shards, data.heldout)
-        out.append((label, document_stream(shards, int(tokenizer.eos_id), int(tokenizer.vocab_size), held)))
+        if data.chat.format:
+            stream = chat_stream(shards, held, eos, vocab, data.chat, data.seq_len)[0]
+        else:
+            stream = document_stream(shards, eos, vocab, held)
+        out.append((label, stream))
     return out

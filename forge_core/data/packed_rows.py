@@ -50,7 +50,10 @@ class DocumentStream:
     written). ``trainable``, when given, is one flag per entry of ``tokens`` (nonzero:
     the token takes a loss); the EOS appended after a document is trainable iff the
     document's last token is (an assistant turn learns to stop; an empty document's
-    EOS is trainable, as without a mask). Without it every token is trainable."""
+    EOS is trainable, as without a mask). Without it every token is trainable.
+    ``inner``, when given, is per document the offset of an EOS stored inside it (-1:
+    none): a preference pair, one unit to the packer and two documents to attention
+    (the label at that EOS is -100 and a new document starts after it)."""
 
     def __init__(
         self,
@@ -63,9 +66,11 @@ class DocumentStream:
         where: str = "the token stream",
         document_index: np.ndarray | None = None,
         trainable: Any = None,
+        inner: np.ndarray | None = None,
     ) -> None:
         self.tokens = tokens
         self.trainable = trainable
+        self.inner = None if inner is None else np.ascontiguousarray(inner, dtype=np.int64)
         self.start = np.ascontiguousarray(start, dtype=np.int64)
         self.count = np.ascontiguousarray(count, dtype=np.int64)
         self.eos_id = eos_id
@@ -310,6 +315,12 @@ class PackedRows:
                 eos_slots = eos_slots[~pad.reshape(-1)[eos_slots]]
             if eos_slots is not None:
                 labels[eos_slots] = IGNORE_INDEX
+        inner_slots = None
+        if stream.inner is not None:
+            at = offsets[doc] + stream.inner[doc]
+            hit = (stream.inner[doc] >= 0) & (a <= at) & (at < b)
+            inner_slots = slot[hit] + (at - a)[hit]
+            labels[inner_slots] = IGNORE_INDEX  # its label would start the other document
         if stream.trainable is not None:
             # A label is kept only where the token it names takes a loss: the next slot's
             # token, or at a piece's last slot the next stream token.
@@ -332,6 +343,9 @@ class PackedRows:
             marks = [pslot, padded * S + fill[padded], np.arange(B, dtype=np.int64) * S]
             if L.boundaries == "eos":
                 after = eos_slots + 1
+                marks.append(after[after % S != 0])
+            if inner_slots is not None:
+                after = inner_slots + 1
                 marks.append(after[after % S != 0])
             starts = np.sort(np.concatenate(marks))  # a few per row: sorting beats np.unique's hashing
             keep = np.ones(len(starts), bool)

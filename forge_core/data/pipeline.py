@@ -46,8 +46,10 @@ def check_tokenizer(source: Any, tokenizer: Any) -> None:
 def document_hash(document: Any) -> bytes:
     """8 bytes of BLAKE2b over a document's content: its UTF-8 text, or its token ids as
     little-endian int64 (a pre-tokenized document), followed for a masked document by
-    its mask (one byte per token)."""
+    its mask (one byte per token), or the masked document's own ``content``."""
     if isinstance(document, MaskedDocument):
+        if document.content is not None:
+            return hashlib.blake2b(document.content, digest_size=8).digest()
         data = np.ascontiguousarray(document.ids, dtype="<i8").tobytes() + document.trainable.tobytes()
         return hashlib.blake2b(data, digest_size=8).digest()
     if not isinstance(document, str):

@@ -29,3 +29,10 @@ def forge_packers() -> list[PackerSpec]:
             emits={DOC_IDS, POSITIONS},
         ),
     ]
+
+
+@hookimpl
+def forge_rules() -> list:
+    from forge_plugins.packers.rules import rules
+
+    return rules()

@@ -177,6 +177,24 @@ class HFDatasetsSource:
                 f"{self.where}: datasets cannot read it ({type(exc).__name__}: {str(exc)[:300]})."
             ) from None
 
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(where, row)`` for every row, all columns (chat data, ``data.chat``)."""
+        data = self._load()
+        row = 0
+        try:
+            for batch in data.iter(batch_size=BATCH):
+                columns = list(batch)
+                for values in zip(*(batch[c] for c in columns)):
+                    yield f"{self.where}, row {row}", dict(zip(columns, values))
+                    row += 1
+        except ForgeError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ForgeError(
+                f"{self.where}, near row {row}: datasets cannot read it ({type(exc).__name__}: "
+                f"{str(exc)[:300]})."
+            ) from None
+
     def documents(self) -> Iterator[str]:
         field = self.options.text_field
         data = self._load()

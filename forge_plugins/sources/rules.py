@@ -25,6 +25,7 @@ STDLIB_FILES = "stdlib.files-selected"
 HF_DATASETS = "hf_datasets.readable"
 MEGATRON = "megatron.index"
 TOKEN_FILE = "token_file.readable"
+CHAT_RECORDS = "text.chat-records"
 
 #: Built-in tokenizers and the prefix of the identity each writes into a shard index.
 _BUILTIN_TOKENIZERS = ("byte", "hf")
@@ -62,15 +63,58 @@ def check_stdlib_files(ctx: Any) -> list[str]:
     return _problems(ctx, StdlibOptions, StdlibSource)
 
 
-def _text_field_problem(options: Any, files: list[str], fmt: str) -> str | None:
-    """Why ``text_field`` is not a field of the data (read without torch or datasets),
-    or None: it is one, or the fields cannot be told cheaply."""
+def _chat_fields_problem(found: list[str], where: str, fmt: str) -> str | None:
+    """Why records with ``found`` fields cannot be read as ``data.chat.format`` ``fmt``."""
+    from forge_core.api.chat import missing_fields
+
+    absent = missing_fields(fmt, found)
+    if not absent:
+        return None
+    return (
+        f"data.chat.format: {fmt!r} reads {' and '.join(absent)}, which the first record of "
+        f"{where} lacks (fields: {', '.join(found) or 'none'}). Set data.chat.format to the shape of the "
+        "records (messages, prompt_completion, preference), or rename the fields."
+    )
+
+
+def check_chat_records(ctx: Any) -> list[str]:
+    """For chat data: the text source reads only JSON Lines, and each file's first record
+    has the fields the format reads."""
+    fmt = ctx.config.data.chat.format
+    if not fmt:
+        return []
+    from forge_plugins.sources.hf_fields import _first_json_record
+    from forge_plugins.sources.text import resolve
+
+    def readable(options: Any) -> None:
+        for path in resolve(options.paths):
+            if not path.endswith(".jsonl"):
+                raise ForgeError(
+                    f"data.source_options.paths: {path} is not a .jsonl file; chat records "
+                    f"(data.chat.format: {fmt}) are read from JSON Lines, one object per line."
+                )
+            try:
+                found = _first_json_record(path)
+            except (OSError, ValueError):
+                continue  # the build reads the file and names the line
+            if found is not None and (problem := _chat_fields_problem(found, path, fmt)):
+                raise ForgeError(problem)
+
+    return _problems(ctx, TextOptions, readable)
+
+
+def _text_field_problem(options: Any, files: list[str], fmt: str, chat: str = "") -> str | None:
+    """Why ``text_field`` (with ``chat``, the chat format's fields) is not a field of the
+    data (read without torch or datasets), or None: it is one, or the fields cannot be
+    told cheaply."""
     from forge_plugins.sources.hf_datasets import OPTION
     from forge_plugins.sources.hf_fields import fields
 
     found, where = fields(options, files, fmt)
     if found is None or isinstance(found, str):
         return found  # unknown, or a saved DatasetDict without the split
+    if chat:
+        return _chat_fields_problem(found, where, chat)
     field = options.text_field
     if field in found:
         return None
@@ -95,7 +139,7 @@ def check_hf_datasets(ctx: Any) -> list[str]:
         else:
             files, fmt = hf.data_files(options.data_files, options.format)
         # The files exist: do they hold the text field (the build finds out only when it reads)?
-        if problem := _text_field_problem(options, files, fmt):
+        if problem := _text_field_problem(options, files, fmt, ctx.config.data.chat.format):
             raise ForgeError(problem)
 
     problems = _problems(ctx, HFDatasetsOptions, readable)
@@ -181,6 +225,16 @@ def rules() -> list[Any]:
             check=check_text_files,
             fix="Fix data.source_options.paths (relative to the working directory); a directory "
             "needs a pattern such as 'data/**/*.txt'.",
+        ),
+        Rule(
+            id=CHAT_RECORDS,
+            severity="error",
+            paths=("data.chat.format", "data.source_options.paths"),
+            summary="Chat data read by the text source is JSON Lines whose first records have the "
+            "fields data.chat.format reads.",
+            check=check_chat_records,
+            fix="List .jsonl files in data.source_options.paths, and set data.chat.format to the shape "
+            "of their records (messages; prompt and completion; prompt or messages, chosen, rejected).",
         ),
         Rule(
             id=STDLIB_FILES,

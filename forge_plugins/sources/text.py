@@ -8,6 +8,8 @@
   pieces between occurrences of it.
 - A leading UTF-8 byte-order mark is dropped; documents that are empty or only
   whitespace are skipped (whitespace inside a document is kept as is).
+- ``records()`` (chat data, ``data.chat``): every JSON object of the ``.jsonl`` files,
+  whole, with where it is (``"path, line N"``); any other file is an error.
 - Errors name the file (and the line): a pattern matching no file, an empty file or one
   without a document, invalid UTF-8 or a NUL byte (a binary file) under
   ``encoding_errors: strict``, a JSON Lines line that is not a JSON object or lacks the
@@ -63,6 +65,38 @@ class TextSource:
                 raise ForgeError(
                     f"{path}: contains no document (only whitespace, separators or blank lines)."
                 )
+
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(where, record)`` for every record of the JSON Lines files (chat data)."""
+        for path in self.files:
+            if not path.endswith(".jsonl"):
+                raise ForgeError(
+                    f"{OPTION}.paths: {path} is not a .jsonl file; chat records (data.chat.format) are "
+                    "read from JSON Lines, one object per line."
+                )
+            yield from json_objects(path, self.options.encoding_errors)
+
+
+def json_objects(path: str, errors: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("path, line N", object)`` for every non-blank line of a JSON Lines file."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw.strip():
+                continue
+            line = decode(raw, errors, path, lineno)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ForgeError(
+                    f"{path}, line {lineno}: not valid JSON ({exc.msg}, column {exc.colno})."
+                ) from None
+            if not isinstance(record, dict):
+                raise ForgeError(
+                    f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}."
+                )
+            yield f"{path}, line {lineno}", record
 
 
 def resolve(patterns: list[str]) -> list[str]:
@@ -142,35 +176,17 @@ def read_text(path: str, separator: str, errors: str) -> Iterator[str]:
 def read_jsonl(path: str, field: str, errors: str) -> Iterator[str]:
     """Yield ``record[field]`` of every record of one JSON Lines file; return the count."""
     found = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            if not raw.strip():
-                continue
-            line = decode(raw, errors, path, lineno)
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ForgeError(
-                    f"{path}, line {lineno}: not valid JSON ({exc.msg}, column {exc.colno})."
-                ) from None
-            if not isinstance(record, dict):
-                raise ForgeError(
-                    f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}."
-                )
-            if field not in record:
-                keys = ", ".join(sorted(map(str, record))) or "none"
-                raise ForgeError(
-                    f"{path}, line {lineno}: no field {field!r} (fields: {keys}). "
-                    f"Set {OPTION}.text_field to the field that holds the text."
-                )
-            text = record[field]
-            if not isinstance(text, str):
-                raise ForgeError(
-                    f"{path}, line {lineno}: field {field!r} is {type(text).__name__}, not a string."
-                )
-            if text.strip():
-                found += 1
-                yield text
+    for where, record in json_objects(path, errors):
+        if field not in record:
+            keys = ", ".join(sorted(map(str, record))) or "none"
+            raise ForgeError(
+                f"{where}: no field {field!r} (fields: {keys}). "
+                f"Set {OPTION}.text_field to the field that holds the text."
+            )
+        text = record[field]
+        if not isinstance(text, str):
+            raise ForgeError(f"{where}: field {field!r} is {type(text).__name__}, not a string.")
+        if text.strip():
+            found += 1
+            yield text
     return found

@@ -4,6 +4,10 @@ Ids 0-255 are bytes, 256 is EOS, 257 is PAD; ``vocab_size`` is 258. It needs no 
 so ``save`` writes nothing. ``decode`` skips EOS and PAD and replaces byte sequences
 that are not valid UTF-8 (a window may cut a character in half).
 
+``encode_chat`` renders a conversation with a chat template file (the byte tokenizer has
+no template of its own) and marks the assistant's bytes trainable
+(:mod:`forge_plugins.tokenizers.chat`).
+
 ``save_hf`` writes the same tokenizer in Hugging Face form (for ``export-hf``): a
 ``tokenizers`` byte-level BPE with no merges, whose 256 tokens are the bytes in
 GPT-2's printable byte alphabet, plus ``<|endoftext|>`` (EOS, 256) and ``<|pad|>``
@@ -45,6 +49,35 @@ class ByteTokenizer:
         data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
         return data.decode("utf-8", errors="replace")
 
+    def encode_chat(
+        self, messages: list[dict[str, Any]], *, train_from: int = 0, template: str | None = None
+    ) -> Any:
+        """``messages`` rendered by the template file ``template``, as a MaskedDocument
+        whose trainable bytes are the assistant's."""
+        from forge_plugins.tokenizers.chat import encode_chat
+
+        return encode_chat(self._template(template), messages, train_from, _bytes_and_starts)
+
+    def chat_identity(self, template: str | None = None) -> str:
+        """A hash of the chat template ``encode_chat`` renders with (it keys the token cache)."""
+        import hashlib
+
+        return hashlib.sha256(self._template(template).source.encode()).hexdigest()[:16]
+
+    def _template(self, template: str | None) -> Any:
+        from forge_core.api import ForgeError
+        from forge_plugins.tokenizers.chat import ChatTemplate, read_template
+
+        if not template:
+            raise ForgeError(
+                "data.chat.template is empty, and the byte tokenizer has no chat template of its own: "
+                "give a Jinja chat template file."
+            )
+        cached = getattr(self, "_chat", None)
+        if cached is None or cached[0] != template:
+            cached = self._chat = (template, ChatTemplate(read_template(template), template))
+        return cached[1]
+
     def save(self, directory: str) -> None:
         """Nothing to save: the byte tokenizer is fully described by its identity."""
 
@@ -70,6 +103,14 @@ class ByteTokenizer:
 
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
+
+
+def _bytes_and_starts(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of ``text`` and, for each, the index of the character it is part of."""
+    points = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+    widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    data = np.frombuffer(text.encode("utf-8"), np.uint8)
+    return data, np.repeat(np.arange(len(points)), widths)
 
 
 def byte_alphabet() -> list[str]:

@@ -12,6 +12,9 @@ tokenizer's EOS (an error if it has none); ``pad_id`` its PAD, or EOS when it ha
 PAD. ``identity`` is a hash of everything that decides token ids: the full serialized
 fast tokenizer (vocabulary, merges, normalizer, pre-tokenizer, added tokens) or, for a
 slow tokenizer, its vocabulary; plus the EOS and PAD ids.
+``encode_chat`` renders a conversation with the folder's ``chat_template`` (or a
+template file) and says which tokens take a loss (:mod:`forge_plugins.tokenizers.chat`;
+a fast tokenizer is needed: the mask comes from its character offsets).
 """
 
 from __future__ import annotations
@@ -65,6 +68,21 @@ def folder_problem(path: str) -> str | None:
         f"{FAST_FILE} (what save_pretrained writes for a fast tokenizer) or a slow tokenizer's "
         "vocabulary: vocab.json with merges.txt, vocab.txt, a SentencePiece *.model or a *.tiktoken file."
     )
+
+
+def chat_template_source(path: str) -> str | None:
+    """The folder's own chat template, read without transformers (``chat_template.jinja``,
+    else ``chat_template`` of ``tokenizer_config.json``, a named list's ``default``)."""
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    config = _json(os.path.join(path, "tokenizer_config.json"))
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None
 
 
 def load_pretrained(path: str) -> Any:
@@ -126,6 +144,51 @@ class HFTokenizer:
 
     def decode(self, ids: Any) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], *, train_from: int = 0, template: str | None = None
+    ) -> Any:
+        """``messages`` rendered by the chat template (``template``: a file, else the
+        folder's own), as a MaskedDocument whose trainable tokens are the assistant's."""
+        from forge_plugins.tokenizers.chat import encode_chat
+
+        return encode_chat(self._template(template), messages, train_from, self._encode_offsets)
+
+    def chat_identity(self, template: str | None = None) -> str:
+        """A hash of the chat template ``encode_chat`` renders with (it keys the token cache)."""
+        return hashlib.sha256(self._template(template).source.encode()).hexdigest()[:16]
+
+    def _template(self, path: str | None) -> Any:
+        from forge_plugins.tokenizers.chat import ChatTemplate, read_template
+
+        cached = getattr(self, "_chat", None)
+        if cached is not None and cached[0] == path:
+            return cached[1]
+        variables = {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        if path:
+            template = ChatTemplate(read_template(path), path, variables)
+        else:
+            source = self.tokenizer.chat_template
+            if isinstance(source, dict):  # named templates: the default one
+                source = source.get("default")
+            if not source:
+                raise ForgeError(
+                    f"{self.path}: the tokenizer has no chat template (no chat_template in "
+                    "tokenizer_config.json, no chat_template.jinja). Set data.chat.template to a "
+                    "Jinja template file."
+                )
+            template = ChatTemplate(source, f"{self.path} (its chat_template)", variables)
+        self._chat = (path, template)
+        return template
+
+    def _encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ForgeError(
+                f"{self.path}: a slow tokenizer gives no character offsets, which the assistant mask "
+                "is computed from. Use a fast tokenizer (a folder with tokenizer.json)."
+            )
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        return enc["input_ids"], [start for start, _ in enc["offset_mapping"]]
 
     def save(self, directory: str) -> None:
         self.tokenizer.save_pretrained(directory)

@@ -10,6 +10,7 @@ from typing import Any
 from forge_plugins.tokenizers.options import HFOptions
 
 HF_FILES = "hf.tokenizer-files"
+CHAT_TEMPLATE = "chat.template"
 
 
 def check_hf_files(ctx: Any) -> str | None:
@@ -19,6 +20,35 @@ def check_hf_files(ctx: Any) -> str | None:
     from forge_plugins.tokenizers.hf import tokenizer_dir_problem
 
     return tokenizer_dir_problem(options.path)
+
+
+def chat_template_problem(ctx: Any) -> str | None:
+    """For chat data: the template file exists and compiles, or the tokenizer has one."""
+    chat = ctx.config.data.chat
+    if not chat.format:
+        return None
+    from forge_core.api import ForgeError
+    from forge_plugins.tokenizers.chat import compile_template, read_template
+
+    if chat.template:
+        try:
+            compile_template(read_template(chat.template), f"data.chat.template: {chat.template}")
+        except ForgeError as exc:
+            return str(exc)
+        return None
+    options = ctx.config.data.tokenizer_options
+    if isinstance(options, HFOptions):
+        from forge_plugins.tokenizers.hf import chat_template_source, tokenizer_dir_problem
+
+        if tokenizer_dir_problem(options.path) is None and chat_template_source(options.path) is None:
+            return (
+                f"data.chat.template is empty and the tokenizer folder {options.path} has no chat "
+                "template (no chat_template in tokenizer_config.json, no chat_template.jinja)"
+            )
+        return None
+    if ctx.config.data.tokenizer == "byte":
+        return "data.chat.template is empty, and the byte tokenizer has no chat template of its own"
+    return None
 
 
 def rules() -> list[Any]:
@@ -33,5 +63,15 @@ def rules() -> list[Any]:
             check=check_hf_files,
             fix="Point data.tokenizer_options.path at a folder written by save_pretrained or by "
             "`forge-run prepare --train-bpe`.",
+        ),
+        Rule(
+            id=CHAT_TEMPLATE,
+            severity="error",
+            paths=("data.chat.format", "data.chat.template", "data.tokenizer"),
+            summary="Chat data has a chat template: data.chat.template names a valid Jinja file, or "
+            "the tokenizer folder has its own.",
+            check=chat_template_problem,
+            fix="Set data.chat.template to a Jinja chat template file (the tokenizer's own, saved as "
+            "chat_template.jinja, or one you write), or use a tokenizer folder that has one.",
         ),
     ]

@@ -1,0 +1,184 @@
+"""Chat and preference data (``data.chat``): a source's records rendered by the chat
+template into masked documents, and the rows' stream of them, truncated by a counted
+policy.
+
+:class:`ChatDocuments` stands in for the source in the token cache: its ``documents()``
+are the records (``source.records()``, ``(where, record)`` pairs) turned into
+conversations (:func:`forge_core.api.chat.conversation`) and encoded by the tokenizer's
+``encode_chat(messages, train_from=..., template=...)`` into a
+:class:`~forge_core.api.MaskedDocument`. A preference record becomes two stored
+documents, the chosen conversation with its EOS stored after it, then the rejected
+one: the stream reads the two as ONE unit (``prompt+chosen EOS prompt+rejected EOS``)
+that no packer can split, two documents to attention (positions restart after the inner
+EOS, whose label is -100). Its fingerprint is the source's plus the chat settings and
+the template (``tokenizer.chat_identity(template)``), so another template is another
+cache entry; every stored document hashes its record's JSON (the held-out split keeps
+a pair's two halves together and does not depend on the tokenizer).
+
+:func:`chat_stream` makes the packer's stream and applies ``data.chat.truncation`` to
+units longer than ``data.seq_len`` (EOS included): ``drop`` leaves them out,
+``cut_prompt`` cuts untrained tokens from the left of a conversation until it fits
+(dropping it when its first trained token would go); never a silent cut of an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from forge_core.api import FileSet, ForgeError, MaskedDocument
+from forge_core.api.chat import conversation
+
+
+def _content(record: Any) -> bytes:
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, default=str).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+class ChatDocuments:
+    """The chat records of ``source`` as masked documents (see the module docstring)."""
+
+    def __init__(self, source: Any, tokenizer: Any, chat: Any) -> None:
+        if not callable(getattr(source, "records", None)):
+            raise ForgeError(
+                f"{source.describe()}: data.chat.format is {chat.format!r}, but this source yields text, "
+                "not records. Read chat data with a source that has records (text over .jsonl files, "
+                "hf_datasets)."
+            )
+        if not callable(getattr(tokenizer, "encode_chat", None)):
+            raise ForgeError(
+                f"the tokenizer {tokenizer.identity} has no encode_chat, so it cannot render chat "
+                "records. Use the hf or byte tokenizer, or set data.chat.format: ''."
+            )
+        self.source = source
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.template = chat.template or None
+        self.settings = {
+            "format": chat.format,
+            "loss": chat.loss,
+            "template": tokenizer.chat_identity(self.template)
+            if callable(getattr(tokenizer, "chat_identity", None))
+            else self.template,
+        }
+        if callable(getattr(source, "fingerprint_files", None)):
+            self.fingerprint_files = self._files  # the cache's manifest then hashes the files once
+
+    def describe(self) -> str:
+        return f"{self.source.describe()}, as {self.chat.format} chat records"
+
+    def _files(self) -> FileSet:
+        files = self.source.fingerprint_files()
+        return FileSet(files.kind, files.files, {**files.settings, "chat": self.settings})
+
+    def fingerprint(self) -> str:
+        from forge_core.data.fingerprint import source_fingerprint
+
+        h = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode())
+        h.update(source_fingerprint(self.source).encode())
+        return f"chat:{h.hexdigest()}"
+
+    def documents(self) -> Iterator[MaskedDocument]:
+        fmt, every = self.chat.format, self.chat.loss == "all" and self.chat.format != "preference"
+        encode, template, eos = self.tokenizer.encode_chat, self.template, int(self.tokenizer.eos_id)
+        found = 0
+        for where, record in self.source.records():
+            talk = conversation(record, fmt, where)
+            content = _content(record)
+            first = encode(talk.messages, train_from=talk.train_from, template=template)
+            if every:
+                first = MaskedDocument(first.ids, np.ones(len(first.ids), bool))
+            found += 1
+            if talk.rejected is None:
+                yield MaskedDocument(first.ids, first.trainable, content)
+                continue
+            second = encode(talk.rejected, train_from=talk.train_from, template=template)
+            # The chosen half keeps its EOS: the pair is one stored unit, split at it.
+            ends = bool(first.trainable[-1]) if len(first) else True
+            yield MaskedDocument(np.append(first.ids, eos), np.append(first.trainable, ends), content)
+            yield MaskedDocument(second.ids, second.trainable, content)
+        if not found:
+            raise ForgeError(f"{self.source.describe()}: no record to read as {fmt} chat data.")
+
+
+def chat_source(source: Any, tokenizer: Any, chat: Any) -> Any:
+    """``source`` as the token cache reads it: its chat records rendered when
+    ``data.chat.format`` is set (a source that already holds tokens, prepared shards,
+    is read as it is)."""
+    if not chat.format or getattr(source, "shards", None) is not None:
+        return source
+    return ChatDocuments(source, tokenizer, chat)
+
+
+@attrs.frozen
+class Truncation:
+    """What ``data.chat.truncation`` did to a source's units."""
+
+    units: int
+    too_long: int
+    dropped: int
+    cut: int
+
+    def note(self, seq_len: int, policy: str) -> str:
+        what = "pairs" if policy == "pairs" else "conversations"
+        line = f"chat: {self.units:,} {what}"
+        if self.too_long:
+            line += (
+                f", {self.too_long:,} longer than seq_len {seq_len}: {self.dropped:,} dropped, "
+                f"{self.cut:,} cut from the left of their prompt"
+            )
+        return line
+
+
+def chat_stream(
+    shards: Any, documents: np.ndarray, eos_id: int, vocab_size: int, chat: Any, seq_len: int
+) -> tuple[Any, Truncation]:
+    """The packer's stream over the chat units among ``documents`` (shard document
+    numbers, a pair's two halves next to each other), truncated by ``chat.truncation``."""
+    from forge_core.data.packed_rows import DocumentStream
+
+    documents = np.asarray(documents, np.int64)
+    starts, counts = shards.starts[documents], shards.counts[documents]
+    inner = None
+    if chat.format == "preference":
+        first, second = documents[0::2], documents[1::2]
+        if len(first) != len(second) or np.any(second != first + 1):
+            raise ForgeError(
+                f"{shards.path}: preference data is stored as chosen/rejected document pairs, but "
+                "these shards do not hold whole pairs. Tokenize the source again (delete the entry)."
+            )
+        documents, inner = first, counts[0::2] - 1
+        starts, counts = starts[0::2], counts[0::2] + counts[1::2]
+    fits = counts + 1 <= seq_len
+    long = np.flatnonzero(~fits)
+    cut = 0
+    if long.size and chat.truncation == "cut_prompt" and inner is None:
+        mask = shards.trainable
+        for j in long.tolist():
+            excess = int(counts[j]) + 1 - seq_len
+            head = np.asarray(mask[starts[j] : starts[j] + excess]) if mask is not None else None
+            if head is not None and not head.any() and excess < counts[j]:
+                starts[j] += excess
+                counts[j] -= excess
+                fits[j] = True
+                cut += 1
+    keep = np.flatnonzero(fits)
+    report = Truncation(len(counts), int(long.size), int(long.size) - cut, cut)
+    stream = DocumentStream(
+        shards.tokens,
+        starts[keep],
+        counts[keep],
+        eos_id,
+        vocab_size=vocab_size,
+        where=str(shards.tokens_path),
+        document_index=documents[keep],
+        trainable=shards.trainable,
+        inner=None if inner is None else inner[keep],
+    )
+    return stream, report

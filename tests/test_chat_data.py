@@ -1,0 +1,331 @@
+"""Chat SFT and preference data: records rendered by a chat template (a local tokenizer
+folder's own, trained here with ``tokenizers``, or a template file), labels exactly the
+assistant tokens, packed conversations equal to each alone in float64, the counted
+truncation policy, preference pairs as one unit of two documents, and what ``forge-run
+check`` refuses without building anything."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from train_helpers import tiny_config, write_config
+
+from forge_core import cli
+from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError
+from forge_core.config.schema import CacheSection, ChatSection
+from forge_core.data.build import source_shards
+from forge_core.data.chat import ChatDocuments, chat_stream
+from forge_core.data.packed_rows import PackedRows
+from forge_plugins.packers.bfd import BfdPacker
+from forge_plugins.sources.options import TextOptions
+from forge_plugins.sources.text import TextSource
+from forge_plugins.tokenizers.byte import ByteTokenizer
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# The same layout, the assistant's content marked: only it takes a loss.
+MARKED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Rewrites earlier answers: rendering a prefix is not the start of the whole.
+UNSTABLE = (
+    "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[answer]"
+    "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+TALK = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": "Another one, in French?"},
+    {"role": "assistant", "content": "Rouge, c'est rouge."},
+]
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A tiny BPE tokenizer trained here, saved with ChatML special tokens and a chat
+    template of its own."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    corpus = [m["content"] for m in TALK] * 20 + ["system user assistant"] * 20
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    folder = tmp_path_factory.mktemp("tok") / "chatml"
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(folder)
+    return folder
+
+
+def hf_tokenizer(folder):
+    from forge_plugins.tokenizers.hf import HFTokenizer
+    from forge_plugins.tokenizers.options import HFOptions
+
+    return HFTokenizer(HFOptions(path=str(folder)))
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def rows_of(tmp_path, records, tokenizer, seq_len=128, **chat):
+    """Every row a run reads of ``records`` (a .jsonl through the text source, the token
+    cache, the chat stream and bfd), and what the truncation did."""
+    chat = ChatSection(format=chat.pop("format", "messages"), **chat)
+    data = write_jsonl(tmp_path / f"chat-{len(list(tmp_path.iterdir()))}.jsonl", records)
+    source = ChatDocuments(TextSource(TextOptions(paths=[str(data)])), tokenizer, chat)
+    cache = CacheSection(dir=str(tmp_path / "cache"))
+    shards, _ = source_shards(source, tokenizer, cache, "chat", report=lambda m: None)
+    stream, truncation = chat_stream(
+        shards, np.arange(shards.num_documents), tokenizer.eos_id, tokenizer.vocab_size, chat, seq_len
+    )
+    packer = BfdPacker(None, seq_len=seq_len, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    rows = PackedRows(
+        packer.layout(stream.lengths.copy()), stream, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+    )
+    return rows.read(np.arange(rows.num_rows)), truncation
+
+
+def labelled(out):
+    """The tokens that are targets, in row order."""
+    labels = out[LABELS].reshape(-1)
+    return labels[labels != IGNORE_INDEX].tolist()
+
+
+@pytest.mark.parametrize("template, trained", [(CHATML, "{}<|im_end|>\n"), (MARKED, "{}")])
+def test_labels_are_exactly_the_assistant_tokens_of_the_rendering(hf_folder, tmp_path, template, trained):
+    tok = hf_tokenizer(hf_folder)
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    out, _ = rows_of(tmp_path, [{"messages": TALK}], tok, template=str(path) if template is MARKED else "")
+    # The template's rendering, written out by hand, and its pieces encoded alone: the
+    # special tokens cut the text, so the pieces encode as they do inside the whole.
+    assistant = [trained.format(m["content"]) for m in TALK if m["role"] == "assistant"]
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in TALK)
+    ids = tok.encode(text)
+    assert out[INPUT_IDS][0, : len(ids) + 1].tolist() == [*ids, tok.eos_id]
+    targets = labelled(out)
+    want = [t for piece in assistant for t in tok.encode(piece)]
+    # The EOS the stream appends trains only after a trained last token.
+    assert targets == want + ([tok.eos_id] if template is CHATML else [])
+    assert tok.decode(targets) == "".join(assistant).replace("<|im_end|>", "")
+
+
+def test_a_template_that_is_not_prefix_stable_is_refused_naming_the_message(tmp_path):
+    path = tmp_path / "unstable.jinja"
+    path.write_text(UNSTABLE)
+    with pytest.raises(
+        ForgeError, match=r"unstable.jinja: the chat template is not prefix-stable.*message 2"
+    ):
+        rows_of(tmp_path, [{"messages": TALK}], ByteTokenizer(), template=str(path))
+
+
+def test_loss_all_trains_every_token_and_prompt_completion_only_the_completion(tmp_path):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    byte = ByteTokenizer()
+    record = {"prompt": "2+2?", "completion": "4"}
+    out, _ = rows_of(tmp_path, [record], byte, format="prompt_completion", template=str(path))
+    assert bytes(labelled(out)[:-1]).decode() == "4<|im_end|>\n"
+    out, _ = rows_of(tmp_path, [record], byte, format="prompt_completion", template=str(path), loss="all")
+    text = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+    assert labelled(out) == [*text.encode()[1:], byte.eos_id]
+
+
+def test_truncation_drops_or_cuts_the_prompt_and_counts_what_it_did(tmp_path):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    short = {"prompt": "hi", "completion": "yo"}  # 65 bytes rendered
+    long_prompt = {"prompt": "x" * 60, "completion": "ok"}  # the prompt can go
+    long_answer = {"prompt": "hi", "completion": "y" * 80}  # cutting would reach the answer
+    records = [short, long_prompt, long_answer]
+    kw = dict(format="prompt_completion", template=str(path), seq_len=80)
+    out, report = rows_of(tmp_path, records, ByteTokenizer(), **kw)
+    assert (report.units, report.too_long, report.dropped, report.cut) == (3, 2, 2, 0)
+    assert out[INPUT_IDS].shape[0] == 1
+    out, report = rows_of(tmp_path, records, ByteTokenizer(), truncation="cut_prompt", **kw)
+    assert (report.units, report.too_long, report.dropped, report.cut) == (3, 2, 1, 1)
+    assert report.note(80, "prompt_completion") == (
+        "chat: 3 conversations, 2 longer than seq_len 80: 1 dropped, 1 cut from the left of their prompt"
+    )
+    # The cut one keeps its whole answer, and fits exactly.
+    answers = [bytes(r[r != IGNORE_INDEX][:-1].tolist()).decode() for r in out[LABELS]]
+    assert sorted(answers) == ["ok<|im_end|>\n", "yo<|im_end|>\n"]
+
+
+def test_a_preference_pair_is_one_unit_of_two_documents_chosen_first(tmp_path):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    byte = ByteTokenizer()
+    pairs = [{"prompt": f"q{i}" * (i + 1), "chosen": "yes" * (i + 1), "rejected": "no"} for i in range(5)]
+    out, report = rows_of(tmp_path, pairs, byte, format="preference", template=str(path), seq_len=512)
+    assert report.units == 5 and report.too_long == 0
+    assert out[INPUT_IDS].shape[0] < 5  # several pairs share a row
+    seen = 0
+    for ids, labels, doc, pos in zip(out[INPUT_IDS], out[LABELS], out[DOC_IDS], out[POSITIONS]):
+        real = ids != byte.pad_id
+        docs = np.unique(doc[real])
+        assert len(docs) % 2 == 0  # whole pairs only
+        for k in range(0, len(docs), 2):
+            chosen, rejected = (np.flatnonzero(doc == d) for d in docs[k : k + 2])
+            assert rejected[0] == chosen[-1] + 1 and pos[chosen[0]] == pos[rejected[0]] == 0
+            ctext, rtext = (bytes(ids[span][:-1].tolist()).decode() for span in (chosen, rejected))
+            prompt = ctext[: ctext.index("<|im_start|>assistant\n")]
+            assert rtext.startswith(prompt) and ctext[len(prompt) :].startswith("<|im_start|>assistant\nyes")
+            assert rtext[len(prompt) :] == "<|im_start|>assistant\nno<|im_end|>\n"
+            # Labels: only the completions (each ending with its EOS); the EOS inside the
+            # unit predicts nothing of the other half.
+            for span, answer in ((chosen, ctext[len(prompt) + 22 :]), (rejected, "no<|im_end|>\n")):
+                got = labels[span][labels[span] != IGNORE_INDEX].tolist()
+                assert got == [*answer.encode(), byte.eos_id]
+            assert labels[chosen[-1]] == IGNORE_INDEX
+            seen += 1
+    assert seen == 5
+
+
+def test_packed_conversations_equal_each_alone_in_float64(tmp_path):
+    import torch
+
+    from forge_core.testing import assert_within_rounding, longest_sum
+    from forge_plugins.attention.options import SdpaOptions
+    from forge_plugins.attention.sdpa import SdpaAttention
+    from forge_plugins.models.llama import build
+    from forge_plugins.models.options import LlamaOptions
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    byte = ByteTokenizer()
+    records = [{"prompt": "p" * (3 + 5 * i), "completion": "c" * (2 + 3 * i)} for i in range(6)]
+    kw = dict(format="prompt_completion", template=str(path))
+    packed, _ = rows_of(tmp_path, records, byte, seq_len=192, **kw)
+    assert packed[INPUT_IDS].shape[0] < len(records)
+    torch.manual_seed(0)
+    options = LlamaOptions(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=192, init_std=0.2)
+    model = build(options, vocab_size=byte.vocab_size, attention=SdpaAttention(SdpaOptions())).double()
+    t = {k: torch.as_tensor(v) for k, v in packed.items()}
+    logits = model(t[INPUT_IDS], doc_ids=t[DOC_IDS], positions=t[POSITIONS])
+    loss = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), t[LABELS].flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view_as(t[LABELS])
+    found = 0
+    for r in range(len(t[INPUT_IDS])):
+        for d in t[DOC_IDS][r].unique().tolist():
+            span = torch.nonzero(t[DOC_IDS][r] == d).flatten()
+            ids = t[INPUT_IDS][r, span]
+            if (ids == byte.pad_id).all():
+                continue
+            alone = model(ids[None])[0]
+            alone_loss = torch.nn.functional.cross_entropy(
+                alone, t[LABELS][r, span], ignore_index=IGNORE_INDEX, reduction="none"
+            )
+            terms = longest_sum(model, len(span))
+            assert_within_rounding(logits[r, span], alone, dtype=torch.float64, terms=terms, what="logits")
+            assert_within_rounding(loss[r, span], alone_loss, dtype=torch.float64, terms=terms, what="loss")
+            found += 1
+    assert found == len(records)
+
+
+def chat_config(tmp_path, records, **chat):
+    data = write_jsonl(tmp_path / "talk.jsonl", records)
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    chat = {"format": "messages", "template": str(template), **chat}
+    return tiny_config(
+        tmp_path,
+        "chat",
+        data={
+            "source": "text",
+            "source_options": {"paths": [str(data)]},
+            "tokenizer": "byte",
+            "packer": "bfd",
+            "seq_len": 64,
+            "chat": chat,
+        },
+        train={"steps": 2, "batch_size": 2, "lr": 3e-3, "warmup_steps": 1, "peak_tflops": 1.0},
+    )
+
+
+def check(tmp_path, cfg, capsys):
+    code = cli.main(["check", write_config(tmp_path / "check.yaml", cfg)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_check_judges_fields_template_and_packer_without_building(tmp_path, capsys):
+    short = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    cfg = chat_config(tmp_path, short)
+    assert check(tmp_path, cfg, capsys)[0] == 0
+    cases = [
+        ({"format": "preference"}, "reads 'chosen' and 'rejected', which the first record of"),
+        ({"template": str(tmp_path / "nope.jinja")}, "data.chat.template: cannot read"),
+        ({"template": ""}, "the byte tokenizer has no chat template of its own"),
+    ]
+    for change, message in cases:
+        code, out = check(
+            tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
+        )
+        assert code == 2 and message in out and "Traceback" not in out, (change, out)
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }")
+    code, out = check(
+        tmp_path,
+        {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], "template": str(broken)}}},
+        capsys,
+    )
+    assert code == 2 and "broken.jinja, line 1: not a valid Jinja chat template" in out
+    pair = [{"prompt": "hi", "chosen": "yo", "rejected": "no"}]
+    cfg = chat_config(tmp_path, pair, format="preference")
+    for packer, rule in (("concat", "concat.pairs"), ("none", "data.chat-pairs-isolated")):
+        code, out = check(tmp_path, {**cfg, "data": {**cfg["data"], "packer": packer}}, capsys)
+        assert code == 2 and rule in out, out
+    assert check(tmp_path, cfg, capsys)[0] == 0
+
+
+def test_check_finds_a_tokenizer_folder_without_a_chat_template(hf_folder, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_folder, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = chat_config(tmp_path, [{"messages": TALK}], template="")
+    cfg["data"].update(tokenizer="hf", tokenizer_options={"path": str(hf_folder)})
+    assert check(tmp_path, cfg, capsys)[0] == 0
+    cfg["data"]["tokenizer_options"] = {"path": str(bare)}
+    code, out = check(tmp_path, cfg, capsys)
+    assert code == 2 and f"the tokenizer folder {bare} has no chat template" in out
+
+
+def test_a_chat_run_trains_and_reports_the_truncation(tmp_path, capsys):
+    from forge_core.testing import train_in_process
+
+    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    too_long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y" * 80}]
+    records = [{"messages": talk}] * 6 + [{"messages": too_long}]
+    cfg = chat_config(tmp_path, records)
+    cfg["data"]["seq_len"] = 80
+    cfg["model"]["options"]["max_seq_len"] = 80
+    train_in_process(write_config(tmp_path / "train.yaml", cfg), [])
+    assert "chat: 7 conversations, 1 longer than seq_len 80: 1 dropped, 0 cut" in capsys.readouterr().out
