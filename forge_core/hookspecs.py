@@ -424,8 +424,11 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     With several sources (``data.sources``), ``data/<source>/tokens`` (this step's
     labelled tokens read from each source, over all processes) and ``data/<source>/share``
     (that source's share of the labelled tokens since the run started), so the mixture
-    the run really trained on is on record. Plugins add their own through
-    ``forge_step_metrics``. It is a fresh dict, safe to keep. A logger that reports to
+    the run really trained on is on record. The objective's metrics (its spec's
+    ``metrics``: ``dpo/reward_accuracy``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
+    ``dpo/reward_margin`` under ``train.objective: dpo``), each a mean over what the
+    objective counts; ``loss`` is then the objective's mean over the same count (per
+    pair for ``dpo``). Plugins add their own through ``forge_step_metrics``. It is a fresh dict, safe to keep. A logger that reports to
     another system should forward every key it gets, not a fixed list: other keys may be
     added.
     """
@@ -441,7 +444,10 @@ def forge_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     ``metrics`` holds ``eval/loss`` (mean cross-entropy per labelled token, over every
     process), ``eval/perplexity`` (its exponential) and ``eval/tokens`` (labelled tokens
     evaluated); with several sources also ``eval/<source>/loss`` and
-    ``eval/<source>/perplexity``. It is a fresh dict, safe to keep.
+    ``eval/<source>/perplexity``. Under an objective other than the token cross-entropy
+    (``train.objective: dpo``), ``eval/loss`` is its mean over what it counts, reported as
+    ``eval/<unit>`` (``eval/pairs``) with ``eval/<metric>`` for each of its metrics and no
+    perplexity. It is a fresh dict, safe to keep.
 
     ``run.view`` (:class:`forge_core.train.view.RunView`) reaches the model, the step and
     the data read-only, so a plugin can run an evaluation of its own here. Every process

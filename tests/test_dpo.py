@@ -204,3 +204,14 @@ def test_with_lora_the_reference_is_the_base_model_with_the_adapters_off(tmp_pat
     policy = sequence_logps(adapted(**inputs), labels, doc_ids)[0]
     assert float((policy - want).detach().abs().max()) > 1e-3  # the adapters are on again outside
     assert adapted.training  # the reference put the modes back
+
+
+def test_the_console_shows_the_objective_metrics_and_an_evaluation_without_perplexity():
+    """Before: the console read ``eval/perplexity`` on every evaluation, a KeyError under dpo."""
+    from forge_plugins.loggers.console import _fmt_eval, _fmt_objective
+
+    step = {"loss": 0.5, "dpo/reward_accuracy": 0.75, "data/web/share": 1.0}
+    assert _fmt_objective(step, "dpo", "=") == "dpo/reward_accuracy=0.75"
+    assert _fmt_objective(step, "lm", "=") == ""
+    evaluated = {"eval/loss": 0.25, "eval/pairs": 14, "eval/dpo/reward_accuracy": 1.0, "eval/a/loss": 0.2}
+    assert _fmt_eval(evaluated, "dpo") == "eval/loss 0.2500  eval/pairs 14  eval/dpo/reward_accuracy 1"

@@ -1,8 +1,11 @@
 """The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
 tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
-when tqdm is missing). A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
-(on the plain line, or as a line of its own above the bar, which would overwrite it),
-and the summary at the end gives the last of them. Acts on the main process only.
+when tqdm is missing), and the training objective's own metrics (those named
+``<train.objective>/...``: ``dpo/reward_accuracy``). A step that evaluated adds
+``eval/loss`` and ``eval/perplexity`` (under an objective that is not per token, its
+count and metrics instead) on the plain line, or as a line of its own above the bar,
+which would overwrite it, and the summary at the end gives the last of them. Acts on
+the main process only.
 
 The bar shows the figures of the step its counter shows: they are set before the
 counter moves, because moving it is what redraws the bar. Its rate and remaining time
@@ -40,10 +43,32 @@ def _fmt_memory(metrics: dict[str, Any]) -> str:
     return f"rss {rss:.2f} GiB" if rss is not None else ""
 
 
-def _fmt_eval(metrics: dict[str, Any]) -> str:
-    """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not evaluate."""
+def _fmt_number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+
+
+def _fmt_objective(metrics: dict[str, Any], objective: str, sep: str) -> str:
+    """The objective's own metrics (``dpo/reward_accuracy=0.75``), ``sep`` between a name
+    and its value; empty for an objective that adds none."""
+    prefix = f"{objective}/"
+    return " ".join(f"{k}{sep}{_fmt_number(v)}" for k, v in metrics.items() if k.startswith(prefix))
+
+
+def _fmt_eval(metrics: dict[str, Any], objective: str = "lm") -> str:
+    """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not
+    evaluate; without a perplexity (an objective that is not per token), the loss with
+    the objective's count and metrics."""
     if "eval/loss" not in metrics:
         return ""
+    if "eval/perplexity" not in metrics:
+        shown = [
+            f"{k} {_fmt_number(v)}"
+            for k, v in metrics.items()
+            if k != "eval/loss"
+            and k.startswith("eval/")
+            and (k.count("/") == 1 or k.startswith(f"eval/{objective}/"))
+        ]
+        return "  ".join([f"eval/loss {_fmt_loss(metrics['eval/loss'])}", *shown])
     perplexity = format_perplexity(metrics["eval/perplexity"])
     return (
         f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {perplexity}  "
@@ -139,7 +164,8 @@ class ConsoleLogger:
         self.last = metrics
         self.steps.step_end(metrics["step_time"])
         logged = run.should_log(step)
-        evaluated = _fmt_eval(metrics)
+        objective = run.config.train.objective
+        evaluated = _fmt_eval(metrics, objective)
         if evaluated:
             self.last_eval = (step, metrics)
         if self.bar is not None:
@@ -149,15 +175,17 @@ class ConsoleLogger:
                 memory = _fmt_memory(metrics).replace(" ", "=", 1)
                 self.bar.set_postfix_str(
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
-                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)} {memory}".rstrip(),
+                    f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)} {memory} "
+                    f"{_fmt_objective(metrics, objective, '=')}".rstrip(),
                     refresh=False,
                 )
             self.bar.update(step - self.bar.n)
         elif logged:
+            own = _fmt_objective(metrics, objective, " ")
             line = (
                 f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
                 f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {_fmt_mfu(metrics)}  {_fmt_memory(metrics)}  "
-                f"{evaluated}"
+                f"{own + '  ' if own else ''}{evaluated}"
             )
             print(line.rstrip(), file=sys.stderr, flush=True)
 
@@ -182,10 +210,9 @@ class ConsoleLogger:
             )
         if self.last_eval:
             at, metrics = self.last_eval
-            summary += (
-                f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
-                f"{format_perplexity(metrics['eval/perplexity'])}) at step {at}"
-            )
+            perplexity = metrics.get("eval/perplexity")
+            shown = "" if perplexity is None else f" (perplexity {format_perplexity(perplexity)})"
+            summary += f"; eval/loss {_fmt_loss(metrics['eval/loss'])}{shown} at step {at}"
         print(f"forge: {summary}; run directory {run.out_dir}", file=sys.stderr, flush=True)
 
     def _write(self, line: str) -> None:
