@@ -428,9 +428,9 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     ``metrics``: ``dpo/reward_accuracy``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
     ``dpo/reward_margin`` under ``train.objective: dpo``), each a mean over what the
     objective counts; ``loss`` is then the objective's mean over the same count (per
-    pair for ``dpo``). Plugins add their own through ``forge_step_metrics``. It is a fresh dict, safe to keep. A logger that reports to
-    another system should forward every key it gets, not a fixed list: other keys may be
-    added.
+    pair for ``dpo``). Plugins add their own through ``forge_step_metrics``. It is a
+    fresh dict, safe to keep. A logger that reports to another system should forward
+    every key it gets, not a fixed list: other keys may be added.
     """
 
 
