@@ -266,7 +266,8 @@ class ObjectiveSpec(ComponentSpec):
       reports it as ``eval/<unit>``.
     - ``per_token``: it is the token cross-entropy (its evaluation has a perplexity).
     - ``pipeline``: it can run on the last pipeline stage, which sees only the output
-      and the labels of each microbatch.
+      and the labels of each microbatch: there ``loss`` is called with a batch of
+      ``labels`` alone and no reference, and its metrics are not reported.
     - ``hidden_states``: it can take the hidden states the chunked loss hands over
       (``train.loss.name: chunked``) instead of the logits.
     - ``token_split``: it is a sum over tokens, so a strategy that splits each row's

@@ -73,8 +73,9 @@ class ParallelModel:
       and :meth:`evaluate` before the model sees a batch.
     - ``objective``: the run's training objective (``train.objective``, an instance of
       its spec's implementation), through which :meth:`forward_backward` and
-      :meth:`evaluate` compute the loss when no ``loss_fn`` is given and no strategy
-      took over the step; ``None``: the token loss ``loss_fn``. ``reference``:
+      :meth:`evaluate` compute the loss when no ``loss_fn`` is given (under pipeline
+      parallelism, as :meth:`_stage_loss`); ``None``:
+      the token loss ``loss_fn``. ``reference``:
       ``reference(inputs) -> output``, the frozen reference model's forward (no
       gradient) for an objective that ``needs_reference``, else ``None``.
       ``objective_sums``: the objective's metric sums over this process's micro-batches
@@ -179,7 +180,14 @@ class ParallelModel:
         return loss_sum, count
 
     def _uses_objective(self, loss_fn: Callable | None) -> bool:
-        return self.objective is not None and self.train_step is None and loss_fn in (None, self.loss_fn)
+        return self.objective is not None and loss_fn in (None, self.loss_fn)
+
+    def _stage_loss(self, output: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The objective as the last pipeline stage calls a loss, per microbatch: from
+        the output and the labels alone (an objective declares ``pipeline`` when that is
+        all it needs); its metric sums stay on that stage and are not reported."""
+        loss_sum, count, _ = self.objective.loss(output, {LABELS: labels}, None)
+        return loss_sum, count
 
     def forward_backward(
         self, batch: dict[str, torch.Tensor], loss_fn: Callable | None, global_tokens: float | torch.Tensor
@@ -197,7 +205,7 @@ class ParallelModel:
         loss_fn = self._loss(loss_fn)
         batch = self.transform(batch)
         if self.train_step is not None:
-            return self.train_step(batch, loss_fn, global_tokens)
+            return self.train_step(batch, self._stage_loss if objective else loss_fn, global_tokens)
         if objective:
             loss_sum, tokens = self._objective_loss(batch)
         else:
@@ -220,7 +228,7 @@ class ParallelModel:
         if self.train_step is not None:
             if self.eval_step is None:
                 raise ForgeError("this parallel layout has no forward-only step for evaluation")
-            return self.eval_step(batch, loss_fn)
+            return self.eval_step(batch, self._stage_loss if objective else loss_fn)
         if objective:
             loss_sum, tokens = self._objective_loss(batch)
         else:
