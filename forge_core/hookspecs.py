@@ -198,7 +198,8 @@ def forge_sources() -> list[SourceSpec]:
     class constructed as ``cls(options)``, with the structured ``data.source_options``
     (or, in a mixture, once per entry with that entry's ``options``). It has
     ``documents()``, an iterator of ``str`` (or of 1-D integer token arrays when the
-    spec says ``pretokenized=True``) in a deterministic order: the same options give the
+    spec says ``pretokenized=True``, or of :class:`~forge_core.api.MaskedDocument`:
+    token ids with the mask of those that take a loss) in a deterministic order: the same options give the
     same documents in the same order in every process and run. EOS is appended to every
     document by the pipeline, pre-tokenized ones included: yield none. ``describe()``
     returns a one-line ``str`` for logs and error messages. A pre-tokenized source may
@@ -214,7 +215,11 @@ def forge_sources() -> list[SourceSpec]:
     :class:`~forge_core.api.FileSet`; the cache then hashes each file once and checks
     it by stat at later starts (``forge-run prepare --verify`` hashes again). A source
     does not shard across processes: one process tokenizes it into the cache and the
-    loader gives each data-parallel rank its part of every batch.
+    loader gives each data-parallel rank its part of every batch. Optional, for chat
+    data (``data.chat.format``): ``records()``, an iterator of ``(where, record)``: each
+    record a ``dict`` of its fields (a JSON object, a data set row) and ``where`` the
+    ``str`` its errors start with (``"data/chat.jsonl, line 3"``); the run renders them
+    with the tokenizer's ``encode_chat``.
 
     Example::
 
@@ -246,7 +251,13 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     tokenizer as Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) that
     ``AutoTokenizer`` loads with the same ids (``forge-run export-hf`` ships them with
     the model); without it, the run's saved files are copied when they hold a
-    ``tokenizer.json``.
+    ``tokenizer.json``. For chat data (``data.chat``): ``encode_chat(messages, *,
+    train_from=0, template=None)``, the conversation rendered by the chat template (the
+    file ``template``, else the tokenizer's own) as a
+    :class:`~forge_core.api.MaskedDocument` whose trainable tokens are those of the
+    assistant messages from index ``train_from`` on (no EOS: Forge appends it), and
+    ``chat_identity(template=None)``, a ``str`` that changes whenever the rendering
+    would (it keys the token cache).
 
     Example::
 

@@ -124,11 +124,47 @@ def test_labels_are_exactly_the_assistant_tokens_of_the_rendering(hf_folder, tmp
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in TALK)
     ids = tok.encode(text)
     assert out[INPUT_IDS][0, : len(ids) + 1].tolist() == [*ids, tok.eos_id]
+    # transformers renders the folder's template to the same text and, for the marked
+    # one, finds the same assistant tokens.
+    hf = tok.tokenizer
+    assert hf.apply_chat_template(TALK, chat_template=template, tokenize=False) == text
+    if template is MARKED:
+        marked = hf.apply_chat_template(
+            TALK, chat_template=template, return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert marked["input_ids"] == ids
+        mask = np.asarray(marked["assistant_masks"], bool)
+        assert (out[LABELS][0, : len(ids) - 1] != IGNORE_INDEX).tolist() == mask[1:].tolist()
     targets = labelled(out)
     want = [t for piece in assistant for t in tok.encode(piece)]
     # The EOS the stream appends trains only after a trained last token.
     assert targets == want + ([tok.eos_id] if template is CHATML else [])
     assert tok.decode(targets) == "".join(assistant).replace("<|im_end|>", "")
+
+
+@pytest.mark.parametrize("shape", ["parquet", "saved"])
+def test_records_from_parquet_and_a_saved_datasets_folder_read_as_the_jsonl(tmp_path, shape):
+    datasets = pytest.importorskip("datasets")
+    from forge_plugins.sources.hf_datasets import HFDatasetsSource
+    from forge_plugins.sources.options import HFDatasetsOptions
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    records = [{"prompt": f"q{i}", "completion": "a" * (i + 1)} for i in range(4)]
+    byte, chat = ByteTokenizer(), ChatSection(format="prompt_completion", template=str(path))
+    table = datasets.Dataset.from_list(records)
+    if shape == "parquet":
+        table.to_parquet(tmp_path / "chat.parquet")
+        options = HFDatasetsOptions(data_files=[str(tmp_path / "chat.parquet")])
+    else:
+        table.save_to_disk(tmp_path / "saved")
+        options = HFDatasetsOptions(path=str(tmp_path / "saved"))
+    got = list(ChatDocuments(HFDatasetsSource(options), byte, chat).documents())
+    data = write_jsonl(tmp_path / "chat.jsonl", records)
+    want = list(ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat).documents())
+    assert len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        assert a.ids.tolist() == b.ids.tolist() and a.trainable.tolist() == b.trainable.tolist()
 
 
 def test_a_template_that_is_not_prefix_stable_is_refused_naming_the_message(tmp_path):
@@ -179,7 +215,7 @@ def test_a_preference_pair_is_one_unit_of_two_documents_chosen_first(tmp_path):
     byte = ByteTokenizer()
     pairs = [{"prompt": f"q{i}" * (i + 1), "chosen": "yes" * (i + 1), "rejected": "no"} for i in range(5)]
     out, report = rows_of(tmp_path, pairs, byte, format="preference", template=str(path), seq_len=512)
-    assert report.units == 5 and report.too_long == 0
+    assert report.note(512, "preference") == "chat: 5 pairs"
     assert out[INPUT_IDS].shape[0] < 5  # several pairs share a row
     seen = 0
     for ids, labels, doc, pos in zip(out[INPUT_IDS], out[LABELS], out[DOC_IDS], out[POSITIONS]):
@@ -203,6 +239,7 @@ def test_a_preference_pair_is_one_unit_of_two_documents_chosen_first(tmp_path):
     assert seen == 5
 
 
+@pytest.mark.numerical
 def test_packed_conversations_equal_each_alone_in_float64(tmp_path):
     import torch
 
@@ -318,14 +355,83 @@ def test_check_finds_a_tokenizer_folder_without_a_chat_template(hf_folder, tmp_p
     assert code == 2 and f"the tokenizer folder {bare} has no chat template" in out
 
 
-def test_a_chat_run_trains_and_reports_the_truncation(tmp_path, capsys):
-    from forge_core.testing import train_in_process
+def test_the_chat_sft_section_of_the_fine_tuning_page_runs_as_pasted(tmp_path):
+    from doc_chapters import REPO, play
 
-    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    too_long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y" * 80}]
-    records = [{"messages": talk}] * 6 + [{"messages": too_long}]
-    cfg = chat_config(tmp_path, records)
-    cfg["data"]["seq_len"] = 80
-    cfg["model"]["options"]["max_seq_len"] = 80
-    train_in_process(write_config(tmp_path / "train.yaml", cfg), [])
-    assert "chat: 7 conversations, 1 longer than seq_len 80: 1 dropped, 0 cut" in capsys.readouterr().out
+    page = (REPO / "docs" / "fine-tuning.md").read_text()
+    start = page.index("## Chat SFT")
+    end = page.find("\n## ", start + 1)
+    play(page[start : end if end > 0 else None], tmp_path, "docs/fine-tuning.md#chat-sft")
+
+
+def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list([{"prompt": "hi", "answer": "yo"}]).to_parquet(tmp_path / "chat.parquet")
+    cfg = chat_config(tmp_path, [], format="prompt_completion")
+    cfg["data"].update(source="hf_datasets", source_options={"data_files": [str(tmp_path / "chat.parquet")]})
+    code, out = check(tmp_path, cfg, capsys)
+    assert code == 2 and "reads 'completion', which the first record of" in out
+    assert "(fields: prompt, answer)" in out
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"text": "hi"}, r"chat-\d+.jsonl, line 2: no field 'messages' \(fields: text\)"),
+        ({"messages": "hi"}, r"line 2: field 'messages' is str 'hi'; it must be a list of messages"),
+        ({"messages": [{"content": "hi"}]}, r"line 2: messages\[0\] is dict .* a string \"role\""),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            r"line 2: the conversation has no assistant message",
+        ),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_its_file_line_and_field(tmp_path, record, message):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    with pytest.raises(ForgeError, match=message):
+        rows_of(tmp_path, [good, record], ByteTokenizer(), template=str(path))
+
+
+def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):
+    from forge_core.config.schema import HeldoutSection
+    from forge_core.data.build import split_documents
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    chat = ChatSection(format="preference", template=str(path))
+    pairs = [{"prompt": f"q{i}", "chosen": "yes", "rejected": f"no{i}"} for i in range(40)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    byte = ByteTokenizer()
+    source = ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat)
+    shards, _ = source_shards(source, byte, CacheSection(dir=str(tmp_path / "c")), "p", report=lambda m: None)
+    train, held = split_documents(shards, HeldoutSection(fraction=0.3))
+    sizes = [
+        len(chat_stream(shards, side, byte.eos_id, byte.vocab_size, chat, 256)[0]) for side in (train, held)
+    ]
+    assert sum(sizes) == 40 and min(sizes) > 0
+
+
+def test_prepared_pair_shards_train_as_the_cached_ones(tmp_path):
+    from forge_core.api import Shards
+    from forge_core.data.prepare import prepare
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    chat = ChatSection(format="preference", template=str(path))
+    data = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "q", "chosen": "yes", "rejected": "no"}] * 3)
+    byte = ByteTokenizer()
+    source = ChatDocuments(TextSource(TextOptions(paths=[str(data)])), byte, chat)
+    prepare(source, byte, tmp_path / "shards", progress=False, report=lambda m: None)
+    prepared = Shards(tmp_path / "shards")
+    cached, _ = source_shards(source, byte, CacheSection(dir=str(tmp_path / "c")), "p", report=lambda m: None)
+    streams = [
+        chat_stream(s, np.arange(s.num_documents), byte.eos_id, byte.vocab_size, chat, 256)[0]
+        for s in (prepared, cached)
+    ]
+    assert np.array_equal(streams[0].inner, streams[1].inner) and len(streams[0]) == 3
+    assert np.array_equal(np.asarray(prepared.trainable), np.asarray(cached.trainable))
+    # A shard of text documents is not pair data.
+    with pytest.raises(ForgeError, match="do not hold whole pairs"):
+        chat_stream(prepared, np.arange(5), byte.eos_id, byte.vocab_size, chat, 128)

@@ -125,8 +125,9 @@ class Truncation:
     dropped: int
     cut: int
 
-    def note(self, seq_len: int, policy: str) -> str:
-        what = "pairs" if policy == "pairs" else "conversations"
+    def note(self, seq_len: int, fmt: str) -> str:
+        """The data summary's words for it (``fmt``: ``data.chat.format``)."""
+        what = "pairs" if fmt == "preference" else "conversations"
         line = f"chat: {self.units:,} {what}"
         if self.too_long:
             line += (

@@ -74,7 +74,7 @@ class ShardWriter:
         self.tmp.mkdir(parents=True)
         self._tokens = open(self.tmp / TOKENS, "wb")
         self._mask: Any = None  # trainable.bin, opened at the first masked document
-        self.trainable_tokens = 0
+        self.trainable_tokens = 0  # counted once there is a mask
         self._lengths: list[int] = []
         self._hashes: list[np.ndarray] = []
         self._digest = hashlib.sha256()
@@ -118,8 +118,6 @@ class ShardWriter:
             )
             self._mask.write(bits.tobytes())
             self.trainable_tokens += int(bits.sum())
-        else:
-            self.trainable_tokens += int(flat.size)
         data = flat.astype(self.dtype).tobytes()
         self._tokens.write(data)
         self._digest.update(data)

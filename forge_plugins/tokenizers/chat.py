@@ -3,7 +3,7 @@ tokenizers' ``encode_chat`` computes.
 
 A template is Jinja, rendered the way ``transformers`` renders ``apply_chat_template``
 (a sandboxed environment, ``trim_blocks`` and ``lstrip_blocks``, ``raise_exception``,
-``tojson``, the ``{% generation %}`` block). Which characters take a loss:
+``strftime_now``, ``tojson``, the ``{% generation %}`` block). Which characters take a loss:
 
 - the template marks them with ``{% generation %} ... {% endgeneration %}`` (what
   transformers' ``return_assistant_tokens_mask`` reads): those spans;
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -109,9 +110,21 @@ def compile_template(source: str, where: str) -> Any:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
     )
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-        x, indent=indent, ensure_ascii=ensure_ascii
-    )
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env.filters["tojson"] = tojson
+    # Templates that print today's date (Llama 3's) call it; transformers defines it too.
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["raise_exception"] = raise_exception
     try:
         return env.from_string(source)

@@ -25,8 +25,8 @@ def check_hf_files(ctx: Any) -> str | None:
 def chat_template_problem(ctx: Any) -> str | None:
     """For chat data: the template file exists and compiles, or the tokenizer has one."""
     chat = ctx.config.data.chat
-    if not chat.format:
-        return None
+    if not chat.format or all(entry.name == "shards" for _, entry in ctx.config.data.source_entries()):
+        return None  # prepared shards hold rendered conversations already
     from forge_core.api import ForgeError
     from forge_plugins.tokenizers.chat import compile_template, read_template
 
