@@ -319,6 +319,27 @@ def check_eval_every_enabled(ctx: Plan) -> str | None:
     return f"eval.every = {ev.every}, but eval.enabled is false: the run never evaluates"
 
 
+def check_transforms_once(ctx: Plan) -> str | None:
+    names = list(ctx.config.model.transforms)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if not twice:
+        return None
+    return (
+        f"model.transforms = {names} lists {', '.join(map(repr, twice))} more than once: a transform is "
+        "applied once, with its one block of options in model.transform_options"
+    )
+
+
+def check_transform_options_used(ctx: Plan) -> str | None:
+    unused = sorted(set(ctx.config.model.transform_options) - set(ctx.config.model.transforms))
+    if not unused:
+        return None
+    return (
+        f"model.transform_options has options for {', '.join(map(repr, unused))}, which model.transforms = "
+        f"{list(ctx.config.model.transforms)} does not list: they are not applied"
+    )
+
+
 def _cpu_without_bf16(ctx: Plan) -> str | None:
     """Why bf16 would run on a CPU without native bf16 here, or None: bf16 not asked for,
     or the flags unknown (not Linux), or they list it."""
@@ -533,6 +554,22 @@ RULES = [
         summary="bf16 with run.device: auto on a machine with no visible GPU and a CPU without native bf16.",
         check=check_bf16_on_auto_device,
         fix=BF16_FIX,
+    ),
+    Rule(
+        id="model.transforms-once",
+        severity="error",
+        paths=("model.transforms",),
+        summary="Each model transform is listed once in model.transforms.",
+        check=check_transforms_once,
+        fix="List each transform once.",
+    ),
+    Rule(
+        id="model.transform-options-used",
+        severity="warning",
+        paths=("model.transforms", "model.transform_options"),
+        summary="Options in model.transform_options are for transforms model.transforms lists.",
+        check=check_transform_options_used,
+        fix="Add the transform to model.transforms, or remove its options.",
     ),
     Rule(
         id="eval.scheduled",

@@ -3,6 +3,7 @@ builds the model, base frozen, adapters only in the optimizer and the checkpoint
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from forge_core.api import applied_transforms, transforms_disabled
 from forge_core.config.loader import load_config
 from forge_core.judge import judge_config
 from forge_core.registry import load_registries
+from forge_plugins.transforms.lora import Lora
 
 TARGETS = ["attention.q", "attention.k", "attention.v", "attention.o", "mlp.gate", "mlp.up", "mlp.down"]
 
@@ -128,3 +130,82 @@ def test_a_target_that_is_a_module_name_is_refused_with_the_roles(tmp_path):
     assert "targets[0] = 'attention.wq' is not a role" in message
     assert "did you mean 'mlp.up'" in message.lower()
     assert "attention.q" in message and "mlp.down" in message
+
+
+def lora_section() -> str:
+    """The ``## LoRA`` section of docs/fine-tuning.md (the page has one per topic)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "fine-tuning.md").read_text()
+    start = text.index("\n## LoRA\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def test_the_lora_section_of_the_fine_tuning_page_runs_as_pasted(tmp_path):
+    from doc_chapters import code_blocks, play_chapters
+
+    section = lora_section()
+    commands = [b for b in code_blocks(section) if b.lang == "console"]
+    assert commands and all(b.runnable for b in commands)
+    played = play_chapters({"docs/fine-tuning.md#lora": section}, tmp_path)
+    assert played["docs/fine-tuning.md#lora"] is None, played["docs/fine-tuning.md#lora"]
+
+
+def test_lora_passes_the_kits_transform_check():
+    from forge_core.testing import check_transform
+
+    report = check_transform("lora", options={"rank": 2, "dropout": 0.1, "targets": TARGETS})
+    assert report.checked == ("names", "initialize", "detached", "disabled", "merge")
+    assert len(report.added) == 2 * len(TARGETS) * 2
+
+
+class DisablesNothing(Lora):
+    """A broken transform for the kit's negative control: LoRA whose disabled() leaves
+    the adapters on."""
+
+    def disabled(self, module):
+        return contextlib.nullcontext()
+
+
+def test_the_kit_refuses_a_transform_whose_disabled_leaves_it_on():
+    from forge_core.api import TransformSpec
+    from forge_core.testing import check_transform
+    from forge_plugins.transforms.options import LoraOptions
+
+    spec = TransformSpec(
+        name="leaky",
+        summary="x",
+        impl="test_lora:DisablesNothing",
+        options=LoraOptions,
+        saves_trainable_only=True,
+    )
+    with pytest.raises(AssertionError, match=r"transform 'leaky': disabled\(\)"):
+        check_transform(spec)
+
+
+def test_a_transform_listed_twice_is_refused_and_unused_options_are_warned_about(tmp_path):
+    registries = load_registries()
+    twice = lora_config(tmp_path)
+    twice["model"]["transforms"] = ["lora", "lora"]
+    judged = judge_config(
+        load_config(write_config(tmp_path / "a.yaml", twice), [], registries), registries, 1
+    )
+    assert [v.rule_id for v in judged.errors] == ["model.transforms-once"]
+    unused = lora_config(tmp_path)
+    unused["model"]["transforms"] = []
+    judged = judge_config(
+        load_config(write_config(tmp_path / "b.yaml", unused), [], registries), registries, 1
+    )
+    assert not judged.errors
+    assert "model.transform-options-used" in [v.rule_id for v in judged.warnings]
+
+
+def test_export_of_an_adapter_folder_is_refused_for_a_model_without_one(tmp_path):
+    from forge_core.api import ForgeError
+    from forge_core.cli.export import _export_adapter
+
+    plan, _ = plan_of(tmp_path, tiny_config(tmp_path))
+    with pytest.raises(ForgeError, match=r"export-hf --adapter: the run's model.transforms \[\] have no"):
+        _export_adapter(
+            build(tmp_path, tiny_config(tmp_path)), plan, tmp_path, tmp_path / "out", tmp_path / "out"
+        )
+    assert not (tmp_path / "out").exists()

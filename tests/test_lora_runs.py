@@ -47,10 +47,14 @@ def runs(tmp_path_factory):
     hf_checkpoint(tmp / "base", "llama")
     config = write_config(tmp / "lora.yaml", lora_run_config(tmp, "lora", tmp / "base"))
     assert cli.main([config]) == 0
-    # The same run in two starts: stopped after step 2, resumed to the end.
+    # The same run stopped after the checkpoint of step 2 (its later files taken away),
+    # then resumed to the end.
+    shutil.copytree(tmp / "lora", tmp / "split", ignore=shutil.ignore_patterns("step-000004", "*.lock"))
+    (tmp / "split/checkpoints/latest").write_text("step-000002\n")
+    metrics = tmp / "split/metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))
     split = write_config(tmp / "split.yaml", lora_run_config(tmp, "split", tmp / "base"))
-    assert cli.main([split, "train.steps=2", "train.schedule_steps=4"]) == 0
-    assert cli.main([split, "train.schedule_steps=4"]) == 0
+    assert cli.main([split]) == 0
     return tmp
 
 
@@ -67,14 +71,9 @@ def test_the_checkpoint_holds_only_the_adapters_and_the_base_identity(runs):
     assert state["base_identity"].startswith("pretrained:base:sha256:")
 
 
-def test_the_first_loss_is_the_base_model_s_and_the_adapters_learn(runs):
-    base = tiny_config(runs, "full", train={"steps": 1}, logging={"loggers": ["jsonl"]})
-    base["data"]["heldout"] = {"fraction": 0.1}
-    base["model"] = {"name": "llama", "options": {"init_from_hf": str(runs / "base")}}
-    assert cli.main([write_config(runs / "full.yaml", base)]) == 0
-    adapted = [r["loss"] for r in read_metrics(runs / "lora")]
-    assert adapted[0] == read_metrics(runs / "full")[0]["loss"]  # B = 0: exactly the base's
-    assert adapted[-1] < adapted[0]
+def test_the_adapters_learn(runs):
+    losses = [r["loss"] for r in read_metrics(runs / "lora")]
+    assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
 def test_a_resumed_adapter_run_equals_the_uninterrupted_one_bit_for_bit(runs):

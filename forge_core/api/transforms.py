@@ -75,7 +75,9 @@ def _root(module: Any) -> Any:
     """``module`` without the wrappers that hold it (DDP's ``module``, compile's
     ``_orig_mod``)."""
     while not hasattr(module, TRANSFORMS_ATTR):
-        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        inner = getattr(module, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(module, "module", None)
         if inner is None or inner is module:
             return module
         module = inner

@@ -16,8 +16,8 @@ keep only their own parameters in checkpoints (LoRA): the base then comes from i
 pretrained weights, after its identity is checked (:mod:`forge_core.train.restore`).
 The model transforms are merged into the base weights, so the folder is a plain model;
 ``--adapter`` writes the adapters as a PEFT folder instead (``adapter_config.json``,
-``adapter_model.safetensors``), by the transform's ``write_adapter``. Everything is written to
-``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
+``adapter_model.safetensors``), by the transform's ``write_adapter``. Everything is
+written to ``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
 refused unless ``--overwrite``, and then replaced only by a complete export; a failed
 export (a full disk included: a clean error, exit 2) leaves nothing half-written.
 

@@ -326,6 +326,9 @@ def parallelize(
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]
     split: contract.ModelSplit | None = None
+    # A style that re-registers a parameter may make it trainable again (torch's
+    # SequenceParallel does): what the model or its transforms froze stays frozen.
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     for strategy in plan.strategies:
         name = strategy.name
         if not strategy.spec.handles_meta_device:
@@ -361,6 +364,9 @@ def parallelize(
             runners = results
     for part in parts:
         materialize(part, device)
+        for name, param in part.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)
     pmodel.parts = parts
     if split is not None:
         pmodel.forward = None

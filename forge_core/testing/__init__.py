@@ -21,6 +21,10 @@
   a small model it keeps every parameter name, every batch key its transforms are given,
   and the loss and gradients (float64), through its attention wrapper too
   (:mod:`forge_core.testing.strategy`).
+- :func:`check_transform`: a model transform keeps the model's parameter names,
+  initialises its own from the seed, and its ``detached``, ``disabled`` and ``merge``
+  give the model's own parameters, the model's logits and the transformed logits
+  (float64) (:mod:`forge_core.testing.transform`).
 - :func:`check_rule`: a rule fires on a config that breaks it and not on one that
   does not.
 - :func:`check_model`: a model computes attention through the backend it is given,
@@ -70,6 +74,7 @@ _MODEL_NAMES = ("check_model", "ModelReport")
 _ISOLATION_NAMES = ("check_document_isolation",)
 _OPTIMIZER_NAMES = ("check_optimizer", "OptimizerReport")
 _STRATEGY_NAMES = ("check_strategy", "StrategyReport")
+_TRANSFORM_NAMES = ("check_transform", "TransformReport")
 _TOLERANCE_NAMES = (
     "assert_within_rounding",
     "assert_exactly_zero",
@@ -95,6 +100,7 @@ __all__ = [
     *_ISOLATION_NAMES,
     *_OPTIMIZER_NAMES,
     *_STRATEGY_NAMES,
+    *_TRANSFORM_NAMES,
 ]
 
 
@@ -123,6 +129,10 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import strategy
 
         return getattr(strategy, name)
+    if name in _TRANSFORM_NAMES:
+        from forge_core.testing import transform
+
+        return getattr(transform, name)
     if name == "assert_close":
         raise AttributeError(
             "forge_core.testing.assert_close (fixed atol/rtol) was replaced by "
@@ -141,4 +151,5 @@ def __dir__() -> list[str]:
         | set(_ISOLATION_NAMES)
         | set(_OPTIMIZER_NAMES)
         | set(_STRATEGY_NAMES)
+        | set(_TRANSFORM_NAMES)
     )

@@ -108,6 +108,7 @@ def build_parts(
     model = components.model(plan, registries, int(tokenizer.vocab_size), attention)
     vocab_size = int(getattr(model, "vocab_size", None) or tokenizer.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, warn)
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
@@ -140,8 +141,14 @@ def build_parts(
 
         eval_data = build_eval_data(plan, registries, tokenizer, is_main=pl.is_main)
         log(eval_data.summary)
+    frozen = (
+        f"; {n_trainable:,} trainable ({n_trainable / n_params:.2%}) under {', '.join(cfg.model.transforms)}"
+        if n_trainable < n_params
+        else ""
+    )
     log(
-        f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls), "
+        f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls"
+        f"{frozen}), "
         f"attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
         f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})"
     )

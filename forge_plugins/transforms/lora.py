@@ -34,7 +34,8 @@ from typing import Any
 import attrs
 import torch
 from torch import nn
-from torch.distributed.tensor import distribute_module, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from forge_core.api import ForgeError, TransformContext
@@ -225,6 +226,8 @@ def _extend_tensor_parallel_plan(model: nn.Module, ctx: TransformContext) -> Non
         return
     targets = [ctx.roles[role] for role in ctx.options.targets]
     plan_of = functools.partial(_with_adapters, contract.tensor_parallel, tuple(targets))
+    # An instance attribute, so pipeline stages (shallow copies of the model) keep it;
+    # it asks the model's own contract, as the model that built the stages answers it.
     model.parallel_contract = functools.partial(_contract_with, declare, plan_of)
 
 
@@ -233,9 +236,6 @@ def _contract_with(declare: Any, plan_of: Any) -> Any:
 
 
 def _with_adapters(base_plan: Any, targets: tuple[str, ...], **kwargs: Any) -> Any:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
     plan = base_plan(**kwargs)
     styles = dict(plan.block.styles)
     for path in targets:

@@ -67,6 +67,28 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
     "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
+    "lora": ("llama", {}),  # LoRA adapters on every projection, the base frozen (TRANSFORMS)
+}
+#: Variants with model transforms: name -> (model.transforms, model.transform_options).
+TRANSFORMS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "lora": (
+        ["lora"],
+        {
+            "lora": {
+                "rank": 4,
+                "alpha": 8.0,
+                "targets": [
+                    "attention.q",
+                    "attention.k",
+                    "attention.v",
+                    "attention.o",
+                    "mlp.gate",
+                    "mlp.up",
+                    "mlp.down",
+                ],
+            }
+        },
+    ),
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
@@ -240,6 +262,17 @@ SCENARIOS: dict[str, Scenario] = {
     "pp_tp_ac": Scenario({"pp": 2, "tp": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
     "pp_fsdp_ac": Scenario({"pp": 2, "dp_shard": 2, **AC, **pp_options(schedule="1f1b")}, packed=True),
     "pp_ddp_ac": Scenario({"pp": 2, "dp_replicate": 2, **AC, **pp_options(schedule="gpipe")}, packed=True),
+    # LoRA (the base frozen, only the adapters trained) under each strategy
+    "lora_ddp": Scenario({"dp_replicate": 2}, variant="lora"),
+    "lora_fsdp": Scenario({"dp_shard": 2}, {"grad_accum": 2}, variant="lora"),
+    "lora_fsdp_ac_packed": Scenario({"dp_shard": 2, **AC}, variant="lora", packed=True),
+    "lora_tp": Scenario({"tp": 2}, variant="lora"),
+    "lora_tp_sp": Scenario({"tp": 2, **SP}, variant="lora"),
+    "lora_pp_1f1b_ac": _pp("1f1b", wrappers=AC, variant="lora"),
+    "lora_fsdp_tp": Scenario({"dp_shard": 2, "tp": 2}, variant="lora"),
+    "lora_pp_tp": Scenario({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, packed=True, variant="lora"),
+    "lora_fsdp_compile": Scenario({"dp_shard": 2}, COMPILE, variant="lora"),
+    "lora_pp_1f1b_compile": _pp("1f1b", compile=True, variant="lora"),
     # context parallelism: cp<n>[_<mode>]_<backend>, on packed rows unless _plain
     "cp2_plain": Scenario({"cp": 2}),
     **{
@@ -283,8 +316,14 @@ def make_plan(
     Packed scenarios name a packer that isolates documents, so the plan's emitted
     metadata is what the loader would hand the model."""
     model, options = VARIANTS[variant]
+    transforms, transform_options = TRANSFORMS.get(variant, ([], {}))
     raw = {
-        "model": {"name": model, "options": {**MODEL, **options}},
+        "model": {
+            "name": model,
+            "options": {**MODEL, **options},
+            "transforms": transforms,
+            "transform_options": transform_options,
+        },
         "attention": {"backend": attention},
         "data": {"packer": "bfd" if packed else "none", "seq_len": SEQ},
         "parallel": parallel,

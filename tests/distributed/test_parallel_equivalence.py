@@ -62,6 +62,11 @@ CHUNKED_TWO = [
     "packed_pp_zbv_chunked",
 ]
 CHUNKED_FOUR = ["fsdp_tp_chunked", "pp_tp_chunked"]
+#: LoRA (model.transforms: [lora], every projection adapted, the base frozen): only the
+#: adapters train, under each strategy, act_ckpt and packed rows; compiled in the matrix.
+LORA_TWO = ["lora_ddp", "lora_fsdp", "lora_fsdp_ac_packed", "lora_tp", "lora_tp_sp", "lora_pp_1f1b_ac"]
+LORA_FOUR = ["lora_fsdp_tp", "lora_pp_tp"]
+LORA_MATRIX = ["lora_fsdp_compile", "lora_pp_1f1b_compile"]
 PACKED_PP = [f"packed_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION]
 TWO = [
     "ddp",
@@ -90,9 +95,11 @@ TWO = [
     "pp_zbv_ac",
     "pp_dualpipev_ac",
     *CHUNKED_TWO,
+    *LORA_TWO,
 ]
 FOUR = [
     *CHUNKED_FOUR,
+    *LORA_FOUR,
     "fsdp_tp",
     "hsdp",
     "pp_tp",
@@ -158,7 +165,7 @@ def four(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_matrix(tmp_path_factory):
-    return run_scenarios(2, CP_TWO_MATRIX, tmp_path_factory.mktemp("two-matrix"))
+    return run_scenarios(2, CP_TWO_MATRIX + LORA_MATRIX, tmp_path_factory.mktemp("two-matrix"))
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +207,28 @@ def test_context_parallel_with_other_dimensions_equals_one_process(four, name):
 @pytest.mark.parametrize("name", CP_TWO_MATRIX)
 def test_context_parallel_with_flex_and_compile_equals_one_process(two_matrix, name):
     assert_matches_reference(two_matrix, name)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", LORA_MATRIX)
+def test_compiled_lora_equals_one_process(two_matrix, name):
+    assert_matches_reference(two_matrix, name)
+
+
+@pytest.mark.parametrize("name", LORA_TWO + LORA_FOUR)
+def test_lora_layouts_start_at_the_base_model_and_train_only_the_adapters(two, four, name):
+    """B starts at zero: the first loss of every LoRA layout is the plain llama's (its
+    single-process reference on the same rows); then only the adapters move, so the
+    losses part from those of the full model's training."""
+    results = two if name in two else four
+    got = results[name]
+    plain = results[
+        got["reference"].replace(":lora:", ":llama:").replace("reference:llama:sdpa:plain", "reference")
+    ]
+    assert results[got["reference"]]["loss"][0] == plain["loss"][0]  # one process: bit for bit
+    assert got["loss"][0] == pytest.approx(plain["loss"][0], rel=RTOL)
+    assert got["loss"][1:] != pytest.approx(plain["loss"][1:], rel=1e-4)
+    assert got["norm"] != pytest.approx(plain["norm"], rel=1e-2)  # the adapters' norm, not the model's
 
 
 @pytest.mark.matrix
