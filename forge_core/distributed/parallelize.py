@@ -74,10 +74,9 @@ class ParallelModel:
     - ``objective``: the run's training objective (``train.objective``, an instance of
       its spec's implementation), through which :meth:`forward_backward` and
       :meth:`evaluate` compute the loss when no ``loss_fn`` is given (under pipeline
-      parallelism, as :meth:`_stage_loss`); ``None``:
-      the token loss ``loss_fn``. ``reference``:
-      ``reference(inputs) -> output``, the frozen reference model's forward (no
-      gradient) for an objective that ``needs_reference``, else ``None``.
+      parallelism, as :meth:`_stage_loss`); ``None``: the token loss ``loss_fn``.
+      ``reference``: ``reference(inputs) -> output``, the frozen reference model's
+      forward (no gradient) for an objective that ``needs_reference``, else ``None``.
       ``objective_sums``: the objective's metric sums over this process's micro-batches
       since :meth:`take_objective_sums` last emptied them.
     - ``token_split``: over how many processes each batch's tokens are split

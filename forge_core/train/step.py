@@ -84,15 +84,13 @@ def optimizer_step(
     stop: bool,
     count_pairs: Callable[[dict[str, torch.Tensor]], int],
     counts: Sequence[float] = (),
-    objective: Any = None,
 ) -> StepOutcome:
     """Train one step on ``micro`` at learning rate ``lr``; the gradients are cleared
     afterwards whether or not the optimizers stepped. ``counts`` (this process's numbers
     about its batches) come back summed over the global batch, in the same all-reduce.
-    ``objective`` (the model's, ``pmodel.objective``, when ``None``) counts the
-    normalizer; without one, the labelled tokens do."""
-    objective = pmodel.objective if objective is None else objective
-    count = None if objective is None else objective.count
+    The model's objective (``pmodel.objective``) counts the normalizer; without one, the
+    labelled tokens do."""
+    count = None if pmodel.objective is None else pmodel.objective.count
     labelled, units, pairs, stops, summed = global_counts(
         micro, count_pairs, slice_weight, stop, device, counts, count
     )
