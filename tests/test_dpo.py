@@ -215,3 +215,36 @@ def test_the_console_shows_the_objective_metrics_and_an_evaluation_without_perpl
     assert _fmt_objective(step, "lm", "=") == ""
     evaluated = {"eval/loss": 0.25, "eval/pairs": 14, "eval/dpo/reward_accuracy": 1.0, "eval/a/loss": 0.2}
     assert _fmt_eval(evaluated, "dpo") == "eval/loss 0.2500  eval/pairs 14  eval/dpo/reward_accuracy 1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "rule"),
+    [
+        (["parallel.pp=2"], 2, "train.objective-under-pipeline"),
+        (["parallel.cp=2"], 2, "train.objective-under-token-split"),
+        (["train.loss.name=chunked"], 1, "train.objective-needs-logits"),
+        (["data.packer=none"], 1, "train.objective-needs-metadata"),
+    ],
+)
+def test_layouts_dpo_cannot_run_under_are_refused_before_anything_is_built(
+    tmp_path, overrides, world_size, rule
+):
+    """Before: dpo under pp would have scored each microbatch from its labels alone, under
+    cp each rank's share of every completion, under the chunked loss hidden states."""
+    from train_helpers import tiny_config, write_config
+
+    from forge_core.config.loader import load_config
+    from forge_core.judge import judge_config
+    from forge_core.registry import load_registries
+
+    config = tiny_config(tmp_path, train={"objective": "dpo"})
+    config["data"].update(packer="bfd", seq_len=64)
+    path = write_config(tmp_path / "dpo.yaml", config)
+    registries = load_registries()
+    assert not judge_config(load_config(path, [], registries), registries, world_size=1).errors
+    judged = judge_config(load_config(path, overrides, registries), registries, world_size=world_size)
+    assert rule in {v.rule_id for v in judged.errors}, [str(v) for v in judged.errors]
+    lm = judge_config(
+        load_config(path, [*overrides, "train.objective=lm"], registries), registries, world_size=world_size
+    )
+    assert rule not in {v.rule_id for v in lm.errors}
