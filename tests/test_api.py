@@ -63,6 +63,7 @@ def test_every_public_name_is_exported():
         and n
         not in {
             "batch",
+            "chat",
             "errors",
             "files",
             "fingerprint",
