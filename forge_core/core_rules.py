@@ -169,6 +169,59 @@ def check_loss_finds_head(ctx: Plan) -> str | None:
     )
 
 
+def _objective(ctx: Plan) -> Any:
+    return ctx.specs.get("objective")
+
+
+def check_objective_under_pipeline(ctx: Plan) -> str | None:
+    """The last pipeline stage calls the loss with a microbatch's output and labels only."""
+    objective = _objective(ctx)
+    if objective is None or objective.pipeline or ctx.degrees.get("pp", 1) <= 1:
+        return None
+    return (
+        f"objective {objective.name!r} cannot run under pipeline parallelism (parallel.pp = "
+        f"{ctx.degrees['pp']}): the last stage computes the loss of each microbatch from its output and "
+        "labels alone, without the rest of the batch or a reference model it needs"
+    )
+
+
+def check_objective_takes_output(ctx: Plan) -> str | None:
+    """The chunked loss makes the model return hidden states, not logits."""
+    objective = _objective(ctx)
+    if objective is None or objective.hidden_states or ctx.config.train.loss.name != "chunked":
+        return None
+    return (
+        f"objective {objective.name!r} reads the logits, but train.loss.name: chunked makes the model "
+        "return its final hidden states (the loss applies the output head chunk by chunk); the "
+        "objective would be computed on the wrong tensor"
+    )
+
+
+def check_objective_under_token_split(ctx: Plan) -> str | None:
+    """A token split leaves each process a share of every row's tokens."""
+    objective = _objective(ctx)
+    if objective is None or objective.token_split or ctx.token_split <= 1:
+        return None
+    split = ", ".join(f"parallel.{d.name} = {ctx.degrees[d.name]}" for d in ctx.dims if d.splits_tokens)
+    return (
+        f"objective {objective.name!r} is not a sum over tokens, but {split} splits every row's tokens "
+        "over processes, each of which would compute it on its share of each sequence"
+    )
+
+
+def check_objective_needs(ctx: Plan) -> str | None:
+    """The objective reads per-token metadata the packer must emit."""
+    objective = _objective(ctx)
+    missing = sorted(objective.needs - ctx.emitted) if objective is not None else []
+    if not missing:
+        return None
+    return (
+        f"objective {objective.name!r} reads {', '.join(missing)} from every batch, but packer "
+        f"{ctx.config.data.packer!r} does not emit {'it' if len(missing) == 1 else 'them'} under its options "
+        f"(it emits: {', '.join(sorted(ctx.emitted)) or 'nothing'})"
+    )
+
+
 def check_honours_doc_ids(ctx: Plan) -> str | None:
     """The packer isolates documents but the backend would let them attend across."""
     backend = ctx.specs.get("attention")
@@ -387,6 +440,40 @@ RULES = [
         fix="Set train.loss.name: full, or choose a model that supports it. Model authors: declare "
         "OUTPUT_HEAD in ModelSpec.supports and name the head in parallel_contract().output_head "
         "(forge_core.api.ParallelContract).",
+    ),
+    Rule(
+        id="train.objective-under-pipeline",
+        severity="error",
+        paths=("train.objective", "parallel.pp"),
+        summary="An objective that does not declare pipeline runs without pipeline parallelism.",
+        check=check_objective_under_pipeline,
+        fix="Set parallel.pp: 1 (shard with parallel.dp_shard or parallel.tp instead), or use an objective "
+        "whose spec declares pipeline (train.objective: lm).",
+    ),
+    Rule(
+        id="train.objective-needs-logits",
+        severity="error",
+        paths=("train.objective", "train.loss.name"),
+        summary="An objective that does not declare hidden_states needs the full loss (the logits).",
+        check=check_objective_takes_output,
+        fix="Set train.loss.name: full.",
+    ),
+    Rule(
+        id="train.objective-under-token-split",
+        severity="error",
+        paths=("train.objective", DEGREES),
+        summary="An objective that does not declare token_split runs without context parallelism.",
+        check=check_objective_under_token_split,
+        fix="Set parallel.cp: 1 (shorter rows, or parallel.dp_shard for memory), or use an objective whose "
+        "spec declares token_split (train.objective: lm).",
+    ),
+    Rule(
+        id="train.objective-needs-metadata",
+        severity="error",
+        paths=("train.objective", "data.packer"),
+        summary="The packer emits the per-token metadata the objective needs.",
+        check=check_objective_needs,
+        fix="Choose a packer that emits it (data.packer: bfd emits doc_ids and positions).",
     ),
     Rule(
         id="attention.honours-doc-ids",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         AttentionBackendSpec,
         LoggerSpec,
         ModelSpec,
+        ObjectiveSpec,
         OptimizerSpec,
         PackerSpec,
         ParallelismSpec,
@@ -329,6 +330,42 @@ def forge_schedules() -> list[ScheduleSpec]:
 
 
 @_hookspec
+def forge_objectives() -> list[ObjectiveSpec]:
+    """Register training objectives, selected by ``train.objective``.
+
+    Return a list of :class:`~forge_core.api.ObjectiveSpec`. The implementation is a
+    class constructed as ``cls(options, token_loss=...)``: ``options`` is the structured
+    ``train.objective_options`` and ``token_loss`` the run's token cross-entropy,
+    ``token_loss(output, labels) -> (loss_sum, tokens)`` (over the logits, or over the
+    hidden states under ``train.loss.name: chunked``). An instance has:
+
+    - ``count(batch) -> int``: what the step's normalizer counts in one micro-batch
+      (labelled tokens for ``lm``, preference pairs for ``dpo``), read on the host before
+      the batch moves to the device; the step divides every micro-batch's loss sum by
+      the sum of the counts over the micro-batches and data-parallel ranks (`the
+      gradient convention <plugin-guide/parallelism.md#the-gradient-convention>`_);
+    - ``needs_reference``: a ``bool``, whether ``loss`` wants a frozen reference model's
+      output (the model as it was at the start, or with a model transform's adapters
+      off);
+    - ``loss(output, batch, reference) -> (loss_sum, count, sums)``: ``output`` is what
+      the model returned for ``batch`` (which holds ``labels`` and every key the
+      packer emits, as well as the spec's ``batch_keys``, which the model does not
+      receive), ``reference`` the reference model's output for the same inputs (no
+      gradient) or ``None``; ``loss_sum`` is a scalar tensor summed over what ``count``
+      counts, and ``sums`` maps each of the spec's ``metrics`` to its sum over the same
+      units (the step logs each divided by the global count).
+
+    Example::
+
+        @hookimpl
+        def forge_objectives():
+            return [ObjectiveSpec(name="focal", summary="Focal loss over tokens",
+                                  impl="my_pkg.focal:FocalLoss", options=FocalOptions,
+                                  pipeline=False)]
+    """
+
+
+@_hookspec
 def forge_loggers() -> list[LoggerSpec]:
     """Register loggers, enabled by listing their names in ``logging.loggers``.
 
@@ -398,10 +435,13 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     With several sources (``data.sources``), ``data/<source>/tokens`` (this step's
     labelled tokens read from each source, over all processes) and ``data/<source>/share``
     (that source's share of the labelled tokens since the run started), so the mixture
-    the run really trained on is on record. Plugins add their own through
-    ``forge_step_metrics``. It is a fresh dict, safe to keep. A logger that reports to
-    another system should forward every key it gets, not a fixed list: other keys may be
-    added.
+    the run really trained on is on record. The objective's metrics (its spec's
+    ``metrics``: ``dpo/reward_accuracy``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
+    ``dpo/reward_margin`` under ``train.objective: dpo``), each a mean over what the
+    objective counts; ``loss`` is then the objective's mean over the same count (per
+    pair for ``dpo``). Plugins add their own through ``forge_step_metrics``. It is a
+    fresh dict, safe to keep. A logger that reports to another system should forward
+    every key it gets, not a fixed list: other keys may be added.
     """
 
 
@@ -415,7 +455,10 @@ def forge_eval_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     ``metrics`` holds ``eval/loss`` (mean cross-entropy per labelled token, over every
     process), ``eval/perplexity`` (its exponential) and ``eval/tokens`` (labelled tokens
     evaluated); with several sources also ``eval/<source>/loss`` and
-    ``eval/<source>/perplexity``. It is a fresh dict, safe to keep.
+    ``eval/<source>/perplexity``. Under an objective other than the token cross-entropy
+    (``train.objective: dpo``), ``eval/loss`` is its mean over what it counts, reported as
+    ``eval/<unit>`` (``eval/pairs``) with ``eval/<metric>`` for each of its metrics and no
+    perplexity. It is a fresh dict, safe to keep.
 
     ``run.view`` (:class:`forge_core.train.view.RunView`) reaches the model, the step and
     the data read-only, so a plugin can run an evaluation of its own here. Every process

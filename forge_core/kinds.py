@@ -75,5 +75,6 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind("forge_optimizers", S.OptimizerSpec, "optimizer", "train.optimizer", "train.optimizer_options"),
     Kind("forge_schedules", S.ScheduleSpec, "schedule", "train.schedule", "train.schedule_options"),
+    Kind("forge_objectives", S.ObjectiveSpec, "objective", "train.objective", "train.objective_options"),
     Kind("forge_loggers", S.LoggerSpec, "logger", "logging.loggers", "logging.options", keyed=True),
 )

@@ -41,6 +41,7 @@ def fake_run(start_step: int = 0) -> RunContext:
         run=SimpleNamespace(name="bar"),
         logging=SimpleNamespace(every=1),
         eval=SimpleNamespace(due=lambda step, total: False),
+        train=SimpleNamespace(objective="lm"),
     )
     return RunContext(config=config, out_dir="out", start_step=start_step, total_steps=TOTAL)
 

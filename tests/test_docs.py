@@ -98,6 +98,7 @@ def test_every_worked_chapter_has_runnable_blocks():
         "tokenizer.md",
         "optimizer.md",
         "schedule.md",
+        "objective.md",
         "transform.md",
     }
     assert expected <= set(CHAPTERS), f"chapters without runnable blocks: {sorted(expected - set(CHAPTERS))}"

@@ -33,6 +33,7 @@ from forge_core import docgen
 from forge_core.api import (
     AttentionBackendSpec,
     LoggerSpec,
+    ObjectiveSpec,
     OptimizerSpec,
     PackerSpec,
     ParallelismSpec,
@@ -88,6 +89,13 @@ def recording_optimizer(**kwargs: Any) -> torch.optim.Optimizer:
 def recording_schedule(*args: Any, **kwargs: Any) -> float:
     _record("forge_schedules", args, kwargs)
     return 1.0
+
+
+class RecordingObjective:
+    needs_reference = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _record("forge_objectives", args, kwargs)
 
 
 class RecordingLogger:
@@ -149,6 +157,10 @@ def _recorder_plugin() -> types.SimpleNamespace:
         return [spec(ScheduleSpec, "rec_schedule", "recording_schedule")]
 
     @hookimpl
+    def forge_objectives():
+        return [spec(ObjectiveSpec, "rec_objective", "RecordingObjective")]
+
+    @hookimpl
     def forge_loggers():
         return [spec(LoggerSpec, "rec_logger", "RecordingLogger")]
 
@@ -183,6 +195,7 @@ def _recorder_plugin() -> types.SimpleNamespace:
                 forge_tokenizers,
                 forge_optimizers,
                 forge_schedules,
+                forge_objectives,
                 forge_loggers,
                 forge_transforms,
                 forge_parallelisms,
@@ -198,7 +211,7 @@ model:
   transforms: [rec_transform]
 attention: {backend: rec_attention}
 data: {source: rec_source, tokenizer: rec_tokenizer, packer: rec_packer}
-train: {optimizer: rec_optimizer, schedule: rec_schedule}
+train: {optimizer: rec_optimizer, schedule: rec_schedule, objective: rec_objective}
 parallel: {wrappers: [rec_wrapper]}
 logging: {loggers: [rec_logger]}
 """
@@ -226,6 +239,7 @@ def recorded(tmp_path_factory) -> dict[str, tuple[int, frozenset[str]]]:
     components.model(plan, registries, 8, components.attention(plan, registries))
     components.optimizer(plan, registries, torch.nn.Linear(2, 2))
     components.schedule(plan, registries, 10)(3)
+    components.objective(plan, registries, loss_fn)
     components.loggers(plan, registries)
     parallelize(torch.nn.Linear(2, 2), plan, torch.device("cpu"), loss_fn=loss_fn)
     return dict(CALLS)

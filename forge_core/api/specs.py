@@ -267,6 +267,41 @@ class ScheduleSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class ObjectiveSpec(ComponentSpec):
+    """A training objective: what a step minimises and what its normalizer counts
+    (``train.objective``; the built-in ``lm`` is the token cross-entropy).
+
+    - ``needs``: per-token metadata the objective reads from the batch (``doc_ids``): the
+      chosen packer must emit it.
+    - ``batch_keys``: keys of the batch the objective reads that the model must NOT
+      receive (kept out of the forward's keyword arguments).
+    - ``metrics``: the names of the metrics it adds to every step (and, prefixed
+      ``eval/``, to every evaluation), each a mean over what ``count`` counts.
+    - ``unit``: what ``count`` counts, plural (``tokens``, ``pairs``): the evaluation
+      reports it as ``eval/<unit>``.
+    - ``per_token``: it is the token cross-entropy (its evaluation has a perplexity).
+    - ``pipeline``: it can run on the last pipeline stage, which sees only the output
+      and the labels of each microbatch: there ``loss`` is called with a batch of
+      ``labels`` alone and no reference, and its metrics are not reported.
+    - ``hidden_states``: it can take the hidden states the chunked loss hands over
+      (``train.loss.name: chunked``) instead of the logits.
+    - ``token_split``: it is a sum over tokens, so a strategy that splits each row's
+      tokens over processes (context parallelism) computes it in shares.
+    The rules refuse a config whose layout the objective cannot run under.
+    """
+
+    kind: ClassVar[str] = "objective"
+    needs: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    batch_keys: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    metrics: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    unit: str = "tokens"
+    per_token: bool = False
+    pipeline: bool = False
+    hidden_states: bool = False
+    token_split: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class LoggerSpec(ComponentSpec):
     """A logger: its implementation is a class whose instances implement lifecycle hooks."""
 

@@ -233,6 +233,12 @@ def schedule(plan: Plan, registries: Any, total_steps: int) -> Any:
     return lambda step: float(fn(min(step, last), total_steps, train.warmup_steps, train.schedule_options))
 
 
+def objective(plan: Plan, registries: Any, token_loss: Callable[..., Any]) -> Any:
+    """The training objective ``train.objective`` names, given the run's token loss."""
+    options = plan.config.train.objective_options
+    return _build(plan, registries, "objective", lambda cls: cls(options, token_loss=token_loss))
+
+
 def loggers(plan: Plan, registries: Any) -> list[tuple[str, Any]]:
     """``(name, instance)`` for every logger in ``logging.loggers``."""
     from forge_core.plan import component_options

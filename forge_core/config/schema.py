@@ -276,6 +276,12 @@ class TrainSection:
         "warns with run.device: auto when no GPU is visible either.",
     )
     loss: LossSection = option(LossSection(), "The loss: full logits, or chunked.")
+    objective: str = option(
+        "lm",
+        "Registered training objective: 'lm' (next-token cross-entropy, normalized by the labelled "
+        "tokens), 'dpo' (preference pairs, normalized by the pairs), ...",
+    )
+    objective_options: Any = option({}, "The objective's own options.")
     compile: bool = option(False, "torch.compile the model.")
     peak_tflops: float = option(
         0.0,

@@ -71,6 +71,14 @@ class ParallelModel:
     - ``batch_transforms``: what strategies declared (``batch_transform(ctx)``, see
       :class:`~forge_core.api.Strategy`), applied in order by :meth:`forward_backward`
       and :meth:`evaluate` before the model sees a batch.
+    - ``objective``: the run's training objective (``train.objective``, an instance of
+      its spec's implementation), through which :meth:`forward_backward` and
+      :meth:`evaluate` compute the loss when no ``loss_fn`` is given (under pipeline
+      parallelism, as :meth:`_stage_loss`); ``None``: the token loss ``loss_fn``.
+      ``reference``: ``reference(inputs) -> output``, the frozen reference model's
+      forward (no gradient) for an objective that ``needs_reference``, else ``None``.
+      ``objective_sums``: the objective's metric sums over this process's micro-batches
+      since :meth:`take_objective_sums` last emptied them.
     - ``token_split``: over how many processes each batch's tokens are split
       (``MeshDim.splits_tokens``: ``cp``); this process's loss sums are its share, so
       a sum over every process weights them by ``token_split`` over the processes that
@@ -95,6 +103,9 @@ class ParallelModel:
     loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     batch_transforms: list[Callable[[Any], Any]] = attrs.field(factory=list)
     token_split: int = 1
+    objective: Any = None
+    reference: Callable[[dict[str, torch.Tensor]], Any] | None = None
+    objective_sums: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     def transform(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``batch`` as the model sees it: every strategy's batch transform applied."""
@@ -140,6 +151,43 @@ class ParallelModel:
             )
         return loss_fn
 
+    def take_objective_sums(self) -> dict[str, torch.Tensor]:
+        """The objective's metric sums since the last call (float64), emptied."""
+        sums, self.objective_sums = self.objective_sums, {}
+        return sums
+
+    def _objective_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_sum, count)`` of the objective on ``batch`` (already transformed); its
+        metric sums are added to :attr:`objective_sums`."""
+        objective = self.objective
+        hidden = {LABELS, *getattr(objective, "batch_keys", ())}
+        inputs = {k: v for k, v in batch.items() if k not in hidden}
+        output = self.forward(**inputs)
+        reference = None
+        if objective.needs_reference:
+            if self.reference is None:
+                raise ForgeError(
+                    f"objective {type(objective).__name__} needs a reference model, but the model was "
+                    "parallelized without one (ParallelModel.reference)"
+                )
+            with torch.no_grad():
+                reference = self.reference(inputs)
+        loss_sum, count, sums = objective.loss(output, batch, reference)
+        for name, value in sums.items():
+            value = value.detach().double()
+            self.objective_sums[name] = self.objective_sums.get(name, 0) + value
+        return loss_sum, count
+
+    def _uses_objective(self, loss_fn: Callable | None) -> bool:
+        return self.objective is not None and loss_fn in (None, self.loss_fn)
+
+    def _stage_loss(self, output: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The objective as the last pipeline stage calls a loss, per microbatch: from
+        the output and the labels alone (an objective declares ``pipeline`` when that is
+        all it needs); its metric sums stay on that stage and are not reported."""
+        loss_sum, count, _ = self.objective.loss(output, {LABELS: labels}, None)
+        return loss_sum, count
+
     def forward_backward(
         self, batch: dict[str, torch.Tensor], loss_fn: Callable | None, global_tokens: float | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,13 +200,16 @@ class ParallelModel:
         ``batch`` holds ``input_ids``, ``labels`` and any per-token metadata the model
         accepts. ``loss_fn`` ``None``: the model's own (:attr:`loss_fn`).
         """
+        objective = self._uses_objective(loss_fn)
         loss_fn = self._loss(loss_fn)
         batch = self.transform(batch)
         if self.train_step is not None:
-            return self.train_step(batch, loss_fn, global_tokens)
-        inputs = {k: v for k, v in batch.items() if k != LABELS}
-        logits = self.forward(**inputs)
-        loss_sum, tokens = loss_fn(logits, batch[LABELS])
+            return self.train_step(batch, self._stage_loss if objective else loss_fn, global_tokens)
+        if objective:
+            loss_sum, tokens = self._objective_loss(batch)
+        else:
+            inputs = {k: v for k, v in batch.items() if k != LABELS}
+            loss_sum, tokens = loss_fn(self.forward(**inputs), batch[LABELS])
         (loss_sum / global_tokens).backward()
         return loss_sum.detach(), torch.as_tensor(tokens)
 
@@ -170,14 +221,18 @@ class ParallelModel:
         parallelism: of the pipeline's rows, on every stage), no gradient kept. The
         caller switches the parts to eval mode and back. ``loss_fn`` ``None``: the
         model's own (:attr:`loss_fn`, chunked when the run's loss is)."""
+        objective = self._uses_objective(loss_fn)
         loss_fn = self._loss(loss_fn)
         batch = self.transform(batch)
         if self.train_step is not None:
             if self.eval_step is None:
                 raise ForgeError("this parallel layout has no forward-only step for evaluation")
-            return self.eval_step(batch, loss_fn)
-        inputs = {k: v for k, v in batch.items() if k != LABELS}
-        loss_sum, tokens = loss_fn(self.forward(**inputs), batch[LABELS])
+            return self.eval_step(batch, self._stage_loss if objective else loss_fn)
+        if objective:
+            loss_sum, tokens = self._objective_loss(batch)
+        else:
+            inputs = {k: v for k, v in batch.items() if k != LABELS}
+            loss_sum, tokens = loss_fn(self.forward(**inputs), batch[LABELS])
         return loss_sum.detach(), torch.as_tensor(tokens)
 
 
@@ -230,6 +285,8 @@ def parallelize(
     device: torch.device,
     loss_fn: Callable | None = None,
     mesh: Any = None,
+    objective: Any = None,
+    reference: Callable[[dict[str, torch.Tensor]], Any] | None = None,
 ) -> ParallelModel:
     """Apply ``plan.strategies`` to ``model`` on ``mesh`` (built from ``plan.degrees``
     when not given: :func:`~forge_core.distributed.mesh.build_mesh`; the caller builds it
@@ -241,8 +298,9 @@ def parallelize(
     ``plan`` is the :class:`~forge_core.api.Plan` the run was judged with, against the
     world size it runs at: nothing is recomputed from the config. Every process calls
     this with an identically initialised model (same seed), so sharding a local copy
-    gives every rank the weights a single process would have. Returns the
-    :class:`ParallelModel`.
+    gives every rank the weights a single process would have. ``objective`` and
+    ``reference`` become the :class:`ParallelModel`'s (its loss when none is given).
+    Returns the :class:`ParallelModel`.
     """
     from forge_core.api import ParallelContext
     from forge_core.distributed.mesh import build_mesh, dp_coords
@@ -261,6 +319,8 @@ def parallelize(
         dims=plan.dims,
         loss_fn=loss_fn,
         token_split=plan.token_split,
+        objective=objective,
+        reference=reference,
     )
     parts: list[torch.nn.Module] = [model]
     runners: list[torch.nn.Module] = [model]

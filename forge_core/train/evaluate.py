@@ -22,7 +22,10 @@ of one data-parallel slice holds the same sums). The model's parts are switched 
 eval mode for the duration and each module is put back in the mode it had.
 
 The loss is the token-weighted mean of the per-token cross-entropy, the perplexity its
-exponential.
+exponential. Under another objective (``train.objective``) the batches go through it
+instead: the loss is its mean over what it counts (the pairs of ``dpo``), reported with
+that count (``eval/pairs``) and its metrics' means (``eval/dpo/reward_accuracy``), and
+no perplexity.
 """
 
 from __future__ import annotations
@@ -202,6 +205,12 @@ class EvalResult:
     batches: int
     seconds: float
     by_source: dict[str, tuple[float, int]]  # label -> (loss, tokens)
+    #: What ``tokens`` counts (the objective's unit) and whether the loss is the token
+    #: cross-entropy (``ObjectiveSpec.per_token``: only then is there a perplexity).
+    unit: str = "tokens"
+    per_token: bool = True
+    #: The objective's metrics, each a mean over the count (``dpo/reward_accuracy``).
+    extra: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def perplexity(self) -> float:
@@ -209,8 +218,16 @@ class EvalResult:
 
     def metrics(self) -> dict[str, Any]:
         """``eval/loss``, ``eval/perplexity``, ``eval/tokens``; with several sources also
-        ``eval/<source>/loss`` and ``eval/<source>/perplexity``."""
-        out: dict[str, Any] = {LOSS: self.loss, PERPLEXITY: self.perplexity, TOKENS: self.tokens}
+        ``eval/<source>/loss`` and ``eval/<source>/perplexity``. Under an objective that
+        is not per token: ``eval/loss``, ``eval/<unit>`` and ``eval/<metric>`` of each of
+        its metrics (``eval/<source>/loss`` per source)."""
+        if not self.per_token:
+            out: dict[str, Any] = {LOSS: self.loss, f"eval/{self.unit}": self.tokens}
+            out.update({f"eval/{name}": value for name, value in self.extra.items()})
+            if len(self.by_source) > 1:
+                out.update({f"eval/{label}/loss": loss for label, (loss, _) in self.by_source.items()})
+            return out
+        out = {LOSS: self.loss, PERPLEXITY: self.perplexity, TOKENS: self.tokens}
         if len(self.by_source) > 1:
             for label, (loss, _) in self.by_source.items():
                 out[f"eval/{label}/loss"] = loss
@@ -265,12 +282,15 @@ def run_eval(
     precision: str = "fp32",
     slice_weight: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
+    objective: Any = None,
 ) -> EvalResult:
     """Evaluate ``pmodel`` (a :class:`~forge_core.distributed.parallelize.ParallelModel`) on
-    ``data`` with ``loss_fn`` (``None``: the model's own, the run's training loss). Every
-    process of the run calls it; ``slice_weight`` is ``dp_size / world_size`` (how much one
-    process's sums count). ``progress(batches done, batches in all)`` is called after every
-    batch."""
+    ``data`` with ``loss_fn`` (``None``: the model's own objective, else its training
+    loss). Every process of the run calls it; ``slice_weight`` is ``dp_size / world_size``
+    (how much one process's sums count). ``progress(batches done, batches in all)`` is
+    called after every batch. ``objective``: the :class:`~forge_core.api.ObjectiveSpec`
+    of the model's objective (its unit, whether it is per token); ``None``: the token
+    cross-entropy's."""
     from forge_core.distributed.placement import all_reduce_sum, to_device
     from forge_core.train.precision import autocast as precision_autocast
 
@@ -279,6 +299,8 @@ def run_eval(
     autocast = precision_autocast(precision, device)
     by_source: dict[str, tuple[float, int]] = {}
     rows, loss_total, tokens_total = 0, 0.0, 0.0
+    extra: dict[str, float] = {}
+    pmodel.take_objective_sums()  # what a training step left is not this evaluation's
     with eval_mode([*pmodel.parts, pmodel.forward]):
         for eval_set, num_rows in data.row_counts():
             sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
@@ -295,8 +317,17 @@ def run_eval(
                     progress(done, total_batches)
             # Under a token split (cp) each process's sums cover its share of the rows' tokens.
             weight = slice_weight * pmodel.token_split
-            loss_sum, tokens = all_reduce_sum([float(x) * weight for x in sums.tolist()], device)
+            objective_sums = pmodel.take_objective_sums()
+            loss_sum, tokens, *metric_sums = all_reduce_sum(
+                [float(x) * weight for x in [*sums.tolist(), *objective_sums.values()]], device
+            )
             by_source[eval_set.label] = (loss_sum / tokens if tokens else math.nan, round(tokens))
             rows, loss_total, tokens_total = rows + num_rows, loss_total + loss_sum, tokens_total + tokens
+            for name, value in zip(objective_sums, metric_sums):
+                extra[name] = extra.get(name, 0.0) + value
     loss = loss_total / tokens_total if tokens_total else math.nan
-    return EvalResult(loss, round(tokens_total), rows, done, time.perf_counter() - t0, by_source)
+    extra = {name: value / tokens_total if tokens_total else math.nan for name, value in extra.items()}
+    unit, per_token = ("tokens", True) if objective is None else (objective.unit, objective.per_token)
+    return EvalResult(
+        loss, round(tokens_total), rows, done, time.perf_counter() - t0, by_source, unit, per_token, extra
+    )

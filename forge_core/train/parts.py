@@ -5,8 +5,10 @@ The order matters: the tokenizer first (its vocabulary sizes the model), the dat
 from the token cache, which one process per node fills while the others wait), the model
 with its attention backend, then the strategies (``train.compile`` among them) applied in their
 declared order, with the loss ``train.loss`` names (the chunked loss takes over the
-model's output head before any strategy shards it), the optimizers (one per model part),
-the loader, evaluation data, the MFU meter and the collector of the model's own
+model's output head before any strategy shards it) and the objective ``train.objective``
+names (with its frozen reference model when it needs one:
+:func:`~forge_core.train.reference.build_reference`), the optimizers (one per model
+part), the loader, evaluation data, the MFU meter and the collector of the model's own
 statistics.
 """
 
@@ -30,6 +32,7 @@ from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
 from forge_core.train.mfu import MfuMeter, build_meter
+from forge_core.train.reference import adapters_off, build_reference, needs_copy
 
 
 @attrs.frozen
@@ -119,7 +122,17 @@ def build_parts(
     mfu = build_meter(plan, registries, model, vocab_size, pl.device, pl.world_size, warn)
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
-    pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)
+    token_loss = build_loss(model, cfg)
+    objective = components.objective(plan, registries, token_loss)
+    # A copied reference is taken from the model as built, before any strategy shards it;
+    # with adapters, the reference is the trained model with them off.
+    copied = objective.needs_reference and needs_copy(model)
+    reference = build_reference(model, pl.device) if copied else None
+    pmodel = parallelize(
+        model, plan, pl.device, loss_fn=token_loss, mesh=mesh, objective=objective, reference=reference
+    )
+    if objective.needs_reference and not copied:
+        pmodel.reference = adapters_off(pmodel)
     step_tokens = train.batch_size * data.seq_len
     module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), step_tokens)
     dp = pmodel.dp_size

@@ -1,19 +1,20 @@
 """One optimizer step over a step's micro-batches.
 
 1. count, over every data-parallel rank, the tokens whose label is not
-   :data:`~forge_core.api.IGNORE_INDEX` and the attended pairs (one small all-reduce
-   that also carries whether any process received a stop signal, and the caller's own
-   counts: a mixture's labelled tokens per source);
+   :data:`~forge_core.api.IGNORE_INDEX`, what the objective normalizes by (its
+   ``count``: the labelled tokens again for ``lm``, the pairs for ``dpo``) and the
+   attended pairs (one small all-reduce that also carries whether any process received
+   a stop signal, and the caller's own counts: a mixture's labelled tokens per source);
 2. for each micro-batch, :meth:`~forge_core.distributed.parallelize.ParallelModel.forward_backward`
-   under the chosen precision with that count as its normalizer (the gradient convention,
-   docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync only on the
-   last micro-batch;
+   under the chosen precision with the objective's count as its normalizer (the gradient
+   convention, docs/plugin-guide/parallelism.md#the-gradient-convention), gradient sync
+   only on the last micro-batch;
 3. finish the gradients (what strategies reduce once per step, after the last backward),
    clip to the global gradient norm, sum the loss over the processes (one all-reduce
-   that also carries what the forwards measured: the model's statistics,
-   :mod:`forge_core.train.model_stats`) and, when the loss and the norm are finite,
-   step every optimizer, then the modules that ask for it
-   (:func:`~forge_core.train.module_hooks.after_optimizer_step`).
+   that also carries the objective's metric sums, divided by the same count, and what
+   the forwards measured: the model's statistics, :mod:`forge_core.train.model_stats`)
+   and, when the loss and the norm are finite, step every optimizer, then the modules
+   that ask for it (:func:`~forge_core.train.module_hooks.after_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class StepOutcome:
     counts: tuple[float, ...] = ()
     #: What ``measured`` returned, summed over every process.
     measured: tuple[float, ...] = ()
+    #: The objective's metrics (its spec's ``metrics``), each a mean over its count.
+    metrics: dict[str, float] = attrs.field(factory=dict)
 
 
 def global_counts(
@@ -55,19 +58,21 @@ def global_counts(
     stop: bool,
     device: torch.device,
     counts: Sequence[float] = (),
-) -> tuple[float, float, float, tuple[float, ...]]:
-    """``(labelled tokens, attended pairs, stop requests, counts)`` over every process,
-    ``counts`` being the caller's own per-batch counts and ``count_pairs`` the
-    attention's count of attended pairs (:func:`~forge_core.train.flops.pair_counter`).
-    Every process of a data-parallel slice reads the same batch: ``slice_weight`` counts
-    each batch once."""
+    count: Callable[[dict[str, torch.Tensor]], int] | None = None,
+) -> tuple[float, float, float, float, tuple[float, ...]]:
+    """``(labelled tokens, the objective's count, attended pairs, stop requests, counts)``
+    over every process, ``counts`` being the caller's own per-batch counts, ``count`` the
+    objective's (``None``: the labelled tokens) and ``count_pairs`` the attention's count
+    of attended pairs (:func:`~forge_core.train.flops.pair_counter`). Every process of a
+    data-parallel slice reads the same batch: ``slice_weight`` counts each batch once."""
     labelled = sum(int((b[LABELS] != IGNORE_INDEX).sum()) for b in micro)
+    units = labelled if count is None else sum(count(b) for b in micro)
     pairs = sum(count_pairs(b) for b in micro)
     w = slice_weight
-    labelled, pairs, stops, *summed = all_reduce_sum(
-        [labelled * w, pairs * w, 1.0 if stop else 0.0, *(c * w for c in counts)], device
+    labelled, units, pairs, stops, *summed = all_reduce_sum(
+        [labelled * w, units * w, pairs * w, 1.0 if stop else 0.0, *(c * w for c in counts)], device
     )
-    return labelled, pairs, stops, tuple(summed)
+    return labelled, units, pairs, stops, tuple(summed)
 
 
 def optimizer_step(
@@ -90,12 +95,16 @@ def optimizer_step(
     about its batches) come back summed over the global batch, in the same all-reduce.
     ``measured()``, called after the last backward, gives this process's numbers about
     its forwards (already weighted); they come back summed over every process, in the
-    loss's all-reduce."""
-    labelled, pairs, stops, summed = global_counts(micro, count_pairs, slice_weight, stop, device, counts)
+    loss's all-reduce. The model's objective (``pmodel.objective``) counts the
+    normalizer; without one, the labelled tokens do."""
+    count = None if pmodel.objective is None else pmodel.objective.count
+    labelled, units, pairs, stops, summed = global_counts(
+        micro, count_pairs, slice_weight, stop, device, counts, count
+    )
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = lr
-    normalizer = max(labelled, 1.0)
+    normalizer = max(units, 1.0)
     autocast = precision.autocast(precision_name, device)
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     for i, batch in enumerate(micro):
@@ -108,11 +117,15 @@ def optimizer_step(
     # Every process holds its data-parallel slice's loss (pipeline ranks get it back
     # from the last stage), or its share of it under a token split: weight so each
     # slice counts once.
+    weight = slice_weight * pmodel.token_split
+    sums = pmodel.take_objective_sums()
     local = list(measured()) if measured is not None else []
-    loss_sum, *measured_sums = all_reduce_sum(
-        [float(loss_total) * slice_weight * pmodel.token_split, *local], device
+    loss, *rest = all_reduce_sum(
+        [float(loss_total) * weight, *(float(v) * weight for v in sums.values()), *local], device
     )
-    loss = loss_sum / normalizer
+    loss /= normalizer
+    metrics = {name: value / normalizer for name, value in zip(sums, rest)}
+    measured_sums = rest[len(sums) :]
     stepped = math.isfinite(loss) and math.isfinite(grad_norm)
     if stepped:
         for optimizer in optimizers:
@@ -122,4 +135,6 @@ def optimizer_step(
         optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return StepOutcome(loss, grad_norm, labelled, pairs, stops > 0, stepped, summed, tuple(measured_sums))
+    return StepOutcome(
+        loss, grad_norm, labelled, pairs, stops > 0, stepped, summed, tuple(measured_sums), metrics
+    )

@@ -343,6 +343,7 @@ class Trainer:
             "mfu_capped": mfu_capped,
             "step_time": step_time,
             "skipped": not outcome.stepped,
+            **outcome.metrics,
             **parts.memory.measure(),
             **(self.tally.metrics(outcome.counts) if self.tally is not None else {}),
             **parts.stats.metrics(outcome.measured),
@@ -364,6 +365,7 @@ class Trainer:
             device=self.placement.device,
             precision=self.config.train.precision,
             slice_weight=parts.slice_weight,
+            objective=self.plan.specs["objective"],
         )
         metrics = result.metrics()
         self.pm.hook.forge_eval_end(run=run, step=self.progress.step, metrics=dict(metrics))

@@ -1,11 +1,13 @@
 """The ``console`` logger: a tqdm progress bar on stderr with step, loss, learning rate,
 tokens/s, MFU and peak memory (one plain line per logged step with ``bar: false``, or
-when tqdm is missing). A model that reports routing statistics
-(:mod:`forge_core.train.model_stats`) adds, per group (``moe``), the all-layer auxiliary
-loss and the worst layer's load coefficient of variation and dropped fraction:
-``moe aux=0.0123 cv=0.31 drop=0.0%``. A step that evaluated adds ``eval/loss`` and ``eval/perplexity``
-(on the plain line, or as a line of its own above the bar, which would overwrite it),
-and the summary at the end gives the last of them. Acts on the main process only.
+when tqdm is missing), and the training objective's own metrics (those named
+``<train.objective>/...``: ``dpo/reward_accuracy``). A model that reports routing
+statistics (:mod:`forge_core.train.model_stats`) adds, per group (``moe``), the all-layer
+auxiliary loss and the worst layer's load coefficient of variation and dropped fraction:
+``moe aux=0.0123 cv=0.31 drop=0.0%``. A step that evaluated adds ``eval/loss`` and
+``eval/perplexity`` (under an objective that is not per token, its count and metrics
+instead) on the plain line, or as a line of its own above the bar, which would overwrite
+it, and the summary at the end gives the last of them. Acts on the main process only.
 
 The bar shows the figures of the step its counter shows: they are set before the
 counter moves, because moving it is what redraws the bar. Its rate and remaining time
@@ -66,10 +68,32 @@ def _fmt_routing(metrics: dict[str, Any], sep: str) -> str:
     return "  ".join(shown)
 
 
-def _fmt_eval(metrics: dict[str, Any]) -> str:
-    """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not evaluate."""
+def _fmt_number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+
+
+def _fmt_objective(metrics: dict[str, Any], objective: str, sep: str) -> str:
+    """The objective's own metrics (``dpo/reward_accuracy=0.75``), ``sep`` between a name
+    and its value; empty for an objective that adds none."""
+    prefix = f"{objective}/"
+    return " ".join(f"{k}{sep}{_fmt_number(v)}" for k, v in metrics.items() if k.startswith(prefix))
+
+
+def _fmt_eval(metrics: dict[str, Any], objective: str = "lm") -> str:
+    """``"eval/loss 1.8123  eval/perplexity 6.12"``, or empty on a step that did not
+    evaluate; without a perplexity (an objective that is not per token), the loss with
+    the objective's count and metrics."""
     if "eval/loss" not in metrics:
         return ""
+    if "eval/perplexity" not in metrics:
+        shown = [
+            f"{k} {_fmt_number(v)}"
+            for k, v in metrics.items()
+            if k != "eval/loss"
+            and k.startswith("eval/")
+            and (k.count("/") == 1 or k.startswith(f"eval/{objective}/"))
+        ]
+        return "  ".join([f"eval/loss {_fmt_loss(metrics['eval/loss'])}", *shown])
     perplexity = format_perplexity(metrics["eval/perplexity"])
     return (
         f"eval/loss {_fmt_loss(metrics['eval/loss'])}  eval/perplexity {perplexity}  "
@@ -165,7 +189,8 @@ class ConsoleLogger:
         self.last = metrics
         self.steps.step_end(metrics["step_time"])
         logged = run.should_log(step)
-        evaluated = _fmt_eval(metrics)
+        objective = run.config.train.objective
+        evaluated = _fmt_eval(metrics, objective)
         if evaluated:
             self.last_eval = (step, metrics)
         if self.bar is not None:
@@ -176,15 +201,20 @@ class ConsoleLogger:
                     f"loss={_fmt_loss(metrics['loss'])} lr={metrics['lr']:.2e} "
                     f"tok/s={metrics['tokens_per_s']:,.0f} mfu={_fmt_mfu(metrics)}"
                 )
-                extra = (_fmt_memory(metrics).replace(" ", "=", 1), _fmt_routing(metrics, "="))
+                extra = (
+                    _fmt_memory(metrics).replace(" ", "=", 1),
+                    _fmt_routing(metrics, "="),
+                    _fmt_objective(metrics, objective, "="),
+                )
                 self.bar.set_postfix_str(" ".join([figures, *(e for e in extra if e)]), refresh=False)
             self.bar.update(step - self.bar.n)
         elif logged:
+            own = _fmt_objective(metrics, objective, " ")
             line = (
                 f"step {step}/{run.total_steps}  loss {_fmt_loss(metrics['loss'])}  lr {metrics['lr']:.2e}  "
                 f"tok/s {metrics['tokens_per_s']:,.0f}  mfu {_fmt_mfu(metrics)}"
             )
-            extra = (_fmt_memory(metrics), _fmt_routing(metrics, " "), evaluated)
+            extra = (_fmt_memory(metrics), _fmt_routing(metrics, " "), own, evaluated)
             print("  ".join([line, *(e for e in extra if e)]), file=sys.stderr, flush=True)
 
     @hookimpl
@@ -208,10 +238,9 @@ class ConsoleLogger:
             )
         if self.last_eval:
             at, metrics = self.last_eval
-            summary += (
-                f"; eval/loss {_fmt_loss(metrics['eval/loss'])} (perplexity "
-                f"{format_perplexity(metrics['eval/perplexity'])}) at step {at}"
-            )
+            perplexity = metrics.get("eval/perplexity")
+            shown = "" if perplexity is None else f" (perplexity {format_perplexity(perplexity)})"
+            summary += f"; eval/loss {_fmt_loss(metrics['eval/loss'])}{shown} at step {at}"
         print(f"forge: {summary}; run directory {run.out_dir}", file=sys.stderr, flush=True)
 
     def _write(self, line: str) -> None:

@@ -60,7 +60,14 @@ from torch import nn
 from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.feed_forward import FeedForward
 from forge_plugins.models.moe import MoE
-from forge_plugins.models.options import ROLES, LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
+from forge_plugins.models.options import (
+    ROLES,
+    LlamaOptions,
+    features,
+    ffn_hidden_size,
+    head_dim,
+    is_moe_layer,
+)
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
