@@ -160,7 +160,8 @@ def build_parts(
     )
     log(
         f"model: {cfg.model.name}, {n_params / 1e6:.2f}M parameters ({mfu.n_matmul / 1e6:.2f}M in matmuls"
-        f"{active_note(mfu)}{frozen}), attention {cfg.attention.backend}; device {pl.device} x {pl.world_size}; "
+        f"{active_note(mfu)}{frozen}), attention {cfg.attention.backend}; "
+        f"device {pl.device} x {pl.world_size}; "
         f"peak {mfu.peak / 1e12:.3g} TFLOP/s ({mfu.peak_source})"
     )
     return RunParts(
