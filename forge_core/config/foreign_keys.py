@@ -310,7 +310,7 @@ AXOLOTL = Trainer(
         Row(
             "`base_model` (a local folder)",
             "`model.options.init_from_hf`",
-            "Llama, Qwen2, Qwen3 and Mistral checkpoints; shapes read from `config.json`",
+            "Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE and Mixtral checkpoints; shapes read from `config.json`",
         ),
         Row("`fsdp`, `deepspeed`", "`parallel.dp_shard`", "FSDP2; there is no DeepSpeed"),
     ),
