@@ -82,7 +82,7 @@ def step_fn(model: Any, ids: torch.Tensor) -> Any:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
