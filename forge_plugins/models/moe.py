@@ -261,9 +261,8 @@ class MoE(nn.Module):
         self.token_group: Any = None
         self.micro_batches = 1
         self._stats: dict[str, torch.Tensor] = {}
-        self._routed = torch.zeros(
-            options.num_experts, device="cpu"
-        )  # not meta: built there for init_from_hf
+        # On the CPU even when the model is built on the meta device (init_from_hf).
+        self._routed = torch.zeros(options.num_experts, device="cpu")
 
     def set_token_group(self, group: Any, micro_batches: int) -> None:
         """Called by the trainer once the strategies are applied: the process group of
