@@ -101,16 +101,22 @@ class ParallelContext:
     gradient_syncs: list[Callable[[bool], AbstractContextManager]] = attrs.field(factory=list)
     dims: tuple[MeshDim, ...] = ()
 
-    def mesh_along(self, *names: str) -> Any:
+    def mesh_along(self, *names: str, without: tuple[str, ...] = ()) -> Any:
         """The mesh over dimensions ``names``, each widened by the dimensions that
-        declare they shard with it (:attr:`MeshDim.shards_with`): ``mesh_along("dp_shard")``
-        is ``dp_shard x cp`` flattened into one dimension named ``dp_shard_cp`` when
-        context parallelism is declared, ``mesh_along("dp_replicate", "dp_shard")`` the
-        2-D mesh of ``dp_replicate`` and that. Collective the first time (it may create
-        process groups): every rank calls it. ``None`` in one process."""
+        declare they shard with it (:attr:`MeshDim.shards_with`) except those in
+        ``without``: ``mesh_along("dp_shard")`` is ``dp_shard x cp`` flattened into one
+        dimension named ``dp_shard_cp`` when context parallelism is declared,
+        ``mesh_along("dp_replicate", "dp_shard")`` the 2-D mesh of ``dp_replicate`` and
+        that. ``without`` leaves out a dimension a parameter is already sharded along
+        (FSDP shards experts, which ``ep`` splits, over ``dp_shard x cp`` only).
+        Collective the first time (it may create process groups): every rank calls it.
+        ``None`` in one process."""
         if self.mesh is None:
             return None
-        columns = [(name, *(d.name for d in self.dims if d.shards_with == name)) for name in names]
+        columns = [
+            (name, *(d.name for d in self.dims if d.shards_with == name and d.name not in without))
+            for name in names
+        ]
         if all(len(column) == 1 for column in columns):
             return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
         every = tuple(dim for column in columns for dim in column)
@@ -178,12 +184,13 @@ class ModelFacts:
     """What rules need to know about a configured model, whatever its options call it:
     returned by ``ModelSpec.facts(options)`` (torch-free) and read by the strategies'
     rules (heads divisible by the tensor-parallel degree, layers per pipeline stage,
-    tied embeddings)."""
+    tied embeddings, routed experts divisible by the expert-parallel degree)."""
 
     blocks: int  # repeated blocks (layers)
     heads: int  # query heads
     kv_heads: int  # key/value heads
     tied_embeddings: bool = False  # the output head shares the token embedding's matrix
+    experts: int = 0  # routed experts of each mixture-of-experts layer; 0: a dense model
 
 
 @attrs.frozen
