@@ -1,18 +1,24 @@
-"""Run under ``torchrun`` (2 CPU processes, gloo): expert parallelism's collectives and
-dispatcher alone, in float64, against one process.
+"""Run under ``torchrun`` (2 CPU processes, gloo): expert parallelism proved in one
+launch, against one process.
 
-- ``all_to_all``: uneven splits (one rank sends nothing to a peer); the output rows and,
-  through a weighted sum, the gradient of every sent row.
-- ``AllToAllDispatch``: toy routed experts (the seam of the model's ``RoutedExperts``:
-  ``num_experts``, ``first_expert``, ``local_experts``, ``compute``) split over the two
-  ranks; each rank routes its own tokens; outputs and the gradients of tokens, router
-  weights and every expert's weights equal one process routing both ranks' tokens
-  through all the experts. Some assignments are dropped (expert id -1) and one expert
-  receives no token.
-- the negative control: a dispatcher that sends every token to the other rank's expert
-  of the same local index must be caught.
+1. The collectives and the dispatcher alone, in float64:
+   - ``all_to_all``: uneven splits (one rank sends nothing to a peer); the output rows
+     and, through a weighted sum, the gradient of every sent row.
+   - ``AllToAllDispatch``: toy routed experts (the seam of the model's
+     ``RoutedExperts``: ``num_experts``, ``first_expert``, ``local_experts``,
+     ``compute``) split over the two ranks; each rank routes its own tokens; outputs and
+     the gradients of tokens, router weights and every expert's weights equal one
+     process routing both ranks' tokens through all the experts. Some assignments are
+     dropped (expert id -1) and one expert receives no token.
+   - the negative control: a dispatcher that sends every token to the other rank's
+     expert of the same local index must be caught.
+2. The MoE llama in float64 under ``parallel.ep: 2`` through the trainer's path (plan,
+   mesh, ``parallelize``, ``forward_backward``), each rank on its half of one packed
+   batch: the gradient of every parameter (gathered whole) against one process on the
+   whole batch, for both expert kernels.
+3. The 2-process scenarios named on the command line (:func:`scenarios.run`).
 
-Usage: ``torchrun --standalone --nproc-per-node 2 ep_dispatch.py OUT.json``
+Usage: ``torchrun --standalone --nproc-per-node 2 ep_exact.py OUT.json [SCENARIO ...]``
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ from __future__ import annotations
 import json
 import sys
 
+import scenarios as S
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from forge_core.api import IGNORE_INDEX, LABELS
+from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.parallelize import parallelize, single_process
+from forge_core.train.loss import build_loss, loss_fn
 from forge_plugins.expert_parallel.collectives import all_to_all
 from forge_plugins.expert_parallel.dispatch import AllToAllDispatch
 from forge_plugins.expert_parallel.slicing import slice_experts
@@ -131,8 +142,44 @@ def check_dispatch(mesh, rank: int, dispatcher_class) -> dict[str, float]:
     return out
 
 
+def gradients(pmodel) -> dict[str, torch.Tensor]:
+    out = {}
+    for part in pmodel.parts:
+        for name, param in part.named_parameters():
+            grad = param.grad
+            out[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
+    return out
+
+
+def one_step(pmodel, batch) -> dict[str, torch.Tensor]:
+    tokens = float((batch[LABELS] != IGNORE_INDEX).sum())
+    local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank] for k, v in batch.items()}
+    pmodel.forward_backward(local, None, tokens)
+    pmodel.finish_gradients()
+    return gradients(pmodel)
+
+
+def check_model_gradients(kernel: str) -> dict[str, float]:
+    registries = S.load_registries(extra=(("variants", S.variants),))
+    batch = S.packed_batches()[0]
+    moe = {"moe": {**S.MOE, "kernel": kernel}}
+    S.VARIANTS[f"moe_{kernel}"] = ("llama", moe)
+    ref_plan = S.make_plan(registries, {}, {}, f"moe_{kernel}", packed=True)
+    ref = single_process(S.build_model(ref_plan, registries).double(), loss_fn)
+    want = one_step(ref, batch)
+    plan = S.make_plan(registries, {"ep": 2}, {}, f"moe_{kernel}", world_size=2, packed=True)
+    mesh = build_mesh(plan.degrees, torch.device("cpu"))
+    model = S.build_model(plan, registries, mesh).double()
+    pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)
+    got = one_step(pmodel, batch)
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    worst = max(float((got[k] - want[k]).norm() / want[k].norm()) for k in want)
+    experts = sum(1 for k in want if ".experts." in k)
+    return {"worst": worst, "parameters": len(want), "expert_parameters": experts}
+
+
 def main() -> None:
-    out_path = sys.argv[1]
+    out_path, names = sys.argv[1], sys.argv[2:]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("ep",))
@@ -143,10 +190,11 @@ def main() -> None:
     }
     gathered = [None, None]
     dist.all_gather_object(gathered, results)
+    worst = {case: {key: max(g[case][key] for g in gathered) for key in results[case]} for case in results}
+    for kernel in ("grouped", "loop"):
+        worst[f"gradients_{kernel}"] = check_model_gradients(kernel)
+    worst["scenarios"] = S.run(names, dist.get_world_size())
     if rank == 0:
-        worst = {
-            case: {key: max(g[case][key] for g in gathered) for key in results[case]} for case in results
-        }
         with open(out_path, "w") as f:
             json.dump(worst, f)
     dist.barrier()
