@@ -257,12 +257,19 @@ class ParallelContract:
       identity, so the model returns the hidden states; the head stays registered where
       it is (state-dict keys, sharding and tied weights unchanged). Declared on the spec
       as ``OUTPUT_HEAD`` in ``supports``.
+    - ``experts``: the path, relative to a block, of its routed-experts module (a
+      mixture-of-experts block's ``feed_forward.experts``), or ``None`` (no block has
+      experts). A block without that submodule is dense. The module has ``num_experts``,
+      ``first_expert``, ``local_experts``, expert-stacked parameters (dim 0: the local
+      experts), ``compute(x_grouped, counts)`` and a replaceable ``dispatcher``; expert
+      parallelism and the sharding strategies find experts only through this path.
     """
 
     blocks: str
     pipeline: PipelineSplit | None = None
     tensor_parallel: Callable[..., TensorParallelPlan] | None = None
     output_head: str | None = None
+    experts: str | None = None
 
 
 def contract_of(module: Any) -> ParallelContract | None:

@@ -47,11 +47,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
-from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim
+from forge_plugins.models.feed_forward import FeedForward
+from forge_plugins.models.moe import MoE
+from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
 from forge_plugins.models.rotary import Rotary, apply_rotary
 
 
@@ -108,35 +109,34 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
-
-    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=bias)
-        self.w3 = nn.Linear(dim, hidden, bias=bias)
-        self.w2 = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(nn.Module):
-    def __init__(self, options: LlamaOptions, backend: Any) -> None:
+    def __init__(self, options: LlamaOptions, backend: Any, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(options.dim, options.norm_eps)
         self.attention = Attention(options, backend)
         self.ffn_norm = RMSNorm(options.dim, options.norm_eps)
-        self.feed_forward = FeedForward(options.dim, ffn_hidden_size(options), features(options).mlp_bias)
+        self.feed_forward: nn.Module = (
+            MoE(options.dim, options.moe)
+            if moe
+            else FeedForward(options.dim, ffn_hidden_size(options), features(options).mlp_bias)
+        )
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any, cache: Any = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prepared: Any,
+        cache: Any = None,
+        doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # The cache only as a keyword (sampling): training calls keep their four inputs,
-        # which tensor-parallel input styles count.
+        # The cache and doc ids only as keywords (sampling; an MoE block's per-document
+        # balancing): training calls keep their four inputs, which tensor-parallel input
+        # styles count.
         extra = {} if cache is None else {"cache": cache}
         x = x + self.attention(self.attention_norm(x), cos, sin, prepared, **extra)
-        return x + self.feed_forward(self.ffn_norm(x))
+        h = self.ffn_norm(x)
+        return x + (self.feed_forward(h) if doc_ids is None else self.feed_forward(h, doc_ids=doc_ids))
 
 
 def check_options(options: LlamaOptions) -> LlamaOptions:
@@ -161,7 +161,9 @@ class Llama(nn.Module):
         self.attention_backend = attention
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, options.dim)
         self.rope = Rotary(head_dim(options), options.max_seq_len, options.rope_theta, options.rope_scaling)
-        self.layers = nn.ModuleDict({str(i): Block(options, attention) for i in range(options.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(options, attention, is_moe_layer(options, i)) for i in range(options.n_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(options.dim, options.norm_eps)
         self.output: nn.Linear | None = nn.Linear(options.dim, vocab_size, bias=False)
         if options.tie_embeddings:
@@ -174,6 +176,7 @@ class Llama(nn.Module):
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
             output_head="output",
+            experts="feed_forward.experts" if self.options.moe is not None else None,
         )
 
     @property
@@ -209,7 +212,10 @@ class Llama(nn.Module):
         cos, sin = self.rope(seq_len, positions, 0 if cache is None else cache.reserve(seq_len))
         prepared = self.attention_backend.prepare(doc_ids, seq_len, h.device)
         for key, layer in self.layers.items():
-            h = layer(h, cos, sin, prepared, **({} if cache is None else {"cache": cache.layer(int(key))}))
+            extra = {} if cache is None else {"cache": cache.layer(int(key))}
+            if doc_ids is not None and getattr(layer.feed_forward, "needs_doc_ids", False):
+                extra["doc_ids"] = doc_ids
+            h = layer(h, cos, sin, prepared, **extra)
         if cache is not None:
             cache.advance(seq_len)
         if self.norm is not None:
@@ -257,27 +263,30 @@ class Llama(nn.Module):
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         for layer in self.layers.values():
-            for linear in (
-                layer.attention.wq,
-                layer.attention.wk,
-                layer.attention.wv,
-                layer.feed_forward.w1,
-                layer.feed_forward.w3,
-            ):
+            attention, ffn = layer.attention, layer.feed_forward
+            dense = [ffn] if isinstance(ffn, FeedForward) else [ffn.shared] if ffn.shared is not None else []
+            inputs = [
+                attention.wq,
+                attention.wk,
+                attention.wv,
+                *(f.w1 for f in dense),
+                *(f.w3 for f in dense),
+            ]
+            outputs = [attention.wo, *(f.w2 for f in dense)]
+            for linear in inputs:
                 nn.init.normal_(linear.weight, mean=0.0, std=std)
-            for linear in (layer.attention.wo, layer.feed_forward.w2):
+            for linear in outputs:
                 nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
-            for linear in (
-                layer.attention.wq,
-                layer.attention.wk,
-                layer.attention.wv,
-                layer.attention.wo,
-                layer.feed_forward.w1,
-                layer.feed_forward.w3,
-                layer.feed_forward.w2,
-            ):
+            for linear in inputs + outputs:
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
+            if isinstance(ffn, MoE):
+                # Every expert as a dense SwiGLU; the router's gate as an input projection.
+                nn.init.normal_(ffn.router.gate.weight, mean=0.0, std=std)
+                nn.init.zeros_(ffn.router.expert_bias)
+                nn.init.normal_(ffn.experts.w1, mean=0.0, std=std)
+                nn.init.normal_(ffn.experts.w3, mean=0.0, std=std)
+                nn.init.normal_(ffn.experts.w2, mean=0.0, std=residual_std)
             for norm in (
                 layer.attention_norm,
                 layer.ffn_norm,

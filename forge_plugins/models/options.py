@@ -69,6 +69,85 @@ class RopeScaling:
 
 
 @attrs.frozen
+class MoEOptions:
+    """Mixture-of-experts feed-forward blocks (``model.options.moe``); see
+    :mod:`forge_plugins.models.moe` for what each option computes."""
+
+    num_experts: int = option(8, "Routed experts of each MoE block.", at_least(1))
+    top_k: int = option(2, "Routed experts each token is sent to (at most num_experts).", at_least(1))
+    expert_hidden: int = option(
+        256, "SwiGLU hidden size of one routed expert (Hugging Face moe_intermediate_size).", at_least(1)
+    )
+    every: int = option(
+        1,
+        "Block i (from 0) is an MoE block when (i + 1) % every == 0: 1 makes every block MoE, "
+        "2 the second, fourth, ... Ignored when layers is given.",
+        at_least(1),
+    )
+    layers: list[int] | None = option(
+        None, "The indices (from 0) of the MoE blocks, overriding every; null: from every."
+    )
+    shared_experts: int = option(
+        0,
+        "Shared experts every token goes through, computed as one dense SwiGLU of width "
+        "shared_experts * expert_hidden (or shared_hidden); 0: none.",
+        at_least(0),
+    )
+    shared_hidden: int | None = option(
+        None,
+        "Hidden size of the shared experts' SwiGLU; null: shared_experts * expert_hidden.",
+        unset_or(at_least(1)),
+    )
+    router: Literal["softmax", "sigmoid"] = option(
+        "softmax",
+        "softmax: probabilities over all experts, the top_k kept (Mixtral, Qwen3-MoE); sigmoid: an "
+        "independent score per expert, the top_k kept (DeepSeek-V3).",
+    )
+    normalize_weights: bool = option(
+        False,
+        "Divide each token's top_k weights by their sum (Hugging Face norm_topk_prob); usual with "
+        "sigmoid, and with softmax it gives Mixtral's softmax over the kept logits.",
+    )
+    route_scale: float = option(
+        1.0, "Factor on every routed weight (DeepSeek-V3 routed_scaling_factor).", above(0)
+    )
+    capacity_factor: float = option(
+        0.0,
+        "0: dropless (every assignment computed). Above 0: each expert takes at most "
+        "ceil(capacity_factor * seq_len * top_k / num_experts) assignments of each row, kept by "
+        "router weight (descending), then position; the others are dropped (the token keeps its "
+        "residual and its other experts).",
+        at_least(0),
+    )
+    aux_loss: float = option(
+        0.0,
+        "Coefficient of the load-balancing loss E * sum_e f_e * P_e (f_e: fraction of "
+        "assignments to expert e, P_e: mean router probability of e); 0: off.",
+        at_least(0),
+    )
+    aux_loss_scope: Literal["batch", "sequence"] = option(
+        "batch",
+        "Over which tokens f and P of the balancing loss are taken: batch (every token of the "
+        "forward) or sequence (each document: a row, or under packing each packed document).",
+    )
+    z_loss: float = option(
+        0.0, "Coefficient of the router z-loss, the mean of logsumexp(router logits)^2; 0: off.", at_least(0)
+    )
+    bias_update_rate: float = option(
+        0.0,
+        "Loss-free balancing (DeepSeek-V3): after each optimizer step every expert's selection "
+        "bias moves by rate * sign(mean load - its load); the bias changes which experts are "
+        "chosen, never the weights. 0: off.",
+        at_least(0),
+    )
+    kernel: Literal["grouped", "loop"] = option(
+        "grouped",
+        "How the experts compute: grouped (one grouped GEMM per projection, torch._grouped_mm where "
+        "the dtype and shapes allow it) or loop (one matmul per expert: the reference).",
+    )
+
+
+@attrs.frozen
 class LlamaOptions:
     family: Literal["llama", "qwen2", "qwen3", "mistral"] | None = option(
         None,
@@ -136,6 +215,10 @@ class LlamaOptions:
         "config.json; an option given here that differs is an error. Each process "
         "reads only the weights it holds. Empty: random init.",
         path_fits,
+    )
+    moe: MoEOptions | None = option(
+        None,
+        "Mixture-of-experts feed-forward blocks (the keys below); null: every block is dense.",
     )
 
 
@@ -209,6 +292,17 @@ def features(options: LlamaOptions) -> Features:
         mlp_bias=bool(options.mlp_bias),
         qk_norm=family == "qwen3",
     )
+
+
+def is_moe_layer(options: LlamaOptions, index: int) -> bool:
+    """Whether block ``index`` (from 0) has an MoE feed-forward: listed in ``moe.layers``,
+    or, without a list, ``(index + 1) % moe.every == 0``."""
+    moe = options.moe
+    if moe is None:
+        return False
+    if moe.layers is not None:
+        return index in moe.layers
+    return (index + 1) % moe.every == 0
 
 
 def llama_facts(options: LlamaOptions) -> ModelFacts:
