@@ -78,6 +78,17 @@ def dp_coords(mesh: Any, dims: tuple[Any, ...] = ()) -> DataParallelCoords:
     return DataParallelCoords(dp.get_local_rank(), dp.size(), dp.get_group())
 
 
+def token_group(mesh: Any, dims: tuple[Any, ...] = ()) -> Any:
+    """The process group of the processes that compute different tokens: the
+    data-parallel ranks and those that split a batch's tokens (context parallelism);
+    ``None`` when that is this process alone. Collective the first time: every rank calls it."""
+    names = tuple(d.name for d in dims if d.reads_own_batch or d.splits_tokens)
+    if mesh is None or not names:
+        return None
+    tokens = flat(mesh, names, "_".join(names))
+    return None if tokens.size() == 1 else tokens.get_group()
+
+
 def group_of(mesh: Any, dim: str) -> Any:
     """The process group along ``dim``, or ``None`` when the mesh is absent, has no such
     dimension, or the dimension has size 1."""

@@ -21,10 +21,10 @@ import torch
 
 from forge_core import components
 from forge_core.api import ForgeError, Plan
-from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.mesh import build_mesh, token_group
 from forge_core.distributed.parallelize import is_meta, parallelize, wrap_attention
 from forge_core.distributed.placement import Placement
-from forge_core.train import flops, precision
+from forge_core.train import flops, module_hooks, precision
 from forge_core.train.checkpoint import CheckpointManager
 from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
@@ -109,6 +109,7 @@ def build_parts(
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
     pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)
+    module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), train.grad_accum)
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]

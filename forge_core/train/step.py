@@ -10,7 +10,8 @@
    last micro-batch;
 3. finish the gradients (what strategies reduce once per step, after the last backward),
    clip to the global gradient norm and, when the loss and the norm are finite, step
-   every optimizer.
+   every optimizer, then the modules that ask for it
+   (:func:`~forge_core.train.module_hooks.after_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from forge_core.api import IGNORE_INDEX, LABELS
 from forge_core.distributed.parallelize import clip_grad_norm
 from forge_core.distributed.placement import all_reduce_sum, to_device
-from forge_core.train import precision
+from forge_core.train import module_hooks, precision
 
 
 @attrs.frozen
@@ -104,6 +105,7 @@ def optimizer_step(
     if stepped:
         for optimizer in optimizers:
             optimizer.step()
+        module_hooks.after_optimizer_step(pmodel.parts)
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":

@@ -17,6 +17,13 @@ strategy through :meth:`forge_plugins.models.llama.Llama.parallel_contract`.
   heads, so its gradient is its heads' share and the strategy sums them over the
   group. Biases (qwen2's q/k/v, llama's optional ones) are sharded with their layer:
   column-wise layers split theirs, row-wise layers keep theirs replicated.
+- Mixture-of-experts blocks (``feed_forward`` an ``MoE``) keep their router, routed
+  experts and shared experts whole on every rank (``replicated``): they run on the
+  replicated residual stream, each rank routes every token itself and gets the same
+  gradient; their attention is tensor-parallel as in every block. (Sharding experts is
+  expert parallelism's job, found through ``ParallelContract.experts``.) The dense
+  blocks' ``feed_forward.w1/w2/w3`` styles name nothing in an MoE block and are skipped
+  there.
 - With sequence parallelism the norms run on ``1 / tp`` of the sequence
   (``SequenceParallel``): the residual stream is a sequence-sharded DTensor between
   sub-layers, gathered before attention and the MLP, reduce-scattered after. It keeps
@@ -28,7 +35,9 @@ from __future__ import annotations
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
 )
@@ -38,6 +47,31 @@ from forge_core.api import TensorParallelPlan, TensorParallelScope
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
 #: Per-head norms of the queries and keys (qwen3); absent in the other families.
 QK_NORMS = ("attention.q_norm", "attention.k_norm")
+#: An MoE block's feed-forward parts, replicated on every tensor-parallel rank.
+MOE_PARTS = ("feed_forward.router", "feed_forward.experts", "feed_forward.shared")
+
+
+class FeedForwardInput(ParallelStyle):
+    """Under sequence parallelism, the feed-forward's input is gathered from the
+    sequence shards. A dense SwiGLU's row-wise ``w2`` reduce-scatters its output; a
+    replicated MoE's whole output is re-sharded along the sequence (a local slice: every
+    rank computed all of it)."""
+
+    def _apply(self, module, device_mesh):
+        if hasattr(module, "experts"):
+            style = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=False,
+            )
+        else:
+            style = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            )
+        return style._apply(module, device_mesh)
 
 
 def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
@@ -61,7 +95,7 @@ def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> T
     if not sequence_parallel:
         return TensorParallelPlan(
             root=TensorParallelScope(styles=root, replicated=("norm",)),
-            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS, partial=partial),
+            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS + MOE_PARTS, partial=partial),
         )
     root["norm"] = SequenceParallel(use_local_output=False)
     block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
@@ -73,11 +107,10 @@ def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> T
                 desired_input_layouts=(Replicate(), None, None, None),
                 use_local_output=True,
             ),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-            ),
+            "feed_forward": FeedForwardInput(),
         }
     )
     return TensorParallelPlan(
-        root=TensorParallelScope(styles=root), block=TensorParallelScope(styles=block, partial=partial)
+        root=TensorParallelScope(styles=root),
+        block=TensorParallelScope(styles=block, replicated=MOE_PARTS, partial=partial),
     )

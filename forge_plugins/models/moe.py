@@ -23,6 +23,7 @@ the assignments by expert, calls ``experts.compute`` once and sums them back per
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -168,8 +169,88 @@ class LocalDispatch:
         return x.new_zeros(x.shape[0], out.shape[-1]).index_add(0, token, out)
 
 
+def capacity_keep(
+    indices: torch.Tensor, weights: torch.Tensor, factor: float, num_experts: int
+) -> torch.Tensor:
+    """Which assignments ``(B, S, k)`` a capacity factor keeps: in each row, each expert
+    takes at most ``ceil(factor * S * k / num_experts)`` of the row's assignments, in the
+    order of router weight (descending), then position, then slot (ascending), by stable
+    sorts. A row's result depends on that row alone, so it is the same whichever batch
+    or process the row is in."""
+    batch, seq_len, k = indices.shape
+    capacity = math.ceil(factor * seq_len * k / num_experts)
+    experts = indices.reshape(batch, seq_len * k)
+    by_weight = weights.detach().reshape(batch, -1).argsort(dim=-1, descending=True, stable=True)
+    order = by_weight.gather(-1, experts.gather(-1, by_weight).argsort(dim=-1, stable=True))
+    sorted_experts = experts.gather(-1, order)
+    counts = torch.zeros(batch, num_experts, dtype=torch.long, device=indices.device)
+    counts.scatter_add_(-1, experts, torch.ones_like(experts))
+    starts = counts.cumsum(-1) - counts
+    rank = torch.arange(seq_len * k, device=indices.device) - starts.gather(-1, sorted_experts)
+    keep = torch.zeros_like(experts, dtype=torch.bool).scatter(-1, order, rank < capacity)
+    return keep.view(batch, seq_len, k)
+
+
+class _AddGradient(torch.autograd.Function):
+    """Returns ``out`` unchanged; in backward adds the gradient of ``penalty`` (a scalar)
+    to the graph, as if ``penalty`` had been added to the loss: the balancing losses
+    train the router without changing the model's output or its loss value."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+        ctx.penalty = (penalty.dtype, penalty.device)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype, device = ctx.penalty
+        return grad, torch.ones((), dtype=dtype, device=device)
+
+
+def _in_backward() -> bool:
+    """Whether this forward runs inside a backward pass (activation checkpointing's
+    recomputation), which must not count its statistics twice."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _group_size(group: Any) -> int:
+    return 1 if group is None else torch.distributed.get_world_size(group)
+
+
+STAT_KEYS = ("aux_loss", "z_loss", "dropped", "assignments", "forwards")
+
+
 class MoE(nn.Module):
-    """Router, routed experts and optional shared experts of one block."""
+    """Router, routed experts and optional shared experts of one block.
+
+    **Balancing** (each optional; their gradients are added by :class:`_AddGradient`,
+    the model's output and loss are unchanged). With ``f_e`` the fraction of the
+    assignments (before capacity) routed to expert ``e`` and ``P_e`` the mean router
+    probability of ``e`` (softmax: the probabilities; sigmoid: the scores normalised to
+    sum 1 per token), the balancing loss is ``E * sum_e f_e * P_e``:
+
+    - scope ``batch``: over every token of one forward of the whole data-parallel batch:
+      the counts and token numbers are summed over :attr:`token_group` (the processes
+      reading different tokens), so the value is the same on 1 and N processes. Each
+      process adds its share, ``E * sum_e f_e * (its sum of p_e) / (all tokens)``;
+      the shares sum to the loss, and so do their gradients (summed over data-parallel
+      ranks by the gradient convention).
+    - scope ``sequence``: per document: each (row, doc id) pair of the batch's
+      ``doc_ids`` (a row without doc ids is one document), averaged over every document
+      of the forward on every process. A packed row gives what its documents give run
+      alone.
+
+    The router z-loss is the mean over all tokens of ``logsumexp(logits)^2``, shared out
+    the same way. Each forward's penalties are weighted by ``1 / micro_batches`` (the
+    forwards of one optimizer step): the step's objective is their mean.
+
+    **Loss-free balancing** (``bias_update_rate``): :meth:`after_optimizer_step` moves
+    ``router.expert_bias`` by ``rate * sign(mean load - load)``, the load being the
+    assignments each expert was routed over the step's forwards, summed over
+    :attr:`token_group`, so it is identical on every process.
+
+    **Statistics**: :meth:`step_stats`.
+    """
 
     def __init__(self, dim: int, options: MoEOptions) -> None:
         super().__init__()
@@ -178,6 +259,18 @@ class MoE(nn.Module):
         self.experts = RoutedExperts(dim, options)
         shared = options.shared_hidden or options.shared_experts * options.expert_hidden
         self.shared = FeedForward(dim, shared) if options.shared_experts else None
+        #: The processes whose tokens differ (data parallel, context parallel): set by
+        #: :meth:`set_token_group`; ``None``: this process alone.
+        self.token_group: Any = None
+        self.micro_batches = 1
+        self._stats: dict[str, torch.Tensor] = {}
+        self._routed = torch.zeros(options.num_experts)
+
+    def set_token_group(self, group: Any, micro_batches: int) -> None:
+        """Called by the trainer once the strategies are applied: the process group of
+        the processes reading different tokens (``None`` in one process) and the
+        micro-batches of one optimizer step."""
+        self.token_group, self.micro_batches = group, micro_batches
 
     @property
     def needs_doc_ids(self) -> bool:
@@ -188,10 +281,160 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``x (B, S, dim) -> (B, S, dim)``; ``doc_ids (B, S)`` only for the
         sequence-scope balancing statistics of packed rows."""
+        options = self.options
         batch, seq_len, dim = x.shape
         tokens = x.reshape(-1, dim)
-        _, _, indices, weights = self.router(tokens)
+        logits, scores, indices, weights = self.router(tokens)
+        routed = indices
+        if options.capacity_factor > 0:
+            keep = capacity_keep(
+                indices.view(batch, seq_len, -1),
+                weights.view(batch, seq_len, -1),
+                options.capacity_factor,
+                options.num_experts,
+            ).view_as(indices)
+            indices = torch.where(keep, indices, -1)
+            weights = torch.where(keep, weights, 0.0)
         out = self.experts(tokens, indices, weights)
         if self.shared is not None:
             out = out + self.shared(tokens)
+        if self.training:
+            out = self._balance(out, logits, scores, routed, indices, doc_ids, batch)
         return out.view(batch, seq_len, dim)
+
+    def _balance(
+        self,
+        out: torch.Tensor,
+        logits: torch.Tensor,
+        scores: torch.Tensor,
+        routed: torch.Tensor,
+        kept: torch.Tensor,
+        doc_ids: torch.Tensor | None,
+        batch: int,
+    ) -> torch.Tensor:
+        """The balancing penalties' gradients attached to ``out``; the step's statistics."""
+        options, experts = self.options, self.options.num_experts
+        tokens, k = routed.shape
+        routed_counts = torch.bincount(routed.reshape(-1), minlength=experts).to(scores.dtype)
+        probs = scores if options.router == "softmax" else scores / scores.sum(-1, keepdim=True)
+        sequence = options.aux_loss > 0 and options.aux_loss_scope == "sequence"
+        groups = self._groups(doc_ids, batch, tokens, scores.device) if sequence else None
+        # One all-reduce: the expert counts, the tokens, and the documents of the forward.
+        documents = float(groups.max()) + 1 if groups is not None else 0.0
+        totals = torch.cat([routed_counts, scores.new_tensor([tokens, documents])])
+        if self.token_group is not None and (options.aux_loss > 0 or options.z_loss > 0):
+            torch.distributed.all_reduce(totals, group=self.token_group)
+        global_counts, global_tokens, global_documents = (
+            totals[:experts],
+            totals[experts],
+            totals[experts + 1],
+        )
+        aux = z = scores.new_zeros(())
+        if options.aux_loss > 0:
+            if groups is None:
+                fraction = global_counts / (global_tokens * k)
+                aux = experts * (fraction * probs.sum(0)).sum() / global_tokens
+            else:
+                aux = self._sequence_aux(probs, routed, groups) / global_documents
+        if options.z_loss > 0:
+            z = logits.logsumexp(-1).pow(2).sum() / global_tokens
+        penalty = (options.aux_loss * aux + options.z_loss * z) / self.micro_batches
+        if penalty.requires_grad:
+            out = _AddGradient.apply(out, penalty)
+        if not _in_backward():
+            self._count(routed_counts, kept, aux, z, tokens * k)
+        return out
+
+    @staticmethod
+    def _groups(doc_ids: torch.Tensor | None, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+        """The document of each token, numbered from 0 over the forward: each (row, doc
+        id) pair; without doc ids each row."""
+        rows = torch.arange(batch, device=device).repeat_interleave(tokens // batch)
+        if doc_ids is None:
+            return rows
+        docs = doc_ids.reshape(-1).long().to(device)
+        return (rows * (int(docs.max()) + 1) + docs).unique(return_inverse=True)[1]
+
+    def _sequence_aux(self, probs: torch.Tensor, routed: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """Sum over the forward's documents of ``E * sum_e f_de * P_de``."""
+        experts, k = self.options.num_experts, routed.shape[1]
+        count = int(groups.max()) + 1
+        sizes = torch.bincount(groups, minlength=count).to(probs.dtype)
+        assigned = torch.zeros(count, experts, dtype=probs.dtype, device=probs.device)
+        assigned.index_put_(
+            (groups.repeat_interleave(k), routed.reshape(-1)),
+            torch.ones((), dtype=probs.dtype, device=probs.device),
+            accumulate=True,
+        )
+        mean_probs = probs.new_zeros(count, experts).index_add(0, groups, probs) / sizes.unsqueeze(-1)
+        fraction = assigned / (sizes.unsqueeze(-1) * k)
+        return experts * (fraction * mean_probs).sum()
+
+    def _count(
+        self, routed: torch.Tensor, kept: torch.Tensor, aux: torch.Tensor, z: torch.Tensor, assignments: int
+    ) -> None:
+        received = torch.bincount(kept[kept >= 0], minlength=self.options.num_experts).float()
+        dropped = float((kept < 0).sum())
+        share = 1.0 / _group_size(self.token_group)
+        values = {
+            "tokens_per_expert": received.cpu(),
+            "aux_loss": aux.detach().float().cpu(),
+            "z_loss": z.detach().float().cpu(),
+            "dropped": torch.tensor(dropped),
+            "assignments": torch.tensor(float(assignments)),
+            "forwards": torch.tensor(share),
+        }
+        for key, value in values.items():
+            self._stats[key] = self._stats[key] + value if key in self._stats else value
+        self._routed = self._routed + routed.detach().float().cpu()
+
+    def step_stats(self) -> dict[str, torch.Tensor]:
+        """Sums over the training forwards since the last call (then reset), of this
+        process: ``tokens_per_expert`` ``(E,)`` (assignments each expert computed),
+        ``aux_loss`` and ``z_loss`` (unscaled: this process's shares, which sum over the
+        processes of :attr:`token_group` to each forward's loss), ``dropped`` and
+        ``assignments`` (dropped by the capacity factor, and all), ``forwards`` (each
+        forward counted ``1 / processes of token_group``, so the sum over them counts the
+        forwards once). Summed over the processes that read different tokens, the totals
+        are the global batch's; :func:`summarize_stats` turns them into metrics."""
+        stats, self._stats = self._stats, {}
+        if not stats:
+            zero = torch.zeros(())
+            stats = {
+                "tokens_per_expert": torch.zeros(self.options.num_experts),
+                **dict.fromkeys(STAT_KEYS, zero),
+            }
+        return stats
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """Called by the trainer after every optimizer step that stepped: the loss-free
+        bias update from the load the step's forwards routed (identical on every
+        process: the load is summed over :attr:`token_group`)."""
+        load, self._routed = self._routed, torch.zeros(self.options.num_experts)
+        rate = self.options.bias_update_rate
+        if rate <= 0:
+            return
+        bias = self.router.expert_bias
+        load = load.to(bias.device, torch.float32)
+        if self.token_group is not None:
+            torch.distributed.all_reduce(load, group=self.token_group)
+        bias += (rate * torch.sign(load.mean() - load)).to(bias.dtype)
+
+
+def summarize_stats(totals: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Metrics of summed :meth:`MoE.step_stats`: ``load_min``/``load_max`` (the least and
+    most loaded expert's assignments over the mean: 1 is balanced), ``load_cv`` (their
+    coefficient of variation, population std over mean), ``aux_loss`` and ``z_loss``
+    (mean per forward, unscaled), ``dropped_frac`` (dropped over all assignments)."""
+    load = totals["tokens_per_expert"].double()
+    mean = float(load.mean())
+    forwards = max(float(totals["forwards"]), 1e-12)
+    return {
+        "load_min": float(load.min()) / mean if mean else 0.0,
+        "load_max": float(load.max()) / mean if mean else 0.0,
+        "load_cv": float(load.std(correction=0)) / mean if mean else 0.0,
+        "aux_loss": float(totals["aux_loss"]) / forwards,
+        "z_loss": float(totals["z_loss"]) / forwards,
+        "dropped_frac": float(totals["dropped"]) / max(float(totals["assignments"]), 1.0),
+    }

@@ -5,7 +5,8 @@ For the part it is given (the whole model, or a pipeline stage), the strategy:
 
 1. notes which parameters are tied (one ``Parameter`` under several names);
 2. applies the plan's root styles (skipping modules this part does not hold or holds as
-   ``None``: a pipeline stage) and the block styles to every block;
+   ``None``: a pipeline stage) and the block styles to every block (each the paths it
+   holds: a mixture-of-experts block has no dense MLP);
 3. re-ties tied parameters whose new placements agree (a tied embedding and output
    head are both sharded along the vocabulary), and refuses those whose do not: two
    separate copies would each get part of the gradient;
@@ -148,7 +149,9 @@ class TensorParallel:
             parallelize_module(model, mesh, root)
         blocks = blocks_of(model)
         for block in blocks:
-            parallelize_module(block, mesh, dict(plan.block.styles))
+            # A block holds the plan's paths it has (an MoE block has no dense MLP).
+            styles = {path: style for path, style in plan.block.styles.items() if _present(block, path)}
+            parallelize_module(block, mesh, styles)
         retie(model, tied, model_name)
         uncovered, partial = tensor_parallel_coverage(
             model, blocks, plan, lambda _, p: isinstance(p, DTensor)
