@@ -27,8 +27,8 @@ class MeshDim:
     ``parallel.<name>``, validated from this declaration like every other.
 
     - ``place``: the mesh is laid out in ascending ``place`` (outermost first): the
-      built-ins are ``pp`` 100, ``dp_replicate`` 200, ``dp_shard`` 300, ``cp`` 400 and
-      ``tp`` 500 (innermost, so that its ranks are neighbours).
+      built-ins are ``pp`` 100, ``dp_replicate`` 200, ``dp_shard`` 300, ``ep`` 350,
+      ``cp`` 400 and ``tp`` 500 (innermost, so that its ranks are neighbours).
     - ``default``: the degree when the config gives none; ``fills_world``: the degree
       may be -1, taking what the other degrees leave of the world size (one dimension
       at most: ``dp_shard``).
@@ -40,7 +40,9 @@ class MeshDim:
       gradient norm adds their squares instead of counting them as copies.
     - ``shards_with``: the dimension whose parameter sharding this one joins (``cp``
       joins ``dp_shard``: FSDP shards over ``dp_shard x cp``, and is switched on when
-      that product is above 1).
+      that product is above 1). A strategy that already shards some parameters along
+      its own dimension (``ep`` splits the experts) leaves them as DTensors sharded
+      there; FSDP shards those over the rest only.
     """
 
     name: str
@@ -78,7 +80,7 @@ class ParallelContext:
       strategies set their mixed-precision policy from it.
     - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with one dimension per
       declared :class:`MeshDim`, in their ``place`` order, named like them (``pp``,
-      ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; size-1 dimensions included), or
+      ``dp_replicate``, ``dp_shard``, ``ep``, ``cp``, ``tp``; size-1 dimensions included), or
       ``None`` in a single process.
     - ``dims``: the declared :class:`MeshDim` s, in mesh order.
     - ``device``: the ``torch.device`` this process trains on.

@@ -40,6 +40,8 @@ class ExpertParallel:
         self.options = options
 
     def apply(self, model: Any, ctx: Any) -> Any:
+        if ctx.mesh is None or ctx.mesh["ep"].size() == 1:
+            return model  # every expert is local: the model's own dispatcher stays
         mesh = ctx.mesh["ep"]
         dispatcher = AllToAllDispatch(mesh.get_group(), mesh.size())
         for experts in routed_experts(model):

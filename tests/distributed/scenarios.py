@@ -43,9 +43,10 @@ from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, 
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
-from forge_core.distributed.mesh import build_mesh
+from forge_core.distributed.mesh import build_mesh, token_group
 from forge_core.distributed.parallelize import clip_grad_norm, parallelize, single_process, wrap_attention
 from forge_core.registry import load_registries
+from forge_core.train import module_hooks
 from forge_core.train.loss import build_loss, loss_fn
 
 VOCAB = 64
@@ -73,6 +74,21 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "moe": ("llama", {"moe": MOE}),
     # ... with a capacity factor that drops assignments (at most 4 per row and expert)
     "moe_capacity": ("llama", {"moe": {**MOE, "capacity_factor": 0.5}}),
+    # ... balanced by the auxiliary loss (per packed document), the z-loss and the bias update
+    "moe_balanced": (
+        "llama",
+        {
+            "moe": {
+                **MOE,
+                "aux_loss": 0.1,
+                "aux_loss_scope": "sequence",
+                "z_loss": 0.01,
+                "bias_update_rate": 0.01,
+                "router": "sigmoid",
+                "normalize_weights": True,
+            }
+        },
+    ),
 }
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
@@ -297,6 +313,7 @@ SCENARIOS: dict[str, Scenario] = {
     # expert parallelism: the experts of every MoE block split over ep ranks
     "ep2": _ep(2),
     "ep2_capacity": _ep(2, "moe_capacity"),
+    "ep2_balanced": _ep(2, "moe_balanced"),
     "ep2_wrong_rank": attrs.evolve(_ep(2), wrong_rank=True),
     "ep2_ac": _ep(2, **AC),
     "ep2_compile": _ep(2, train=COMPILE),
@@ -389,6 +406,8 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
     accum = plan.config.train.grad_accum
     rows = ROWS // pmodel.dp_size // accum
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=LR)
+    # What the trainer tells modules that sum statistics over the global batch (MoE balancing).
+    module_hooks.set_token_group(pmodel.parts, token_group(pmodel.mesh, pmodel.dims), accum)
     losses, norms, times = [], [], []
     for batch in data:
         start = time.perf_counter()
@@ -403,6 +422,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
+        module_hooks.after_optimizer_step(pmodel.parts)
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)

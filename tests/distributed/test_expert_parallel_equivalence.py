@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.numerical]
 
 #: float64 rounding over the sums of a 4-layer model.
 RTOL_FP64 = 1e-12
-TWO = ["ep2", "ep2_accum", "ep2_ac", "ep2_chunked"]
-FOUR = ["ep4", "ep2_fsdp", "ep2_hsdp", "ep2_cp", "ep2_pp_1f1b"]
+TWO = ["ep2", "ep2_accum", "ep2_ac", "ep2_chunked", "ep2_capacity", "ep2_balanced"]
+FOUR = ["ep4", "ep4_capacity", "ep2_fsdp", "ep2_hsdp", "ep2_tp", "ep2_cp", "ep2_pp_1f1b"]
 TWO_MATRIX = ["ep2_compile", "ep2_ac_compile"]
 FOUR_MATRIX = [f"ep2_pp_{schedule}" for schedule in PP_SCHEDULES if schedule != "1f1b"]
 
@@ -87,6 +87,15 @@ def test_every_parameter_gradient_equals_one_process_in_float64(two, kernel):
 @pytest.mark.parametrize("name", TWO)
 def test_expert_parallel_on_two_processes_trains_like_one_process(two, name):
     assert_trains_like_one_process(two["scenarios"], name)
+
+
+@pytest.mark.parametrize("launch, name", [("two", "ep2_capacity"), ("four", "ep4_capacity")])
+def test_the_capacity_factor_drops_the_same_assignments_as_one_process(request, launch, name):
+    results = request.getfixturevalue(launch)
+    got = results[name]
+    ref = results[got["reference"]]
+    # Every ep rank reads its own rows; together they dropped what one process dropped.
+    assert sum(rank["dropped"] for rank in got["ranks"]) == ref["dropped"] > 0
 
 
 def test_a_dispatcher_sending_tokens_to_the_wrong_rank_does_not_train_like_one_process(two):
