@@ -42,6 +42,9 @@ class AllToAllDispatch:
         tests' negative control)."""
         return experts
 
+    # Eager even inside a compiled block: the splits are read on the host between the
+    # exchanges, and the experts' weights are DTensors whose local tensors it multiplies.
+    @torch.compiler.disable
     def __call__(
         self, experts: Any, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
