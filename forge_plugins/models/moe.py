@@ -295,10 +295,15 @@ class MoE(nn.Module):
             ).view_as(indices)
             indices = torch.where(keep, indices, -1)
             weights = torch.where(keep, weights, 0.0)
-        out = self.experts(tokens, indices, weights)
+        if x.device.type == "meta":
+            # Shapes only (a meta-device copy measured by the trainer): how many rows each
+            # expert computes depends on the values of the routing.
+            out = torch.empty_like(tokens)
+        else:
+            out = self.experts(tokens, indices, weights)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        if self.training:
+        if self.training and x.device.type != "meta":
             out = self._balance(out, logits, scores, routed, indices, doc_ids, batch)
         return out.view(batch, seq_len, dim)
 

@@ -20,6 +20,8 @@ FAMILY_OPTIONS = "llama.family-options"
 SLIDING_WINDOW = "llama.sliding-window"
 ROPE_SCALING = "llama.rope-scaling"
 INIT_FROM_HF = "llama.init-from-hf"
+MOE_OPTIONS = "llama.moe-options"
+MOE_SEQUENCE_CP = "llama.moe-sequence-scope-cp"
 
 
 def _llama_options(ctx: Any) -> LlamaOptions | None:
@@ -101,6 +103,46 @@ def rope_problem(options: LlamaOptions) -> str | None:
     return None
 
 
+def moe_problems(options: LlamaOptions) -> list[str]:
+    """Mixture-of-experts options that cannot work, or make no sense together."""
+    moe, at = options.moe, "model.options.moe"
+    if moe is None:
+        return []
+    problems = []
+    if moe.top_k > moe.num_experts:
+        problems.append(
+            f"{at}.top_k={moe.top_k} exceeds {at}.num_experts={moe.num_experts}: each token goes to "
+            "top_k distinct experts; lower top_k or add experts"
+        )
+    if moe.layers is not None:
+        outside = [i for i in moe.layers if not 0 <= i < options.n_layers]
+        if outside:
+            problems.append(
+                f"{at}.layers={moe.layers} names {outside}, outside the blocks 0..{options.n_layers - 1} "
+                f"(n_layers={options.n_layers}); list block indices from 0"
+            )
+        if len(set(moe.layers)) != len(moe.layers):
+            problems.append(f"{at}.layers={moe.layers} names a block twice; list each block once")
+        if not moe.layers:
+            problems.append(f"{at}.layers=[] makes no block MoE; list the blocks, or set {at}: null (dense)")
+    elif moe.every > options.n_layers:
+        problems.append(
+            f"{at}.every={moe.every} exceeds n_layers={options.n_layers}, so no block is MoE; "
+            f"lower every (1: every block), or set {at}: null (dense)"
+        )
+    if moe.shared_hidden is not None and not moe.shared_experts:
+        problems.append(
+            f"{at}.shared_hidden={moe.shared_hidden} with shared_experts=0: there are no shared experts "
+            "to size; set shared_experts, or drop shared_hidden"
+        )
+    if moe.aux_loss_scope == "sequence" and moe.aux_loss == 0:
+        problems.append(
+            f"{at}.aux_loss_scope='sequence' with aux_loss=0: the scope of a loss that is off; set "
+            "aux_loss (a coefficient such as 0.001), or drop aux_loss_scope"
+        )
+    return problems
+
+
 def option_problems(options: LlamaOptions) -> list[str]:
     """Every shape and family problem of (resolved) ``options``: what the rules above
     report, raised by the build when it is called directly."""
@@ -110,7 +152,7 @@ def option_problems(options: LlamaOptions) -> list[str]:
         sliding_window_problem(options),
         rope_problem(options),
     ]
-    return [p for p in found if p] + family_problems(options)
+    return [p for p in found if p] + family_problems(options) + moe_problems(options)
 
 
 def _check(problem: Any) -> Any:
@@ -126,6 +168,22 @@ check_head_dim_even = _check(head_dim_problem)
 check_family_options = _check(family_problems)
 check_sliding_window = _check(sliding_window_problem)
 check_rope_scaling = _check(rope_problem)
+check_moe_options = _check(moe_problems)
+
+
+def check_moe_sequence_cp(ctx: Any) -> str | None:
+    options = _llama_options(ctx)
+    moe = None if options is None else options.moe
+    if moe is None or moe.aux_loss == 0 or moe.aux_loss_scope != "sequence":
+        return None
+    cp = ctx.degrees.get("cp", 1) if ctx.is_active("cp") else 1
+    if cp < 2:
+        return None
+    return (
+        f"model.options.moe.aux_loss_scope='sequence' with parallel.cp={cp}: each context-parallel "
+        "rank holds a share of every row, so the per-document balancing statistics would be taken "
+        "over shares of documents, not the documents"
+    )
 
 
 def check_init_from_hf(ctx: Any) -> list[str]:
@@ -193,6 +251,30 @@ def rules() -> list[Any]:
             check=check_rope_scaling,
             fix="for dynamic scaling keep max_seq_len within the original context; give llama3/yarn "
             "their original_max_position_embeddings",
+        ),
+        Rule(
+            id=MOE_OPTIONS,
+            severity="error",
+            paths=(
+                "model.options.moe.top_k",
+                "model.options.moe.num_experts",
+                "model.options.moe.layers",
+                "model.options.moe.every",
+                "model.options.moe.shared_hidden",
+                "model.options.moe.aux_loss_scope",
+            ),
+            summary="Mixture-of-experts options that fit the model and each other",
+            check=check_moe_options,
+            fix="change the option the message names as it says",
+        ),
+        Rule(
+            id=MOE_SEQUENCE_CP,
+            severity="error",
+            paths=("model.options.moe.aux_loss_scope", "parallel.cp"),
+            summary="Per-document balancing statistics need whole documents on each process",
+            check=check_moe_sequence_cp,
+            fix="use model.options.moe.aux_loss_scope: batch (summed over every process, exact under "
+            "cp), or parallel.cp: 1",
         ),
         Rule(
             id=INIT_FROM_HF,
