@@ -52,7 +52,7 @@ def rules() -> list[Rule]:
         Rule(
             id=EP_NEEDS_EXPERTS,
             severity="error",
-            paths=("model.name", "model.options", DEGREES),
+            paths=("model.name", DEGREES),
             summary="Expert parallelism needs a model with routed experts (ModelFacts.experts).",
             check=check_needs_experts,
             fix="Configure mixture-of-experts layers (model.options.moe for llama), or set parallel.ep: 1.",
@@ -60,7 +60,7 @@ def rules() -> list[Rule]:
         Rule(
             id=EP_EXPERTS_DIVISIBLE,
             severity="error",
-            paths=("model.options", DEGREES),
+            paths=("model.name", DEGREES),
             summary="Expert parallelism gives every ep rank the same number of whole experts.",
             check=check_experts_divisible,
             fix="Choose parallel.ep dividing the number of routed experts, or change the number of experts.",

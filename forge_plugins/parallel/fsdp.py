@@ -3,7 +3,11 @@ names; none for a model without one) and at the root.
 
 Parameters, gradients and optimizer state are sharded over ``dp_shard`` (widened by
 every dimension that declares it shards with it: ``dp_shard x cp`` under context
-parallelism, whose ranks hold different tokens and so must sum their gradients); with
+parallelism, whose ranks hold different tokens and so must sum their gradients, and
+``x ep`` under expert parallelism, whose ranks read their own batches). A block's
+submodules whose parameters are already DTensors sharded along such a dimension (the
+experts ``ep`` split) are sharded over the mesh without it, first: the ranks that hold
+the same experts (:func:`presharded`); with
 ``dp_replicate > 1`` as well the mesh is 2-D and FSDP2 runs HSDP (shard within a
 replica, all-reduce across replicas). Applied after tensor parallelism, it shards the
 tensor-parallel DTensors again along the data-parallel dimension (2-D parallelism).
