@@ -131,17 +131,20 @@ class RoutedExperts(nn.Module):
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The SwiGLU of each local expert over its contiguous group of rows of
-        ``x (N, dim)``: ``counts[e]`` rows for local expert ``e``, in order."""
+        ``x (N, dim)``: ``counts[e]`` rows for local expert ``e``, in order. Under expert
+        parallelism the weights are DTensors sharded over the ep ranks: their local
+        tensors are this process's experts."""
+        w1, w3, w2 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w3, self.w2))
         if self.kernel == "loop":
             return torch.cat(
                 [
-                    (F.silu(rows @ self.w1[e]) * (rows @ self.w3[e])) @ self.w2[e]
+                    (F.silu(rows @ w1[e]) * (rows @ w3[e])) @ w2[e]
                     for e, rows in enumerate(x.split(counts.tolist()))
                 ]
-                or [x.new_zeros(0, self.w2.shape[-1])]
+                or [x.new_zeros(0, w2.shape[-1])]
             )
-        hidden = F.silu(grouped_matmul(x, self.w1, counts)) * grouped_matmul(x, self.w3, counts)
-        return grouped_matmul(hidden, self.w2, counts)
+        hidden = F.silu(grouped_matmul(x, w1, counts)) * grouped_matmul(x, w3, counts)
+        return grouped_matmul(hidden, w2, counts)
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.dispatcher(self, x, indices, weights)

@@ -315,4 +315,5 @@ def llama_facts(options: LlamaOptions) -> ModelFacts:
         heads=options.n_heads,
         kv_heads=options.n_kv_heads,
         tied_embeddings=bool(options.tie_embeddings),
+        experts=0 if options.moe is None else options.moe.num_experts,
     )
