@@ -35,12 +35,19 @@ run; ``--ep`` to add the all-to-all share.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+REPO = Path(__file__).resolve().parent.parent
 VOCAB = 256
 MODEL = {"dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 1024}
 
@@ -145,16 +152,187 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ids = batch(args)
     tokens = ids.shape[0] * (ids.shape[1] - 1)
     models = {kind: build(kind, args) for kind in ("moe", "loop", "dense")}
+    # The loop is the reference: the same weights give the same logits (float32 rounding).
+    from forge_core.testing import assert_within_rounding, longest_sum
+
+    with torch.no_grad():
+        grouped, loop = models["moe"](ids[:, :-1]), models["loop"](ids[:, :-1])
+    assert_within_rounding(
+        grouped,
+        loop,
+        dtype=torch.float32,
+        terms=longest_sum(models["loop"], args.seq_len),
+        what="grouped and loop experts disagree: logits",
+    )
     steps = {kind: step_fn(model, ids) for kind, model in models.items()}
-    # The loop is the reference: the same weights give the same first loss.
-    grouped, loop = steps["moe"](), steps["loop"]()
-    if abs(grouped - loop) > 1e-4 * abs(loop):
-        raise AssertionError(f"grouped and loop experts disagree: loss {grouped} vs {loop}")
     rows = [
         summary("moe vs dense", alternate(steps["moe"], steps["dense"], args.pairs, args.steps), tokens),
         summary("grouped vs loop", alternate(steps["moe"], steps["loop"], args.pairs, args.steps), tokens),
     ]
     return rows
+
+
+def build_parallel(args: argparse.Namespace, parallel: dict[str, Any], world: int) -> Any:
+    """The ``moe`` model wrapped as the trainer wraps it for ``parallel`` (one process:
+    ``{}``), through the plan, the mesh and ``parallelize``."""
+    from forge_core import components
+    from forge_core.config.blocks import resolve_components
+    from forge_core.config.schema import ForgeConfig
+    from forge_core.config.structuring import structure
+    from forge_core.distributed.mesh import build_mesh
+    from forge_core.distributed.parallelize import parallelize, single_process
+    from forge_core.plan import make_plan
+    from forge_core.registry import load_registries
+    from forge_core.train.loss import build_loss, loss_fn
+
+    registries = load_registries()
+    moe = {"num_experts": args.experts, "top_k": args.top_k, "expert_hidden": args.expert_hidden}
+    raw = {
+        "model": {"name": "llama", "options": {**MODEL, "dim": args.dim, "moe": moe}},
+        "attention": {"backend": "sdpa"},
+        "data": {"seq_len": args.seq_len},
+        "parallel": parallel,
+        "train": {"batch_size": args.batch},
+    }
+    config, issues = structure(raw, ForgeConfig)
+    assert not issues, issues
+    config, issues = resolve_components(config, registries)
+    assert not issues, issues
+    plan = make_plan(config, registries, world)
+    torch.manual_seed(0)
+    model = components.model(plan, registries, VOCAB, components.attention(plan, registries))
+    if not parallel:
+        return single_process(model, loss_fn)
+    mesh = build_mesh(plan.degrees, torch.device("cpu"))
+    return parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)
+
+
+def parallel_step(pmodel: Any, ids: torch.Tensor) -> Any:
+    """One training step of a wrapped model on this process's rows of ``ids``."""
+    from forge_core.api import INPUT_IDS, LABELS
+
+    batch = {INPUT_IDS: ids[:, :-1], LABELS: ids[:, 1:]}
+    local = {k: v.chunk(pmodel.dp_size)[pmodel.dp_rank].contiguous() for k, v in batch.items()}
+    tokens = float(batch[LABELS].numel())
+    optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=1e-3)
+
+    def step() -> None:
+        pmodel.forward_backward(local, None, tokens)
+        pmodel.finish_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+class AllToAllTime:
+    """Wall seconds spent inside ``torch.distributed.all_to_all_single`` (every call:
+    the dispatch and combine of the forward, their transposes in the backward, the
+    exchange of counts) while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __enter__(self) -> AllToAllTime:
+        import torch.distributed as dist
+
+        self._original = original = dist.all_to_all_single
+
+        def timed_call(*a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        dist.all_to_all_single = timed_call
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+
+        dist.all_to_all_single = self._original
+
+
+def ep_worker(args: argparse.Namespace) -> None:
+    """Under torchrun (2 processes): ep=2 steps alternated with the one-process step on
+    rank 0 (rank 1 waits), each ep step timed with the all-to-all time inside it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    ids = batch(args)
+    ep = parallel_step(build_parallel(args, {"ep": 2}, 2), ids)
+    one = parallel_step(build_parallel(args, {}, 1), ids) if rank == 0 else None
+    rows: dict[str, list[float]] = {"ep_wall": [], "ep_cpu": [], "a2a": [], "one_wall": [], "one_cpu": []}
+
+    def ep_timed() -> tuple[float, float, float]:
+        dist.barrier()
+        with AllToAllTime() as a2a:
+            wall, cpu = timed(ep, args.steps)
+        dist.barrier()
+        return wall, cpu, a2a.seconds / args.steps
+
+    ep_timed()  # warm-up
+    if one is not None:
+        one()
+    for _ in range(args.pairs):
+        wall, cpu, a2a = ep_timed()
+        values = torch.tensor([wall, cpu, a2a], dtype=torch.float64)
+        gathered = [torch.zeros_like(values) for _ in range(2)]
+        dist.all_gather(gathered, values)
+        rows["ep_wall"].append(max(float(g[0]) for g in gathered))
+        rows["ep_cpu"].append(sum(float(g[1]) for g in gathered))
+        rows["a2a"].append(max(float(g[2] / g[0]) for g in gathered))
+        if one is not None:
+            one_wall, one_cpu = timed(one, args.steps)
+            rows["one_wall"].append(one_wall)
+            rows["one_cpu"].append(one_cpu)
+        dist.barrier()
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def ep_row(rows: dict[str, list[float]], tokens: int) -> dict[str, Any]:
+    """The ep=2 table row (A: ep=2, B: one process) and the all-to-all share."""
+    row = summary(
+        "ep=2 vs 1 process",
+        {
+            "a_wall": rows["ep_wall"],
+            "a_cpu": rows["ep_cpu"],
+            "b_wall": rows["one_wall"],
+            "b_cpu": rows["one_cpu"],
+        },
+        tokens,
+    )
+    row["a2a_share"] = statistics.median(rows["a2a"])
+    return row
+
+
+def launch_ep(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ep=2 measurement in two processes, or ``None`` (said why) without the
+    expert-parallel strategy."""
+    from forge_core.registry import load_registries
+
+    if "ep" not in load_registries()["parallelism"].names():
+        print("ep=2: not measured: no expert-parallel strategy (parallel.ep) is installed")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/ep.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        cmd += [str(Path(__file__).resolve()), "--ep-worker", "--out", out]
+        for flag in ("dim", "experts", "top_k", "expert_hidden", "batch", "seq_len", "pairs", "steps"):
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        if proc.returncode:
+            sys.exit(f"ep=2: torchrun exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        return ep_row(json.loads(Path(out).read_text()), args.batch * args.seq_len)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -170,6 +348,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a smoke run (small batch, 3 pairs of 1 step)")
     parser.add_argument("--ep", action="store_true", help="also the all-to-all share at ep=2 (two processes)")
+    parser.add_argument("--ep-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.seq_len, args.steps = 2, 128, 1
@@ -178,13 +358,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.ep_worker:
+        return ep_worker(args)
     torch.set_num_threads(args.threads)
     print(
         f"dim {args.dim}, {MODEL['n_layers']} blocks, {args.experts} experts of {args.expert_hidden}, "
         f"top {args.top_k}; dense SwiGLU {args.top_k * args.expert_hidden}; batch {args.batch} x "
         f"{args.seq_len}; {args.threads} thread(s)"
     )
-    print(table(run(args)))
+    rows = run(args)
+    ep = launch_ep(args) if args.ep else None
+    print(table(rows + ([ep] if ep else [])))
+    if ep:
+        print(
+            f"ep=2: {100 * ep['a2a_share']:.0f}% of a step's wall time inside all_to_all_single (the busier "
+            "rank, median over the pairs); CPU summed over both ranks; the one process ran one thread, "
+            "as each ep rank did"
+        )
 
 
 if __name__ == "__main__":
