@@ -226,9 +226,9 @@ def test_a_random_forge_moe_model_exports_as_its_architecture(tmp_path, family, 
         ("qwen3", {"shared_experts": 1}, "shared_experts=1: Qwen3MoeForCausalLM has no shared experts"),
         ("qwen3", {"router": "sigmoid", "normalize_weights": True}, "router='sigmoid'"),
         ("qwen3", {"route_scale": 2.5}, "route_scale=2.5"),
-        ("mistral", {"every": 2, "normalize_weights": True}, "blocks [0] are dense"),
+        ("mistral", {"every": 2, "normalize_weights": True}, "leaves blocks [0] dense"),
         ("mistral", {}, "normalize_weights=false: MixtralForCausalLM always renormalises"),
-        ("qwen2", {}, "family 'qwen2' with experts"),
+        ("qwen2", {}, "model.options.family='qwen2' with experts"),
     ],
 )
 def test_export_refuses_what_the_architecture_cannot_compute(tmp_path, family, moe, message):
@@ -312,8 +312,11 @@ def test_moe_options_that_differ_from_the_checkpoint_are_listed_with_both_values
     ]
     problems = hf_folder_problems(LlamaOptions(moe=MoEOptions(shared_experts=1)), hf)
     assert problems[0].startswith(
-        "model.options.moe.shared_experts=1 but Qwen3MoeForCausalLM=shared_experts=0"
+        "model.options.moe.shared_experts=1 but every Qwen3MoeForCausalLM has shared_experts=0"
     )
+    # Mixtral has no field for the layers: every block is sparse.
+    problems = hf_folder_problems(LlamaOptions(moe=MoEOptions(every=2)), edited(tmp_path / "m", "mixtral"))
+    assert problems[0].startswith("model.options.moe.every=2 but every MixtralForCausalLM has every=1:")
 
 
 def test_a_dense_checkpoint_refuses_an_moe_block(tmp_path):

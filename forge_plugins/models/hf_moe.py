@@ -146,17 +146,19 @@ def with_checkpoint_moe(options: LlamaOptions, checkpoint: MoEOptions | None) ->
 
 
 def _hf_names(model_type: str, moe: MoEOptions) -> dict[str, str]:
-    """option -> the config.json field that decides it (for messages)."""
+    """option -> the config.json field that decides it (for messages); the others are
+    fixed by the architecture."""
+    names = {"num_experts": "num_local_experts", "top_k": "num_experts_per_tok"}
+    if model_type == "mixtral":
+        return {**names, "expert_hidden": "intermediate_size"}
     layers = "mlp_only_layers" if moe.layers is not None else "decoder_sparse_step"
-    names = {
-        "num_experts": "num_local_experts",
-        "top_k": "num_experts_per_tok",
-        "expert_hidden": "moe_intermediate_size" if model_type == "qwen3_moe" else "intermediate_size",
+    return {
+        **names,
+        "expert_hidden": "moe_intermediate_size",
         "every": "decoder_sparse_step",
         "layers": layers,
         "normalize_weights": "norm_topk_prob",
     }
-    return names
 
 
 def moe_mismatches(options: LlamaOptions, model_type: str, checkpoint: MoEOptions | None) -> list[str]:
@@ -176,10 +178,12 @@ def moe_mismatches(options: LlamaOptions, model_type: str, checkpoint: MoEOption
         ours, theirs = getattr(options.moe, name), getattr(checkpoint, name)
         if ours == theirs or (name == "every" and checkpoint.layers is not None):
             continue
-        where = f"config.json {names[name]}" if name in names else f"{MOE_TYPES[model_type][1]}"
-        what = f"{theirs!r}" if name in names else f"{name}={theirs!r} (it has no other)"
+        if name in names:
+            theirs_shown = f"config.json {names[name]}={theirs!r}"
+        else:
+            theirs_shown = f"every {MOE_TYPES[model_type][1]} has {name}={theirs!r}"
         problems.append(
-            f"model.options.moe.{name}={ours!r} but {where}={what}: leave moe.{name} at its default "
+            f"model.options.moe.{name}={ours!r} but {theirs_shown}: leave moe.{name} at its default "
             f"to take the checkpoint's value, or point init_from_hf at a checkpoint with {name}={ours!r}"
         )
     return problems
@@ -194,31 +198,38 @@ def export_problems(options: LlamaOptions) -> list[str]:
     kind = moe_type(options)
     if kind is None:
         return [
-            f"family {options.family!r} with experts: Qwen2-MoE gates a shared expert, which Forge's MoE "
-            "does not; use family qwen3 (exported as Qwen3MoeForCausalLM) or mistral (MixtralForCausalLM)"
+            f"model.options.family={options.family!r} with experts: Qwen2-MoE gates a shared expert, "
+            "which Forge's MoE does not; use family qwen3 (exported as Qwen3MoeForCausalLM) or mistral "
+            "(MixtralForCausalLM)"
         ]
-    architecture = MOE_TYPES[kind][1]
+    arch = MOE_TYPES[kind][1]
     problems = []
     if moe.shared_experts:
-        problems.append(f"shared_experts={moe.shared_experts}: {architecture} has no shared experts")
+        problems.append(
+            f"model.options.moe.shared_experts={moe.shared_experts}: {arch} has no shared experts"
+        )
     if moe.router != "softmax":
-        problems.append(f"router={moe.router!r}: {architecture} routes by a softmax over the experts")
+        problems.append(
+            f"model.options.moe.router={moe.router!r}: {arch} routes by a softmax over the experts"
+        )
     if moe.route_scale != 1:
-        problems.append(f"route_scale={moe.route_scale!r}: {architecture} does not scale the routed weights")
+        problems.append(
+            f"model.options.moe.route_scale={moe.route_scale!r}: {arch} does not scale routed weights"
+        )
     if kind == "mixtral":
         dense = [i for i in range(options.n_layers) if not is_moe_layer(options, i)]
         if dense:
             problems.append(
-                f"blocks {dense} are dense: every block of a {architecture} is an MoE block "
+                f"model.options.moe leaves blocks {dense} dense: every block of a {arch} is an MoE block "
                 "(family qwen3 exports dense blocks among MoE ones as Qwen3MoeForCausalLM)"
             )
         if not moe.normalize_weights:
-            problems.append(f"normalize_weights=false: {architecture} always renormalises the top_k weights")
+            problems.append(
+                f"model.options.moe.normalize_weights=false: {arch} always renormalises the top_k weights"
+            )
         if options.attention_bias or options.mlp_bias:
-            problems.append(f"attention_bias or mlp_bias: {architecture} has no biases")
-    return [
-        f"model.options.moe: {p}" if p.split("=")[0] in attrs.fields_dict(MoEOptions) else p for p in problems
-    ]
+            problems.append(f"model.options.attention_bias or mlp_bias: {arch} has no biases")
+    return problems
 
 
 def moe_config_kwargs(options: LlamaOptions) -> dict[str, Any]:

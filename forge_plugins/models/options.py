@@ -210,9 +210,11 @@ class LlamaOptions:
     init_from_hf: str = option(
         "",
         "Path to a local Hugging Face folder (config.json + safetensors, one file or "
-        "sharded) of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or "
-        "MistralForCausalLM to start from. Every unset option is read from its "
-        "config.json; an option given here that differs is an error. Each process "
+        "sharded) of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "MistralForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM (the qwen3 and mistral "
+        "families with moe) to start from. Every unset option is read from its config.json, "
+        "and the routing options of moe left at their defaults; an option given here that "
+        "differs is an error. Each process "
         "reads only the weights it holds. Empty: random init.",
         path_fits,
     )
