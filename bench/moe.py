@@ -35,8 +35,8 @@ multiplies; wall x1.10); grouped against loop x1.00 CPU (x1.03 wall): on CPU
 ``torch._grouped_mm`` runs the groups one after another, so it saves no work at 8
 experts of 128, only launches; ep=2 against one process x1.44 CPU summed over both ranks
 (x0.96 wall, each rank computing half the experts on its own half-batch), 34% of the
-busier rank's step inside ``all_to_all_single`` (gloo over localhost TCP; 4 calls of
-counts and tokens per MoE block forward and backward). On a GPU the grouped GEMM and
+busier rank's step inside ``all_to_all_single`` (gloo over localhost TCP; per MoE block
+one exchange of counts and two of tokens forward, two of gradients backward). On a GPU the grouped GEMM and
 nccl change every ratio; not measured here.
 
 Run: ``python bench/moe.py`` (about a minute on 2 idle cores, 3 to 4 busy); ``--quick``
