@@ -87,7 +87,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
-    # expert parallelism's mixture of experts: blocks 1 and 3 route over 4 experts (top 2) beside a shared expert
+    # expert parallelism's MoE: blocks 1 and 3 route over 4 experts (top 2) beside a shared one
     "ep_moe": ("llama", {"moe": MOE}),
     # ... with a capacity factor that drops assignments (at most 4 per row and expert)
     "ep_moe_capacity": ("llama", {"moe": {**MOE, "capacity_factor": 0.5}}),
