@@ -2,7 +2,10 @@
 
 Its module names are its own (``embed``, ``stack``, ``mix.wq``, ``final_norm``,
 ``lm_head``), not llama's, and its blocks hold per-head q norms (``mix.q_norm``, a
-``partial`` entry of the tensor-parallel plan). ``KitOptions.flaw`` names one way to
+``partial`` entry of the tensor-parallel plan). With ``experts`` its MLP is a mixture of
+experts of its own making (``mlp.route``, ``mlp.bank``: GELU experts, a per-slot
+dispatcher) that meets the same contract as the built-in one
+(``ParallelContract.experts``). ``KitOptions.flaw`` names one way to
 break the model contract (:data:`FLAWS`); ``""`` is the correct model.
 """
 
@@ -45,7 +48,11 @@ FLAWS = (
     "refuses_sequence_parallel",
     "forward_names_tokens",
     "forward_without_positions",
+    "misroutes",
+    "duplicate_experts",
 )
+#: Flaws of the mixture of experts: the model gets experts for them.
+ROUTING_FLAWS = ("misroutes", "duplicate_experts")
 
 
 @attrs.frozen
@@ -55,6 +62,7 @@ class KitOptions:
     heads: int = 4
     kv_heads: int = 2
     tied: bool = False
+    experts: int = 0  # routed experts of each block's MLP; 0: a dense MLP
     flaw: str = attrs.field(default="", validator=attrs.validators.in_(("", *FLAWS)))
 
 
@@ -122,10 +130,62 @@ class Mix(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class Bank(nn.Module):
+    """The routed experts, with the attributes and methods of the experts contract."""
+
+    def __init__(self, dim: int, experts: int, flaw: str) -> None:
+        super().__init__()
+        self.num_experts, self.first_expert, self.local_experts = experts, 0, experts
+        self.weight_sum = 1.0  # the router renormalises its top-2
+        self.up = nn.Parameter(torch.empty(experts, dim, 2 * dim))
+        self.down = nn.Parameter(torch.empty(experts, 2 * dim, dim))
+        self.dispatcher = misrouting_dispatch if flaw == "misroutes" else slot_dispatch
+
+    def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        groups = x.split(counts.tolist())
+        return torch.cat([F.gelu(rows @ self.up[e]) @ self.down[e] for e, rows in enumerate(groups)])
+
+
+def slot_dispatch(bank: Bank, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, shift: int = 0):
+    """Slot by slot, expert by expert: each token's weighted sum over its experts."""
+    out = torch.zeros_like(x)
+    for j in range(indices.shape[1]):
+        for e in range(bank.num_experts):
+            rows = indices[:, j] == e
+            counts = torch.zeros(bank.local_experts, dtype=torch.long)
+            counts[(e + shift) % bank.num_experts] = int(rows.sum())
+            out[rows] += weights[rows, j, None].to(x.dtype) * bank.compute(x[rows], counts)
+    return out
+
+
+def misrouting_dispatch(bank, x, indices, weights):
+    return slot_dispatch(bank, x, indices, weights, shift=1)  # every token to the next expert
+
+
+class Experts(nn.Module):
+    def __init__(self, dim: int, experts: int, flaw: str) -> None:
+        super().__init__()
+        self.route = nn.Linear(dim, experts, bias=False)
+        self.bank = Bank(dim, experts, flaw)
+        self.flaw = flaw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        tokens = x.reshape(-1, d)
+        weights, indices = self.route(tokens).softmax(-1).topk(2, dim=-1)
+        if self.flaw == "duplicate_experts":
+            indices = indices[:, :1].expand(-1, 2)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return self.bank.dispatcher(self.bank, tokens, indices, weights).view(b, s, d)
+
+
 class Layer(nn.Module):
     def __init__(self, o: KitOptions, attention) -> None:
         super().__init__()
         self.norm1, self.mix, self.norm2 = Norm(o.dim), Mix(o, attention), Norm(o.dim)
+        if o.experts:
+            self.mlp = Experts(o.dim, o.experts, o.flaw)
+            return
         self.mlp = nn.Sequential()
         self.mlp.up = nn.Linear(o.dim, 2 * o.dim)
         self.mlp.act = nn.GELU()
@@ -154,7 +214,13 @@ class Decoder(nn.Module):
             else PipelineSplit(first=("embed",), last=("final_norm", "lm_head"))
         )
         head = "final_norm" if self.o.flaw == "head_not_linear" else "lm_head"
-        return ParallelContract(blocks="stack", pipeline=split, tensor_parallel=self.plan, output_head=head)
+        return ParallelContract(
+            blocks="stack",
+            pipeline=split,
+            tensor_parallel=self.plan,
+            output_head=head,
+            experts="mlp.bank" if self.o.experts else None,
+        )
 
     def plan(self, *, sequence_parallel: bool) -> TensorParallelPlan:
         from torch.distributed.tensor import Replicate
@@ -167,9 +233,9 @@ class Decoder(nn.Module):
             "mix.wk": ColwiseParallel(),
             "mix.wv": ColwiseParallel(),
             "mix.wo": RowwiseParallel(),
-            "mlp.up": ColwiseParallel(),
-            "mlp.down": RowwiseParallel(),
         }
+        if not self.o.experts:  # the experts are replicated (expert parallelism shards them)
+            block.update({"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()})
         if self.o.flaw == "plan_stale_path":
             block["attention.wq"] = block.pop("mix.wq")
         partial = () if self.o.flaw == "plan_misses_q_norm" else ("mix.q_norm",)
@@ -181,7 +247,11 @@ class Decoder(nn.Module):
                 },
                 replicated=("final_norm",),
             ),
-            block=TensorParallelScope(styles=block, replicated=("norm1", "norm2"), partial=partial),
+            block=TensorParallelScope(
+                styles=block,
+                replicated=("norm1", "norm2", *(("mlp",) if self.o.experts else ())),
+                partial=partial,
+            ),
         )
 
     def forward(self, input_ids, doc_ids=None, positions=None):
@@ -224,6 +294,8 @@ class NoPositionsDecoder(Decoder):
 
 
 def build(options: KitOptions, vocab_size: int, attention) -> Decoder:
+    if options.flaw in ROUTING_FLAWS and not options.experts:
+        options = attrs.evolve(options, experts=4)
     cls = {"forward_names_tokens": TokensDecoder, "forward_without_positions": NoPositionsDecoder}
     model = cls.get(options.flaw, Decoder)(options, vocab_size, attention)
     with torch.no_grad():  # a large init, so that any leak shows

@@ -12,6 +12,8 @@ from forge_core.testing import check_model
 
 #: Small llama options: a large init so that a leak shows.
 TINY_LLAMA = {"dim": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64, "init_std": 0.3}
+#: What a dense model's report skips.
+DENSE = {"routing": "the model's contract names no experts (ParallelContract.experts): no mixture of experts"}
 
 needs_compiled_flex = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
@@ -31,7 +33,7 @@ def test_llama_passes_every_check():
         "pipeline[3]",
         "facts",
     )
-    assert report.skipped == {} and max(report.worst.values()) < 1
+    assert report.skipped == DENSE and max(report.worst.values()) < 1
     assert report.facts == {
         "heads": 4,
         "kv_heads": 2,
@@ -48,15 +50,30 @@ def test_every_llama_family_passes_every_check(family):
     """qwen3's per-head q/k norms must be declared in its tensor-parallel plan (partial),
     and only there: the plain llama's plan naming them would be a stale path."""
     report = check_model("llama", options={**TINY_LLAMA, "family": family})
-    assert report.skipped == {} and "tensor_parallel" in report.checked
+    assert report.skipped == DENSE and "tensor_parallel" in report.checked
 
 
 @pytest.mark.numerical
 @pytest.mark.parametrize("tied", [False, True])
 def test_third_party_decoder_passes_every_check(tied):
     report = check_model(kit_models.spec(), options={"tied": tied}, dtypes=("float64", "float32"))
-    assert report.skipped == {} and "pipeline[3]" in report.checked
+    assert report.skipped == DENSE and "pipeline[3]" in report.checked
     assert report.facts["tied_embeddings"] is tied
+
+
+@pytest.mark.numerical
+def test_llama_moe_passes_every_check_including_routing():
+    moe = {"num_experts": 4, "top_k": 2, "expert_hidden": 16, "every": 2, "shared_experts": 1}
+    for router in ("softmax", "sigmoid"):
+        options = {**TINY_LLAMA, "moe": {**moe, "router": router, "normalize_weights": router == "sigmoid"}}
+        report = check_model("llama", options=options)
+        assert report.skipped == {} and "routing" in report.checked and max(report.worst.values()) < 1
+
+
+@pytest.mark.numerical
+def test_third_party_moe_decoder_passes_every_check():
+    report = check_model(kit_models.spec(), options={"experts": 4})
+    assert report.skipped == {} and {"routing", "isolation", "tensor_parallel"} <= set(report.checked)
 
 
 @pytest.mark.numerical
@@ -147,6 +164,11 @@ FLAW_MESSAGES = dict(
             "forward_without_positions",
             r"forward\(input_ids, doc_ids=None\) does not take positions as keyword argument\(s\), which "
             r"the trainer passes .* the spec's accepts: \['doc_ids', 'positions'\]",
+        ),
+        ("misroutes", r"the dispatcher's result is not each token's weighted sum of its experts' compute"),
+        (
+            "duplicate_experts",
+            r"token 0 is routed to experts \[\d, \d\]: each token's experts must be distinct",
         ),
         (
             "head_not_linear",

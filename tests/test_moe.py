@@ -155,10 +155,11 @@ def test_capacity_dropped_assignments_are_not_computed_and_rows_are_independent(
     stats = module.step_stats()
     assert 0 < float(stats["dropped"]) < float(stats["assignments"])
     assert float(stats["tokens_per_expert"].sum()) == float(stats["assignments"] - stats["dropped"])
-    # Dropless: the same routing computes every assignment.
+    # Dropless: the same routing computes every assignment; so does evaluation.
     dropless = moe_with(capacity_factor=0.0)
-    dropless(x)
+    assert_within_rounding(module.eval()(x), dropless(x), dtype=torch.float64, terms=DIM, what="eval")
     assert float(dropless.step_stats()["dropped"]) == 0
+    assert not torch.allclose(together, dropless(x))  # control: training did drop
 
 
 # --- balancing losses -------------------------------------------------------------------
@@ -184,11 +185,10 @@ def explicit_penalties(module: MoE, x: torch.Tensor, doc_ids=None) -> torch.Tens
             for b in range(B)
             for d in ids[b].unique().tolist()
         ]
-    aux = 0
+    aux = 0  # each document's E * sum_e f_e * P_e, weighted by its share of the tokens
     for members in docs:
         f = torch.stack([(chosen[members] == e).sum() for e in range(E)]).double() / (len(members) * k)
-        aux = aux + E * (f * probs[members].mean(0)).sum()
-    aux = aux / len(docs)
+        aux = aux + E * (f * probs[members].mean(0)).sum() * len(members) / tokens.shape[0]
     z = logits.logsumexp(-1).pow(2).mean()
     return options.aux_loss * aux + options.z_loss * z
 
@@ -246,9 +246,10 @@ def test_sequence_scope_statistics_of_a_packed_row_are_its_documents_run_alone()
     packed, packed_aux = gate_grad(x, doc_ids=doc_ids)
     first, first_aux = gate_grad(x[:, :4])
     second, second_aux = gate_grad(x[:, 4:])
-    # The mean over the forward's documents: two documents packed, one each alone.
-    assert_within_rounding(packed, (first + second) / 2, dtype=torch.float64, terms=DIM, what="gate grad")
-    assert packed_aux == pytest.approx((first_aux + second_aux) / 2, rel=1e-6)  # stats are fp32
+    # A mean over the forward's tokens: each document weighs its share of them.
+    want = (4 * first + 7 * second) / 11
+    assert_within_rounding(packed, want, dtype=torch.float64, terms=DIM, what="gate grad")
+    assert packed_aux == pytest.approx((4 * first_aux + 7 * second_aux) / 11, rel=1e-6)  # stats are fp32
     # Without doc ids the packed row is one sequence: a different statistic (control).
     row, _ = gate_grad(x)
     assert (row - packed).abs().max() > 1e-6
@@ -309,11 +310,12 @@ def test_step_stats_sum_the_training_forwards_then_reset():
 # --- options and rules ------------------------------------------------------------------
 
 
-def _ctx(options, cp: int = 1):
+def _ctx(options, cp: int = 1, pp: int = 1):
+    degrees = {"cp": cp, "pp": pp}
     return SimpleNamespace(
         config=SimpleNamespace(model=SimpleNamespace(options=options)),
-        degrees={"cp": cp},
-        is_active=lambda name: name == "cp" and cp > 1,
+        degrees=degrees,
+        is_active=lambda name: degrees.get(name, 1) > 1,
     )
 
 
@@ -343,6 +345,13 @@ def test_sequence_scope_under_context_parallelism_is_refused():
     assert model_rules.check_moe_sequence_cp(_ctx(options, cp=1)) is None
     batch = attrs.evolve(TINY, moe=attrs.evolve(MOE, aux_loss=0.01))
     assert model_rules.check_moe_sequence_cp(_ctx(batch, cp=2)) is None
+
+
+def test_bias_update_under_pipeline_parallelism_is_warned():
+    options = attrs.evolve(TINY, moe=attrs.evolve(MOE, bias_update_rate=0.01))
+    assert "parallel.pp=2" in model_rules.check_moe_bias_pipeline(_ctx(options, pp=2))
+    assert model_rules.check_moe_bias_pipeline(_ctx(options)) is None
+    assert model_rules.check_moe_bias_pipeline(_ctx(TINY, pp=2)) is None
 
 
 def test_check_names_the_moe_option_and_its_value(tmp_path):
@@ -386,3 +395,29 @@ def test_moe_run_trains_and_resumes_bit_exactly_with_its_expert_bias(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     bias = a["layers.1.feed_forward.router.expert_bias"]
     assert bias.abs().sum() > 0  # the loss-free update ran, and was checkpointed
+
+
+def test_packed_moe_model_gives_each_document_its_sequence_balancing_alone():
+    # The llama passes doc_ids to the MoE blocks (sequence scope) and positions to rotary:
+    # the penalty gradient of a packed row is what each document gives alone, weighted
+    # by its share of the row's tokens, in every MoE block.
+    moe = attrs.evolve(MOE, aux_loss=1.0, aux_loss_scope="sequence")
+    model = tiny_model(attrs.evolve(TINY, moe=moe)).double()
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7])
+    positions = torch.tensor([list(range(5)) + list(range(7))])
+
+    def penalty_grads(**inputs):
+        model.zero_grad()
+        model(**inputs).mul(0).sum().backward()  # the balancing loss's gradient alone
+        return [layer.feed_forward.router.gate.weight.grad.clone() for layer in model.layers.values()]
+
+    packed = penalty_grads(input_ids=tokens, doc_ids=doc_ids, positions=positions)
+    first = penalty_grads(input_ids=tokens[:, :5])
+    second = penalty_grads(input_ids=tokens[:, 5:])
+    as_one = penalty_grads(input_ids=tokens, positions=positions)  # control: no doc ids
+    assert len(packed) == 2
+    for n, (got, a, b) in enumerate(zip(packed, first, second)):
+        want = (5 * a + 7 * b) / 12
+        assert_within_rounding(got, want, dtype=torch.float64, terms=DIM, what=f"block {n} gate grad")
+    assert (as_one[1] - packed[1]).abs().max() > 1e-6

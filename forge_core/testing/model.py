@@ -20,10 +20,21 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   parameters and of the embedding outputs) it gets alone, through the whole model, in
   float64 (:mod:`forge_core.testing.isolation`); the gradient on other documents' tokens
   is exactly 0.
+- **routing** (a model whose contract names ``experts``, a mixture of experts): on
+  packed rows in float64, every call of each block's ``experts.dispatcher(experts, x,
+  indices, weights)`` routes each token to ``k`` distinct experts among
+  ``num_experts`` (an assignment dropped by a capacity gives index -1 and weight 0),
+  with finite weights that sum to ``experts.weight_sum`` for every token that kept all
+  its experts when the module declares one (not ``None``), and returns, for every
+  token, the sum over its kept experts of weight times that expert's
+  ``compute`` of the token alone (so a dispatcher that sends a token to another expert,
+  or loses it, fails). The MoE's own statistics (its balancing losses) couple the
+  documents of a batch by definition: check isolation with them off.
 - **tensor parallel** (a model whose contract supplies a plan): for both
   ``sequence_parallel`` values (a model may refuse ``True`` with a ``ForgeError``,
   reported as skipped, and then must not declare ``SEQUENCE_PARALLEL``), every path
-  the plan names exists, and every parameter is sharded by a style or declared
+  the plan names exists (a block path in at least one block: a model may mix dense and
+  mixture-of-experts blocks), and every parameter is sharded by a style or declared
   ``replicated`` or ``partial``, decided by names, with the function the ``tp``
   strategy uses after applying the plan
   (:func:`~forge_core.api.tensor_parallel_coverage`); no process group is needed.
@@ -70,7 +81,7 @@ from forge_core.testing.isolation import DEFAULT_ROWS, check_document_isolation
 from forge_core.testing.resolve import resolve
 from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_within_rounding, dtype_name, longest_sum
 
-CHECKS = ("backend", "isolation", "tensor_parallel", "pipeline", "facts")
+CHECKS = ("backend", "routing", "isolation", "tensor_parallel", "pipeline", "facts")
 
 #: The stage forward contract, quoted by every pipeline failure.
 STAGE_CONTRACT = (
@@ -187,6 +198,12 @@ def check_model(
     seen = _backend_use(built, probe, rows, label)  # always: every other check needs a working forward
     if "backend" in checks:
         checked.append("backend")
+    contract = contract_of(built)
+    if "routing" in checks:
+        why, ratio = _routing(built, contract, rows, seed, label, rounding_factor)
+        _record("routing", why, checked, skipped)
+        if ratio is not None:
+            worst["routing"] = ratio
     if "isolation" in checks:
         dtypes = tuple(_dtype(d) for d in dtypes)
         try:
@@ -205,7 +222,6 @@ def check_model(
             ) from error
         checked.append("isolation")
         worst["isolation"] = max(ratios.values())
-    contract = contract_of(built)
     if "tensor_parallel" in checks:
         why = _tensor_parallel(built, contract, label, skipped)
         _record("tensor_parallel", why, checked, skipped)
@@ -316,6 +332,125 @@ def _backend_use(
     }
 
 
+# --- routing (mixtures of experts) ------------------------------------------------------
+
+
+class _RecordingDispatch:
+    """Wraps an experts module's dispatcher, keeping every call's arguments and result."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, []
+
+    def __call__(self, experts: Any, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> Any:
+        out = self.inner(experts, x, indices, weights)
+        self.calls.append((x.detach(), indices.detach(), weights.detach(), out.detach()))
+        return out
+
+
+def _one_expert(experts: Any, row: torch.Tensor, expert: int) -> torch.Tensor:
+    counts = torch.zeros(experts.local_experts, dtype=torch.long)
+    counts[expert - experts.first_expert] = 1
+    return experts.compute(row, counts)
+
+
+def _routing(model, contract, rows, seed, label, factor) -> tuple[str | None, float | None]:
+    """The routing check (see the module docstring): ``(why skipped, worst ratio)``."""
+    if contract is None or not contract.experts:
+        return "the model's contract names no experts (ParallelContract.experts): no mixture of experts", None
+    model = copy.deepcopy(model).double()
+    holders = [
+        block.get_submodule(contract.experts)
+        for block in blocks_of(model)
+        if _has_submodule(block, contract.experts)
+    ]
+    if not holders:
+        return f"no block holds {contract.experts!r}: every block is dense", None
+    recorders = []
+    for experts in holders:
+        recorders.append(_RecordingDispatch(experts.dispatcher))
+        experts.dispatcher = recorders[-1]
+    doc_ids, positions = packed_metadata(rows)
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, 8, doc_ids.shape, generator=generator)
+    with torch.no_grad():
+        model(input_ids, doc_ids=doc_ids, positions=positions)
+    worst = 0.0
+    for n, (experts, recorder) in enumerate(zip(holders, recorders)):
+        where = f"{label}: experts {contract.experts!r} of MoE block {n}"
+        if not recorder.calls:
+            raise AssertionError(
+                f"{where}: the forward never called experts.dispatcher(experts, x, indices, weights)"
+            )
+        for x, indices, weights, out in recorder.calls:
+            worst = max(worst, _check_routed_call(experts, x, indices, weights, out, where, factor))
+    return None, worst
+
+
+def _has_submodule(module: torch.nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _check_routed_call(experts, x, indices, weights, out, where, factor) -> float:
+    total = experts.num_experts
+    if indices.dim() != 2 or tuple(weights.shape) != tuple(indices.shape) or indices.shape[0] != x.shape[0]:
+        raise AssertionError(
+            f"{where}: the dispatcher got x {tuple(x.shape)}, indices {tuple(indices.shape)}, weights "
+            f"{tuple(weights.shape)}: indices and weights must be (tokens, k) for x (tokens, dim)"
+        )
+    bad = (indices < -1) | (indices >= total)
+    if bad.any():
+        raise AssertionError(
+            f"{where}: expert index {int(indices[bad][0])} outside 0..{total - 1} "
+            "(or -1 for a dropped assignment)"
+        )
+    for t, chosen in enumerate(indices.tolist()):
+        kept = [e for e in chosen if e >= 0]
+        if len(set(kept)) != len(kept):
+            raise AssertionError(
+                f"{where}: token {t} is routed to experts {chosen}: each token's experts must be distinct"
+            )
+    dropped_weight = weights[indices < 0]
+    if dropped_weight.numel() and dropped_weight.abs().max() > 0:
+        raise AssertionError(
+            f"{where}: a dropped assignment (index -1) carries weight {float(dropped_weight.abs().max())}"
+        )
+    if not torch.isfinite(weights).all():
+        raise AssertionError(f"{where}: router weights are not finite")
+    weight_sum = getattr(experts, "weight_sum", None)
+    full = (indices >= 0).all(-1)
+    if weight_sum is not None and full.any():
+        sums = weights[full].sum(-1)
+        off = (sums - weight_sum).abs().max()
+        if off > 1e-9 * max(1.0, abs(weight_sum)):
+            raise AssertionError(
+                f"{where}: a token's weights sum to {float(sums[(sums - weight_sum).abs().argmax()]):.12g}, "
+                f"not the {weight_sum:g} the experts module declares (weight_sum)"
+            )
+    want = torch.zeros_like(out)
+    for t, chosen in enumerate(indices.tolist()):
+        for j, e in enumerate(chosen):
+            if e >= 0:
+                want[t] += weights[t, j].to(x.dtype) * _one_expert(experts, x[t : t + 1], e)[0]
+    try:
+        return assert_within_rounding(
+            out,
+            want,
+            dtype=x.dtype,
+            terms=max(x.shape[-1], indices.shape[1]) * 4,
+            what="combined output",
+            factor=factor,
+        )
+    except AssertionError as error:
+        raise AssertionError(
+            f"{where}: the dispatcher's result is not each token's weighted sum of its experts' compute "
+            f"({error}): it sends tokens to other experts, or loses or mixes them"
+        ) from error
+
+
 # --- tensor parallel ------------------------------------------------------------------
 
 #: Styles that prepare a module's inputs or outputs and leave its parameters alone.
@@ -386,7 +521,8 @@ def _tensor_parallel(
                     missing = [
                         r[:-1] or "the model" for r, m in zip(roots, holders) if not _resolve_path(m, path)
                     ]
-                    if missing:
+                    # A block path need not be in every block (dense and MoE blocks mix).
+                    if missing and (scope_name == "root" or len(missing) == len(roots)):
                         holders_do = (
                             "the model does" if scope_name == "root" else f"block(s) {', '.join(missing)} do"
                         )

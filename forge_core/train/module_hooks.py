@@ -1,12 +1,13 @@
 """Calls the trainer makes on every module of the model that defines them, found by the
 method's name, never by class (a mixture-of-experts block of any model uses them):
 
-- ``set_token_group(group, micro_batches)``: once, after the strategies are applied:
+- ``set_token_group(group, step_tokens)``: once, after the strategies are applied:
   ``group`` is the process group of the processes that compute different tokens
   (data parallel, context parallel; :func:`~forge_core.distributed.mesh.token_group`),
-  ``None`` in one process; ``micro_batches`` the forwards of one optimizer step
-  (``train.grad_accum``). What a module sums over the global batch (balancing
-  statistics), it sums over ``group``.
+  ``None`` in one process; ``step_tokens`` the tokens of one optimizer step over all
+  processes (``train.batch_size * data.seq_len``). What a module sums over the global
+  batch (balancing statistics), it sums over ``group``; what it averages over a step's
+  tokens (a penalty added to the gradient), it divides by ``step_tokens``.
 - ``after_optimizer_step()``: on every process after each optimizer step that stepped
   (a loss-free balancing bias update; a collective over ``group`` is allowed: every
   process calls it at the same point).
@@ -23,9 +24,9 @@ def _calls(parts: Iterable[Any], name: str) -> list[Any]:
     return [call for call in found if callable(call)]
 
 
-def set_token_group(parts: Iterable[Any], group: Any, micro_batches: int) -> None:
+def set_token_group(parts: Iterable[Any], group: Any, step_tokens: int) -> None:
     for call in _calls(parts, "set_token_group"):
-        call(group, micro_batches)
+        call(group, step_tokens)
 
 
 def after_optimizer_step(parts: Iterable[Any]) -> None:

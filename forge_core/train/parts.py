@@ -109,7 +109,8 @@ def build_parts(
     if not is_meta(model):  # one on the meta device is materialised by parallelize
         model.to(pl.device)
     pmodel = parallelize(model, plan, pl.device, loss_fn=build_loss(model, cfg), mesh=mesh)
-    module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), train.grad_accum)
+    step_tokens = train.batch_size * data.seq_len
+    module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), step_tokens)
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]

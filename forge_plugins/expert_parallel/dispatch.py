@@ -51,12 +51,10 @@ class AllToAllDispatch:
         tokens, k = indices.shape
         num, local = experts.num_experts, experts.local_experts
         flat = indices.reshape(-1)
-        kept = (flat >= 0).nonzero().squeeze(1) if bool((flat < 0).any()) else None
-        if kept is not None:
-            flat = flat[kept]
-        key = self.expert_key(flat, num, local)
+        kept = (flat >= 0).nonzero().squeeze(1)  # dropped assignments are -1
+        key = self.expert_key(flat[kept], num, local)
         order = torch.argsort(key, stable=True)
-        assignment = order if kept is None else kept[order]
+        assignment = kept[order]  # (token, slot) assignments grouped by expert
         token = assignment // k
         send = torch.bincount(key, minlength=num).view(self.size, local)
         recv = exchange_counts(send, self.group)  # row i: what rank i sends to my experts

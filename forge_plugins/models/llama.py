@@ -13,8 +13,13 @@ them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` 
 (``model.options.family``, :func:`~forge_plugins.models.options.features`) adds biases
 (qwen2: on ``wq/wk/wv``; llama and qwen3 with ``attention_bias``: on all four; llama
 with ``mlp_bias``: on the MLP) or ``attention.q_norm``/``k_norm`` (qwen3: an RMSNorm over
-each head's channels of the queries and keys, before rotary). A pipeline stage may set
-``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
+each head's channels of the queries and keys, before rotary). With ``model.options.moe`` the
+blocks it selects (:func:`~forge_plugins.models.options.is_moe_layer`) have an ``MoE``
+feed-forward instead (:mod:`forge_plugins.models.moe`: ``feed_forward.router``,
+``feed_forward.experts``, optionally ``feed_forward.shared``); the forward passes
+``doc_ids`` to a block only when its feed-forward asks for them (``needs_doc_ids``:
+per-document balancing), so a block's four positional inputs never change. A pipeline
+stage may set ``tok_embeddings``, ``norm`` or ``output`` to ``None``: forward then takes hidden states
 ``(B, S, dim)`` instead of token ids, or returns hidden states instead of logits.
 
 The parallelism strategies know the model through :meth:`Llama.parallel_contract`
@@ -22,13 +27,16 @@ only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first
 only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
 (which covers every family's extra parameters: biases are sharded with their layer, the
 per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`;
-the output head is ``output`` (the chunked loss applies it itself).
+the output head is ``output`` (the chunked loss applies it itself); the routed experts
+of an MoE block are ``feed_forward.experts`` (``ParallelContract.experts``).
 
 Init (:meth:`Llama.init_weights`, re-runnable after building on the meta device):
 embeddings and every linear weight ~ N(0, init_std); the projections that write into the
 residual stream (``wo`` and ``w2``) ~ N(0, init_std / sqrt(2 * n_layers)) so the
 residual's variance does not grow with depth; biases are zeros; RMSNorm weights are
-ones; a tied output shares the embedding matrix.
+ones; a tied output shares the embedding matrix. In an MoE block the router's gate and
+every expert's ``w1``/``w3`` ~ N(0, init_std), every expert's ``w2`` (and the shared
+experts') as a dense ``w2``, the selection bias zeros.
 
 With ``init_from_hf`` the checkpoint is the init: :func:`build` returns the model on the
 meta device (no memory), the trainer shards it as the strategies say, moves it to its
@@ -49,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from forge_core.api import ParallelContract, PipelineSplit, TensorParallelPlan
+from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParallelPlan
 from forge_plugins.models.feed_forward import FeedForward
 from forge_plugins.models.moe import MoE
 from forge_plugins.models.options import LlamaOptions, features, ffn_hidden_size, head_dim, is_moe_layer
@@ -171,10 +179,17 @@ class Llama(nn.Module):
 
     def parallel_contract(self) -> ParallelContract:
         """How the strategies split and shard this model (see the module docstring)."""
+        feed_forwards = [layer.feed_forward for layer in self.layers.values()]
         return ParallelContract(
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
-            tensor_parallel=functools.partial(tensor_parallel_plan, qk_norm=self.has_qk_norm),
+            tensor_parallel=functools.partial(
+                tensor_parallel_plan,
+                qk_norm=self.has_qk_norm,
+                dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
+                moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
+                shared=any(getattr(ffn, "shared", None) is not None for ffn in feed_forwards),
+            ),
             output_head="output",
             experts="feed_forward.experts" if self.options.moe is not None else None,
         )
@@ -214,7 +229,7 @@ class Llama(nn.Module):
         for key, layer in self.layers.items():
             extra = {} if cache is None else {"cache": cache.layer(int(key))}
             if doc_ids is not None and getattr(layer.feed_forward, "needs_doc_ids", False):
-                extra["doc_ids"] = doc_ids
+                extra[DOC_IDS] = doc_ids
             h = layer(h, cos, sin, prepared, **extra)
         if cache is not None:
             cache.advance(seq_len)
@@ -305,12 +320,21 @@ class Llama(nn.Module):
                 nn.init.normal_(self.output.weight, mean=0.0, std=std)
 
 
-def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
+def tensor_parallel_plan(
+    *,
+    sequence_parallel: bool,
+    qk_norm: bool = False,
+    dense: bool = True,
+    moe: bool = False,
+    shared: bool = False,
+) -> TensorParallelPlan:
     """The plan of :mod:`forge_plugins.models.llama_parallel`, imported only when tensor
     parallelism is applied."""
     from forge_plugins.models import llama_parallel
 
-    return llama_parallel.tensor_parallel_plan(sequence_parallel=sequence_parallel, qk_norm=qk_norm)
+    return llama_parallel.tensor_parallel_plan(
+        sequence_parallel=sequence_parallel, qk_norm=qk_norm, dense=dense, moe=moe, shared=shared
+    )
 
 
 def build(options: LlamaOptions, vocab_size: int, attention: Any) -> Llama:

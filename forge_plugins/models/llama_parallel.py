@@ -47,8 +47,9 @@ from forge_core.api import TensorParallelPlan, TensorParallelScope
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
 #: Per-head norms of the queries and keys (qwen3); absent in the other families.
 QK_NORMS = ("attention.q_norm", "attention.k_norm")
-#: An MoE block's feed-forward parts, replicated on every tensor-parallel rank.
-MOE_PARTS = ("feed_forward.router", "feed_forward.experts", "feed_forward.shared")
+#: An MoE block's routing parts, replicated on every tensor-parallel rank (with its
+#: ``feed_forward.shared`` experts when it has them).
+MOE_PARTS = ("feed_forward.router", "feed_forward.experts")
 
 
 class FeedForwardInput(ParallelStyle):
@@ -74,8 +75,19 @@ class FeedForwardInput(ParallelStyle):
         return style._apply(module, device_mesh)
 
 
-def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> TensorParallelPlan:
+def tensor_parallel_plan(
+    *,
+    sequence_parallel: bool,
+    qk_norm: bool = False,
+    dense: bool = True,
+    moe: bool = False,
+    shared: bool = False,
+) -> TensorParallelPlan:
+    """``dense``, ``moe``, ``shared``: whether the model part holds dense blocks, MoE
+    blocks, MoE blocks with shared experts (every path of the plan names something that
+    some block holds)."""
     partial = QK_NORMS if qk_norm else ()
+    replicated = (MOE_PARTS if moe else ()) + (("feed_forward.shared",) if shared else ())
     residual = Shard(1) if sequence_parallel else Replicate()
     root = {
         "tok_embeddings": RowwiseParallel(
@@ -88,14 +100,21 @@ def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> T
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
     }
+    if dense:
+        block.update(
+            {
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(
+                    output_layouts=residual, use_local_output=not sequence_parallel
+                ),
+            }
+        )
     if not sequence_parallel:
         return TensorParallelPlan(
             root=TensorParallelScope(styles=root, replicated=("norm",)),
-            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS + MOE_PARTS, partial=partial),
+            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS + replicated, partial=partial),
         )
     root["norm"] = SequenceParallel(use_local_output=False)
     block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
@@ -112,5 +131,5 @@ def tensor_parallel_plan(*, sequence_parallel: bool, qk_norm: bool = False) -> T
     )
     return TensorParallelPlan(
         root=TensorParallelScope(styles=root),
-        block=TensorParallelScope(styles=block, replicated=MOE_PARTS, partial=partial),
+        block=TensorParallelScope(styles=block, replicated=replicated, partial=partial),
     )

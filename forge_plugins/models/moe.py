@@ -124,6 +124,9 @@ class RoutedExperts(nn.Module):
         self.first_expert = 0
         self.local_experts = experts
         self.kernel = options.kernel
+        #: What every token's routed weights sum to when none is dropped (normalised
+        #: weights: route_scale), or None when it varies; the conformance kit checks it.
+        self.weight_sum: float | None = options.route_scale if options.normalize_weights else None
         self.w1 = nn.Parameter(torch.empty(experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(experts, dim, hidden))
         self.w2 = nn.Parameter(torch.empty(experts, hidden, dim))
@@ -217,39 +220,39 @@ def _group_size(group: Any) -> int:
     return 1 if group is None else torch.distributed.get_world_size(group)
 
 
-STAT_KEYS = ("aux_loss", "z_loss", "dropped", "assignments", "forwards")
+STAT_KEYS = ("aux_loss", "z_loss", "dropped", "assignments", "forwards", "steps")
 
 
 class MoE(nn.Module):
     """Router, routed experts and optional shared experts of one block.
 
-    **Balancing** (each optional; their gradients are added by :class:`_AddGradient`,
-    the model's output and loss are unchanged). With ``f_e`` the fraction of the
-    assignments (before capacity) routed to expert ``e`` and ``P_e`` the mean router
-    probability of ``e`` (softmax: the probabilities; sigmoid: the scores normalised to
-    sum 1 per token), the balancing loss is ``E * sum_e f_e * P_e``:
+    **Balancing penalties** (each optional). They are added to the gradient by
+    :class:`_AddGradient`: the logits and the loss are those of the model alone. Each is
+    an average over the tokens of one optimizer step, as the language-model loss is, so
+    that it is the same on 1 and N processes: this process adds its tokens' sum divided
+    by the step's tokens over every process (``step_tokens``, given by the trainer,
+    :meth:`set_token_group`; ``None``: this forward's tokens), and the data-parallel
+    gradient sum adds the rest. With ``p_t`` a token's router probabilities (softmax: the
+    probabilities; sigmoid: the scores normalised to sum 1) and ``f_e`` the fraction of
+    a set of assignments (before any capacity drop) routed to expert ``e``:
 
-    - scope ``batch``: over every token of one forward of the whole data-parallel batch:
-      the counts and token numbers are summed over :attr:`token_group` (the processes
-      reading different tokens), so the value is the same on 1 and N processes. Each
-      process adds its share, ``E * sum_e f_e * (its sum of p_e) / (all tokens)``;
-      the shares sum to the loss, and so do their gradients (summed over data-parallel
-      ranks by the gradient convention).
-    - scope ``sequence``: per document: each (row, doc id) pair of the batch's
-      ``doc_ids`` (a row without doc ids is one document), averaged over every document
-      of the forward on every process. A packed row gives what its documents give run
-      alone.
-
-    The router z-loss is the mean over all tokens of ``logsumexp(logits)^2``, shared out
-    the same way. Each forward's penalties are weighted by ``1 / micro_batches`` (the
-    forwards of one optimizer step): the step's objective is their mean.
+    - balancing, scope ``batch``: ``E * sum_e f_e * p_te`` per token, ``f`` over the
+      forward's tokens on every process that reads different tokens (the counts are
+      summed over :attr:`token_group`): one forward of the micro-batch (a pipeline
+      micro-batch under pipeline parallelism) across the data-parallel processes;
+    - balancing, scope ``sequence``: the same with ``f`` over the token's document (each
+      (row, doc id) pair of the ``doc_ids`` the block is given; a row without them is
+      one document). A document's part depends on its tokens alone: a packed row gives
+      what its documents give run alone, each weighted by its share of the tokens;
+    - router z-loss: ``logsumexp(logits_t)^2`` per token.
 
     **Loss-free balancing** (``bias_update_rate``): :meth:`after_optimizer_step` moves
     ``router.expert_bias`` by ``rate * sign(mean load - load)``, the load being the
     assignments each expert was routed over the step's forwards, summed over
     :attr:`token_group`, so it is identical on every process.
 
-    **Statistics**: :meth:`step_stats`.
+    Only training forwards count (``self.training``); evaluation and sampling neither
+    add penalties nor statistics.
     """
 
     def __init__(self, dim: int, options: MoEOptions) -> None:
@@ -259,19 +262,21 @@ class MoE(nn.Module):
         self.experts = RoutedExperts(dim, options)
         shared = options.shared_hidden or options.shared_experts * options.expert_hidden
         self.shared = FeedForward(dim, shared) if options.shared_experts else None
-        #: The processes whose tokens differ (data parallel, context parallel): set by
-        #: :meth:`set_token_group`; ``None``: this process alone.
+        #: The processes that compute different tokens (data and context parallel), or
+        #: ``None`` (this process alone); the tokens of one optimizer step over all of
+        #: them, or ``None`` (each forward is a step): see :meth:`set_token_group`.
         self.token_group: Any = None
-        self.micro_batches = 1
+        self.step_tokens: int | None = None
         self._stats: dict[str, torch.Tensor] = {}
         # On the CPU even when the model is built on the meta device (init_from_hf).
         self._routed = torch.zeros(options.num_experts, device="cpu")
 
-    def set_token_group(self, group: Any, micro_batches: int) -> None:
+    def set_token_group(self, group: Any, step_tokens: int) -> None:
         """Called by the trainer once the strategies are applied: the process group of
-        the processes reading different tokens (``None`` in one process) and the
-        micro-batches of one optimizer step."""
-        self.token_group, self.micro_batches = group, micro_batches
+        the processes that compute different tokens (``None`` in one process), and the
+        tokens of one optimizer step over all of them (``train.batch_size *
+        data.seq_len``)."""
+        self.token_group, self.step_tokens = group, step_tokens
 
     @property
     def needs_doc_ids(self) -> bool:
@@ -287,7 +292,9 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, dim)
         logits, scores, indices, weights = self.router(tokens)
         routed = indices
-        if options.capacity_factor > 0:
+        # Training only: evaluation and sampling are dropless (decoding one token at a
+        # time would otherwise see a capacity of its own).
+        if options.capacity_factor > 0 and self.training:
             keep = capacity_keep(
                 indices.view(batch, seq_len, -1),
                 weights.view(batch, seq_len, -1),
@@ -318,41 +325,37 @@ class MoE(nn.Module):
         doc_ids: torch.Tensor | None,
         batch: int,
     ) -> torch.Tensor:
-        """The balancing penalties' gradients attached to ``out``; the step's statistics."""
+        """The penalties' gradients attached to ``out``; the step's statistics counted."""
         options, experts = self.options, self.options.num_experts
-        tokens, k = routed.shape
+        tokens = routed.shape[0]
         routed_counts = torch.bincount(routed.reshape(-1), minlength=experts).to(scores.dtype)
-        probs = scores if options.router == "softmax" else scores / scores.sum(-1, keepdim=True)
-        sequence = options.aux_loss > 0 and options.aux_loss_scope == "sequence"
-        groups = self._groups(doc_ids, batch, tokens, scores.device) if sequence else None
-        # One all-reduce: the expert counts, the tokens, and the documents of the forward.
-        documents = float(groups.max()) + 1 if groups is not None else 0.0
-        totals = torch.cat([routed_counts, scores.new_tensor([tokens, documents])])
-        if self.token_group is not None and (options.aux_loss > 0 or options.z_loss > 0):
-            torch.distributed.all_reduce(totals, group=self.token_group)
-        global_counts, global_tokens, global_documents = (
-            totals[:experts],
-            totals[experts],
-            totals[experts + 1],
-        )
+        step_tokens = self.step_tokens or tokens
         aux = z = scores.new_zeros(())
         if options.aux_loss > 0:
-            if groups is None:
-                fraction = global_counts / (global_tokens * k)
-                aux = experts * (fraction * probs.sum(0)).sum() / global_tokens
+            probs = scores if options.router == "softmax" else scores / scores.sum(-1, keepdim=True)
+            if options.aux_loss_scope == "sequence":
+                aux = self._sequence_aux(
+                    probs, routed, self._documents(doc_ids, batch, tokens, scores.device)
+                )
             else:
-                aux = self._sequence_aux(probs, routed, groups) / global_documents
+                counts = routed_counts.clone()
+                if self.token_group is not None:
+                    torch.distributed.all_reduce(counts, group=self.token_group)
+                aux = experts * ((counts / counts.sum()) * probs.sum(0)).sum()
+            aux = aux / step_tokens
         if options.z_loss > 0:
-            z = logits.logsumexp(-1).pow(2).sum() / global_tokens
-        penalty = (options.aux_loss * aux + options.z_loss * z) / self.micro_batches
+            z = logits.logsumexp(-1).pow(2).sum() / step_tokens
+        penalty = options.aux_loss * aux + options.z_loss * z
         if penalty.requires_grad:
             out = _AddGradient.apply(out, penalty)
         if not _in_backward():
-            self._count(routed_counts, kept, aux, z, tokens * k)
+            self._count(routed_counts, kept, aux, z)
         return out
 
     @staticmethod
-    def _groups(doc_ids: torch.Tensor | None, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+    def _documents(
+        doc_ids: torch.Tensor | None, batch: int, tokens: int, device: torch.device
+    ) -> torch.Tensor:
         """The document of each token, numbered from 0 over the forward: each (row, doc
         id) pair; without doc ids each row."""
         rows = torch.arange(batch, device=device).repeat_interleave(tokens // batch)
@@ -361,34 +364,28 @@ class MoE(nn.Module):
         docs = doc_ids.reshape(-1).long().to(device)
         return (rows * (int(docs.max()) + 1) + docs).unique(return_inverse=True)[1]
 
-    def _sequence_aux(self, probs: torch.Tensor, routed: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        """Sum over the forward's documents of ``E * sum_e f_de * P_de``."""
+    def _sequence_aux(
+        self, probs: torch.Tensor, routed: torch.Tensor, documents: torch.Tensor
+    ) -> torch.Tensor:
+        """``sum_t E * sum_e f_(doc t),e * p_te``: each document's tokens times its
+        ``E * sum_e f_de * P_de``."""
         experts, k = self.options.num_experts, routed.shape[1]
-        count = int(groups.max()) + 1
-        sizes = torch.bincount(groups, minlength=count).to(probs.dtype)
-        assigned = torch.zeros(count, experts, dtype=probs.dtype, device=probs.device)
-        assigned.index_put_(
-            (groups.repeat_interleave(k), routed.reshape(-1)),
-            torch.ones((), dtype=probs.dtype, device=probs.device),
-            accumulate=True,
+        count = int(documents.max()) + 1
+        assigned = probs.new_zeros(count, experts).index_put_(
+            (documents.repeat_interleave(k), routed.reshape(-1)), probs.new_ones(()), accumulate=True
         )
-        mean_probs = probs.new_zeros(count, experts).index_add(0, groups, probs) / sizes.unsqueeze(-1)
-        fraction = assigned / (sizes.unsqueeze(-1) * k)
-        return experts * (fraction * mean_probs).sum()
+        fraction = assigned / assigned.sum(-1, keepdim=True)
+        return experts * (fraction[documents] * probs).sum()
 
-    def _count(
-        self, routed: torch.Tensor, kept: torch.Tensor, aux: torch.Tensor, z: torch.Tensor, assignments: int
-    ) -> None:
+    def _count(self, routed: torch.Tensor, kept: torch.Tensor, aux: torch.Tensor, z: torch.Tensor) -> None:
         received = torch.bincount(kept[kept >= 0], minlength=self.options.num_experts).float()
-        dropped = float((kept < 0).sum())
-        share = 1.0 / _group_size(self.token_group)
         values = {
             "tokens_per_expert": received.cpu(),
             "aux_loss": aux.detach().float().cpu(),
             "z_loss": z.detach().float().cpu(),
-            "dropped": torch.tensor(dropped),
-            "assignments": torch.tensor(float(assignments)),
-            "forwards": torch.tensor(share),
+            "dropped": (kept < 0).sum().float().cpu(),
+            "assignments": torch.tensor(float(kept.numel())),
+            "forwards": torch.tensor(1.0 / _group_size(self.token_group)),
         }
         for key, value in values.items():
             self._stats[key] = self._stats[key] + value if key in self._stats else value
@@ -396,21 +393,21 @@ class MoE(nn.Module):
 
     def step_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the training forwards since the last call (then reset), of this
-        process: ``tokens_per_expert`` ``(E,)`` (assignments each expert computed),
-        ``aux_loss`` and ``z_loss`` (unscaled: this process's shares, which sum over the
-        processes of :attr:`token_group` to each forward's loss), ``dropped`` and
-        ``assignments`` (dropped by the capacity factor, and all), ``forwards`` (each
-        forward counted ``1 / processes of token_group``, so the sum over them counts the
-        forwards once). Summed over the processes that read different tokens, the totals
-        are the global batch's; :func:`summarize_stats` turns them into metrics."""
+        process: ``tokens_per_expert`` ``(E,)`` (the assignments each expert computed),
+        ``aux_loss`` and ``z_loss`` (unscaled, this process's shares of each step's
+        penalties, see the class docstring), ``dropped`` and ``assignments`` (dropped by
+        the capacity factor, and all), ``forwards`` and ``steps`` (each forward and
+        optimizer step counted ``1 / processes of token_group``). Summed over the
+        processes that compute different tokens (:attr:`token_group`), every value is the
+        global batch's, ``forwards`` and ``steps`` counted once; :func:`summarize_stats`
+        turns such totals into metrics."""
         stats, self._stats = self._stats, {}
-        if not stats:
-            zero = torch.zeros(())
-            stats = {
-                "tokens_per_expert": torch.zeros(self.options.num_experts),
-                **dict.fromkeys(STAT_KEYS, zero),
-            }
-        return stats
+        zero = torch.zeros(())
+        return {
+            "tokens_per_expert": torch.zeros(self.options.num_experts),
+            **dict.fromkeys(STAT_KEYS, zero),
+            **stats,
+        }
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -418,6 +415,8 @@ class MoE(nn.Module):
         bias update from the load the step's forwards routed (identical on every
         process: the load is summed over :attr:`token_group`)."""
         load, self._routed = self._routed, torch.zeros(self.options.num_experts)
+        step = torch.tensor(1.0 / _group_size(self.token_group))
+        self._stats["steps"] = self._stats["steps"] + step if "steps" in self._stats else step
         rate = self.options.bias_update_rate
         if rate <= 0:
             return
@@ -432,15 +431,16 @@ def summarize_stats(totals: dict[str, torch.Tensor]) -> dict[str, float]:
     """Metrics of summed :meth:`MoE.step_stats`: ``load_min``/``load_max`` (the least and
     most loaded expert's assignments over the mean: 1 is balanced), ``load_cv`` (their
     coefficient of variation, population std over mean), ``aux_loss`` and ``z_loss``
-    (mean per forward, unscaled), ``dropped_frac`` (dropped over all assignments)."""
+    (per optimizer step, unscaled; the sum when no step has completed), ``dropped_frac``
+    (dropped over all assignments)."""
     load = totals["tokens_per_expert"].double()
     mean = float(load.mean())
-    forwards = max(float(totals["forwards"]), 1e-12)
+    steps = max(float(totals["steps"]), 1.0)
     return {
         "load_min": float(load.min()) / mean if mean else 0.0,
         "load_max": float(load.max()) / mean if mean else 0.0,
         "load_cv": float(load.std(correction=0)) / mean if mean else 0.0,
-        "aux_loss": float(totals["aux_loss"]) / forwards,
-        "z_loss": float(totals["z_loss"]) / forwards,
+        "aux_loss": float(totals["aux_loss"]) / steps,
+        "z_loss": float(totals["z_loss"]) / steps,
         "dropped_frac": float(totals["dropped"]) / max(float(totals["assignments"]), 1.0),
     }

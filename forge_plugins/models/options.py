@@ -116,7 +116,7 @@ class MoEOptions:
         "0: dropless (every assignment computed). Above 0: each expert takes at most "
         "ceil(capacity_factor * seq_len * top_k / num_experts) assignments of each row, kept by "
         "router weight (descending), then position; the others are dropped (the token keeps its "
-        "residual and its other experts).",
+        "residual and its other experts). Training forwards only: evaluation and sampling are dropless.",
         at_least(0),
     )
     aux_loss: float = option(

@@ -163,11 +163,11 @@ def check_model_gradients(kernel: str) -> dict[str, float]:
     registries = S.load_registries(extra=(("variants", S.variants),))
     batch = S.packed_batches()[0]
     moe = {"moe": {**S.MOE, "kernel": kernel}}
-    S.VARIANTS[f"moe_{kernel}"] = ("llama", moe)
-    ref_plan = S.make_plan(registries, {}, {}, f"moe_{kernel}", packed=True)
+    S.VARIANTS[f"ep_moe_{kernel}"] = ("llama", moe)
+    ref_plan = S.make_plan(registries, {}, {}, f"ep_moe_{kernel}", packed=True)
     ref = single_process(S.build_model(ref_plan, registries).double(), loss_fn)
     want = one_step(ref, batch)
-    plan = S.make_plan(registries, {"ep": 2}, {}, f"moe_{kernel}", world_size=2, packed=True)
+    plan = S.make_plan(registries, {"ep": 2}, {}, f"ep_moe_{kernel}", world_size=2, packed=True)
     mesh = build_mesh(plan.degrees, torch.device("cpu"))
     model = S.build_model(plan, registries, mesh).double()
     pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)

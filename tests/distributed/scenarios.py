@@ -70,12 +70,29 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
     "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
-    # mixture of experts: blocks 1 and 3 route over 4 experts (top 2) beside a shared expert
-    "moe": ("llama", {"moe": MOE}),
+    # mixture-of-experts blocks (every second), dropless, with every balancing on: the
+    # batch-scope loss's counts and the bias update's loads are summed over the data ranks
+    "moe": (
+        "llama",
+        {
+            "moe": {
+                "num_experts": 4,
+                "top_k": 2,
+                "expert_hidden": 16,
+                "every": 2,
+                "shared_experts": 1,
+                "aux_loss": 1.0,  # large, so that a count not summed over ranks shows in the norms
+                "z_loss": 0.01,
+                "bias_update_rate": 0.01,
+            }
+        },
+    ),
+    # expert parallelism's MoE: blocks 1 and 3 route over 4 experts (top 2) beside a shared one
+    "ep_moe": ("llama", {"moe": MOE}),
     # ... with a capacity factor that drops assignments (at most 4 per row and expert)
-    "moe_capacity": ("llama", {"moe": {**MOE, "capacity_factor": 0.5}}),
+    "ep_moe_capacity": ("llama", {"moe": {**MOE, "capacity_factor": 0.5}}),
     # ... balanced by the auxiliary loss (per packed document), the z-loss and the bias update
-    "moe_balanced": (
+    "ep_moe_balanced": (
         "llama",
         {
             "moe": {
@@ -90,6 +107,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# ... per-document balancing (packed rows: doc_ids reach the MoE blocks of every stage),
+# which, unlike the batch scope, is additive over pipeline microbatches; no bias update
+# (under pp torch's shape-inference forward counts in its loads: llama.moe-bias-pipeline)
+VARIANTS["moe_seq"] = (
+    "llama",
+    {"moe": {**VARIANTS["moe"][1]["moe"], "aux_loss_scope": "sequence", "bias_update_rate": 0.0}},
+)
 
 SP = {"options": {"tp": {"sequence_parallel": True}}}
 AC = {"wrappers": ["act_ckpt"]}  # activation checkpointing of every block
@@ -141,7 +165,7 @@ class Scenario:
 
     @property
     def steps(self) -> int:
-        return MOE_STEPS if self.variant.startswith("moe") else STEPS
+        return MOE_STEPS if self.variant.startswith("ep_moe") else STEPS
 
     @property
     def reference(self) -> str:
@@ -160,10 +184,10 @@ def _ep_pp(schedule: str) -> Scenario:
     options, train = PP_SCHEDULES[schedule]
     keep = {"fsdp": {"reshard_after_forward": False}} if schedule in SPLIT_BACKWARD else {}
     parallel = {"pp": 2, "ep": 2, "options": {**options["options"], **keep}}
-    return Scenario(parallel, train, variant="moe", packed=True)
+    return Scenario(parallel, train, variant="ep_moe", packed=True)
 
 
-def _ep(ep: int, variant: str = "moe", train: dict[str, Any] | None = None, **parallel: Any) -> Scenario:
+def _ep(ep: int, variant: str = "ep_moe", train: dict[str, Any] | None = None, **parallel: Any) -> Scenario:
     """Expert parallelism of degree ``ep`` with the other ``parallel`` degrees, on packed rows."""
     return Scenario({"ep": ep, **parallel}, train or {}, variant=variant, packed=True)
 
@@ -226,6 +250,12 @@ SCENARIOS: dict[str, Scenario] = {
     ),  # the last stage's loss
     "packed_pp_zbv_chunked": _pp("zbv_zero_bubble", chunked=True),  # the last stage on rank 0
     "packed_ddp": Scenario({"dp_replicate": 2}, packed=True),
+    "ddp_moe": Scenario({"dp_replicate": 2}, variant="moe"),
+    "fsdp_moe": Scenario({"dp_shard": 2}, variant="moe"),
+    "tp_moe": Scenario({"tp": 2}, variant="moe"),  # MoE parts replicated, attention sharded
+    "tp_sp_moe": Scenario({"tp": 2, **SP}, variant="moe"),
+    "packed_pp_moe": _pp("1f1b", variant="moe_seq"),
+    "packed_ddp_ac_moe": Scenario({"dp_replicate": 2, **AC}, variant="moe_seq", packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
     "fsdp_ac_every2": Scenario(
@@ -312,8 +342,8 @@ SCENARIOS: dict[str, Scenario] = {
     },
     # expert parallelism: the experts of every MoE block split over ep ranks
     "ep2": _ep(2),
-    "ep2_capacity": _ep(2, "moe_capacity"),
-    "ep2_balanced": _ep(2, "moe_balanced"),
+    "ep2_capacity": _ep(2, "ep_moe_capacity"),
+    "ep2_balanced": _ep(2, "ep_moe_balanced"),
     "ep2_wrong_rank": attrs.evolve(_ep(2), wrong_rank=True),
     "ep2_ac": _ep(2, **AC),
     "ep2_compile": _ep(2, train=COMPILE),
@@ -321,7 +351,7 @@ SCENARIOS: dict[str, Scenario] = {
     "ep2_chunked": _ep(2, train=CHUNKED),
     "ep2_accum": _ep(2, train={"grad_accum": 2}),
     "ep4": _ep(4),
-    "ep4_capacity": _ep(4, "moe_capacity"),
+    "ep4_capacity": _ep(4, "ep_moe_capacity"),
     "ep2_fsdp": _ep(2, dp_shard=2),
     "ep2_hsdp": _ep(2, dp_replicate=2),
     "ep2_tp": _ep(2, tp=2),
@@ -406,8 +436,6 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
     accum = plan.config.train.grad_accum
     rows = ROWS // pmodel.dp_size // accum
     optimizer = torch.optim.SGD(list(pmodel.parameters()), lr=LR)
-    # What the trainer tells modules that sum statistics over the global batch (MoE balancing).
-    module_hooks.set_token_group(pmodel.parts, token_group(pmodel.mesh, pmodel.dims), accum)
     losses, norms, times = [], [], []
     for batch in data:
         start = time.perf_counter()
@@ -422,7 +450,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
-        module_hooks.after_optimizer_step(pmodel.parts)
+        module_hooks.after_optimizer_step(pmodel.parts)  # the loss-free bias update
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)
@@ -573,6 +601,7 @@ def run(names: list[str], world: int) -> dict[str, Any]:
                 registries, {}, ref_train, sc.variant, attention=sc.attention, packed=sc.packed
             )
             ref_model = single_process(build_model(ref_plan, registries), loss_fn)
+            module_hooks.set_token_group(ref_model.parts, None, ROWS * SEQ)
             start = qk_norms(ref_model)
             results[sc.reference] = {
                 **train(ref_model, ref_plan, data),
@@ -590,6 +619,7 @@ def run(names: list[str], world: int) -> dict[str, Any]:
             mesh = build_mesh(plan.degrees, torch.device("cpu"))
             model = build_model(plan, registries, mesh)
             pmodel = parallelize(model, plan, torch.device("cpu"), build_loss(model, plan.config), mesh=mesh)
+            module_hooks.set_token_group(pmodel.parts, token_group(mesh, plan.dims), ROWS * SEQ)
         except ForgeError as exc:  # a scenario whose model must be refused at build
             results[name] = {"error": str(exc)}
             continue

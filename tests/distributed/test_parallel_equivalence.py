@@ -7,12 +7,14 @@ the same processes. The model is a tiny llama (dim 32, 4 layers, vocab 64, rows 
 on plain rows or on rows packed with documents (``doc_ids``/``positions``: every
 pipeline schedule with the sdpa, eager and flex backends, and pp combined with tp,
 fsdp and ddp),
-with tied embeddings for the ``*_tied`` layouts, for ``*_qknorm`` a third-party
-variant with per-head q/k norms its tensor-parallel plan declares ``partial``
-(:mod:`variants`), and for ``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family
-(q/k/v biases) and qwen3 family (its own per-head q/k norms, ``partial`` in the
-built-in plan); each layout is compared with a single-process run of its own model.
-After training, the evaluation loop (:mod:`eval_loop`) runs on each layout too.
+with tied embeddings for the ``*_tied`` layouts, for ``*_moe`` mixture-of-experts
+blocks (every balancing on: the batch-scope loss and the bias update sum over the data
+ranks), for ``*_qknorm`` a third-party variant with per-head q/k norms its
+tensor-parallel plan declares ``partial`` (:mod:`variants`), and for
+``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family (q/k/v biases) and qwen3
+family (its own per-head q/k norms, ``partial`` in the built-in plan); each layout is
+compared with a single-process run of its own model. After training, the evaluation
+loop (:mod:`eval_loop`) runs on each layout too.
 
 The ``cp*`` layouts split every row's tokens over the context-parallel ranks (the
 ``documents`` balancer unless named ``zigzag``), on packed rows unless ``_plain``: both
@@ -77,6 +79,12 @@ TWO = [
     "tp_qwen3",
     "tp_sp_qwen3",
     "packed_ddp",
+    "ddp_moe",
+    "fsdp_moe",
+    "tp_moe",
+    "tp_sp_moe",
+    "packed_pp_moe",
+    "packed_ddp_ac_moe",
     *PACKED_PP,
     # activation checkpointing composes with each strategy (compiled: see composition_rules)
     "fsdp_ac",
