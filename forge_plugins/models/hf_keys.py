@@ -149,8 +149,8 @@ def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int,
         )
     if extra.qk_norm:
         layer.update({"attention.q_norm.weight": (hd,), "attention.k_norm.weight": (hd,)})
-    moe = options.moe
-    if moe is not None:
+    moe, sparse = options.moe, layer
+    if moe is not None:  # an MoE block: the attention's parameters, the router and experts
         e, h = moe.num_experts, moe.expert_hidden
         sparse = {
             "feed_forward.router.gate.weight": (e, dim),
