@@ -130,7 +130,12 @@ def test_expert_parallel_compiled_accumulating_and_chunked_trains_like_one_proce
 
 @pytest.fixture(scope="module")
 def four_matrix(tmp_path_factory):
-    return run_scenarios(4, FOUR_MATRIX, tmp_path_factory.mktemp("ep-four-matrix"), timeout=MATRIX_TIMEOUT)
+    # One launch per layout: all eight in one launch stopped making progress on the loaded
+    # test machine (each passes alone in about 15 s; the cause is not found yet).
+    results: dict = {}
+    for name in FOUR_MATRIX:
+        results.update(run_scenarios(4, [name], tmp_path_factory.mktemp(name), timeout=MATRIX_TIMEOUT))
+    return results
 
 
 @pytest.mark.matrix
