@@ -515,7 +515,10 @@ RULES = [
         paths=("train.batch_size", "train.grad_accum", DEGREES),
         summary="The global batch splits evenly over data-parallel ranks and accumulation steps.",
         check=check_batch_divisible,
-        fix="Make train.batch_size a multiple of dp_replicate * dp_shard * grad_accum.",
+        fix=(
+            "Make train.batch_size a multiple of the data-parallel ranks (dp_replicate * dp_shard, "
+            "times ep under expert parallelism) * grad_accum."
+        ),
     ),
     Rule(
         id="eval.heldout-available",
@@ -537,7 +540,10 @@ RULES = [
         ),
         summary="The evaluation batch splits evenly over data-parallel ranks.",
         check=check_eval_batch,
-        fix="Make eval.batch_size a multiple of dp_replicate * dp_shard (0 takes the training micro-batch).",
+        fix=(
+            "Make eval.batch_size a multiple of the data-parallel ranks (dp_replicate * dp_shard, "
+            "times ep under expert parallelism); 0 takes the training micro-batch."
+        ),
     ),
     Rule(
         id="train.bf16-on-cpu",

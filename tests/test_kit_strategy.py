@@ -17,12 +17,12 @@ from forge_core.testing import check_strategy
 APPLIED = ("declaration", "options", "impl", "names", "forward", "gradients", "evaluate")
 
 
-@pytest.mark.parametrize("name", ["pp", "tp", "fsdp", "ddp", "act_ckpt"])
+@pytest.mark.parametrize("name", ["pp", "tp", "fsdp", "ddp", "act_ckpt", "ep"])
 def test_the_built_in_strategies_pass_at_degree_1(name):
     report = check_strategy(name)
     assert report.checked == APPLIED and report.skipped == {}
     assert max(report.worst.values()) < 1
-    assert report.dims == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    assert report.dims == ("pp", "dp_replicate", "dp_shard", "ep", "cp", "tp")
 
 
 def test_context_parallelism_passes_with_its_batch_transform_and_attention_wrapper():

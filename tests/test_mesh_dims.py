@@ -27,10 +27,11 @@ def plugin(*specs: ParallelismSpec) -> tuple[str, object]:
 
 
 def expert(**dim) -> ParallelismSpec:
-    dim = {"name": "ep", "place": 450, "summary": "Expert-parallel degree.", **dim}
+    """A third-party dimension ``zp`` (the built-in ``ep`` is declared the same way)."""
+    dim = {"name": "zp", "place": 450, "summary": "A third-party degree.", **dim}
     return ParallelismSpec(
-        name="ep",
-        summary="experts over parallel.ep ranks",
+        name="zp",
+        summary="something over parallel.zp ranks",
         impl="forge_core.api:NoOptions",
         options=NoOptions,
         mesh_dim=dim["name"],
@@ -51,20 +52,20 @@ def judged(tmp_path, parallel, world_size=None, extra=()):
 
 
 def test_a_third_party_dimension_is_a_degree_key_in_mesh_order(tmp_path):
-    result = judged(tmp_path, {"ep": 2}, world_size=8, extra=[plugin(expert())])
+    result = judged(tmp_path, {"zp": 2}, world_size=8, extra=[plugin(expert())])
     plan = result.plan
-    assert list(plan.degrees) == ["pp", "dp_replicate", "dp_shard", "cp", "ep", "tp"]
-    assert plan.degrees["ep"] == 2 and plan.degrees["dp_shard"] == 4  # -1 took what ep left
-    assert plan.is_active("ep") and plan.config.parallel.ep == 2
+    assert list(plan.degrees) == ["pp", "dp_replicate", "dp_shard", "ep", "cp", "zp", "tp"]
+    assert plan.degrees["zp"] == 2 and plan.degrees["dp_shard"] == 4  # -1 took what zp left
+    assert plan.is_active("zp") and plan.config.parallel.zp == 2
     assert not result.errors
 
 
 def test_without_the_plugin_its_degree_key_is_unknown_with_the_keys_that_exist(tmp_path):
     with pytest.raises(ConfigError) as info:
-        judged(tmp_path, {"ep": 2})
+        judged(tmp_path, {"zp": 2})
     (path, message), *_ = info.value.issues
-    assert path == "$.parallel.ep"
-    assert "unknown key 'ep'" in message and "pp, dp_replicate, dp_shard, cp, tp" in message
+    assert path == "$.parallel.zp"
+    assert "unknown key 'zp'" in message and "pp, dp_replicate, dp_shard, ep, cp, tp" in message
 
 
 def test_a_misspelt_degree_gets_a_did_you_mean(tmp_path):
@@ -84,10 +85,10 @@ def test_degrees_are_validated_from_their_declaration(tmp_path, value, expected)
 
 
 def test_the_world_size_rule_reads_every_declared_degree(tmp_path):
-    result = judged(tmp_path, {"ep": 3, "dp_shard": 1}, world_size=4, extra=[plugin(expert())])
+    result = judged(tmp_path, {"zp": 3, "dp_shard": 1}, world_size=4, extra=[plugin(expert())])
     (error,) = [v for v in result.errors if v.rule_id == "parallel.world-size"]
-    assert "ep=3" in error.message and "= 3 processes, but the world size is 4" in error.message
-    assert "$.parallel.ep = 3" in str([f"$.{p} = {v}" for p, v in error.fields])
+    assert "zp=3" in error.message and "= 3 processes, but the world size is 4" in error.message
+    assert "$.parallel.zp = 3" in str([f"$.{p} = {v}" for p, v in error.fields])
 
 
 def test_a_dimension_that_shards_with_dp_shard_switches_fsdp_on(tmp_path):
@@ -109,7 +110,7 @@ def test_the_saved_config_writes_degrees_where_a_config_does(tmp_path):
         (expert(fills_world=True), "more than one mesh dimension fills the world size"),
         (expert(shards_with="dq"), "shards with 'dq', which no strategy declares"),
         (expert(name="options"), "cannot be a degree key"),
-        (attrs_evolve_mesh_dim("tp"), "declares the mesh dimension 'ep' but is switched on by 'tp'"),
+        (attrs_evolve_mesh_dim("tp"), "declares the mesh dimension 'zp' but is switched on by 'tp'"),
     ],
 )
 def test_a_declaration_that_cannot_hold_is_refused_naming_the_plugin(spec, says):

@@ -106,7 +106,7 @@ def test_third_party_packer_emitting_doc_ids_is_caught(forge_config, builtins_on
 def test_world_size_rule(forge_config):
     found, _ = errors(forge_config({"parallel": {"tp": 2, "dp_shard": 2}}), world_size=2)
     assert (
-        "pp=1 * dp_replicate=1 * dp_shard=2 * cp=1 * tp=2 = 4 processes, but the world size is 2"
+        "pp=1 * dp_replicate=1 * dp_shard=2 * ep=1 * cp=1 * tp=2 = 4 processes, but the world size is 2"
         in found["parallel.world-size"].message
     )
     found, result = errors(forge_config({"parallel": {"tp": 2, "dp_shard": -1}}), world_size=8)
@@ -123,7 +123,7 @@ def test_world_size_fix_offers_dp_shard_minus_one_only_where_it_helps(forge_conf
     # dp_shard is -1 already: the fix must not tell the user to set it.
     found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": -1}}), world_size=8)
     fix = found["parallel.world-size"].fix
-    assert "dp_shard: -1" not in fix and "multiple of pp*dp_replicate*cp*tp = 3 processes" in fix
+    assert "dp_shard: -1" not in fix and "multiple of pp*dp_replicate*ep*cp*tp = 3 processes" in fix
     # dp_shard fixed, and tp=3 does not divide 8: -1 would not resolve, so it is not offered.
     found, _ = errors(forge_config({"parallel": {"tp": 3, "dp_shard": 2}}), world_size=8)
     fix = found["parallel.world-size"].fix

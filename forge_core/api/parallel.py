@@ -27,8 +27,8 @@ class MeshDim:
     ``parallel.<name>``, validated from this declaration like every other.
 
     - ``place``: the mesh is laid out in ascending ``place`` (outermost first): the
-      built-ins are ``pp`` 100, ``dp_replicate`` 200, ``dp_shard`` 300, ``cp`` 400 and
-      ``tp`` 500 (innermost, so that its ranks are neighbours).
+      built-ins are ``pp`` 100, ``dp_replicate`` 200, ``dp_shard`` 300, ``ep`` 350,
+      ``cp`` 400 and ``tp`` 500 (innermost, so that its ranks are neighbours).
     - ``default``: the degree when the config gives none; ``fills_world``: the degree
       may be -1, taking what the other degrees leave of the world size (one dimension
       at most: ``dp_shard``).
@@ -40,7 +40,9 @@ class MeshDim:
       gradient norm adds their squares instead of counting them as copies.
     - ``shards_with``: the dimension whose parameter sharding this one joins (``cp``
       joins ``dp_shard``: FSDP shards over ``dp_shard x cp``, and is switched on when
-      that product is above 1).
+      that product is above 1). A strategy that already shards some parameters along
+      its own dimension (``ep`` splits the experts) leaves them as DTensors sharded
+      there; FSDP shards those over the rest only.
     """
 
     name: str
@@ -78,7 +80,7 @@ class ParallelContext:
       strategies set their mixed-precision policy from it.
     - ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with one dimension per
       declared :class:`MeshDim`, in their ``place`` order, named like them (``pp``,
-      ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; size-1 dimensions included), or
+      ``dp_replicate``, ``dp_shard``, ``ep``, ``cp``, ``tp``; size-1 dimensions included), or
       ``None`` in a single process.
     - ``dims``: the declared :class:`MeshDim` s, in mesh order.
     - ``device``: the ``torch.device`` this process trains on.
@@ -101,16 +103,22 @@ class ParallelContext:
     gradient_syncs: list[Callable[[bool], AbstractContextManager]] = attrs.field(factory=list)
     dims: tuple[MeshDim, ...] = ()
 
-    def mesh_along(self, *names: str) -> Any:
+    def mesh_along(self, *names: str, without: tuple[str, ...] = ()) -> Any:
         """The mesh over dimensions ``names``, each widened by the dimensions that
-        declare they shard with it (:attr:`MeshDim.shards_with`): ``mesh_along("dp_shard")``
-        is ``dp_shard x cp`` flattened into one dimension named ``dp_shard_cp`` when
-        context parallelism is declared, ``mesh_along("dp_replicate", "dp_shard")`` the
-        2-D mesh of ``dp_replicate`` and that. Collective the first time (it may create
-        process groups): every rank calls it. ``None`` in one process."""
+        declare they shard with it (:attr:`MeshDim.shards_with`) except those in
+        ``without``: ``mesh_along("dp_shard")`` is ``dp_shard x cp`` flattened into one
+        dimension named ``dp_shard_cp`` when context parallelism is declared,
+        ``mesh_along("dp_replicate", "dp_shard")`` the 2-D mesh of ``dp_replicate`` and
+        that. ``without`` leaves out a dimension a parameter is already sharded along
+        (FSDP shards experts, which ``ep`` splits, over ``dp_shard x cp`` only).
+        Collective the first time (it may create process groups): every rank calls it.
+        ``None`` in one process."""
         if self.mesh is None:
             return None
-        columns = [(name, *(d.name for d in self.dims if d.shards_with == name)) for name in names]
+        columns = [
+            (name, *(d.name for d in self.dims if d.shards_with == name and d.name not in without))
+            for name in names
+        ]
         if all(len(column) == 1 for column in columns):
             return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
         every = tuple(dim for column in columns for dim in column)
@@ -178,7 +186,7 @@ class ModelFacts:
     """What rules need to know about a configured model, whatever its options call it:
     returned by ``ModelSpec.facts(options)`` (torch-free) and read by the strategies'
     rules (heads divisible by the tensor-parallel degree, layers per pipeline stage,
-    tied embeddings)."""
+    tied embeddings, routed experts divisible by the expert-parallel degree)."""
 
     blocks: int  # repeated blocks (layers)
     heads: int  # query heads
@@ -187,6 +195,7 @@ class ModelFacts:
     #: The roles of its block projections (``ParallelContract.roles``' keys), which model
     #: transforms target (``forge_core.api.transforms.ROLES``).
     roles: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    experts: int = 0  # routed experts of each mixture-of-experts layer; 0: a dense model
 
 
 @attrs.frozen

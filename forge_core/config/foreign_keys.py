@@ -310,8 +310,8 @@ AXOLOTL = Trainer(
         Row(
             "`base_model`",
             "`model.options.init_from_hf`",
-            "a Hub id or a local folder; Llama, Qwen2, Qwen3 and Mistral checkpoints; shapes read from "
-            "`config.json`",
+            "a Hub id or a local folder; Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE and Mixtral "
+            "checkpoints; shapes read from `config.json`",
         ),
         Row("`fsdp`, `deepspeed`", "`parallel.dp_shard`", "FSDP2; there is no DeepSpeed"),
     ),

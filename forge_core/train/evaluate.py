@@ -176,7 +176,7 @@ def rank_batches(
     if batch_rows % dp_size:
         raise ForgeError(
             f"the evaluation batch of {batch_rows} rows cannot be split over {dp_size} "
-            "data-parallel ranks: make eval.batch_size a multiple of dp_replicate * dp_shard"
+            "data-parallel ranks: make eval.batch_size a multiple of their number"
         )
     per = batch_rows // dp_size
     for start in range(0, num_rows, batch_rows):

@@ -14,7 +14,9 @@
 - :func:`hf_config_kwargs`: the ``transformers`` config of the family for export.
 
 Each field is read as transformers' config class of the family reads it, absent or
-``null`` (:mod:`forge_plugins.models.hf_fields`).
+``null`` (:mod:`forge_plugins.models.hf_fields`). A mixture-of-experts checkpoint
+(``qwen3_moe``, ``mixtral``) is its attention family (qwen3, mistral) with
+``model.options.moe`` (:mod:`forge_plugins.models.hf_moe`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,19 @@ import attrs
 
 from forge_core.api import ForgeError, show_value
 from forge_plugins import hub
-from forge_plugins.models.hf_fields import ROPE_KEYS, read_fields
+from forge_plugins.models.hf_fields import MODEL_TYPES, ROPE_KEYS, read_fields
 from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where
 from forge_plugins.models.hf_keys import IGNORED, expected_hf_shapes, stored_layers
+from forge_plugins.models.hf_moe import (
+    MOE_TYPES,
+    expert_count_key,
+    moe_config_kwargs,
+    moe_from_fields,
+    moe_mismatches,
+    moe_type,
+    with_checkpoint_moe,
+)
 from forge_plugins.models.options import (
-    FAMILIES,
     LlamaOptions,
     RopeScaling,
     ffn_hidden_size,
@@ -45,6 +55,8 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
 }
+#: The architecture of each model_type Forge reads.
+_TYPE_ARCHITECTURES = {**ARCHITECTURES, **{kind: arch for kind, (_, arch) in MOE_TYPES.items()}}
 
 
 def yarn_attention_factor(
@@ -101,37 +113,43 @@ def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]
     return scaling, problems
 
 
-def _family(config: dict[str, Any]) -> tuple[str | None, list[str]]:
+def _model_type(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     family = config.get("model_type")
-    if not isinstance(family, str) or family not in FAMILIES:
+    if not isinstance(family, str) or family not in MODEL_TYPES:
         return None, [
             f"config.json model_type is {show_value(family)}: Forge's llama imports "
-            f"{', '.join(map(repr, FAMILIES))} checkpoints "
-            f"(architectures {', '.join(ARCHITECTURES.values())})"
+            f"{', '.join(map(repr, MODEL_TYPES))} checkpoints "
+            f"(architectures {', '.join(_TYPE_ARCHITECTURES.values())})"
         ]
     architectures = config.get("architectures")
     if architectures is not None and (
         not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
     ):
         return None, [f"config.json architectures={show_value(architectures)} must be a list of class names"]
-    if architectures and ARCHITECTURES[family] not in architectures:
+    if architectures and _TYPE_ARCHITECTURES[family] not in architectures:
         return None, [
             f"config.json architectures is {architectures!r}; a {family} checkpoint Forge can load is "
-            f"a {ARCHITECTURES[family]} (the causal language model with its lm_head)"
+            f"a {_TYPE_ARCHITECTURES[family]} (the causal language model with its lm_head)"
         ]
     return family, []
 
 
 def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``(option values, problems)`` for a ``config.json``. The values cover every option
-    a checkpoint decides; a problem names the field Forge cannot reproduce. A field of
-    the wrong type or out of range gives no values, only its problem."""
-    family, problems = _family(config)
-    if family is None:
+    a checkpoint decides (``moe``: its :class:`MoEOptions`, or ``None``); a problem names
+    the field Forge cannot reproduce. A field of the wrong type or out of range gives no
+    values, only its problem."""
+    model_type, problems = _model_type(config)
+    if model_type is None:
         return {}, problems
-    fields, problems = read_fields(config, family)
+    config, problems = expert_count_key(config)
+    fields, found = read_fields(config, model_type)
+    problems += found
+    moe, found = (None, []) if problems else moe_from_fields(config, model_type, fields)
+    problems += found
     if problems:
         return {}, problems
+    family = MOE_TYPES[model_type][0] if model_type in MOE_TYPES else model_type
     max_pos = fields["max_position_embeddings"]
     scaling, problems = _rope(fields["rope"], max_pos)
     window = 0
@@ -165,6 +183,7 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
         "attention_bias": fields.get("attention_bias", False),
         "mlp_bias": fields.get("mlp_bias", False),
         "sliding_window": window,
+        "moe": moe,
     }
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key) and not values[key]:
@@ -205,7 +224,7 @@ def resolve_options(options: LlamaOptions) -> LlamaOptions:
             values, _ = options_from_hf_config(read_hf_config(folder))
         except ForgeError:
             pass  # the llama.init-from-hf rule reports the folder
-    return with_defaults(options, values)
+    return with_checkpoint_moe(with_defaults(options, values), values.get("moe"))
 
 
 def _show(value: Any) -> str:
@@ -309,8 +328,10 @@ def _folder_problems(
     values, problems = options_from_hf_config(config)
     if not values:
         return problems, 0
-    options = with_defaults(options, values)  # unset options are the checkpoint's
+    # Unset options are the checkpoint's.
+    options = with_checkpoint_moe(with_defaults(options, values), values["moe"])
     problems += config_mismatches(options, values)
+    problems += moe_mismatches(options, config["model_type"], values["moe"])
     hf_vocab = config["vocab_size"]
     if vocab_size is not None and vocab_size > hf_vocab:
         problems.append(
@@ -376,10 +397,19 @@ def rope_config(options: LlamaOptions) -> dict[str, Any] | None:
     return out
 
 
+def hf_model_type(options: LlamaOptions) -> str:
+    """The ``model_type`` export writes for (resolved) ``options``: the family's, or
+    with experts its MoE architecture's (:func:`~forge_plugins.models.hf_moe.moe_type`)."""
+    return moe_type(options) or options.family or "llama"
+
+
 def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
-    """Keyword arguments of ``transformers.AutoConfig.for_model(family, ...)`` that give
-    the checkpoint of a Forge llama with (resolved) ``options``."""
-    family = options.family or "llama"
+    """Keyword arguments of ``transformers.AutoConfig.for_model(hf_model_type(options),
+    ...)`` that give the checkpoint of a Forge llama with (resolved) ``options`` (with
+    experts, :func:`~forge_plugins.models.hf_moe.export_problems` empty)."""
+    model_type = hf_model_type(options)
+    # Mixtral is the mistral block with experts (a llama block without biases is the same).
+    family = "mistral" if model_type == "mixtral" else options.family or "llama"
     scaling = options.rope_scaling or RopeScaling()
     max_pos = scaling.original_max_position_embeddings if scaling.type == "dynamic" else options.max_seq_len
     kwargs: dict[str, Any] = {
@@ -397,7 +427,7 @@ def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
         "rope_scaling": rope_config(options),
         "tie_word_embeddings": bool(options.tie_embeddings),
         "initializer_range": options.init_std,
-        "architectures": [ARCHITECTURES[family]],
+        "architectures": [_TYPE_ARCHITECTURES[model_type]],
     }
     if family in ("llama", "qwen3"):
         kwargs["attention_bias"] = bool(options.attention_bias)
@@ -407,4 +437,6 @@ def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
         kwargs["sliding_window"] = options.sliding_window or None
     if family in ("qwen2", "qwen3"):
         kwargs.update(use_sliding_window=False, sliding_window=None)
+    if options.moe is not None:
+        kwargs.update(moe_config_kwargs(options))
     return kwargs

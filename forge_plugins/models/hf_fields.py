@@ -1,11 +1,13 @@
 """The fields of a Hugging Face ``config.json`` that decide what Forge builds: each one's
 JSON type, the range its meaning implies, and its value when the key is left out or set
-to ``null``, as transformers' config class of the family reads it (``LlamaConfig``,
-``Qwen2Config``, ``Qwen3Config``, ``MistralConfig`` of transformers 5).
+to ``null``, as transformers' config class of the checkpoint's ``model_type`` reads it (``LlamaConfig``,
+``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``, ``Qwen3MoeConfig``, ``MixtralConfig``
+of transformers 5; the mixture-of-experts fields of the last two are read by
+:mod:`forge_plugins.models.hf_moe`).
 
 An explicit ``null`` means what it means there: ``sliding_window: null`` is no window
 (not the class default 4096), ``num_key_value_heads: null`` one key/value head per query
-head, ``head_dim: null`` ``hidden_size / num_attention_heads`` (llama, mistral),
+head, ``head_dim: null`` ``hidden_size / num_attention_heads`` (llama, mistral, mixtral),
 ``rope_scaling: null`` no scaling, a yarn ``truncate: null`` no rounding. Where
 transformers cannot load a ``null`` (a field typed ``int``, ``head_dim`` of qwen2 whose
 attention multiplies by it), Forge refuses it too. :func:`read_fields` reports every
@@ -24,7 +26,11 @@ import attrs
 from forge_core.api import Validator, above, at_least, show_value
 from forge_plugins.models.options import FAMILIES
 
+#: The ``model_type`` values Forge reads: its families, and the two mixture-of-experts
+#: architectures built on the qwen3 and mistral attention.
+MODEL_TYPES = (*FAMILIES, "qwen3_moe", "mixtral")
 _QWEN = ("qwen2", "qwen3")
+_MOE = ("qwen3_moe", "mixtral")
 
 
 @attrs.frozen
@@ -53,7 +59,7 @@ class Field:
     meaning: str
     absent: Any
     null: Any = REFUSED
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = MODEL_TYPES
 
     def when(self, which: str, family: str) -> Any:
         value = getattr(self, which)
@@ -61,7 +67,7 @@ class Field:
 
 
 def _each(**values: Any) -> dict[str, Any]:
-    return {family: values.get(family, values.get("other")) for family in FAMILIES}
+    return {family: values.get(family, values.get("other")) for family in MODEL_TYPES}
 
 
 FIELDS = (
@@ -75,8 +81,8 @@ FIELDS = (
         "int",
         at_least(1),
         "the key/value heads of each layer",
-        _each(llama=DERIVED, mistral=8, other=32),
-        _each(mistral=REFUSED, other=DERIVED),
+        _each(llama=DERIVED, mistral=8, mixtral=8, qwen3_moe=4, other=32),
+        _each(mistral=REFUSED, mixtral=REFUSED, qwen3_moe=REFUSED, other=DERIVED),
     ),
     Field(
         "head_dim",
@@ -84,19 +90,25 @@ FIELDS = (
         at_least(1),
         "the width of each head",
         _each(qwen3=128, other=DERIVED),
-        _each(llama=DERIVED, mistral=DERIVED, other=REFUSED),
+        _each(llama=DERIVED, mistral=DERIVED, mixtral=DERIVED, other=REFUSED),
     ),
     Field(
         "max_position_embeddings",
         "int",
         at_least(1),
         "the positions the rotary table covers",
-        _each(llama=2048, mistral=131072, other=32768),
+        _each(llama=2048, mistral=131072, mixtral=131072, other=32768),
     ),
-    Field("rms_norm_eps", "number", above(0), "it keeps the RMSNorm division finite", 1e-6),
+    Field(
+        "rms_norm_eps",
+        "number",
+        above(0),
+        "it keeps the RMSNorm division finite",
+        _each(mixtral=1e-5, other=1e-6),
+    ),
     Field("tie_word_embeddings", "bool", None, "", False),
     Field("hidden_act", "str", None, "", "silu"),
-    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3")),
+    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3", "qwen3_moe")),
     Field("mlp_bias", "bool", None, "", False, families=("llama",)),
     Field("pretraining_tp", "int", at_least(1), "a split of the projections", 1, 1, families=("llama",)),
     Field(
@@ -104,12 +116,50 @@ FIELDS = (
         "int",
         at_least(1),
         "the positions each token attends to (null: no window)",
-        4096,
+        _each(mixtral=None, other=4096),
         None,
-        families=("mistral", *_QWEN),
+        families=("mistral", "mixtral", "qwen3_moe", *_QWEN),
     ),
-    Field("use_sliding_window", "bool", None, "", False, families=_QWEN),
+    Field("use_sliding_window", "bool", None, "", False, families=(*_QWEN, "qwen3_moe")),
     Field("max_window_layers", "int", at_least(0), "the layers before the windowed ones", 28, families=_QWEN),
+    # The mixture-of-experts fields (read into model.options.moe by hf_moe). Qwen3-MoE
+    # names the expert count num_experts as well: hf_moe reads either spelling.
+    Field(
+        "num_local_experts",
+        "int",
+        at_least(1),
+        "the routed experts of each MoE layer",
+        _each(qwen3_moe=128, mixtral=8),
+        families=_MOE,
+    ),
+    Field(
+        "num_experts_per_tok",
+        "int",
+        at_least(1),
+        "the experts each token is sent to",
+        _each(qwen3_moe=8, mixtral=2),
+        families=_MOE,
+    ),
+    Field(
+        "moe_intermediate_size",
+        "int",
+        at_least(1),
+        "the SwiGLU hidden size of one expert",
+        768,
+        families=("qwen3_moe",),
+    ),
+    Field(
+        "decoder_sparse_step",
+        "int",
+        at_least(1),
+        "every how many layers one is an MoE layer",
+        1,
+        families=("qwen3_moe",),
+    ),
+    Field("norm_topk_prob", "bool", None, "", False, families=("qwen3_moe",)),
+    Field(
+        "router_jitter_noise", "number", at_least(0), "noise on the router input", 0.0, families=("mixtral",)
+    ),
 )
 
 #: Keys of a rope dict (``rope_parameters``, or the older ``rope_scaling``) by rope type,
@@ -269,11 +319,16 @@ def _layer_types(config: dict[str, Any], values: dict[str, Any]) -> list[str]:
     return []
 
 
-def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str | None]:
+#: transformers' ``default_theta`` where it is not 10000.
+_DEFAULT_THETA = {"mixtral": 1_000_000.0}
+
+
+def _rope_dict(config: dict[str, Any], family: str) -> tuple[dict[str, Any], dict[str, str], str | None]:
     """``(params, where, problem)``: the rope dict transformers reads, ``rope_scaling``
     when it is a non-empty object, else ``rope_parameters`` (``null``: plain rotary),
     with ``rope_type`` and ``rope_theta`` filled as transformers fills them (from
-    ``type``, else ``"default"``; from the top-level ``rope_theta``, else 10000), and
+    ``type``, else ``"default"``; from the top-level ``rope_theta``, else the class's
+    default: 10000, mixtral 1e6), and
     the name of each key in config.json (for messages)."""
     for key in ("rope_scaling", "rope_parameters"):
         if config.get(key) is not None and not isinstance(config[key], dict):
@@ -291,7 +346,10 @@ def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], 
     if "rope_type" not in params:
         params["rope_type"], where["rope_type"] = params.get("type", "default"), f"{source}.type"
     if "rope_theta" not in params:
-        params["rope_theta"], where["rope_theta"] = config.get("rope_theta", 10000.0), "rope_theta"
+        params["rope_theta"], where["rope_theta"] = (
+            config.get("rope_theta", _DEFAULT_THETA.get(family, 10000.0)),
+            "rope_theta",
+        )
     if "partial_rotary_factor" not in params and config.get("partial_rotary_factor") is not None:
         params["partial_rotary_factor"] = config["partial_rotary_factor"]
         where["partial_rotary_factor"] = "partial_rotary_factor"
@@ -304,10 +362,10 @@ def _rope_dict(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], 
     return params, where, None
 
 
-def _rope(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _rope(config: dict[str, Any], family: str) -> tuple[dict[str, Any], list[str]]:
     """The rope dict with every key its rope type reads checked and each null read as
     transformers reads it (the key dropped, or its value)."""
-    params, where, problem = _rope_dict(config)
+    params, where, problem = _rope_dict(config, family)
     if problem:
         return {}, [problem]
     rope_type = params["rope_type"]
@@ -338,7 +396,7 @@ def read_fields(config: dict[str, Any], family: str) -> tuple[dict[str, Any], li
     """``(values, problems)`` of a ``config.json`` of ``family``: every field of
     :data:`FIELDS` the family has (absent and null read as transformers reads them,
     ``head_dim`` and ``num_key_value_heads`` computed when derived), ``"rope"`` (the
-    rope dict, :func:`_rope`) and, for qwen2/qwen3, ``"windowed_layers"``. Any problem
+    rope dict, :func:`_rope`) and, for qwen2/qwen3/qwen3_moe, ``"windowed_layers"``. Any problem
     (a wrong type, a value out of range, a null transformers cannot load, fields that
     contradict each other) leaves the values unusable."""
     values, problems = _fields(config, family)
@@ -346,5 +404,9 @@ def read_fields(config: dict[str, Any], family: str) -> tuple[dict[str, Any], li
         problems = _shapes(values, family)
     if not problems and family in _QWEN:
         problems = _layer_types(config, values)
-    values["rope"], rope_problems = _rope(config)
+    if family == "qwen3_moe":
+        # Qwen3-MoE has no per-layer types: with use_sliding_window every layer is windowed.
+        windowed = values["use_sliding_window"] and values["sliding_window"]
+        values["windowed_layers"] = values["num_hidden_layers"] if windowed else 0
+    values["rope"], rope_problems = _rope(config, family)
     return values, problems + rope_problems

@@ -8,7 +8,11 @@ Loading reads lazily: each tensor through ``safetensors.safe_open(...).get_slice
 of a DTensor parameter (FSDP or tensor-parallel shards, or both) only the block this
 process holds, so no process holds more of the checkpoint than of the model. Sharded
 checkpoints (``model.safetensors.index.json``) are read file by file as their index
-says. Tensors are cast to the parameter's dtype as they are copied.
+says. Tensors are cast to the parameter's dtype as they are copied. An expert stack
+(``feed_forward.experts.w1``, ``[E, dim, hidden]``) is read expert by expert, each
+checkpoint matrix transposed into its slot, and of a stack that holds some experts
+(``first_expert``, ``local_experts`` of its module: expert parallelism) or a shard of
+them only those.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_plugins.models.hf_config import ARCHITECTURES, hf_config_kwargs
+from forge_core.api import ForgeError
+from forge_plugins.models.hf_config import ARCHITECTURES, hf_config_kwargs, hf_model_type
 from forge_plugins.models.hf_folder import (
     INDEX,
     SINGLE,
@@ -26,7 +31,8 @@ from forge_plugins.models.hf_folder import (
     weight_map,
     where,
 )
-from forge_plugins.models.hf_keys import forge_shapes, to_hf_key
+from forge_plugins.models.hf_keys import expert_hf_keys, forge_shapes, to_hf_key
+from forge_plugins.models.hf_moe import export_problems, moe_type
 from forge_plugins.models.options import LlamaOptions, with_defaults
 
 #: Prefixes that wrappers add to state-dict keys (torch.compile, DDP).
@@ -46,12 +52,14 @@ def _strip_wrappers(key: str) -> str:
 
 
 def hf_config(options: LlamaOptions, vocab_size: int, dtype: str = "float32", **token_ids: Any):
-    """The ``transformers`` config (``LlamaConfig``, ``Qwen2Config``, ...) of the family."""
+    """The ``transformers`` config (``LlamaConfig``, ``Qwen2Config``, ``MixtralConfig``,
+    ...) of the family."""
     from transformers import AutoConfig
 
-    kwargs = hf_config_kwargs(with_defaults(options), vocab_size)
+    options = with_defaults(options)
+    kwargs = hf_config_kwargs(options, vocab_size)
     return AutoConfig.for_model(
-        options.family or "llama",
+        hf_model_type(options),
         **kwargs,
         dtype=dtype,
         **{k: token_ids.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
@@ -126,7 +134,28 @@ def export(
             f"the state dict does not match model.options: missing {missing[:5]}"
             f"{' ...' if len(missing) > 5 else ''}; export with the options the run trained with"
         )
-    tensors = {to_hf_key(key): state[key].detach().to("cpu").contiguous() for key in sorted(expected)}
+    problems = export_problems(options)
+    bias = [k for k, v in state.items() if k.endswith("router.expert_bias") and bool(v.any())]
+    if bias:
+        problems.append(
+            f"{len(bias)} MoE routers ({bias[0]}, ...) have a non-zero selection bias (loss-free "
+            "balancing, moe.bias_update_rate): transformers' router has none, so it would choose "
+            "other experts"
+        )
+    if problems:
+        raise ForgeError(
+            "this model has no Hugging Face architecture that computes as it does:\n  "
+            + "\n  ".join(problems)
+        )
+    moe = moe_type(options)
+    tensors = {}
+    for key in sorted(expected):
+        tensor = state[key].detach().to("cpu")
+        names = expert_hf_keys(key, moe, range(tensor.shape[0])) if tensor.dim() == 3 else None
+        if names is None:
+            tensors[to_hf_key(key, moe)] = tensor.contiguous()
+        else:  # expert e of a stack is the transpose of its nn.Linear weight
+            tensors.update({name: tensor[e].t().contiguous() for e, name in enumerate(names)})
     dtype = str(embedding.dtype).removeprefix("torch.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +195,41 @@ def _read_into(view: Any, target: Any, name: str) -> None:
     local.copy_(view[index] if index else view[:])
 
 
+def _read_expert(view: Any, target: Any, expert: int, name: str) -> None:
+    """Copy into slot ``expert`` of stack ``target`` (``[E, a, b]``, plain or a DTensor)
+    the part this process holds of checkpoint matrix ``view`` (``[b, a]``)."""
+    full = tuple(view.get_shape())
+    if full != (target.shape[2], target.shape[1]):
+        raise HFFolderMismatch(
+            f"{name} has shape {list(full)}, the model expects {[target.shape[2], target.shape[1]]}"
+        )
+    local, offset = target, (0, 0, 0)
+    shape = tuple(target.shape)
+    if hasattr(target, "device_mesh"):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(
+            target.shape, target.device_mesh, target.placements
+        )
+        local = target.to_local()
+    row = expert - offset[0]
+    if not 0 <= row < shape[0] or 0 in shape:
+        return
+    block = view[offset[2] : offset[2] + shape[2], offset[1] : offset[1] + shape[1]]
+    local[row].copy_(block.t())
+
+
+def _experts_held(model: Any, name: str, param: Any) -> range:
+    """The global indices of the experts of a stack, slot by slot: all of them for a
+    stack of every expert (whole, or a DTensor whose placements say which this process
+    holds), else its module's ``first_expert`` on (a stack sliced to local experts)."""
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    if param.shape[0] == getattr(module, "num_experts", param.shape[0]):
+        return range(param.shape[0])
+    first = int(module.first_expert)
+    return range(first, first + param.shape[0])
+
+
 def load_into(model: Any, hf_dir: str | Path) -> None:
     """Copy a Hugging Face checkpoint's weights into ``model`` (a Forge llama whose
     parameters are materialised: whole, a pipeline stage holding some layers, or DTensor
@@ -177,14 +241,26 @@ def load_into(model: Any, hf_dir: str | Path) -> None:
 
     hf_dir = Path(hf_dir)
     files = weight_map(hf_dir)
-    by_file: dict[Path, list[tuple[str, Any]]] = {}
+    moe = moe_type(with_defaults(model.options)) if hasattr(model, "options") else None
+    # file -> (checkpoint key, parameter, its slot in an expert stack or None)
+    by_file: dict[Path, list[tuple[str, Any, int | None]]] = {}
     unplaced = []
-    for key, param in model.named_parameters():
-        hf_key = to_hf_key(_strip_wrappers(key))
+    for name, param in model.named_parameters():
+        key = _strip_wrappers(name)
+        experts = _experts_held(model, name, param) if param.dim() == 3 else None
+        names = expert_hf_keys(key, moe, experts) if experts is not None else None
+        if names is not None:
+            for slot, hf_key in enumerate(names):
+                if hf_key in files:
+                    by_file.setdefault(files[hf_key], []).append((hf_key, param, slot))
+                else:
+                    unplaced.append(hf_key)
+            continue
+        hf_key = to_hf_key(key, moe)
         if hf_key not in files and hf_key == "lm_head.weight":
             hf_key = "model.embed_tokens.weight"  # a tied checkpoint stores the matrix once
         if hf_key in files:
-            by_file.setdefault(files[hf_key], []).append((hf_key, param))
+            by_file.setdefault(files[hf_key], []).append((hf_key, param, None))
         else:
             unplaced.append(hf_key)
     if unplaced:
@@ -200,10 +276,18 @@ def load_into(model: Any, hf_dir: str | Path) -> None:
         disable=_rank() != 0 or checkpoint_bytes(hf_dir) < _PROGRESS_BYTES,
     )
     with torch.no_grad(), progress:
+        # Not in any checkpoint (Qwen3-MoE and Mixtral route without one): the MoE
+        # routers' selection bias starts at zero, as in a fresh model.
+        for name, buffer in model.named_buffers():
+            if name.endswith("router.expert_bias"):
+                buffer.zero_()
         for path in sorted(by_file):
             with safe_open(str(path), framework="pt") as f:
-                for hf_key, param in by_file[path]:
-                    _read_into(f.get_slice(hf_key), param, hf_key)
+                for hf_key, param, expert in by_file[path]:
+                    if expert is None:
+                        _read_into(f.get_slice(hf_key), param, hf_key)
+                    else:
+                        _read_expert(f.get_slice(hf_key), param, expert, hf_key)
                     progress.update()
 
 

@@ -135,17 +135,20 @@ class RoutedExperts(nn.Module):
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The SwiGLU of each local expert over its contiguous group of rows of
-        ``x (N, dim)``: ``counts[e]`` rows for local expert ``e``, in order."""
+        ``x (N, dim)``: ``counts[e]`` rows for local expert ``e``, in order. Under expert
+        parallelism the weights are DTensors sharded over the ep ranks: their local
+        tensors are this process's experts."""
+        w1, w3, w2 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w3, self.w2))
         if self.kernel == "loop":
             return torch.cat(
                 [
-                    (F.silu(rows @ self.w1[e]) * (rows @ self.w3[e])) @ self.w2[e]
+                    (F.silu(rows @ w1[e]) * (rows @ w3[e])) @ w2[e]
                     for e, rows in enumerate(x.split(counts.tolist()))
                 ]
-                or [x.new_zeros(0, self.w2.shape[-1])]
+                or [x.new_zeros(0, w2.shape[-1])]
             )
-        hidden = F.silu(grouped_matmul(x, self.w1, counts)) * grouped_matmul(x, self.w3, counts)
-        return grouped_matmul(hidden, self.w2, counts)
+        hidden = F.silu(grouped_matmul(x, w1, counts)) * grouped_matmul(x, w3, counts)
+        return grouped_matmul(hidden, w2, counts)
 
     def active_fraction(self) -> float:
         """The share of these parameters one token is computed with: ``top_k`` of the
@@ -271,7 +274,8 @@ class MoE(nn.Module):
         self.token_group: Any = None
         self.step_tokens: int | None = None
         self._stats: dict[str, torch.Tensor] = {}
-        self._routed = torch.zeros(options.num_experts)
+        # On the CPU even when the model is built on the meta device (init_from_hf).
+        self._routed = torch.zeros(options.num_experts, device="cpu")
 
     def set_token_group(self, group: Any, step_tokens: int) -> None:
         """Called by the trainer once the strategies are applied: the process group of

@@ -222,9 +222,11 @@ class LlamaOptions:
         "safetensors, one file or sharded) or a Hub id (org/name, when no such local "
         "path exists, found in the Hugging Face cache and downloaded into it by "
         "`forge-run train` unless HF_HUB_OFFLINE is set) of a LlamaForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM. Every unset option "
-        "is read from its config.json; an option given here that differs is an error. "
-        "Each process reads only the weights it holds. Empty: random init.",
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen3MoeForCausalLM or "
+        "MixtralForCausalLM (the qwen3 and mistral families with moe). Every unset option "
+        "is read from its config.json, and the routing options of moe left at their "
+        "defaults; an option given here that differs is an error. Each process reads only "
+        "the weights it holds. Empty: random init.",
         path_fits,
     )
     moe: MoEOptions | None = option(
@@ -335,6 +337,7 @@ def llama_facts(options: LlamaOptions) -> ModelFacts:
         kv_heads=options.n_kv_heads,
         tied_embeddings=bool(options.tie_embeddings),
         roles=frozenset(ROLES),
+        experts=0 if options.moe is None else options.moe.num_experts,
     )
 
 

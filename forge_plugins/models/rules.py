@@ -311,6 +311,6 @@ def rules() -> list[Any]:
             check=check_init_from_hf,
             fix="remove the model options the message names (they are read from the checkpoint), correct "
             "the config.json field or folder file it names, or point init_from_hf at a Llama, Qwen2, "
-            "Qwen3 or Mistral folder written by save_pretrained",
+            "Qwen3, Mistral, Qwen3-MoE or Mixtral folder written by save_pretrained",
         ),
     ]

@@ -348,7 +348,7 @@ def rules() -> list[Any]:
             ),
             summary="Each pipeline step's rows split evenly into microbatches the schedule accepts.",
             check=check_pp_microbatches,
-            fix="Make train.batch_size / (dp_replicate * dp_shard * grad_accum) a multiple of "
+            fix="Make train.batch_size / (data-parallel ranks * grad_accum) a multiple of "
             "parallel.options.pp.microbatches (0 means pp x virtual_stages), with at least pp "
             "microbatches for 1f1b, 2 x pp for dualpipev, and a multiple of pp for interleaved_1f1b "
             "and interleaved_zero_bubble.",

@@ -36,11 +36,11 @@ def torchrun(
 
 
 def run_scenarios(
-    nproc: int, names: list[str], out_dir: Path, env: dict[str, str] | None = None
+    nproc: int, names: list[str], out_dir: Path, env: dict[str, str] | None = None, timeout: float = 240
 ) -> dict[str, Any]:
     """Run :mod:`scenarios` once for every name; fail with the ranks' output tail."""
     out = out_dir / f"results-{nproc}.json"
-    proc = torchrun(nproc, HERE / "scenarios.py", [str(out), *names], env=env)
+    proc = torchrun(nproc, HERE / "scenarios.py", [str(out), *names], env=env, timeout=timeout)
     if proc.returncode != 0 or not out.is_file():
         pytest.fail(
             f"torchrun exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"

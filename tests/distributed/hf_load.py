@@ -2,9 +2,12 @@
 (``model.options.init_from_hf`` alone) under several layouts, as the trainer does
 (built on the meta device, sharded by :func:`parallelize`, then loaded), and record
 what each process holds and whether it is the checkpoint. ``test_hf_load.py`` launches
-it and asserts.
+it and asserts. The ``moe_*`` layouts load ``MOE_DIR``, a Qwen3-MoE checkpoint: under
+``ep`` each process holds its experts of every stack, under ``fsdp`` a shard of the
+experts; each expert stack is compared with the checkpoint's matrices of its experts,
+stacked and transposed.
 
-Usage: ``torchrun --standalone --nproc-per-node 2 hf_load.py OUT.json HF_DIR NAME [NAME ...]``
+Usage: ``torchrun --standalone --nproc-per-node 2 hf_load.py OUT.json HF_DIR MOE_DIR NAME [NAME ...]``
 
 For every parameter a process holds it records the largest difference to the
 checkpoint's tensor: of the whole tensor gathered by DTensor itself (``full_tensor``)
@@ -33,12 +36,14 @@ from forge_core.distributed.parallelize import is_meta, parallelize
 from forge_core.registry import load_registries
 from forge_core.train.loss import loss_fn
 from forge_plugins.models.hf_folder import weight_map
-from forge_plugins.models.hf_keys import to_hf_key
+from forge_plugins.models.hf_keys import expert_hf_keys, to_hf_key
 
 LAYOUTS = {
     "fsdp": {"dp_shard": 2},
     "tp": {"tp": 2},
     "pp": {"pp": 2, "options": {"pp": {"schedule": "gpipe", "microbatches": 2}}},
+    "moe_ep": {"ep": 2},
+    "moe_fsdp": {"dp_shard": 2},
 }
 PROBE = torch.arange(16).reshape(2, 8) % 50
 
@@ -65,13 +70,23 @@ def checkpoint_tensors(hf_dir: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def checkpoint_of(key: str, tensors: dict[str, torch.Tensor], experts: int) -> torch.Tensor:
+    """The checkpoint's tensor of Forge parameter ``key``: an expert stack as its
+    experts' matrices, each transposed (Qwen3-MoE names)."""
+    names = expert_hf_keys(key, "qwen3_moe", range(experts))
+    if names is None:
+        return tensors[to_hf_key(key, "qwen3_moe")]
+    return torch.stack([tensors[name].t() for name in names])
+
+
 def main() -> None:
-    out_path, hf_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    out_path, dense_dir, moe_dir, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     dist.init_process_group("gloo")
     registries = load_registries()
-    expected = checkpoint_tensors(hf_dir)
     results: dict[str, Any] = {}
     for name in names:
+        hf_dir = moe_dir if name.startswith("moe_") else dense_dir
+        expected = checkpoint_tensors(hf_dir)
         plan = make_plan(registries, hf_dir, LAYOUTS[name])
         model = components.model(plan, registries, 50, components.attention(plan, registries))
         meta = is_meta(model)
@@ -82,7 +97,8 @@ def main() -> None:
                 local = param.to_local() if hasattr(param, "to_local") else param
                 held += local.numel()
                 whole = param.full_tensor() if hasattr(param, "full_tensor") else param
-                diffs[key] = float((whole.detach() - expected[to_hf_key(key)].to(whole.dtype)).abs().max())
+                want = checkpoint_of(key, expected, param.shape[0])
+                diffs[key] = float((whole.detach() - want.to(whole.dtype)).abs().max())
         result: dict[str, Any] = {"built_on_meta": meta, "held": held, "diffs": diffs}
         if pmodel.forward is not None:
             with torch.no_grad():

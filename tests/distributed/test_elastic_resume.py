@@ -55,9 +55,11 @@ def saved(tmp_path_factory):
     return tmp
 
 
-def resume_elsewhere(tmp: Path, source: str, name: str, nproc: int, parallel: dict) -> tuple[list, str]:
+def resume_elsewhere(
+    tmp: Path, source: str, name: str, nproc: int, parallel: dict, make_config=config
+) -> tuple[list, str]:
     """A copy of ``source``'s run directory as it was after step RESUME_AT, resumed on
-    ``nproc`` processes with layout ``parallel``."""
+    ``nproc`` processes with layout ``parallel`` (the config from ``make_config``)."""
     shutil.copytree(tmp / source, tmp / name)
     checkpoints = tmp / name / "checkpoints"
     for ckpt in checkpoints.glob("step-*"):
@@ -65,7 +67,7 @@ def resume_elsewhere(tmp: Path, source: str, name: str, nproc: int, parallel: di
             shutil.rmtree(ckpt)
     (checkpoints / "latest").write_text(f"step-{RESUME_AT:06d}\n")
     assert yaml.safe_load((tmp / name / "config.yaml").read_text())["run"]["out_dir"] == str(tmp / source)
-    proc = launch(tmp, name, nproc, config(tmp, name, parallel))
+    proc = launch(tmp, name, nproc, make_config(tmp, name, parallel))
     return read_metrics(tmp / name), proc.stderr
 
 
