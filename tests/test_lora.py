@@ -132,6 +132,29 @@ def test_a_target_that_is_a_module_name_is_refused_with_the_roles(tmp_path):
     assert "attention.q" in message and "mlp.down" in message
 
 
+MOE = {"num_experts": 4, "top_k": 2, "expert_hidden": 16}
+
+
+def test_on_a_mixture_of_experts_model_the_mlp_roles_adapt_the_dense_blocks_only(tmp_path):
+    config = lora_config(tmp_path)
+    config["model"]["options"]["moe"] = {**MOE, "layers": [1]}
+    adapted = build(tmp_path, config)
+    adapters = {n.split(".lora_")[0] for n, p in adapted.named_parameters() if p.requires_grad}
+    assert "layers.0.feed_forward.w3_lora" in adapters
+    assert not any(n.startswith("layers.1.feed_forward") for n in adapters)
+    assert "layers.1.attention.wq_lora" in adapters
+
+
+def test_mlp_roles_on_a_model_whose_every_block_routes_are_refused_by_check(tmp_path):
+    registries = load_registries()
+    config = lora_config(tmp_path, lora={"targets": ["attention.q", "mlp.up"]})
+    config["model"]["options"]["moe"] = {**MOE, "every": 1}
+    loaded = load_config(write_config(tmp_path / "c.yaml", config), [], registries)
+    errors = judge_config(loaded, registries, world_size=1).errors
+    message = " | ".join(v.message for v in errors if v.rule_id == "lora.targets-are-roles")
+    assert "targets[1] = 'mlp.up' is not a role" in message
+
+
 def lora_section() -> str:
     """The ``## LoRA`` section of docs/fine-tuning.md (the page has one per topic)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "fine-tuning.md").read_text()

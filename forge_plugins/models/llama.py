@@ -61,11 +61,11 @@ from forge_core.api import DOC_IDS, ParallelContract, PipelineSplit, TensorParal
 from forge_plugins.models.feed_forward import FeedForward
 from forge_plugins.models.moe import MoE
 from forge_plugins.models.options import (
-    ROLES,
     LlamaOptions,
     features,
     ffn_hidden_size,
     head_dim,
+    held_roles,
     is_moe_layer,
 )
 from forge_plugins.models.rotary import Rotary, apply_rotary
@@ -199,7 +199,7 @@ class Llama(nn.Module):
             ),
             output_head="output",
             experts="feed_forward.experts" if self.options.moe is not None else None,
-            roles=ROLES,
+            roles=held_roles(self.options),
         )
 
     @property

@@ -326,6 +326,14 @@ def is_moe_layer(options: LlamaOptions, index: int) -> bool:
     return (index + 1) % moe.every == 0
 
 
+def held_roles(options: LlamaOptions) -> dict[str, str]:
+    """The roles of :data:`ROLES` that some block holds: when every block is a
+    mixture-of-experts one, no block has the dense MLP projections."""
+    if all(is_moe_layer(options, i) for i in range(options.n_layers)):
+        return {role: path for role, path in ROLES.items() if not role.startswith("mlp.")}
+    return dict(ROLES)
+
+
 def llama_facts(options: LlamaOptions) -> ModelFacts:
     """What the parallelism rules need to know (``ModelSpec.facts``): the shapes the
     options resolve to, so a model started from a checkpoint is judged by the
@@ -336,7 +344,7 @@ def llama_facts(options: LlamaOptions) -> ModelFacts:
         heads=options.n_heads,
         kv_heads=options.n_kv_heads,
         tied_embeddings=bool(options.tie_embeddings),
-        roles=frozenset(ROLES),
+        roles=frozenset(held_roles(options)),
         experts=0 if options.moe is None else options.moe.num_experts,
     )
 

@@ -66,6 +66,14 @@ def _add_adapter(adapter: LoraAdapter, module: nn.Module, args: tuple, output: t
     return output + adapter(args[0])
 
 
+def _submodule(block: nn.Module, path: str) -> nn.Module | None:
+    """``block``'s submodule at ``path`` (itself for ``""``), or ``None`` when it has none."""
+    try:
+        return block.get_submodule(path) if path else block
+    except AttributeError:
+        return None
+
+
 def _seeded(seed: int, name: str) -> torch.Generator:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
@@ -113,12 +121,18 @@ class Lora:
         for param in model.parameters():
             param.requires_grad_(False)
         blocks = getattr(model, ctx.blocks)
+        adapted = dict.fromkeys(options.targets, 0)
         for block in blocks.values() if hasattr(blocks, "values") else blocks:
             for role in options.targets:
                 path = ctx.roles[role]
                 owner_path, _, attr = path.rpartition(".")
-                owner = block.get_submodule(owner_path) if owner_path else block
-                base = getattr(owner, attr)
+                owner = _submodule(block, owner_path)
+                base = getattr(owner, attr, None) if owner is not None else None
+                if base is None:
+                    # Not every block holds every role: a mixture-of-experts block has no
+                    # dense MLP projections, so only the dense blocks get those adapters.
+                    continue
+                adapted[role] += 1
                 if not isinstance(base, nn.Linear):
                     raise ForgeError(
                         f"model {ctx.model_name!r}: role {role!r} names {path!r}, a "
@@ -127,6 +141,14 @@ class Lora:
                 adapter = LoraAdapter(base, options.rank, options.alpha, options.dropout)
                 owner.add_module(attr + SUFFIX, adapter)
                 base.register_forward_hook(functools.partial(_add_adapter, adapter))
+        absent = [role for role, count in adapted.items() if not count]
+        if absent:
+            raise ForgeError(
+                f"model.transform_options.lora.targets: no block of model {ctx.model_name!r} holds "
+                f"the projection of {absent} ({', '.join(ctx.roles[r] for r in absent)}); a "
+                "mixture-of-experts block has no dense MLP projections. Target other roles "
+                f"(its roles: {sorted(ctx.roles)})."
+            )
         _extend_tensor_parallel_plan(model, ctx)
 
     @torch.no_grad()
