@@ -229,10 +229,6 @@ class LlamaOptions:
         "the weights it holds. Empty: random init.",
         path_fits,
     )
-    moe: MoEOptions | None = option(
-        None,
-        "Mixture-of-experts feed-forward blocks (the keys below); null: every block is dense.",
-    )
     revision: str = option(
         "main",
         "The branch, tag or commit of an init_from_hf Hub id (not used for a local "
@@ -240,6 +236,10 @@ class LlamaOptions:
         "cache when the config is loaded, so the run's config.yaml records that commit "
         "and a resume whose cache has moved on is told the revision changed.",
         non_blank,
+    )
+    moe: MoEOptions | None = option(
+        None,
+        "Mixture-of-experts feed-forward blocks (the keys below); null: every block is dense.",
     )
 
 
