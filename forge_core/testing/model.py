@@ -440,7 +440,7 @@ def _check_routed_call(experts, x, indices, weights, out, where, factor) -> floa
             out,
             want,
             dtype=x.dtype,
-            terms=max(x.shape[-1], indices.shape[1]) * 4,
+            terms=longest_sum(experts) + indices.shape[1],  # the experts' matmuls, then k terms
             what="combined output",
             factor=factor,
         )
