@@ -397,6 +397,17 @@ def test_moe_run_trains_and_resumes_bit_exactly_with_its_expert_bias(tmp_path):
     assert bias.abs().sum() > 0  # the loss-free update ran, and was checkpointed
 
 
+def test_resuming_a_dense_checkpoint_with_moe_blocks_is_refused_naming_what_it_lacks(tmp_path):
+    dense = tiny_config(tmp_path, "run", train={"steps": 1, "schedule_steps": 2})
+    assert train_in_process(write_config(tmp_path / "dense.yaml", dense)) == "completed"
+    routed = tiny_config(tmp_path, "run", train={"steps": 2, "schedule_steps": 2})
+    routed["model"]["options"]["moe"] = MOE_RUN
+    result = forge_run(["train", write_config(tmp_path / "routed.yaml", routed)])
+    assert result.code == 2, result.stderr
+    assert "it holds no 'layers.1.feed_forward.router" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_packed_moe_model_gives_each_document_its_sequence_balancing_alone():
     # The llama passes doc_ids to the MoE blocks (sequence scope) and positions to rotary:
     # the penalty gradient of a packed row is what each document gives alone, weighted

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -613,7 +614,19 @@ class CheckpointManager:
         if saved_world != self.world_size and warn is not None:
             warn(elastic.notice(path, saved_world, self.world_size))
         full = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
-        load_state(full, path, no_dist=not is_distributed())
+        try:
+            load_state(full, path, no_dist=not is_distributed())
+        except (RuntimeError, CheckpointException) as exc:  # dcp wraps each rank's error
+            said = " ".join([str(exc), *map(str, getattr(exc, "failures", {}).values())])
+            # The message, not the source line quoted in the traceback (``{fqn}``).
+            missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", said)
+            if not missing:
+                raise
+            raise ForgeError(
+                f"cannot resume from {path}: it holds no {missing[-1].rstrip('.').removeprefix('model.')!r}, which the configured "
+                "model has, so it was written for another model (its shape or its blocks differ). "
+                "Resume with the config it was written with, or give this one a new run.out_dir."
+            ) from None
         _set_model(parts, full["model"])
         for part, optimizer in zip(parts, optimizers, strict=True):
             set_optimizer_state_dict(part, optimizer, full["optim"], options=_OPTIM_OPTIONS)
