@@ -59,7 +59,6 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -622,8 +621,9 @@ class CheckpointManager:
             missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", said)
             if not missing:
                 raise
+            lacking = missing[-1].rstrip(".").removeprefix("model.")
             raise ForgeError(
-                f"cannot resume from {path}: it holds no {missing[-1].rstrip('.').removeprefix('model.')!r}, which the configured "
+                f"cannot resume from {path}: it holds no {lacking!r}, which the configured "
                 "model has, so it was written for another model (its shape or its blocks differ). "
                 "Resume with the config it was written with, or give this one a new run.out_dir."
             ) from None
