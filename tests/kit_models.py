@@ -50,9 +50,10 @@ FLAWS = (
     "forward_without_positions",
     "misroutes",
     "duplicate_experts",
+    "experts_by_global_index",
 )
 #: Flaws of the mixture of experts: the model gets experts for them.
-ROUTING_FLAWS = ("misroutes", "duplicate_experts")
+ROUTING_FLAWS = ("misroutes", "duplicate_experts", "experts_by_global_index")
 
 
 @attrs.frozen
@@ -140,10 +141,16 @@ class Bank(nn.Module):
         self.up = nn.Parameter(torch.empty(experts, dim, 2 * dim))
         self.down = nn.Parameter(torch.empty(experts, 2 * dim, dim))
         self.dispatcher = misrouting_dispatch if flaw == "misroutes" else slot_dispatch
+        # Reads its weights by global expert id: right while it holds every expert, wrong
+        # once expert parallelism leaves it a block of them.
+        self.offset = flaw == "experts_by_global_index"
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         groups = x.split(counts.tolist())
-        return torch.cat([F.gelu(rows @ self.up[e]) @ self.down[e] for e, rows in enumerate(groups)])
+        first = self.first_expert if self.offset else 0
+        return torch.cat(
+            [F.gelu(rows @ self.up[first + e]) @ self.down[first + e] for e, rows in enumerate(groups)]
+        )
 
 
 def slot_dispatch(bank: Bank, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, shift: int = 0):

@@ -13,7 +13,8 @@ from forge_core.testing import check_model
 #: Small llama options: a large init so that a leak shows.
 TINY_LLAMA = {"dim": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64, "init_std": 0.3}
 #: What a dense model's report skips.
-DENSE = {"routing": "the model's contract names no experts (ParallelContract.experts): no mixture of experts"}
+NO_EXPERTS = "the model's contract names no experts (ParallelContract.experts): no mixture of experts"
+DENSE = {"routing": NO_EXPERTS, "expert_parallel": NO_EXPERTS}
 
 needs_compiled_flex = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
@@ -70,12 +71,13 @@ def test_llama_moe_passes_every_check_including_routing():
         "moe": {**moe, "router": "sigmoid", "normalize_weights": True, "route_scale": 2.0},
     }
     report = check_model("llama", options=options)
-    assert report.skipped == {} and "routing" in report.checked and max(report.worst.values()) < 1
+    assert report.skipped == {} and max(report.worst.values()) < 1
+    assert {"routing", "expert_parallel"} <= set(report.checked)
 
 
 @pytest.mark.numerical
 def test_third_party_moe_decoder_passes_every_check():
-    checks = ("backend", "routing", "isolation", "tensor_parallel", "facts")
+    checks = ("backend", "routing", "expert_parallel", "isolation", "tensor_parallel", "facts")
     report = check_model(kit_models.spec(), options={"experts": 4}, checks=checks)
     assert report.checked == checks and report.skipped == {}
 
@@ -170,6 +172,11 @@ FLAW_MESSAGES = dict(
             r"the trainer passes .* the spec's accepts: \['doc_ids', 'positions'\]",
         ),
         ("misroutes", r"the dispatcher's result is not each token's weighted sum of its experts' compute"),
+        (
+            "experts_by_global_index",
+            r"routed experts split over an expert-parallel group of 2: the forward raised IndexError.*"
+            r"compute\(x_grouped, counts\) must read its experts by local index",
+        ),
         (
             "duplicate_experts",
             r"token 0 is routed to experts \[\d, \d\]: each token's experts must be distinct",

@@ -30,6 +30,12 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   ``compute`` of the token alone (so a dispatcher that sends a token to another expert,
   or loses it, fails). The MoE's own statistics (its balancing losses) couple the
   documents of a batch by definition: check isolation with them off.
+- **expert parallel** (the same models): the routed experts split over an
+  expert-parallel group of 1 and of 2, emulated in one process
+  (:mod:`forge_core.testing.experts`): each rank's copy of the experts module holds its
+  block of experts (every parameter sliced along dim 0, ``first_expert``,
+  ``local_experts``), each assignment computed by the copy holding its expert; logits
+  and every parameter's gradient equal the unsplit model's in float64.
 - **tensor parallel** (a model whose contract supplies a plan): for both
   ``sequence_parallel`` values (a model may refuse ``True`` with a ``ForgeError``,
   reported as skipped, and then must not declare ``SEQUENCE_PARALLEL``), every path
@@ -77,11 +83,12 @@ from forge_core.api import (
     tied_parameter_names,
 )
 from forge_core.testing.attention import ReferenceBackend, packed_metadata
+from forge_core.testing.experts import check_expert_parallel
 from forge_core.testing.isolation import DEFAULT_ROWS, check_document_isolation
 from forge_core.testing.resolve import resolve
 from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_within_rounding, dtype_name, longest_sum
 
-CHECKS = ("backend", "routing", "isolation", "tensor_parallel", "pipeline", "facts")
+CHECKS = ("backend", "routing", "expert_parallel", "isolation", "tensor_parallel", "pipeline", "facts")
 
 #: The stage forward contract, quoted by every pipeline failure.
 STAGE_CONTRACT = (
@@ -204,6 +211,11 @@ def check_model(
         _record("routing", why, checked, skipped)
         if ratio is not None:
             worst["routing"] = ratio
+    if "expert_parallel" in checks:
+        why, ratio = check_expert_parallel(built, contract, rows, seed, label, rounding_factor)
+        _record("expert_parallel", why, checked, skipped)
+        if ratio is not None:
+            worst["expert_parallel"] = ratio
     if "isolation" in checks:
         dtypes = tuple(_dtype(d) for d in dtypes)
         try:
