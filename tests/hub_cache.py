@@ -20,6 +20,7 @@ from typing import Any
 
 from forge_plugins.models.hf_config import options_from_hf_config
 from forge_plugins.models.hf_keys import expected_hf_shapes
+from forge_plugins.models.hf_moe import with_checkpoint_moe
 from forge_plugins.models.options import LlamaOptions, with_defaults
 
 #: The tokenizer's vocabulary; reduced checkpoints have at least this many rows.
@@ -53,7 +54,8 @@ def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     no ``lm_head``)."""
     values, problems = options_from_hf_config(config)
     assert not problems, problems
-    shapes = expected_hf_shapes(with_defaults(LlamaOptions(), values), config["vocab_size"])
+    options = with_checkpoint_moe(with_defaults(LlamaOptions(), values), values.get("moe"))
+    shapes = expected_hf_shapes(options, config["vocab_size"])
     if config.get("tie_word_embeddings"):
         shapes.pop("lm_head.weight", None)
     return shapes

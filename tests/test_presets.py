@@ -112,6 +112,26 @@ REAL = {
         "num_key_value_heads": 8,
         "tie_word_embeddings": False,
     },
+    "Qwen/Qwen3-30B-A3B": {
+        **_QWEN3,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "max_window_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+    },
 }
 #: The sizes a reduced checkpoint takes (the kind of model stays the real one's).
 REDUCED = {
@@ -124,6 +144,15 @@ REDUCED = {
     "vocab_size": TOKENIZER_VOCAB + 20,
     "max_window_layers": 2,
 }
+#: ... and a reduced mixture of experts (ignored by a dense config.json).
+REDUCED_MOE = {"moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2}
+
+
+def reduced(repo_id: str) -> dict:
+    """The reduced ``config.json`` of a preset's model (8 experts: ep 8 still divides them)."""
+    return {**REAL[repo_id], **REDUCED, **(REDUCED_MOE if "num_experts" in REAL[repo_id] else {})}
+
+
 #: What a two-step run on the CPU changes: never a model option.
 SMALL_RUN = (
     "run.device=cpu",
@@ -161,7 +190,14 @@ def world_size(name: str) -> int:
 
 
 def test_the_presets_are_found_and_each_model_has_its_facts():
-    expected = ("llama-3.2-1b", "llama-3.1-8b-fsdp", "llama-3.1-8b-lora", "qwen3-0.6b", "qwen3-8b-fsdp")
+    expected = (
+        "llama-3.2-1b",
+        "llama-3.1-8b-fsdp",
+        "llama-3.1-8b-lora",
+        "qwen3-0.6b",
+        "qwen3-8b-fsdp",
+        "qwen3-30b-a3b-ep",
+    )
     assert {f"{name}.yaml" for name in expected} <= set(PRESETS)
     ids = {config["model"]["options"]["init_from_hf"] for config in PRESETS.values()}
     assert ids <= set(REAL), f"presets of models without their config.json facts here: {ids - set(REAL)}"
@@ -201,8 +237,12 @@ def test_a_preset_passes_check_at_the_real_models_shapes(project, capsys, name):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_a_preset_trains_two_steps_at_a_reduced_shape(project, capsys, name):
     repo_id = PRESETS[name]["model"]["options"]["init_from_hf"]
-    snapshot = cache_model(project, repo_id, random_checkpoint(project / "ck", {**REAL[repo_id], **REDUCED}))
-    code = cli.main([f"configs/{name}", *SMALL_RUN, f"run.out_dir={project / 'run'}"])
+    snapshot = cache_model(project, repo_id, random_checkpoint(project / "ck", reduced(repo_id)))
+    # One process: a preset's fixed degrees other than the world-filling dp_shard drop to 1.
+    degrees = [
+        f"parallel.{dim}=1" for dim in ("ep", "tp", "cp", "pp") if dim in PRESETS[name].get("parallel", {})
+    ]
+    code = cli.main([f"configs/{name}", *SMALL_RUN, *degrees, f"run.out_dir={project / 'run'}"])
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     losses = [m["loss"] for m in read_metrics(project / "run") if "loss" in m]
@@ -234,7 +274,7 @@ def test_the_fine_tuning_page_runs_as_pasted(tmp_path, monkeypatch):
 
     for repo_id in {config["model"]["options"]["init_from_hf"] for config in PRESETS.values()}:
         folder = tmp_path / "checkpoints" / repo_id
-        put(tmp_path / "hub", repo_id, tokenizer(random_checkpoint(folder, {**REAL[repo_id], **REDUCED})))
+        put(tmp_path / "hub", repo_id, tokenizer(random_checkpoint(folder, reduced(repo_id))))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     page = "".join(section(name) for name in SECTIONS)
