@@ -29,6 +29,7 @@ import sys
 import scenarios as S
 import torch
 import torch.distributed as dist
+from cp_gradients import gradients
 from torch.distributed.device_mesh import init_device_mesh
 
 from forge_core.api import IGNORE_INDEX, LABELS
@@ -139,15 +140,6 @@ def check_dispatch(mesh, rank: int, dispatcher_class) -> dict[str, float]:
         out[name] = rel(getattr(ep, name).grad.full_tensor(), getattr(ref, name).grad)
     # 0 when this rank holds its own contiguous block, experts [rank * 2, rank * 2 + 2).
     out["block"] = float((first, local, ep.w1.to_local().shape[0]) != (rank * 2, 2, 2))
-    return out
-
-
-def gradients(pmodel) -> dict[str, torch.Tensor]:
-    out = {}
-    for part in pmodel.parts:
-        for name, param in part.named_parameters():
-            grad = param.grad
-            out[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
     return out
 
 
