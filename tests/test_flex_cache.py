@@ -109,6 +109,9 @@ print(json.dumps({"err": (got.double() - want).abs().max().item(),
 
 @pytest.mark.slow
 @pytest.mark.numerical
+# Two cold compiles (about a minute on 2 quiet cores): on the line of .ci/run that runs
+# after the README's test command.
+@pytest.mark.matrix
 @pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() != "AVX512",
     reason="needs two CPU kernel levels that compile flex (AVX2 and AVX512)",
