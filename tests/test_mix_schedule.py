@@ -111,7 +111,8 @@ def part(source, n):
 
 
 def phased(phases=PHASES[1:], sizes=(7, 40, 11)):
-    return MixedRows([part(i, n) for i, n in enumerate(sizes)], [3, 1, 1], LABELS, list(phases), 6)
+    schedule = MixtureSchedule.of([3, 1, 1], LABELS, list(phases), 6)
+    return MixedRows([part(i, n) for i, n in enumerate(sizes)], LABELS, schedule)
 
 
 def batches(loader, n):
@@ -158,14 +159,14 @@ def test_a_resume_accepts_new_later_phases_and_refuses_changes_to_steps_read():
     ):
         with pytest.raises(ForgeError, match="has read 9 steps of a mixture whose weights over those steps"):
             StatefulLoader(phased(changed), 6, seed=5).load_state_dict(state)
-    # A checkpoint of a mixture without phases (a plain period pattern) still resumes.
-    plain = StatefulLoader(MixedRows([part(i, n) for i, n in enumerate((7, 40, 11))], [3, 1, 1], LABELS), 6)
+    # A checkpoint written before phases existed (its one plan's slot counts) resumes.
+    plain = StatefulLoader(phased(()), 6, seed=5)
     batches(plain, 2)
     old = plain.state_dict()
-    old["mixture"] = {**old["mixture"], "slots_per_period": old["mixture"].pop("schedule")[0]["counts"]}
-    StatefulLoader(
-        MixedRows([part(i, n) for i, n in enumerate((7, 40, 11))], [3, 1, 1], LABELS), 6
-    ).load_state_dict(old)
+    old["mixture"]["slots_per_period"] = old["mixture"].pop("schedule")[0]["counts"]
+    resumed = StatefulLoader(phased(()), 6, seed=5)
+    resumed.load_state_dict(old)
+    assert np.array_equal(batches(resumed, 1)[0], batches(plain, 1)[0])
 
 
 # --- through the config and the trainer -------------------------------------------------

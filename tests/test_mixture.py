@@ -15,6 +15,7 @@ import pytest
 
 from forge_core.api import ForgeError, SourceSpec, hookimpl
 from forge_core.data.loader import StatefulLoader
+from forge_core.data.mix_schedule import MixtureSchedule
 from forge_core.data.mixture import PERIOD, MixedRows, MixturePlan
 from forge_core.data.packed_rows import ArrayRows
 
@@ -29,9 +30,8 @@ def part(source, n):
 
 
 def mixed(sizes=(7, 50, 13), weights=(0.5, 0.3, 0.2)):
-    return MixedRows(
-        [part(i, n) for i, n in enumerate(sizes)], list(weights), [f"s{i}" for i in range(len(sizes))]
-    )
+    labels = [f"s{i}" for i in range(len(sizes))]
+    return MixedRows([part(i, n) for i, n in enumerate(sizes)], labels, MixtureSchedule.of(weights, labels))
 
 
 def sources_of(loader, n):

@@ -197,7 +197,7 @@ def build_training_data(
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core import components
     from forge_core.data.chat import chat_source, chat_stream
-    from forge_core.data.mix_schedule import Phase
+    from forge_core.data.mix_schedule import MixtureSchedule, Phase
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
 
@@ -256,9 +256,9 @@ def build_training_data(
             )
             for i, entry in enumerate(data.phases)
         ]
-        rows = MixedRows(
-            [p.rows for p in parts], [p.weight for p in parts], labels, phases, config.train.batch_size
-        )
+        weights = [p.weight for p in parts]
+        schedule = MixtureSchedule.of(weights, labels, phases, config.train.batch_size)
+        rows = MixedRows([p.rows for p in parts], labels, schedule)
     summary = _summary(config, parts, rows, time.perf_counter() - t0)
     return TrainingData(rows, parts, data.seq_len, summary)
 

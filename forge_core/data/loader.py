@@ -25,7 +25,9 @@ A :class:`~forge_core.data.mixture.MixedRows` (several sources with weights) is 
 its own order instead (:mod:`forge_core.data.mixture`): global batch ``b`` is slots
 ``b * global_batch`` onwards of the mixture, each rank again taking its contiguous
 slice; there are no epochs over the whole, each source runs through its own. Its state
-is the number of global batches consumed. ``last_sources`` says which source each row
+is the number of global batches consumed; a checkpoint resumes under a schedule
+(``data.phases``) that gives every slot already read the same row, so phases after the
+resume point may change. ``last_sources`` says which source each row
 of the batch last handed out came from (computed from the mixture's closed form, so it
 holds with workers too): what the trainer counts the realized mixture with.
 """

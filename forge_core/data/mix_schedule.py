@@ -126,6 +126,13 @@ class MixtureSchedule:
             base.append(base[-1] + segments[k].taken(int(self.starts[k + 1] - self.starts[k])))
         self.base = base
 
+    @classmethod
+    def of(
+        cls, weights: list[float], labels: list[str], phases: list[Phase] = (), step_slots: int = 1
+    ) -> MixtureSchedule:
+        """The sources' ``weights`` from step 0, then ``phases``."""
+        return cls([Phase(0, tuple(weights)), *phases], labels, step_slots)
+
     def slots(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """For slots ``first .. first + count - 1``: the source of each, and how many
         rows that source had given before it (the row's index in the source's order)."""

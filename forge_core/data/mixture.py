@@ -20,6 +20,11 @@ slots consumed is needed to resume, and how many rows each source has given afte
 slots (:meth:`MixturePlan.taken`) is computed, not simulated. Over any first ``N``
 slots source ``i`` has given ``w_i * N`` rows up to ``(k + 1) / 2 + N / PERIOD`` rows
 (``k`` sources): rounding the weights to the period and the interleave.
+
+Weights that change by step (``data.phases``) are a
+:class:`~forge_core.data.mix_schedule.MixtureSchedule` of such plans, still a closed
+form of the slot number; :class:`MixedRows` always reads through one (a single phase
+without ``data.phases``).
 """
 
 from __future__ import annotations
@@ -105,22 +110,12 @@ def source_order(size: int, seed: int, source: int, epoch: int, shuffle: bool) -
 class MixedRows:
     """Several row sets read as one: key ``base[i] + r`` is row ``r`` of part ``i``.
     Which part each slot of the run reads is ``schedule``'s
-    (:class:`~forge_core.data.mix_schedule.MixtureSchedule`): ``weights`` throughout, or
-    the phases of ``phases`` (``step_slots`` slots a step)."""
+    (:class:`~forge_core.data.mix_schedule.MixtureSchedule`)."""
 
-    def __init__(
-        self,
-        parts: list[Any],
-        weights: list[float],
-        labels: list[str],
-        phases: list[Any] = (),
-        step_slots: int = 1,
-    ) -> None:
-        from forge_core.data.mix_schedule import MixtureSchedule, Phase
-
+    def __init__(self, parts: list[Any], labels: list[str], schedule: Any) -> None:
         self.parts = parts
         self.labels = labels
-        self.schedule = MixtureSchedule([Phase(0, tuple(weights)), *phases], labels, step_slots)
+        self.schedule = schedule
         self.sizes = [int(p.num_rows) for p in parts]
         self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.num_rows = int(self.base[-1])
