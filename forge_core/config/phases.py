@@ -13,8 +13,8 @@ from forge_core.api import show_value, unknown_name
 from forge_core.config.schema import source_labels
 
 
-def weight_ok(weight: Any) -> bool:
-    return type(weight) in (int, float) and math.isfinite(weight) and weight >= 0
+def _number(weight: Any) -> bool:
+    return type(weight) in (int, float) and math.isfinite(weight)  # YAML mappings are not typed
 
 
 def phase_issues(config: Any) -> list[tuple[str, str]]:
@@ -37,7 +37,7 @@ def phase_issues(config: Any) -> list[tuple[str, str]]:
         for name, weight in phase.weights.items():
             if name not in labels:
                 issues.append((f"{at}.weights.{name}", unknown_name("source label", name, labels)))
-            elif type(weight) not in (int, float) or not math.isfinite(weight):  # YAML mappings are not typed
+            elif not _number(weight):
                 issues.append((f"{at}.weights.{name}", f"expected a finite number, got {show_value(weight)}"))
             elif weight < 0:
                 issues.append(
@@ -55,7 +55,7 @@ def phase_issues(config: Any) -> list[tuple[str, str]]:
                     "weight in each phase (0 leaves it out of the phase)",
                 )
             )
-        elif not any(weight_ok(phase.weights[label]) and phase.weights[label] > 0 for label in labels):
+        elif not any(_number(w) and w > 0 for w in phase.weights.values()):
             issues.append((f"{at}.weights", "every weight is 0: give at least one source a weight above 0"))
         if i and phase.start_step <= data.phases[i - 1].start_step:
             issues.append(

@@ -105,7 +105,6 @@ class MixtureSchedule:
         self.labels = labels
         self.step_slots = step_slots
         plans = [MixturePlan(list(p.weights), labels, list(p.where) if p.where else None) for p in phases]
-        self.plans = plans
         starts: list[int] = []
         segments: list[Any] = []
         for i, (phase, plan) in enumerate(zip(phases, plans)):
