@@ -434,9 +434,10 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     previous logged step), each also as ``<key>_max``, the largest over all processes.
     With several sources (``data.sources``), ``data/<source>/tokens`` (this step's
     labelled tokens read from each source, over all processes) and ``data/<source>/share``
-    (that source's share of the labelled tokens since the run started), so the mixture
-    the run really trained on is on record. The objective's metrics (its spec's
-    ``metrics``: ``dpo/reward_accuracy``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
+    (that source's share of the labelled tokens since the run started), and under
+    ``data.phases`` ``data/<source>/phase_share`` (its share since the step's phase
+    started), so the mixture the run really trained on is on record. The objective's
+    metrics (its spec's ``metrics``: ``dpo/reward_accuracy``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
     ``dpo/reward_margin`` under ``train.objective: dpo``), each a mean over what the
     objective counts; ``loss`` is then the objective's mean over the same count (per
     pair for ``dpo``). Plugins add their own through ``forge_step_metrics``. It is a

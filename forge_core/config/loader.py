@@ -12,6 +12,7 @@ import attrs
 from forge_core.config.blocks import raw_lookup, structure_blocks, with_blocks
 from forge_core.config.errors import ConfigError
 from forge_core.config.overrides import with_overrides
+from forge_core.config.phases import phase_issues
 from forge_core.config.schema import ForgeConfig, PluginsSection
 from forge_core.config.structuring import structure
 from forge_core.config.yaml_reader import read_config_file
@@ -41,7 +42,7 @@ def structure_config(
     ``registries_for(plugins)`` returns the registries for a ``plugins`` section (what
     it blocks and prefers); it is not called when that section itself is invalid."""
     config, found = structure(raw, ForgeConfig)
-    issues = [*issues, *found]
+    issues = [*issues, *found, *(phase_issues(config) if config is not None else [])]
     plugins = config.plugins if config is not None else plugin_settings(raw)
     if plugins is None:
         raise ConfigError(issues)
@@ -60,6 +61,7 @@ def load_config(path: str | Path, overrides: list[str] = (), registries: Any = N
     raw, issues = read_raw(path, overrides)
     if registries is None:
         config, found = structure(raw, ForgeConfig)
+        found += phase_issues(config) if config is not None else []
         if issues or found:
             raise ConfigError([*issues, *found])
         return config

@@ -87,6 +87,40 @@ class SourceEntry:
 
 
 @attrs.frozen
+class PhaseEntry:
+    start_step: int = option(
+        0,
+        "Optimizer steps trained before this phase's weights apply: 0 is the first step, "
+        "100 the 101st (a checkpoint at step 100 resumes into it). Each phase starts after "
+        "the one before it and runs until the next one starts (the last one, to the end).",
+        validator=at_least(0),
+    )
+    weights: dict[str, float] = option(
+        {},
+        "Every source's weight in this phase, keyed by its label (the names the logs "
+        "use: `data.sources[i].label`, else its name, numbered `name#i` when two entries "
+        "share it). 0 leaves the source out of the phase; divided by their sum like "
+        "`data.sources[i].weight`.",
+    )
+    anneal_steps: int = option(
+        0,
+        "Reach these weights linearly over this many steps from the phase's start, from "
+        "the weights before it (the previous phase's, or `data.sources`' for the first). "
+        "0: switch at once. At most the phase's length.",
+        validator=at_least(0),
+    )
+
+
+def source_labels(entries: Any) -> list[str]:
+    """Each source's name in the logs: its ``label``, else its ``name``, numbered
+    (``name#i``) when two entries share it."""
+    names = [e.name for e in entries]
+    return [
+        e.label or (n if names.count(n) == 1 else f"{n}#{i}") for i, (e, n) in enumerate(zip(entries, names))
+    ]
+
+
+@attrs.frozen
 class HeldoutSection:
     fraction: float = option(
         0.0,
@@ -155,6 +189,12 @@ class DataSection:
         [],
         "A weighted mixture of sources, instead of `source`/`source_options`: a list of "
         "{name, weight, options, label}.",
+    )
+    phases: list[PhaseEntry] = option(
+        [],
+        "Mixture weights that change by step, for a `sources` mixture: a list of "
+        "{start_step, weights: {label: weight}, anneal_steps}. Before the first phase "
+        "(when it starts after step 0) the sources' own weights hold. See docs/data.md.",
     )
     tokenizer: str = option("byte", "Registered tokenizer.")
     tokenizer_options: Any = option({}, "The tokenizer's own options.")

@@ -32,6 +32,7 @@ import attrs
 import numpy as np
 
 from forge_core.api import DOC_IDS, POSITIONS, ForgeError, Plan
+from forge_core.config.schema import source_labels
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
@@ -65,14 +66,6 @@ class TrainingData:
     sources: list[SourceData]
     seq_len: int
     summary: str
-
-
-def _labels(sources: tuple[Any, ...]) -> list[str]:
-    names = [s.name for s in sources]
-    return [
-        s.label or (name if names.count(name) == 1 else f"{name}#{i}")
-        for i, (s, name) in enumerate(zip(sources, names))
-    ]
 
 
 def build_source(plan: Plan, registries: Any, index: int) -> Any:
@@ -204,13 +197,14 @@ def build_training_data(
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core import components
     from forge_core.data.chat import chat_source, chat_stream
+    from forge_core.data.mix_schedule import MixtureSchedule, Phase
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
 
     t0 = time.perf_counter()
     config = plan.config
     data = config.data
-    labels = _labels(plan.sources)
+    labels = source_labels(plan.sources)
     eos, pad, vocab = int(tokenizer.eos_id), int(tokenizer.pad_id), int(tokenizer.vocab_size)
     packer_spec = plan.specs["packer"]
     parts = []
@@ -252,7 +246,19 @@ def build_training_data(
     if len(parts) == 1:
         rows = parts[0].rows
     else:
-        rows = MixedRows([p.rows for p in parts], [p.weight for p in parts], labels)
+        phases = [
+            Phase(
+                entry.start_step,
+                tuple(float(entry.weights[label]) for label in labels),
+                entry.anneal_steps,
+                f"data.phases[{i}]",
+                tuple(f"data.phases[{i}].weights.{label}" for label in labels),
+            )
+            for i, entry in enumerate(data.phases)
+        ]
+        weights = [p.weight for p in parts]
+        schedule = MixtureSchedule.of(weights, labels, phases, config.train.batch_size)
+        rows = MixedRows([p.rows for p in parts], labels, schedule)
     summary = _summary(config, parts, rows, time.perf_counter() - t0)
     return TrainingData(rows, parts, data.seq_len, summary)
 
@@ -291,12 +297,36 @@ def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) ->
         f"{p.label} {share:.1%} (weight {p.weight / total_weight:.1%})" for p, share in zip(parts, realized)
     )
     lines = [f"{head}; mixture over the run's {slots:,} rows: {mixture}"]
+    lines += _phase_lines(rows, config.train.steps)
     lines += [
         f"  {p.label} ({p.where}): {p.rows.num_rows:,} rows; tokens {p.tokens_note}; packer: "
         f"{_stats(p.rows.stats)}{_held(p)}"
         for p in parts
     ]
     return "\n".join(lines)
+
+
+def _phase_lines(rows: Any, steps: int) -> list[str]:
+    """One line per phase of a ``data.phases`` schedule that the run reaches: its steps,
+    its weights and the share of its rows each source gives."""
+    schedule = rows.schedule
+    phases = schedule.phases
+    if len(phases) == 1:
+        return []
+    lines = []
+    for i, phase in enumerate(phases):
+        end = min(phases[i + 1].start if i + 1 < len(phases) else steps, steps)
+        if end <= phase.start:
+            continue
+        b = schedule.step_slots
+        realized = rows.realized(end * b, phase.start * b)
+        weights = np.asarray(phase.weights) / sum(phase.weights)
+        anneal = f", weights annealed over its first {phase.anneal:,} steps" if phase.anneal else ""
+        shares = ", ".join(
+            f"{label} {share:.1%} (weight {w:.1%})" for label, share, w in zip(rows.labels, realized, weights)
+        )
+        lines.append(f"  {phase.name}: steps {phase.start + 1:,}-{end:,}{anneal}: {shares}")
+    return lines
 
 
 def heldout_documents(
@@ -312,7 +342,7 @@ def heldout_documents(
     data = plan.config.data
     eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)
     out = []
-    for index, label in enumerate(_labels(plan.sources)):
+    for index, label in enumerate(source_labels(plan.sources)):
         source = chat_source(build_source(plan, registries, index), tokenizer, data.chat)
         shards, _ = source_shards(source, tokenizer, data.cache, label, is_main=is_main)
         _, held = split_documents(shards, data.heldout)

@@ -25,7 +25,9 @@ A :class:`~forge_core.data.mixture.MixedRows` (several sources with weights) is 
 its own order instead (:mod:`forge_core.data.mixture`): global batch ``b`` is slots
 ``b * global_batch`` onwards of the mixture, each rank again taking its contiguous
 slice; there are no epochs over the whole, each source runs through its own. Its state
-is the number of global batches consumed. ``last_sources`` says which source each row
+is the number of global batches consumed; a checkpoint resumes under a schedule
+(``data.phases``) that gives every slot already read the same row, so phases after the
+resume point may change. ``last_sources`` says which source each row
 of the batch last handed out came from (computed from the mixture's closed form, so it
 holds with workers too): what the trainer counts the realized mixture with.
 """
@@ -133,7 +135,7 @@ class StatefulLoader:
         mix = self.mixture
         orders: dict[int, tuple[int, np.ndarray]] = {}  # source -> (epoch, its order)
         while True:
-            source, taken = mix.plan.slots(batch * self.global_batch + lo, self.batch_size)
+            source, taken = mix.schedule.slots(batch * self.global_batch + lo, self.batch_size)
             keys = np.empty(self.batch_size, np.int64)
             for j, (i, k) in enumerate(zip(source.tolist(), taken.tolist())):
                 epoch, at = divmod(k, mix.sizes[i])
@@ -165,7 +167,7 @@ class StatefulLoader:
         batch = next(self._iter)
         if self.mixture is not None:
             first = self.batch * self.global_batch + self.dp_rank * self.batch_size
-            self.last_sources = self.mixture.plan.slots(first, self.batch_size)[0]
+            self.last_sources = self.mixture.schedule.slots(first, self.batch_size)[0]
         # Count here, in the training process, not where batches are produced.
         self.batch += 1
         if self.batch == self.batches_per_epoch:  # never for a mixture (0)
@@ -190,7 +192,7 @@ class StatefulLoader:
             out["mixture"] = {
                 "sources": self.mixture.labels,
                 "rows": self.mixture.sizes,
-                "slots_per_period": self.mixture.plan.counts.tolist(),
+                "schedule": self.mixture.schedule.describe(),
             }
         return out
 
@@ -201,7 +203,10 @@ class StatefulLoader:
         """Continue exactly where ``state`` was taken. The data, seed, shuffling and
         global batch size must match; the number of workers (and, at a fixed global
         batch, how it is split across data-parallel ranks) may change."""
-        for key, now in self._identity().items():
+        identity = self._identity()
+        if self.mixture is not None and isinstance(state.get("mixture"), dict):
+            state = {**state, "mixture": self._saved_mixture(state)}
+        for key, now in identity.items():
             if state.get(key) != now:
                 raise ForgeError(
                     f"cannot resume the data loader: {key} was {state.get(key)!r} when the "
@@ -217,3 +222,29 @@ class StatefulLoader:
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self._iter = None
+
+    def _saved_mixture(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The saved mixture's identity, its schedule taken as today's when the two give
+        every slot read so far the same row (a phase may be added after the resume
+        point). A checkpoint from before phases kept its one plan's slot counts."""
+        from forge_core.data.mix_schedule import same_prefix
+
+        saved = dict(state["mixture"])
+        if "slots_per_period" in saved:
+            saved["schedule"] = [{"from": 0, "to": None, "counts": saved.pop("slots_per_period")}]
+        schedule = self.mixture.schedule
+        if any(saved.get(k) != v for k, v in self._identity()["mixture"].items() if k != "schedule"):
+            return saved  # other sources: the caller says which
+        read = int(state.get("batch", 0)) * self.global_batch
+        if not (
+            isinstance(saved.get("schedule"), list)
+            and same_prefix(saved["schedule"], schedule.describe(), read)
+        ):
+            raise ForgeError(
+                f"cannot resume the data loader: the checkpoint has read {read // schedule.step_slots:,} "
+                "steps of a mixture whose weights over those steps (data.sources' weights, "
+                "data.phases) the config now changes. Keep the weights and phases of the steps "
+                "already trained (later phases may be added or changed), or start a new run."
+            )
+        saved["schedule"] = schedule.describe()
+        return saved

@@ -20,6 +20,11 @@ slots consumed is needed to resume, and how many rows each source has given afte
 slots (:meth:`MixturePlan.taken`) is computed, not simulated. Over any first ``N``
 slots source ``i`` has given ``w_i * N`` rows up to ``(k + 1) / 2 + N / PERIOD`` rows
 (``k`` sources): rounding the weights to the period and the interleave.
+
+Weights that change by step (``data.phases``) are a
+:class:`~forge_core.data.mix_schedule.MixtureSchedule` of such plans, still a closed
+form of the slot number; :class:`MixedRows` always reads through one (a single phase
+without ``data.phases``).
 """
 
 from __future__ import annotations
@@ -44,16 +49,20 @@ def apportion(weights: np.ndarray, total: int) -> np.ndarray:
 
 
 class MixturePlan:
-    """Slot -> (source, that source's row count so far), for weights ``weights``."""
+    """Slot -> (source, that source's row count so far), for weights ``weights``. A
+    weight of 0 leaves its source out (a phase of a schedule that does not read it);
+    ``where`` names each weight's config path for the error of one too small to count."""
 
-    def __init__(self, weights: list[float], labels: list[str]) -> None:
+    def __init__(self, weights: list[float], labels: list[str], where: list[str] | None = None) -> None:
         w = np.asarray(weights, dtype=np.float64)
         self.weights = w / w.sum()
         self.counts = apportion(w, PERIOD)
-        if (self.counts == 0).any():
-            i = int(np.flatnonzero(self.counts == 0)[0])
+        lost = (self.counts == 0) & (w > 0)
+        if lost.any():
+            i = int(np.flatnonzero(lost)[0])
+            at = where[i] if where else f"data.sources[{i}] ({labels[i]})"
             raise ForgeError(
-                f"data.sources[{i}] ({labels[i]}): weight {weights[i]:g} is less than 1/{PERIOD} of "
+                f"{at}: weight {weights[i]:g} is less than 1/{PERIOD} of "
                 "the total: it would never be read. Raise it or remove the source."
             )
         source = np.repeat(np.arange(len(w)), self.counts)
@@ -62,19 +71,33 @@ class MixturePlan:
         order = np.argsort(position, kind="stable")  # stable: ties go to the lower source
         self.pattern = source[order].astype(np.int32)
         self.rank = rank[order].astype(np.int64)
+        #: Where each source's slots sit in the pattern (to count them before any slot).
+        self.places = [np.flatnonzero(self.pattern == i) for i in range(len(w))]
 
-    def slots(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """For slots ``first .. first + count - 1``: the source of each, and how many
-        rows that source had given before it (the row's index in the source's order)."""
-        n = np.arange(first, first + count, dtype=np.int64)
-        period, at = np.divmod(n, PERIOD)
+    def at(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For slots ``n`` (an array): the source of each, and how many rows that source
+        had given before it (the row's index in the source's order)."""
+        period, at = np.divmod(np.asarray(n, dtype=np.int64), PERIOD)
         source = self.pattern[at]
         return source, period * self.counts[source] + self.rank[at]
+
+    def slots(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`at` for slots ``first .. first + count - 1``."""
+        return self.at(np.arange(first, first + count, dtype=np.int64))
 
     def taken(self, slots: int) -> np.ndarray:
         """Rows each source has given in the first ``slots`` slots."""
         period, rest = divmod(int(slots), PERIOD)
         return period * self.counts + np.bincount(self.pattern[:rest], minlength=len(self.counts))
+
+    def taken_of(self, source: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """For each pair: rows ``source[j]`` has given in the first ``slots[j]`` slots."""
+        period, rest = np.divmod(np.asarray(slots, dtype=np.int64), PERIOD)
+        out = period * self.counts[source]
+        for i, places in enumerate(self.places):
+            mine = source == i
+            out[mine] += np.searchsorted(places, rest[mine])
+        return out
 
 
 def source_order(size: int, seed: int, source: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -85,12 +108,14 @@ def source_order(size: int, seed: int, source: int, epoch: int, shuffle: bool) -
 
 
 class MixedRows:
-    """Several row sets read as one: key ``base[i] + r`` is row ``r`` of part ``i``."""
+    """Several row sets read as one: key ``base[i] + r`` is row ``r`` of part ``i``.
+    Which part each slot of the run reads is ``schedule``'s
+    (:class:`~forge_core.data.mix_schedule.MixtureSchedule`)."""
 
-    def __init__(self, parts: list[Any], weights: list[float], labels: list[str]) -> None:
+    def __init__(self, parts: list[Any], labels: list[str], schedule: Any) -> None:
         self.parts = parts
         self.labels = labels
-        self.plan = MixturePlan(weights, labels)
+        self.schedule = schedule
         self.sizes = [int(p.num_rows) for p in parts]
         self.base = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.num_rows = int(self.base[-1])
@@ -119,7 +144,7 @@ class MixedRows:
                 out[key][where] = value
         return out
 
-    def realized(self, slots: int) -> np.ndarray:
-        """The share of the first ``slots`` training rows each source gives."""
-        taken = self.plan.taken(slots)
+    def realized(self, slots: int, first: int = 0) -> np.ndarray:
+        """The share of training rows ``first .. slots - 1`` each source gives."""
+        taken = self.schedule.taken(slots) - self.schedule.taken(first)
         return taken / max(int(taken.sum()), 1)

@@ -135,7 +135,11 @@ class Trainer:
         # Hashed once, by one process: a pretrained base can be many gigabytes.
         self.base_identity = broadcast_object(base_identity(self.plan) if pl.is_main else None)
         mixture = self.parts.loader.mixture
-        self.tally = mixture_tally.MixtureTally(mixture.labels) if mixture is not None else None
+        self.tally = (
+            mixture_tally.MixtureTally(mixture.labels, mixture.schedule, self.config.train.steps)
+            if mixture is not None
+            else None
+        )
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
     def _set_schedule(self, steps: int) -> None:
@@ -256,7 +260,7 @@ class Trainer:
         ts.restore_rng(state["rng"], self.placement.device)
         progress.last_saved = progress.step
         if self.tally is not None:
-            self.tally.load_state_dict(state.get(mixture_tally.STATE_KEY))
+            self.tally.load_state_dict(state.get(mixture_tally.STATE_KEY), state.get(mixture_tally.PHASE_KEY))
         log(self.placement, f"resumed from {path} at step {progress.step}")
         self._resume_schedule(state.get(schedule_span.STATE_KEY))
 
@@ -289,6 +293,7 @@ class Trainer:
             state[BASE_KEY] = self.base_identity
         if self.tally is not None:
             state[mixture_tally.STATE_KEY] = self.tally.state_dict()
+            state[mixture_tally.PHASE_KEY] = self.tally.phase_state()
         path = parts.checkpoints.save(
             progress.step,
             parts.pmodel.parts,
@@ -333,6 +338,10 @@ class Trainer:
         mfu, mfu_capped, notice = parts.mfu(parts.step_inputs, int(outcome.pairs), step_time)
         if notice:
             warn(pl, notice)
+        mixture = self.tally.metrics(outcome.counts, progress.step) if self.tally is not None else {}
+        phase_note = self.tally.phase_ended(progress.step) if self.tally is not None else None
+        if phase_note:
+            log(pl, phase_note)
         return {
             "loss": outcome.loss,
             "lr": lr,
@@ -345,7 +354,7 @@ class Trainer:
             "skipped": not outcome.stepped,
             **outcome.metrics,
             **parts.memory.measure(),
-            **(self.tally.metrics(outcome.counts) if self.tally is not None else {}),
+            **mixture,
             **parts.stats.metrics(outcome.measured),
         }
 
