@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, make_distribution, only_plugins
-from train_helpers import tiny_config, write_config
+from train_helpers import read_metrics, tiny_config, write_config
 
 from forge_core.cli.slurm import (
     PORT_BASE,
@@ -53,6 +55,7 @@ def test_nodelist_expands_as_slurm_writes_it(text, hosts):
         ("n[1-[2]]", "nested"),
         ("n[4-2]", "runs backwards"),
         ("n[a-c]", "not a number"),
+        ("n[0-99999999]", "more hosts than a cluster"),
         ("a,,b", "empty host name"),
         ("  ", "empty"),
     ],
@@ -169,28 +172,55 @@ def forge_step_end(run, step, metrics):
 """
 
 
-@pytest.mark.parametrize("name", ["USR1", "USR2"])
-def test_the_requeue_signal_saves_and_exits_128_plus_it_as_an_srun_task(tmp_path, name):
-    """A one-task step (srun -n 1): the configured signal at step 2 saves step 2 and the
-    task exits 128 + the signal; the run resumes from it; torchrun's variables set for
-    the task are gone afterwards."""
+def signal_run(tmp_path, name: str, signal_name: str) -> tuple[str, dict, Path]:
+    """A config whose run.requeue_signal is ``signal_name``, the srun environment of a
+    one-task step (srun -n 1), and a plugin that sends it at step 2."""
     site = make_distribution(
         tmp_path / "site", "signal-at", "0.1", {"signal_at": SIGNAL_AT}, {"signal_at": "signal_at"}
     )
-    cfg = tiny_config(tmp_path, "req", train={"steps": 4}, run={"requeue_signal": name})
-    path = write_config(tmp_path / "req.yaml", cfg)
-    env = clean_env(**srun_env(rank=0, ntasks=1))
-    result = forge_run(
-        ["train", path], env={**env, **only_plugins("signal_at"), "TEST_SIGNAL": name}, paths=[site]
+    cfg = tiny_config(
+        tmp_path,
+        name,
+        train={"steps": 4},
+        run={"requeue_signal": signal_name},
+        logging={"loggers": ["jsonl"]},
     )
-    assert result.code == 128 + getattr(signal, f"SIG{name}"), result.stderr
-    assert f"SIG{name} received: saving a checkpoint at step 2" in result.stdout
+    return write_config(tmp_path / f"{name}.yaml", cfg), clean_env(**srun_env(rank=0, ntasks=1)), site
+
+
+def test_usr1_saves_exits_138_and_the_requeued_task_resumes_exactly(tmp_path):
+    """USR1 at step 2 saves step 2 and the task exits 138 (128 + USR1); started again
+    (the requeued job) it resumes to step 4 with the losses and gradient norms of a run
+    never interrupted, bit for bit. torchrun's variables set for the task are gone after."""
+    path, env, site = signal_run(tmp_path, "req", "USR1")
+    signalled = {**env, **only_plugins("signal_at"), "TEST_SIGNAL": "USR1"}
+    result = forge_run(["train", path], env=signalled, paths=[site])
+    assert result.code == 138, result.stderr
+    assert "SIGUSR1 received: saving a checkpoint at step 2" in result.stdout
     assert "srun task 0 of 1 (Slurm job 123456)" in result.stderr
     assert (tmp_path / "req/checkpoints/latest").read_text().strip() == "step-000002"
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
-    resumed = forge_run(["train", path], env=env)
-    assert resumed.code == 0, resumed.stderr
-    assert (tmp_path / "req/checkpoints/latest").read_text().strip() == "step-000004"
+    assert forge_run(["train", path], env=env).code == 0
+
+    straight = write_config(
+        tmp_path / "straight.yaml",
+        tiny_config(tmp_path, "straight", logging={"loggers": ["jsonl"]}, train={"steps": 4}),
+    )
+    assert forge_run(["train", straight], env=env).code == 0
+    got, want = read_metrics(tmp_path / "req"), read_metrics(tmp_path / "straight")
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    for key in ("loss", "grad_norm"):
+        assert [m[key] for m in got] == [m[key] for m in want], key
+
+
+def test_the_requeue_signal_is_the_configs(tmp_path):
+    """run.requeue_signal: USR2 stops on USR2 (exit 140) the same way."""
+    path, env, site = signal_run(tmp_path, "usr2", "USR2")
+    result = forge_run(
+        ["train", path], env={**env, **only_plugins("signal_at"), "TEST_SIGNAL": "USR2"}, paths=[site]
+    )
+    assert result.code == 128 + signal.SIGUSR2, result.stderr
+    assert (tmp_path / "usr2/checkpoints/latest").read_text().strip() == "step-000002"
 
 
 def test_check_judges_the_requeue_signal(tmp_path):
@@ -282,3 +312,39 @@ def test_the_templates_trap_passes_usr1_on_and_requeues_on_138(tmp_path):
     (tmp_path / "calls").unlink()
     done = subprocess.run(["bash", str(TEMPLATE)], env={**env, "COMPLETE": "1"}, cwd=tmp_path, timeout=30)
     assert done.returncode == 0 and not (tmp_path / "calls").exists()
+
+
+FAKE_AGENT = """
+import os, subprocess, sys
+open(os.path.join(sys.argv[1], "agent-env"), "w").write(os.environ.get("FORGE_REQUEUE_SIGNAL", ""))
+worker = (
+    "import os, signal, sys, time\\n"
+    "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(0))\\n"  # a worker: saves, exits 0
+    "open(os.path.join(sys.argv[1], 'ready'), 'w').close()\\n"
+    "time.sleep(30); sys.exit(1)\\n"
+)
+sys.exit(subprocess.call([sys.executable, "-c", worker, sys.argv[1]]))
+"""
+
+
+def test_forge_run_nproc_passes_the_requeue_signal_to_its_workers_and_exits_138(tmp_path, monkeypatch):
+    """Under --nproc, USR1 to forge-run reaches the workers (not the agent, which is told
+    to ignore it); they stop cleanly, and forge-run exits 138 for the batch script."""
+    import threading
+
+    from forge_core.cli import train
+
+    monkeypatch.setattr(
+        train, "torchrun_command", lambda args, overrides: [sys.executable, "-c", FAKE_AGENT, str(tmp_path)]
+    )
+
+    def signal_when_ready():
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=signal_when_ready, daemon=True).start()
+    assert train.relaunch(None, [], requeue=signal.SIGUSR1) == 138
+    assert (tmp_path / "agent-env").read_text() == str(int(signal.SIGUSR1))
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # forge-run's handler is gone

@@ -49,6 +49,8 @@ from forge_core.api import ForgeError
 MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 #: ``MASTER_PORT`` derived from the job id: ``PORT_BASE + job_id % PORT_SPAN``.
 PORT_BASE, PORT_SPAN = 10000, 20000
+#: The most hosts one range may name (Slurm's host lists stay far below).
+MAX_RANGE = 1 << 16
 TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # One host of a hostlist: a name with any number of [ranges] (``node[01-04,07]``,
@@ -97,10 +99,8 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def _expand_one(item: str, whole: str) -> list[str]:
-    match = _BRACKET.search(item)
+    match = _BRACKET.search(item)  # brackets are balanced and flat (_split_top_level)
     if match is None:
-        if "[" in item or "]" in item:
-            raise ValueError(f"unbalanced brackets in {item!r} of {whole!r}")
         return [item]
     head, tail = item[: match.start()], item[match.end() :]
     tails = _expand_one(tail, whole) if tail else [""]
@@ -118,6 +118,8 @@ def _expand_ranges(body: str, whole: str) -> list[str]:
             continue
         if int(high) < int(low):
             raise ValueError(f"the range {part!r} of {whole!r} runs backwards")
+        if int(high) - int(low) >= MAX_RANGE:
+            raise ValueError(f"the range {part!r} of {whole!r} has more hosts than a cluster")
         width = len(low)  # node[08-10]: node08 node09 node10
         numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return numbers

@@ -236,7 +236,8 @@ def relaunch(args: Any, overrides: Sequence[str], requeue: int | None = None) ->
             except ProcessLookupError:
                 pass
         if not current:  # no worker yet: the agent stops (and exits 128 + signum)
-            child.send_signal(signum)
+            # It ignores the requeue signal (see REQUEUE_SIGNAL_ENV): it stops on SIGTERM.
+            child.send_signal(signal.SIGTERM if signum == requeue else signum)
 
     passed = (signal.SIGTERM, signal.SIGINT) + ((requeue,) if requeue is not None else ())
     previous = {sig: signal.signal(sig, forward) for sig in passed}
@@ -268,7 +269,7 @@ def relaunch(args: Any, overrides: Sequence[str], requeue: int | None = None) ->
                 file=sys.stderr,
             )
         return exit_for_signal(-code)
-    if code == 0 and received:
+    if received and (code == 0 or (received[0] == requeue and code == exit_for_signal(signal.SIGTERM))):
         return exit_for_signal(received[0])
     return code
 
