@@ -244,7 +244,7 @@ def test_in_an_allocation_but_not_under_srun_it_trains_alone_and_says_so(tmp_pat
 # --- the sbatch template -----------------------------------------------------------------
 
 
-def template_words(*names: str) -> list[str]:
+def template_words() -> list[str]:
     """The template's ``config`` and ``overrides`` as bash reads them."""
     lines = [
         line for line in TEMPLATE.read_text().splitlines() if line.startswith(("config=", "overrides=("))
