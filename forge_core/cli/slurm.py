@@ -178,7 +178,7 @@ def _number(env: Mapping[str, str], *names: str) -> int:
                 raise SlurmEnvError(
                     f"{name}={env[name]!r}: not a whole number, so this task cannot know its place in "
                     "the process group. Slurm sets it for every task of `srun`; if a script changed "
-                    f"it, leave it as Slurm set it (or unset the SLURM_* variables to train alone)"
+                    "it, leave it as Slurm set it (or unset the SLURM_* variables to train alone)"
                 )
             return int(value)
     raise SlurmEnvError(
@@ -270,7 +270,7 @@ def task_of(env: Mapping[str, str]) -> SlurmTask | None:
         raise SlurmEnvError(
             f"{has[0]}={env[has[0]]!r} is set but {missing} is not, in an srun task: the ranks would "
             f"come from two places and tasks could share one. Unset {has[0]} to take the ranks from "
-            f"Slurm (SLURM_PROCID, SLURM_NTASKS), or set both"
+            "Slurm (SLURM_PROCID, SLURM_NTASKS), or set both"
         )
     return read_task(env)
 
