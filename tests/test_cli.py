@@ -196,7 +196,9 @@ def test_options_and_overrides_in_any_order(forge_config, capsys, monkeypatch):
         assert ("world size 2" in out) or json.loads(out)["world_size"] == 2, argv
     launched = []
     monkeypatch.setattr(
-        launch, "relaunch", lambda args, overrides: launched.append((args.nproc, overrides)) or 0
+        launch,
+        "relaunch",
+        lambda args, overrides, requeue=None: launched.append((args.nproc, overrides)) or 0,
     )
     for flag in ("--nproc", "--nproc-per-node", "--nproc_per_node"):
         assert main([path, flag, "2", "parallel.dp_shard=2"]) == 0

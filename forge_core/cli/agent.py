@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from forge_core.cli.train import LAUNCHER_PID_ENV
+from forge_core.cli.train import LAUNCHER_PID_ENV, REQUEUE_SIGNAL_ENV
 from forge_core.errors import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
     end_with_parent(signal.SIGTERM, launcher or None)
     os.environ[AGENT_PID_ENV] = str(os.getpid())
+    if (requeue := os.environ.get(REQUEUE_SIGNAL_ENV, "")).isdigit():
+        # The workers stop on it (and inherit the ignoring until they install their handler).
+        signal.signal(int(requeue), signal.SIG_IGN)
     # Until torch's agent installs its own handlers, a signal simply ends the agent.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)

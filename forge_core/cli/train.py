@@ -11,10 +11,16 @@
   (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` passed through).
 - Started by ``torchrun`` directly (``RANK``/``WORLD_SIZE`` set), it trains in this
   process as one rank of the group.
+- Started by Slurm's ``srun`` as one task of a step (``srun forge-run train CONFIG``,
+  one task per process), it takes its rank, the world size and the rendezvous from
+  ``SLURM_*`` (:mod:`forge_core.cli.slurm`) and trains as that rank; a stop by signal
+  exits 128 + the signal on every task.
 
-Stopping: SIGTERM/SIGINT save a checkpoint at the next step boundary (before training
-starts they stop at once, nothing saved) and ``forge-run`` exits 128 + the signal. Under
-``--nproc`` they are passed to the workers themselves. Killing ``forge-run``, even with
+Stopping: SIGTERM/SIGINT, and ``run.requeue_signal`` (USR1 unless the config says
+otherwise), save a checkpoint at the next step boundary (before training starts they stop
+at once, nothing saved) and ``forge-run`` exits 128 + the signal (138 for USR1: a batch
+script's trap requeues the job on it, see docs/multi-node.md). Under ``--nproc`` they are
+passed to the workers themselves. Killing ``forge-run``, even with
 SIGKILL, makes the kernel send SIGTERM to the agent, which stops its workers the same
 way; killing the agent does the same to its workers (:func:`~forge_core.train.signals.end_with_parent`).
 
@@ -34,18 +40,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.cli import slurm
 from forge_core.errors import (
     EXIT_OK,
     exit_for_signal,
     signal_name,
 )
 from forge_core.parallel_dims import launched_by_torchrun
-from forge_core.train.signals import StopSignal, alive, child_pids
+from forge_core.train.signals import StopSignal, alive, child_pids, signal_number
 
 #: Set by ``forge-run`` for its agent, which checks it is still its parent.
 LAUNCHER_PID_ENV = "FORGE_LAUNCHER_PID"
 #: How long ``forge-run`` waits for the workers of a killed agent to save and stop.
 ORPHAN_WAIT_S = 120.0
+#: Set by ``forge-run --nproc`` for its agent: the number of ``run.requeue_signal``, which
+#: the agent ignores (a scheduler may signal every process of the step; the workers stop
+#: on it, the agent must not die of it first).
+REQUEUE_SIGNAL_ENV = "FORGE_REQUEUE_SIGNAL"
 
 
 class InvalidConfig(ForgeError):
@@ -124,6 +135,8 @@ def train(
         rank = int(os.environ.get("RANK", "0"))
         # Judge before importing torch: an invalid config is refused in a fraction of a second.
         result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
+        if (requeue := signal_number(result.config.run.requeue_signal)) is not None:
+            stop.also(requeue)
         from forge_core.distributed import placement as distributed
         from forge_core.train.trainer import Trainer
 
@@ -132,7 +145,10 @@ def train(
             outcome = Trainer(result.plan, result.registries, placement, stop=stop).run()
             # Every rank leaves its last collective before any rank closes the group: a
             # peer that tears down gloo while another still completes work can abort it.
-            distributed.barrier()
+            # The same all-reduce tells a rank stopped by its peers' signal which one it was.
+            received = distributed.all_reduce_max([float(stop.received or 0)], placement.device)[0]
+            if outcome == "interrupted" and stop.received is None and received:
+                stop.received = int(received)
             return outcome
         except (ForgeError, BrokenPipeError):
             raise
@@ -159,13 +175,15 @@ def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeErr
     return None if who is None else components.failure(exc, who)
 
 
-def run_here(config_path: str, overrides: Sequence[str]) -> int:
+def run_here(config_path: str, overrides: Sequence[str], *, srun_task: bool = False) -> int:
     """Train in this process; the exit status. Interrupted and saved: 128 + the signal
-    alone, 0 as a torchrun worker (its agent must not take a clean stop for a failure:
-    the launcher knows which signal it passed on)."""
+    alone or as an srun task (srun returns the highest of its tasks' statuses, which the
+    batch script's trap reads), 0 as a torchrun worker (its agent must not take a clean
+    stop for a failure: the launcher knows which signal it passed on)."""
     stop = StopSignal()
     status = train(config_path, overrides, stop=stop)
-    if status == "interrupted" and stop.received is not None and not launched_by_torchrun():
+    by_signal = srun_task or not launched_by_torchrun()
+    if status == "interrupted" and stop.received is not None and by_signal:
         return exit_for_signal(stop.received)
     return EXIT_OK
 
@@ -194,15 +212,17 @@ def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:
     return cmd + ["-m", "forge_core.cli.worker", args.config, *overrides]
 
 
-def relaunch(args: Any, overrides: Sequence[str]) -> int:
+def relaunch(args: Any, overrides: Sequence[str], requeue: int | None = None) -> int:
     """Run the agent as a child in its own session (so a Ctrl-C in the terminal reaches
-    ``forge-run`` alone). SIGTERM and SIGINT sent to ``forge-run`` are passed to the
-    workers themselves, which save a checkpoint at the next step boundary and exit 0, so
-    the agent ends cleanly too; ``forge-run`` then exits 128 + the signal. (Signalling the
-    agent would make it tear the workers down.) When the agent is killed, its workers
-    are told to stop by the kernel: ``forge-run`` waits for them and exits 128 + the
-    agent's signal."""
+    ``forge-run`` alone). SIGTERM and SIGINT (and the ``requeue`` signal) sent to
+    ``forge-run`` are passed to the workers themselves, which save a checkpoint at the
+    next step boundary and exit 0, so the agent ends cleanly too; ``forge-run`` then exits
+    128 + the signal. (Signalling the agent would make it tear the workers down.) When
+    the agent is killed, its workers are told to stop by the kernel: ``forge-run`` waits
+    for them and exits 128 + the agent's signal."""
     env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+    if requeue is not None:
+        env[REQUEUE_SIGNAL_ENV] = str(requeue)
     child = subprocess.Popen(torchrun_command(args, overrides), start_new_session=True, env=env)
     received: list[int] = []
     workers: set[int] = set()
@@ -216,9 +236,11 @@ def relaunch(args: Any, overrides: Sequence[str]) -> int:
             except ProcessLookupError:
                 pass
         if not current:  # no worker yet: the agent stops (and exits 128 + signum)
-            child.send_signal(signum)
+            # It ignores the requeue signal (see REQUEUE_SIGNAL_ENV): it stops on SIGTERM.
+            child.send_signal(signal.SIGTERM if signum == requeue else signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    passed = (signal.SIGTERM, signal.SIGINT) + ((requeue,) if requeue is not None else ())
+    previous = {sig: signal.signal(sig, forward) for sig in passed}
     try:
         while True:
             try:
@@ -247,7 +269,7 @@ def relaunch(args: Any, overrides: Sequence[str]) -> int:
                 file=sys.stderr,
             )
         return exit_for_signal(-code)
-    if code == 0 and received:
+    if received and (code == 0 or (received[0] == requeue and code == exit_for_signal(signal.SIGTERM))):
         return exit_for_signal(received[0])
     return code
 
@@ -257,6 +279,26 @@ def main(args: Any) -> int:
     if getattr(args, "device", None):
         overrides.append(f"run.device={args.device}")
     nproc = int(getattr(args, "nproc", 1) or 1)
+    nnodes = getattr(args, "nnodes", None)
+    launcher = nproc > 1 or nnodes is not None  # forge-run starts the node's processes
+    if not launcher:
+        with slurm.adopted(os.environ) as task:
+            if task is not None:
+                if task.rank == 0:
+                    print(
+                        f"forge: srun task 0 of {task.world_size} (Slurm job {task.job_id or '?'}): "
+                        f"rendezvous at {task.master_addr}:{task.master_port}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                return run_here(args.config, overrides, srun_task=True)
+    if not launcher and (tasks := slurm.allocation_tasks(os.environ)):
+        print(
+            f"warning: this Slurm job ({os.environ['SLURM_JOB_ID']}) has {tasks} tasks, but forge-run "
+            "was not started by srun: training as one process. `srun forge-run ...` starts one per "
+            "task (docs/multi-node.md)",
+            file=sys.stderr,
+        )
     if launched_by_torchrun():
         if nproc > 1 and os.environ.get("RANK") == "0":
             print(
@@ -264,9 +306,8 @@ def main(args: Any) -> int:
                 file=sys.stderr,
             )
         return run_here(args.config, overrides)
-    nnodes = getattr(args, "nnodes", None)
     if nproc > 1 or (nnodes is not None and _nnodes_count(nnodes) != 1):
         count = _nnodes_count(nnodes)
-        judged(args.config, overrides, None if count is None else nproc * count)
-        return relaunch(args, overrides)
+        result = judged(args.config, overrides, None if count is None else nproc * count)
+        return relaunch(args, overrides, signal_number(result.config.run.requeue_signal))
     return run_here(args.config, overrides)

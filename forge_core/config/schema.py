@@ -44,6 +44,14 @@ class RunSection:
         "legitimately works alone longer than that (a very slow checkpoint save).",
         validator=at_least(0),
     )
+    requeue_signal: Literal["", "USR1", "USR2", "HUP", "XCPU"] = option(
+        "USR1",
+        "A signal that stops the run like SIGTERM: a checkpoint at the next step boundary, then "
+        "exit 128 + the signal (138 for USR1). The one a scheduler sends before the time limit so "
+        "that the job can be requeued and resume (Slurm: `--signal=USR1@120`; see "
+        "docs/multi-node.md). '' leaves it to its default action. TERM and INT always stop; they "
+        "are not choices because `scancel` sends TERM too, and a cancelled job must not requeue.",
+    )
 
 
 @attrs.frozen

@@ -4,7 +4,9 @@
   importing torch, joining the process group, building data and model, resuming) a
   SIGTERM or SIGINT stops the process at once with :class:`~forge_core.errors.Interrupted`
   (nothing was trained, nothing is saved); once training, it only sets a flag and the loop
-  saves a checkpoint at the next step boundary.
+  saves a checkpoint at the next step boundary. The run's ``run.requeue_signal`` (the
+  signal a scheduler sends before the time limit, ``USR1``) is added once the config is
+  read (:meth:`StopSignal.also`) and takes the same path.
 - :func:`end_with_parent`: on Linux, ask the kernel to send this process a signal when its
   parent dies (``PR_SET_PDEATHSIG``), so that killing ``forge-run`` or the torchrun agent,
   even with SIGKILL, ends the processes it started instead of leaving them training.
@@ -27,7 +29,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 class StopSignal:
-    """SIGTERM/SIGINT: :class:`Interrupted` during start-up, a flag once training.
+    """SIGTERM/SIGINT (and :meth:`also`): :class:`Interrupted` during start-up, a flag
+    once training.
 
     A context manager that may be entered more than once (by ``train()`` and by the
     trainer); handlers are installed from the main thread only, by the outermost entry,
@@ -38,8 +41,10 @@ class StopSignal:
     def __init__(self) -> None:
         self.received: int | None = None
         self.training = False
+        self.signals: tuple[int, ...] = self.SIGNALS
         self._previous: dict[int, Any] = {}
         self._depth = 0
+        self._installs = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.received is None:
@@ -51,9 +56,18 @@ class StopSignal:
         """From now on a signal sets the flag the loop acts on at a step boundary."""
         self.training = True
 
+    def also(self, signum: int) -> None:
+        """Stop on ``signum`` too, like SIGTERM; installed at once when the handlers are."""
+        if signum in self.signals:
+            return
+        self.signals += (signum,)
+        if self._installs:
+            self._previous[signum] = signal.signal(signum, self._handler)
+
     def __enter__(self) -> StopSignal:
         if self._depth == 0 and threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
+            self._installs = True
+            for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handler)
         self._depth += 1
         return self
@@ -65,6 +79,13 @@ class StopSignal:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        self._installs = False
+
+
+def signal_number(name: str) -> int | None:
+    """The number of a signal named without its ``SIG`` (``run.requeue_signal``); ``None``
+    for '' or a signal this platform lacks."""
+    return int(getattr(signal, f"SIG{name}")) if name and hasattr(signal, f"SIG{name}") else None
 
 
 def end_with_parent(signum: int = signal.SIGTERM, expected_parent: int | None = None) -> bool:

@@ -53,7 +53,7 @@ from forge_core.train.base_identity import base_identity, check_base
 from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_stale_temporaries
 from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
-from forge_core.train.signals import StopSignal
+from forge_core.train.signals import StopSignal, signal_number
 from forge_core.train.step import optimizer_step
 
 
@@ -118,6 +118,8 @@ class Trainer:
         self.placement = placement
         self.run_dir = Path(plan.config.run.out_dir)
         self.stop = stop or StopSignal()
+        if (requeue := signal_number(plan.config.run.requeue_signal)) is not None:
+            self.stop.also(requeue)
         self.parts = None
         self.progress = Progress()
         self.tally = None
