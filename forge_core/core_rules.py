@@ -244,6 +244,55 @@ def check_pairs_isolated(ctx: Plan) -> str | None:
     )
 
 
+def streamed_sources(ctx: Plan) -> list[str]:
+    """Where the config asks for a stream: ``data.stream.enabled``, or a source whose
+    spec's ``streaming_option`` is on (``data.source_options.streaming``)."""
+    out = ["data.stream.enabled"] if ctx.config.data.stream.enabled else []
+    for chosen in ctx.sources:
+        name = getattr(chosen.spec, "streaming_option", "")
+        if name and getattr(chosen.options, name, False) is True:
+            block = "data.source_options" if chosen.where == "data.source" else f"{chosen.where}.options"
+            out.append(f"{block}.{name}")
+    return out
+
+
+def check_stream_one_source(ctx: Plan) -> str | None:
+    asked = streamed_sources(ctx)
+    if not asked or len(ctx.sources) < 2:
+        return None
+    return (
+        f"{', '.join(asked)} asks for a stream, but data.sources mixes {len(ctx.sources)} sources: a "
+        "mixture reads every source's rows by number (its weights need each source's size), which a "
+        "stream does not know before its end"
+    )
+
+
+def check_stream_supports(ctx: Plan) -> list[str]:
+    asked = streamed_sources(ctx)
+    if not asked:
+        return []
+    data, why = ctx.config.data, f"under a stream ({', '.join(asked)})"
+    out = []
+    if data.heldout.fraction > 0:
+        out.append(
+            f"data.heldout.fraction is {data.heldout.fraction} {why}: the held-out split is read from the "
+            "token cache, which a stream does not fill"
+        )
+    if data.chat.format:
+        out.append(f"data.chat.format is {data.chat.format!r} {why}: chat data is not streamed yet")
+    if data.num_workers:
+        out.append(
+            f"data.num_workers is {data.num_workers} {why}: a stream is tokenized and packed by its own "
+            "background thread, not by loader worker processes"
+        )
+    if data.stream.window_tokens < 2 * data.seq_len:
+        out.append(
+            f"data.stream.window_tokens is {data.stream.window_tokens} {why}: less than two rows of "
+            f"data.seq_len {data.seq_len}"
+        )
+    return out
+
+
 def check_out_dir(ctx: Plan) -> str | None:
     """The run directory cannot be used (created if missing, written): the same answer
     the run gives when it takes the directory (:func:`~forge_core.api.files.directory_problem`)."""
@@ -508,6 +557,32 @@ RULES = [
         "never attend to each other).",
         check=check_pairs_isolated,
         fix="Set data.packer: bfd (it keeps every pair whole in one row, each half its own document).",
+    ),
+    Rule(
+        id="data.stream-one-source",
+        severity="error",
+        paths=("data.stream.enabled", "data.sources"),
+        summary="A stream is one source: a mixture of sources is read from the token cache.",
+        check=check_stream_one_source,
+        fix="Stream one source (data.source), or mix sources without streaming (data.stream.enabled: "
+        "false and no source's streaming option).",
+    ),
+    Rule(
+        id="data.stream-supports",
+        severity="error",
+        paths=(
+            "data.stream.enabled",
+            "data.heldout.fraction",
+            "data.chat.format",
+            "data.num_workers",
+            "data.stream.window_tokens",
+        ),
+        summary="A stream has no held-out split, no chat data, no loader workers, and windows of at "
+        "least two rows.",
+        check=check_stream_supports,
+        fix="Under a stream set data.heldout.fraction: 0 (evaluate on another source with eval.source), "
+        "no data.chat.format, data.num_workers: 0 and data.stream.window_tokens >= 2 * data.seq_len; "
+        "or do not stream.",
     ),
     Rule(
         id="train.batch-divisible",
