@@ -222,15 +222,37 @@ def test_check_refuses_what_a_stream_does_not_support(tmp_path):
     assert "data.num_workers is 1" in found and "window_tokens is 40" in found
 
 
-def test_a_streamed_run_trains_and_resumes_exactly(tmp_path):
+def test_a_streamed_source_is_not_read_when_the_run_is_built(tmp_path):
+    """Neither the training data nor the held-out documents (a plugin's view) read the
+    stream or fill the cache: a stream is read by its loader only."""
+    from forge_core.data.build import build_training_data, heldout_documents
+    from forge_core.plan import make_plan
+    from forge_core.resolve import load_resolved
+
+    cfg = tiny_config(tmp_path, "b")
+    cfg["data"].update({"stream": {"enabled": True}, "cache": {"dir": str(tmp_path / "cache")}})
+    config, registries = load_resolved(write_config(tmp_path / "b.yaml", cfg))
+    plan = make_plan(config, registries, 1)
+    data = build_training_data(plan, registries, ByteTokenizer())
+    assert data.rows is None and data.stream is not None
+    assert "documents, tokens and rows unknown until the stream ends" in data.summary
+    assert heldout_documents(plan, registries, ByteTokenizer()) == []
+    assert not (tmp_path / "cache").exists()
+
+
+def test_an_hf_data_set_streamed_trains_and_resumes_exactly(tmp_path):
+    """``hf_datasets`` with ``streaming: true``, stopped by SIGTERM at step 3 mid-window
+    and resumed: every loss is the uninterrupted run's."""
+    pytest.importorskip("datasets")
     from forge_core.testing import train_in_process
 
-    write_corpus(tmp_path / "corpus", docs=60, short=True)
-    data = {"stream": {"enabled": True, "window_tokens": 200}}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": text(i)}) + "\n" for i in range(200)))
+    hf = {"source": "hf_datasets", "source_options": {"data_files": [str(rows)], "streaming": True}}
 
     def run(name, *plugins):
         cfg = tiny_config(tmp_path, name, train={"steps": 6, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1})
-        cfg["data"].update(data)
+        cfg["data"].update({**hf, "stream": {"window_tokens": 200}})
         path = write_config(tmp_path / f"{name}.yaml", cfg)
         return train_in_process(path, [], extra_plugins=tuple((f"p{i}", p) for i, p in enumerate(plugins)))
 
@@ -244,19 +266,14 @@ def test_a_streamed_run_trains_and_resumes_exactly(tmp_path):
         assert got["loss"] == straight.metrics[step]["loss"], step
 
 
-def test_forge_run_streams_an_hf_data_set_and_says_what_is_not_known(tmp_path, capfd):
-    pytest.importorskip("datasets")
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": text(i) * 3}) + "\n" for i in range(200)))
-    cfg = tiny_config(tmp_path, "hf", train={"steps": 2, "batch_size": 2, "lr": 3e-3, "warmup_steps": 1})
-    cfg["data"].update(
-        {"source": "hf_datasets", "source_options": {"data_files": [str(rows)], "streaming": True}}
-    )
-    cfg["data"]["stream"] = {"window_tokens": 512}
+def test_forge_run_streams_any_source_and_says_what_is_not_known(tmp_path, capfd):
     from forge_core.cli.main import main
 
-    assert main(["train", write_config(tmp_path / "hf.yaml", cfg)]) == 0
+    write_corpus(tmp_path / "corpus", docs=60, short=True)
+    cfg = tiny_config(tmp_path, "s", train={"steps": 2, "batch_size": 2, "lr": 3e-3, "warmup_steps": 1})
+    cfg["data"]["stream"] = {"enabled": True, "window_tokens": 256}
+    assert main(["train", write_config(tmp_path / "s.yaml", cfg)]) == 0
     out = "".join(capfd.readouterr())
-    assert "data: streaming rows of 32 tokens (hf_datasets: 1 json files" in out
+    assert "data: streaming rows of 32 tokens (text: 60 files" in out
     assert "unknown until the stream ends" in out and "stream: first window after" in out
     assert "tokenizing" not in out  # no token cache was filled

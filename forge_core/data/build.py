@@ -19,6 +19,10 @@ For every source of the plan (``plan.sources``: each entry of ``data.sources``, 
 Several sources become one :class:`~forge_core.data.mixture.MixedRows`. The one-line
 summary says what was read, what the cache did, what the packer achieved, what was held
 out and, for a mixture, the share of the run's rows each source gives.
+
+A streamed source (``data.stream.enabled``, or its own streaming option) skips all of
+this: :func:`build_stream` hands the source and its packer to the streaming loader
+(:mod:`forge_core.data.stream`), which reads, tokenizes and packs it while training runs.
 """
 
 from __future__ import annotations
@@ -343,10 +347,14 @@ def heldout_documents(
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet); only
-    the main process (``is_main``) reports progress."""
+    the main process (``is_main``) reports progress. A stream has no held-out split (the
+    rules refuse one): none, without reading it."""
+    from forge_core.core_rules import streamed_sources
     from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.shards import stream as document_stream
 
+    if streamed_sources(plan):
+        return []
     data = plan.config.data
     eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)
     out = []
