@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections import Counter
 
 import numpy as np
@@ -96,10 +97,16 @@ def test_an_endless_source_reaches_its_first_batch_having_read_a_bounded_prefix(
     ld = loader(source, window=1024, batch=4)
     batch = next(ld)
     assert batch["input_ids"].shape == (4, S)
-    ld.close()
-    # A control that materialized the source would never return; this read a few windows
-    # (each ~1024 tokens of ~30-token documents) and a tokenizing batch of 256 ahead.
+    # A control that materialized the source would never return. The thread reads on
+    # until its queue is full, then waits: a few windows (~1024 tokens of ~30-token
+    # documents each) and a tokenizing batch of 256 documents, never the whole source.
+    for _ in range(1000):
+        if ld._queue.full():
+            break
+        threading.Event().wait(0.01)
+    assert ld._queue.full()
     assert 0 < source.read < 2_000
+    ld.close()
 
 
 @pytest.mark.parametrize("window", [2 * S, 5 * S + 3, 10_000])
