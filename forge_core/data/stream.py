@@ -86,7 +86,6 @@ class Window:
     num_rows: int
     documents: int  # this rank's documents read when the window was cut, in the pass
     tokens: int  # tokens placed in rows so far in the pass, this window's included
-    last: bool  # the stream ended with this window
 
 
 @attrs.frozen
@@ -257,7 +256,7 @@ class StreamingLoader:
                 if self.shuffle:
                     order = np.random.default_rng([self.seed, start.pass_number, window]).permutation(order)
                 read = {key: value.astype(np.int32) for key, value in packed.read(order).items()}
-                put(Window(position, read, packed.num_rows, first + n, tokens, last))
+                put(Window(position, read, packed.num_rows, first + n, tokens))
             if last:
                 break
             # The next window starts at document k of this one, after k_offset of its tokens
