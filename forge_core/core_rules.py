@@ -267,30 +267,45 @@ def check_stream_one_source(ctx: Plan) -> str | None:
     )
 
 
-def check_stream_supports(ctx: Plan) -> list[str]:
+def _under_stream(ctx: Plan) -> str:
+    """``" under a stream (the keys that ask for it)"``, or ``""`` when nothing streams."""
     asked = streamed_sources(ctx)
-    if not asked:
-        return []
-    data, why = ctx.config.data, f"under a stream ({', '.join(asked)})"
-    out = []
-    if data.heldout.fraction > 0:
-        out.append(
-            f"data.heldout.fraction is {data.heldout.fraction} {why}: the held-out split is read from the "
-            "token cache, which a stream does not fill"
-        )
-    if data.chat.format:
-        out.append(f"data.chat.format is {data.chat.format!r} {why}: chat data is not streamed yet")
-    if data.num_workers:
-        out.append(
-            f"data.num_workers is {data.num_workers} {why}: a stream is tokenized and packed by its own "
-            "background thread, not by loader worker processes"
-        )
-    if data.stream.window_tokens < 2 * data.seq_len:
-        out.append(
-            f"data.stream.window_tokens is {data.stream.window_tokens} {why}: less than two rows of "
-            f"data.seq_len {data.seq_len}"
-        )
-    return out
+    return f" under a stream ({', '.join(asked)})" if asked else ""
+
+
+def check_stream_heldout(ctx: Plan) -> str | None:
+    why, fraction = _under_stream(ctx), ctx.config.data.heldout.fraction
+    if not why or fraction <= 0:
+        return None
+    return (
+        f"data.heldout.fraction is {fraction}{why}: the held-out split is read from the token cache, "
+        "which a stream does not fill"
+    )
+
+
+def check_stream_chat(ctx: Plan) -> str | None:
+    why, fmt = _under_stream(ctx), ctx.config.data.chat.format
+    return f"data.chat.format is {fmt!r}{why}: chat data is not streamed yet" if why and fmt else None
+
+
+def check_stream_workers(ctx: Plan) -> str | None:
+    why, workers = _under_stream(ctx), ctx.config.data.num_workers
+    if not why or not workers:
+        return None
+    return (
+        f"data.num_workers is {workers}{why}: a stream is tokenized and packed by its own background "
+        "thread, not by loader worker processes"
+    )
+
+
+def check_stream_window(ctx: Plan) -> str | None:
+    why, data = _under_stream(ctx), ctx.config.data
+    if not why or data.stream.window_tokens >= 2 * data.seq_len:
+        return None
+    return (
+        f"data.stream.window_tokens is {data.stream.window_tokens}{why}: less than two rows of "
+        f"data.seq_len {data.seq_len}"
+    )
 
 
 def check_out_dir(ctx: Plan) -> str | None:
@@ -568,21 +583,36 @@ RULES = [
         "false and no source's streaming option).",
     ),
     Rule(
-        id="data.stream-supports",
+        id="data.stream-heldout",
         severity="error",
-        paths=(
-            "data.stream.enabled",
-            "data.heldout.fraction",
-            "data.chat.format",
-            "data.num_workers",
-            "data.stream.window_tokens",
-        ),
-        summary="A stream has no held-out split, no chat data, no loader workers, and windows of at "
-        "least two rows.",
-        check=check_stream_supports,
-        fix="Under a stream set data.heldout.fraction: 0 (evaluate on another source with eval.source), "
-        "no data.chat.format, data.num_workers: 0 and data.stream.window_tokens >= 2 * data.seq_len; "
-        "or do not stream.",
+        paths=("data.stream.enabled", "data.heldout.fraction"),
+        summary="A stream has no held-out split.",
+        check=check_stream_heldout,
+        fix="Set data.heldout.fraction: 0 and evaluate on another source (eval.source), or do not stream.",
+    ),
+    Rule(
+        id="data.stream-chat",
+        severity="error",
+        paths=("data.stream.enabled", "data.chat.format"),
+        summary="Chat data is not streamed.",
+        check=check_stream_chat,
+        fix="Do not stream chat data (data.stream.enabled: false, and the source's streaming option off).",
+    ),
+    Rule(
+        id="data.stream-workers",
+        severity="error",
+        paths=("data.stream.enabled", "data.num_workers"),
+        summary="A stream is read by its own thread, not by loader worker processes.",
+        check=check_stream_workers,
+        fix="Set data.num_workers: 0 (data.stream.ahead sets how far the stream reads ahead).",
+    ),
+    Rule(
+        id="data.stream-window",
+        severity="error",
+        paths=("data.stream.window_tokens", "data.seq_len"),
+        summary="A stream's window holds at least two rows.",
+        check=check_stream_window,
+        fix="Raise data.stream.window_tokens to at least 2 * data.seq_len.",
     ),
     Rule(
         id="train.batch-divisible",

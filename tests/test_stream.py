@@ -221,12 +221,17 @@ def test_check_refuses_what_a_stream_does_not_support(tmp_path):
     hf = {"name": "hf_datasets", "options": {"data_files": [glob], "format": "text", "streaming": True}}
     found = _judge(tmp_path, {"sources": [hf, {"name": "stdlib"}]})["data.stream-one-source"]
     assert found.startswith("data.sources[0].options.streaming asks for a stream")
-    found = _judge(
-        tmp_path,
-        {"stream": {"enabled": True, "window_tokens": 40}, "heldout": {"fraction": 0.1}, "num_workers": 1},
-    )["data.stream-supports"]
-    assert "data.heldout.fraction is 0.1 under a stream (data.stream.enabled)" in found
-    assert "data.num_workers is 1" in found and "window_tokens is 40" in found
+    stream = {"enabled": True, "window_tokens": 40}
+    found = _judge(tmp_path, {"stream": stream, "heldout": {"fraction": 0.1}, "num_workers": 1})
+    assert "data.heldout.fraction is 0.1 under a stream (data.stream.enabled)" in found["data.stream-heldout"]
+    assert found["data.stream-workers"].startswith("data.num_workers is 1 under a stream")
+    assert found["data.stream-window"].startswith("data.stream.window_tokens is 40 under a stream")
+    chat = _judge(tmp_path, {"stream": {"enabled": True}, "chat": {"format": "messages"}})
+    assert chat["data.stream-chat"].startswith("data.chat.format is 'messages' under a stream")
+    # Without a stream, none of them has anything to say.
+    stream["enabled"] = False
+    quiet = _judge(tmp_path, {"stream": stream, "heldout": {"fraction": 0.1}, "num_workers": 1})
+    assert not {k for k in quiet if k.startswith("data.stream")}
 
 
 def test_a_streamed_source_is_not_read_when_the_run_is_built(tmp_path):
