@@ -253,7 +253,7 @@ def test_a_streamed_source_is_not_read_when_the_run_is_built(tmp_path):
 
 
 def test_an_hf_data_set_streamed_trains_and_resumes_exactly(tmp_path):
-    """``hf_datasets`` with ``streaming: true``, stopped by SIGTERM at step 3 mid-window
+    """``hf_datasets`` with ``streaming: true``, stopped by SIGTERM at step 2 mid-window
     and resumed: every loss is the uninterrupted run's."""
     pytest.importorskip("datasets")
     from forge_core.testing import train_in_process
@@ -263,18 +263,18 @@ def test_an_hf_data_set_streamed_trains_and_resumes_exactly(tmp_path):
     hf = {"source": "hf_datasets", "source_options": {"data_files": [str(rows)], "streaming": True}}
 
     def run(name, *plugins):
-        cfg = tiny_config(tmp_path, name, train={"steps": 6, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1})
+        cfg = tiny_config(tmp_path, name, train={"steps": 4, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1})
         cfg["data"].update({**hf, "stream": {"window_tokens": 200}})
         path = write_config(tmp_path / f"{name}.yaml", cfg)
         return train_in_process(path, [], extra_plugins=tuple((f"p{i}", p) for i, p in enumerate(plugins)))
 
     straight, first, second = Recorder(), Recorder(), Recorder()
     assert run("straight", straight) == "completed"
-    assert run("cut", first, SignalAt(3)) == "interrupted"
+    assert run("cut", first, SignalAt(2)) == "interrupted"
     assert run("cut", second) == "completed"
-    assert sorted(second.metrics) == [4, 5, 6]
-    for step in range(1, 7):
-        got = (first.metrics if step <= 3 else second.metrics)[step]
+    assert sorted(second.metrics) == [3, 4]
+    for step in range(1, 5):
+        got = (first.metrics if step <= 2 else second.metrics)[step]
         assert got["loss"] == straight.metrics[step]["loss"], step
 
 
