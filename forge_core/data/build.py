@@ -218,12 +218,12 @@ def build_training_data(
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core import components
     from forge_core.core_rules import streamed_sources
-
-    if streamed_sources(plan):
-        return build_stream(plan, registries, tokenizer)
     from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
+
+    if streamed_sources(plan):
+        return build_stream(plan, registries, tokenizer)
 
     t0 = time.perf_counter()
     config = plan.config
