@@ -244,6 +244,70 @@ def check_pairs_isolated(ctx: Plan) -> str | None:
     )
 
 
+def streamed_sources(ctx: Plan) -> list[str]:
+    """Where the config asks for a stream: ``data.stream.enabled``, or a source whose
+    spec's ``streaming_option`` is on (``data.source_options.streaming``)."""
+    out = ["data.stream.enabled"] if ctx.config.data.stream.enabled else []
+    for chosen in ctx.sources:
+        name = getattr(chosen.spec, "streaming_option", "")
+        if name and getattr(chosen.options, name, False) is True:
+            block = "data.source_options" if chosen.where == "data.source" else f"{chosen.where}.options"
+            out.append(f"{block}.{name}")
+    return out
+
+
+def check_stream_one_source(ctx: Plan) -> str | None:
+    asked = streamed_sources(ctx)
+    if not asked or len(ctx.sources) < 2:
+        return None
+    return (
+        f"{', '.join(asked)} asks for a stream, but data.sources mixes {len(ctx.sources)} sources: a "
+        "mixture reads every source's rows by number (its weights need each source's size), which a "
+        "stream does not know before its end"
+    )
+
+
+def _under_stream(ctx: Plan) -> str:
+    """``" under a stream (the keys that ask for it)"``, or ``""`` when nothing streams."""
+    asked = streamed_sources(ctx)
+    return f" under a stream ({', '.join(asked)})" if asked else ""
+
+
+def check_stream_heldout(ctx: Plan) -> str | None:
+    why, fraction = _under_stream(ctx), ctx.config.data.heldout.fraction
+    if not why or fraction <= 0:
+        return None
+    return (
+        f"data.heldout.fraction is {fraction}{why}: the held-out split is read from the token cache, "
+        "which a stream does not fill"
+    )
+
+
+def check_stream_chat(ctx: Plan) -> str | None:
+    why, fmt = _under_stream(ctx), ctx.config.data.chat.format
+    return f"data.chat.format is {fmt!r}{why}: chat data is not streamed yet" if why and fmt else None
+
+
+def check_stream_workers(ctx: Plan) -> str | None:
+    why, workers = _under_stream(ctx), ctx.config.data.num_workers
+    if not why or not workers:
+        return None
+    return (
+        f"data.num_workers is {workers}{why}: a stream is tokenized and packed by its own background "
+        "thread, not by loader worker processes"
+    )
+
+
+def check_stream_window(ctx: Plan) -> str | None:
+    why, data = _under_stream(ctx), ctx.config.data
+    if not why or data.stream.window_tokens >= 2 * data.seq_len:
+        return None
+    return (
+        f"data.stream.window_tokens is {data.stream.window_tokens}{why}: less than two rows of "
+        f"data.seq_len {data.seq_len}"
+    )
+
+
 def check_out_dir(ctx: Plan) -> str | None:
     """The run directory cannot be used (created if missing, written): the same answer
     the run gives when it takes the directory (:func:`~forge_core.api.files.directory_problem`)."""
@@ -508,6 +572,47 @@ RULES = [
         "never attend to each other).",
         check=check_pairs_isolated,
         fix="Set data.packer: bfd (it keeps every pair whole in one row, each half its own document).",
+    ),
+    Rule(
+        id="data.stream-one-source",
+        severity="error",
+        paths=("data.stream.enabled", "data.sources"),
+        summary="A stream is one source: a mixture of sources is read from the token cache.",
+        check=check_stream_one_source,
+        fix="Stream one source (data.source), or mix sources without streaming (data.stream.enabled: "
+        "false and no source's streaming option).",
+    ),
+    Rule(
+        id="data.stream-heldout",
+        severity="error",
+        paths=("data.stream.enabled", "data.heldout.fraction"),
+        summary="A stream has no held-out split.",
+        check=check_stream_heldout,
+        fix="Set data.heldout.fraction: 0 and evaluate on another source (eval.source), or do not stream.",
+    ),
+    Rule(
+        id="data.stream-chat",
+        severity="error",
+        paths=("data.stream.enabled", "data.chat.format"),
+        summary="Chat data is not streamed.",
+        check=check_stream_chat,
+        fix="Do not stream chat data (data.stream.enabled: false, and the source's streaming option off).",
+    ),
+    Rule(
+        id="data.stream-workers",
+        severity="error",
+        paths=("data.stream.enabled", "data.num_workers"),
+        summary="A stream is read by its own thread, not by loader worker processes.",
+        check=check_stream_workers,
+        fix="Set data.num_workers: 0 (data.stream.ahead sets how far the stream reads ahead).",
+    ),
+    Rule(
+        id="data.stream-window",
+        severity="error",
+        paths=("data.stream.window_tokens", "data.seq_len"),
+        summary="A stream's window holds at least two rows.",
+        check=check_stream_window,
+        fix="Raise data.stream.window_tokens to at least 2 * data.seq_len.",
     ),
     Rule(
         id="train.batch-divisible",

@@ -215,7 +215,11 @@ def forge_sources() -> list[SourceSpec]:
     :class:`~forge_core.api.FileSet`; the cache then hashes each file once and checks
     it by stat at later starts (``forge-run prepare --verify`` hashes again). A source
     does not shard across processes: one process tokenizes it into the cache and the
-    loader gives each data-parallel rank its part of every batch. Optional, for chat
+    loader gives each data-parallel rank its part of every batch. Streamed
+    (``data.stream.enabled``, or the spec's ``streaming_option`` set), ``documents()``
+    is iterated by a background thread of every process, which keeps every
+    data-parallel rank's share of the documents, and is called again at every new pass
+    and at a resume; nothing else is needed. Optional, for chat
     data (``data.chat.format``): ``records()``, an iterator of ``(where, record)``: each
     record a ``dict`` of its fields (a JSON object, a data set row) and ``where`` the
     ``str`` its errors start with (``"data/chat.jsonl, line 3"``); the run renders them

@@ -239,10 +239,15 @@ class TransformSpec(ComponentSpec):
 
 @attrs.frozen(kw_only=True)
 class SourceSpec(ComponentSpec):
-    """A data source: yields documents as text, or as token arrays when ``pretokenized``."""
+    """A data source: yields documents as text, or as token arrays when ``pretokenized``.
+
+    ``streaming_option``: the name of a boolean field of the source's options that asks
+    for the source to be read as a stream (``hf_datasets``: ``streaming``); when it is
+    true the run streams the source as under ``data.stream.enabled``."""
 
     kind: ClassVar[str] = "source"
     pretokenized: bool = False
+    streaming_option: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -158,6 +158,30 @@ class CacheSection:
 
 
 @attrs.frozen
+class StreamSection:
+    enabled: bool = option(
+        False,
+        "Read the source as a stream: training starts at once while a background thread "
+        "tokenizes documents ahead and packs them window by window, with no token cache "
+        "and no total known before the end. Any source with `documents()`; "
+        "`hf_datasets` with `streaming: true` is streamed whatever this says. See docs/data.md.",
+    )
+    window_tokens: int = option(
+        1_048_576,
+        "Tokens of documents the packer places together (a window; `bfd` fits documents "
+        "within one window, `concat` carries what does not fill a row into the next). At "
+        "least 2 * data.seq_len.",
+        validator=at_least(2),
+    )
+    ahead: int = option(
+        2,
+        "Windows tokenized and packed ahead of the training step (the background thread's "
+        "bounded queue); memory is about this many windows of rows.",
+        validator=at_least(1),
+    )
+
+
+@attrs.frozen
 class ChatSection:
     format: Literal["", "messages", "prompt_completion", "preference"] = option(
         "",
@@ -217,6 +241,9 @@ class DataSection:
     cache: CacheSection = option(CacheSection(), "The cache of tokenized sources.")
     chat: ChatSection = option(
         ChatSection(), "Chat and preference data: records rendered by a chat template."
+    )
+    stream: StreamSection = option(
+        StreamSection(), "Streaming: train while the source is tokenized ahead, without the cache."
     )
 
     def source_entries(self) -> list[tuple[str, SourceEntry]]:

@@ -19,6 +19,10 @@ For every source of the plan (``plan.sources``: each entry of ``data.sources``, 
 Several sources become one :class:`~forge_core.data.mixture.MixedRows`. The one-line
 summary says what was read, what the cache did, what the packer achieved, what was held
 out and, for a mixture, the share of the run's rows each source gives.
+
+A streamed source (``data.stream.enabled``, or its own streaming option) skips all of
+this: :func:`build_stream` hands the source and its packer to the streaming loader
+(:mod:`forge_core.data.stream`), which reads, tokenizes and packs it while training runs.
 """
 
 from __future__ import annotations
@@ -61,11 +65,21 @@ class SourceData:
 
 
 @attrs.frozen
+class StreamedSource:
+    """A source read as a stream (:mod:`forge_core.data.stream`): what its loader needs."""
+
+    source: Any
+    #: ``pack_window(DocumentStream) -> PackedRows``: the configured packer over one window.
+    pack_window: Callable[[Any], Any]
+
+
+@attrs.frozen
 class TrainingData:
-    rows: Any  # what the loader reads: one source's rows, or MixedRows
+    rows: Any  # what the loader reads: one source's rows, or MixedRows; None for a stream
     sources: list[SourceData]
     seq_len: int
     summary: str
+    stream: StreamedSource | None = None
 
 
 def build_source(plan: Plan, registries: Any, index: int) -> Any:
@@ -196,10 +210,14 @@ def build_training_data(
 ) -> TrainingData:
     """Everything the loader reads, for the judged ``plan``; see the module docstring."""
     from forge_core import components
+    from forge_core.core_rules import streamed_sources
     from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.mix_schedule import MixtureSchedule, Phase
     from forge_core.data.mixture import MixedRows
     from forge_core.data.shards import stream as document_stream
+
+    if streamed_sources(plan):
+        return build_stream(plan, registries, tokenizer)
 
     t0 = time.perf_counter()
     config = plan.config
@@ -261,6 +279,30 @@ def build_training_data(
         rows = MixedRows([p.rows for p in parts], labels, schedule)
     summary = _summary(config, parts, rows, time.perf_counter() - t0)
     return TrainingData(rows, parts, data.seq_len, summary)
+
+
+def build_stream(plan: Plan, registries: Any, tokenizer: Any) -> TrainingData:
+    """The one streamed source of ``plan`` and its packer, nothing read yet: the loader
+    reads, tokenizes and packs it as training goes (:mod:`forge_core.data.stream`)."""
+    from forge_core import components
+
+    data = plan.config.data
+    source = build_source(plan, registries, 0)
+    if not callable(getattr(source, "documents", None)):
+        raise ForgeError(f"{source.describe()} has no documents() to stream; set data.stream.enabled: false.")
+    packer = components.packer(plan, registries, tokenizer)
+    spec, options = plan.specs["packer"], data.packer_options
+    eos, pad = int(tokenizer.eos_id), int(tokenizer.pad_id)
+
+    def pack_window(stream: Any) -> Any:
+        return pack(packer, spec, options, stream, data.seq_len, eos, pad)
+
+    summary = (
+        f"data: streaming rows of {data.seq_len} tokens ({source.describe()} -> {data.tokenizer} -> "
+        f"{data.packer}), packed in windows of {data.stream.window_tokens:,} tokens, "
+        f"{data.stream.ahead} tokenized ahead; documents, tokens and rows unknown until the stream ends"
+    )
+    return TrainingData(None, [], data.seq_len, summary, StreamedSource(source, pack_window))
 
 
 def _stats(stats: dict[str, Any]) -> str:
@@ -335,10 +377,14 @@ def heldout_documents(
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.
     Opens the cache exactly as training does (tokenizing only if no run has yet); only
-    the main process (``is_main``) reports progress."""
+    the main process (``is_main``) reports progress. A stream has no held-out split (the
+    rules refuse one): none, without reading it."""
+    from forge_core.core_rules import streamed_sources
     from forge_core.data.chat import chat_source, chat_stream
     from forge_core.data.shards import stream as document_stream
 
+    if streamed_sources(plan):
+        return []
     data = plan.config.data
     eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)
     out = []

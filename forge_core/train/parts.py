@@ -138,15 +138,33 @@ def build_parts(
     dp = pmodel.dp_size
     micro_batch = micro_batch_size(train.batch_size, dp, train.grad_accum)
     optimizers = [components.optimizer(plan, registries, part) for part in pmodel.parts]
-    loader = StatefulLoader(
-        data.rows,
-        micro_batch,
-        dp_rank=pmodel.dp_rank,
-        dp_size=dp,
-        seed=cfg.run.seed,
-        shuffle=cfg.data.shuffle,
-        num_workers=cfg.data.num_workers,
-    )
+    if data.stream is not None:
+        from forge_core.data.stream import StreamingLoader
+
+        loader = StreamingLoader(
+            data.stream.source,
+            tokenizer,
+            data.stream.pack_window,
+            micro_batch,
+            seq_len=data.seq_len,
+            dp_rank=pmodel.dp_rank,
+            dp_size=dp,
+            seed=cfg.run.seed,
+            shuffle=cfg.data.shuffle,
+            window_tokens=cfg.data.stream.window_tokens,
+            ahead=cfg.data.stream.ahead,
+            report=log,
+        )
+    else:
+        loader = StatefulLoader(
+            data.rows,
+            micro_batch,
+            dp_rank=pmodel.dp_rank,
+            dp_size=dp,
+            seed=cfg.run.seed,
+            shuffle=cfg.data.shuffle,
+            num_workers=cfg.data.num_workers,
+        )
     eval_data = None
     if cfg.eval.enabled:
         from forge_core.train.evaluate import build_eval_data

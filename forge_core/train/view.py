@@ -34,9 +34,11 @@ class RunView:
       splits are the plugin's to choose);
     - ``tokenizer``, ``seq_len``;
     - ``train_rows``: the training rows (``num_rows``, ``seq_len``, ``read(indices) ->
-      dict of int64 arrays``), ``None`` outside training;
+      dict of int64 arrays``), ``None`` outside training and under a stream (its rows
+      exist a window at a time);
     - ``heldout_documents()``: ``[(source label, DocumentStream)]``, the documents held
-      out of training (``data.heldout``), read from the run's memory-mapped tokens.
+      out of training (``data.heldout``), read from the run's memory-mapped tokens
+      (none under a stream, which has no held-out split).
     """
 
     __slots__ = ("_pmodel", "_step", "_device", "_tokenizer", "_seq_len", "_train_rows", "_heldout")

@@ -7,6 +7,8 @@ local disk, never downloaded.
   (``datasets.load_dataset(format, data_files=..., split=...)``);
 - ``streaming``: iterate without materializing (``streaming=True``, or
   ``to_iterable_dataset()`` for a saved folder): the same documents in the same order.
+  The spec names it as its ``streaming_option``, so the run trains on it as a stream
+  (:mod:`forge_core.data.stream`: tokenized ahead while training, no token cache).
 
 One row is one document: its ``text_field``; rows whose text is empty or whitespace are
 skipped. Errors name the folder or files and the row: a missing path, a pattern matching

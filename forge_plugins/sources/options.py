@@ -90,8 +90,10 @@ class HFDatasetsOptions:
     text_field: str = option("text", "The column that holds the document text.", non_blank)
     streaming: bool = option(
         False,
-        "Iterate without materializing the data set first (`streaming=True`, or "
-        "`to_iterable_dataset()` for a saved folder). The documents and their order are the same.",
+        "Stream the data set (`streaming=True`, or `to_iterable_dataset()` for a saved "
+        "folder): training starts at once while a background thread tokenizes ahead, "
+        "without the token cache, as under `data.stream.enabled` (its settings apply). The "
+        "documents and their order are the same.",
     )
 
 

@@ -52,6 +52,7 @@ def forge_sources() -> list[SourceSpec]:
             ),
             impl="forge_plugins.sources.hf_datasets:HFDatasetsSource",
             options=HFDatasetsOptions,
+            streaming_option="streaming",
         ),
         SourceSpec(
             name="stdlib",
