@@ -70,8 +70,27 @@ def test_cuda_peaks_are_read_per_window_and_reset_after_it(monkeypatch):
 
 def test_no_cuda_keys_on_cpu():
     got = MemoryMeter(torch.device("cpu")).measure()
-    assert set(got) == {memory.RSS, memory.RSS + memory.MAX}
+    anon = {memory.ANON, memory.ANON + memory.MAX} if sys.platform.startswith("linux") else set()
+    assert set(got) == {memory.RSS, memory.RSS + memory.MAX} | anon
     assert got[memory.RSS] == got[memory.RSS + memory.MAX] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon is Linux's")
+def test_anonymous_memory_is_what_the_process_holds_now_not_a_mapped_file(tmp_path):
+    import numpy as np
+
+    meter = MemoryMeter(torch.device("cpu"))
+    before = meter.measure()[memory.ANON]
+    block = torch.ones(32 * 2**20)  # 128 MiB, every page written
+    held = meter.measure()[memory.ANON]
+    del block
+    after = meter.measure()[memory.ANON]
+    assert held - before >= 100 / 1024 and after < held - 100 / 1024  # GiB: falls when freed
+    path = tmp_path / "tokens.bin"
+    np.ones(32 * 2**20, np.uint32).tofile(path)  # 128 MiB file
+    mapped = np.memmap(path, dtype=np.uint32, mode="r")
+    assert int(mapped.sum(dtype=np.uint64)) == 32 * 2**20  # every page read
+    assert meter.measure()[memory.ANON] < after + 50 / 1024  # file-backed: not anonymous
 
 
 def test_every_step_reports_memory_to_hooks_jsonl_and_console(tmp_path, monkeypatch, capsys):
