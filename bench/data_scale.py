@@ -131,6 +131,14 @@ json.dump(out, open(sys.argv[3], "w"))
 """
 
 
+def growth(small: dict, large: dict, tokens: int) -> dict[str, float]:
+    """Bytes per corpus token each memory figure (MB) grew by from the ``small`` run to the
+    ``large`` one, ``tokens`` more tokens: the peak RSS, and, where both runs read them,
+    the anonymous and file-backed memory at step 1."""
+    keys = ["peak_rss_mb"] + [k for k in ("RssAnon", "RssFile") if k in small and k in large]
+    return {key: (large[key] - small[key]) * 2**20 / tokens for key in keys}
+
+
 def run_child(cfg: dict, tmp: Path, name: str) -> dict:
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(cfg))
@@ -260,14 +268,15 @@ def main() -> None:
         (a, ra), (b, rb) = list(results.items())[0], list(results.items())[-1]
         dt = rb["info"]["tokens"] - ra["info"]["tokens"]
         for run in ("first", "second"):
-            grow = (rb[run]["peak_rss_mb"] - ra[run]["peak_rss_mb"]) * 2**20 / dt
-            print(f"peak RSS growth {a} -> {b}, {run} run: {grow:.3f} bytes/token (target < 1; eager: ~32)")
-            if "RssAnon" in ra[run] and "RssAnon" in rb[run]:
-                anon = (rb[run]["RssAnon"] - ra[run]["RssAnon"]) * 2**20 / dt
-                file = (rb[run]["RssFile"] - ra[run]["RssFile"]) * 2**20 / dt
+            grow = growth(ra[run], rb[run], dt)
+            print(
+                f"peak RSS growth {a} -> {b}, {run} run: {grow['peak_rss_mb']:.3f} bytes/token (target < 1; "
+                "eager: ~32)"
+            )
+            if "RssAnon" in grow:
                 print(
-                    f"  at step 1: anonymous {anon:.3f} bytes/token (target < 0.1), file-backed "
-                    f"{file:.3f} bytes/token (mapped pages the kernel may drop)"
+                    f"  at step 1: anonymous {grow['RssAnon']:.3f} bytes/token (target < 0.1), file-backed "
+                    f"{grow['RssFile']:.3f} bytes/token (mapped pages the kernel may drop)"
                 )
         print(
             f"second start at {b}: {rb['second']['to_first_step']:.2f} s to the first step, of which "
