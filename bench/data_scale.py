@@ -14,7 +14,11 @@ median 300 tokens and sigma 1.0, written as JSON Lines under ``--root``, default
   the anonymous memory (``RssAnon``: the heap, tensors, numpy arrays: what the process
   holds) apart from the file-backed pages (``RssFile``: the memory-mapped token cache
   and the shared libraries, pages the kernel can drop and read back, so not memory
-  the process keeps); each one's growth per corpus token between the two corpora.
+  the process keeps); each one's growth per corpus token between the two corpora. One
+  training process's anonymous memory at step 1 varies by about 20 MB from run to run
+  (the allocator's arenas), the size of the whole growth at these corpus sizes, so the
+  data build is also measured alone: ``RssAnon`` in this process before and after
+  :func:`~forge_core.data.build.build_training_data` on the second run's config.
 - **loader**: rows per second the loader reads (16-row batches, shuffled, no workers,
   from the cache) against rows per second the quickstart model trains on in this
   process (measured on the same machine: a few steps of ``configs/quickstart.yaml``).
@@ -160,8 +164,20 @@ def run_child(cfg: dict, tmp: Path, name: str) -> dict:
     return out
 
 
-def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
-    """Rows/s the loader reads from the cache (data built in this process)."""
+def rss_anon_mb() -> float:
+    """This process's anonymous resident memory now (``RssAnon``), MB; NaN without /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return float("nan")
+
+
+def loader_rate(cfg_path: Path, seconds: float = 3.0) -> tuple[float, float]:
+    """Rows/s the loader reads from the cache (data built in this process), and the
+    anonymous memory (MB) the data build added to this process."""
     from forge_core import components
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
@@ -170,16 +186,17 @@ def loader_rate(cfg_path: Path, seconds: float = 3.0) -> float:
 
     cfg, registries = load_resolved(str(cfg_path))
     plan = make_plan(cfg, registries, 1)
-    data = build_training_data(
-        plan, registries, components.tokenizer(plan, registries), report=lambda m: None
-    )
+    tokenizer = components.tokenizer(plan, registries)
+    before = rss_anon_mb()
+    data = build_training_data(plan, registries, tokenizer, report=lambda m: None)
+    built = rss_anon_mb() - before
     loader = StatefulLoader(data.rows, 16, seed=0, shuffle=True)
     next(loader)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         next(loader)
         n += 1
-    return n * 16 / (time.perf_counter() - t0)
+    return n * 16 / (time.perf_counter() - t0), built
 
 
 def main() -> None:
@@ -214,7 +231,14 @@ def main() -> None:
         first = run_child(config(corpus, cache, tmp / "first", 1), tmp, "first")
         second = run_child(config(corpus, cache, tmp / "second", 1), tmp, "second")
         cfg_path = tmp / "second.json"
-        results[name] = {"info": info, "first": first, "second": second, "loader": loader_rate(cfg_path)}
+        rate, built = loader_rate(cfg_path)
+        results[name] = {
+            "info": info,
+            "first": first,
+            "second": second,
+            "loader": rate,
+            "build": {"RssAnon": built},
+        }
         print(
             f"  first:  {first['to_first_step']:.1f}s to the first step (data {first['data_s']:.1f}s), "
             f"peak RSS {first['peak_rss_mb']:.0f} MB",
@@ -260,6 +284,7 @@ def main() -> None:
         ("2nd peak RSS (MB)", lambda r: f"{r['second']['peak_rss_mb']:.0f}"),
         ("2nd anon at step 1 (MB)", lambda r: f"{r['second'].get('RssAnon', float('nan')):.1f}"),
         ("2nd file at step 1 (MB)", lambda r: f"{r['second'].get('RssFile', float('nan')):.1f}"),
+        ("data build anon (MB)", lambda r: f"{r['build']['RssAnon']:.1f}"),
         ("loader rows/s", lambda r: f"{r['loader']:,.0f}"),
         ("loader / consumed", lambda r: f"{r['loader'] / consumed:,.0f}x"),
     ):
@@ -278,6 +303,11 @@ def main() -> None:
                     f"  at step 1: anonymous {grow['RssAnon']:.3f} bytes/token (target < 0.1), file-backed "
                     f"{grow['RssFile']:.3f} bytes/token (mapped pages the kernel may drop)"
                 )
+        built = (rb["build"]["RssAnon"] - ra["build"]["RssAnon"]) * 2**20 / dt
+        print(
+            f"data build alone (in this process, RssAnon before and after): anonymous {built:.3f} "
+            "bytes/token (target < 0.1)"
+        )
         print(
             f"second start at {b}: {rb['second']['to_first_step']:.2f} s to the first step, of which "
             f"{rb['second']['data_s']:.2f} s data (target < 2 s)"
