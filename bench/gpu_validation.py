@@ -17,7 +17,8 @@ Sections (each with its wall seconds in the report):
    training under bf16 autocast as ``train.precision: bf16`` does (parameters and AdamW
    state fp32), batch 4 x 2048 causal rows, sdpa: tokens/s, MFU (Forge's FLOP count,
    :func:`forge_core.train.flops.step_flops`, against the device-table peak,
-   :func:`forge_core.train.peak.peak_flops`, whose source the report names), peak memory.
+   :func:`forge_core.train.peak.peak_flops`, whose source the report names), peak memory
+   (above the weights and optimizer state, and in all).
 3. **equivalence**: what only CUDA kernels can show: on a packed row in bf16, every
    document of the packed row equals that document run alone (sdpa, causal, nothing
    else in the row), within bf16's rounding for the longest sum
@@ -199,6 +200,8 @@ def section_llama(cfg: dict, device: torch.device, sync: Callable[[], None]) -> 
         "peak_tflops": peak.flops / 1e12,
         "peak_source": peak.source,
         "peak_mib": peak_mib(step, str(device)),
+        # On CUDA, everything allocated at the step's peak: weights, AdamW state, activations.
+        "peak_total_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "first_loss": float(losses[0]),
         "last_loss": float(losses[-1]),
     }
@@ -315,7 +318,8 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines.append(
         f"llama {m['parameters'] / 1e9:.2f} B, batch {m['batch'][0]} x {m['batch'][1]}: {m['tokens_s']:,.0f} "
         f"tokens/s, {m['tflops_s']:.1f} TFLOP/s, MFU {100 * m['mfu']:.1f}% of {m['peak_tflops']:.1f} "
-        f"({m['peak_source']}); peak {m['peak_mib']} MiB"
+        f"({m['peak_source']}); peak {m['peak_mib']} MiB above the weights and optimizer state, "
+        f"{m['peak_total_mib']} MiB in all"
     )
     checks = report["equivalence"]
     worst = max((r["worst_ratio"] for r in checks if r["passed"]), default=0.0)
