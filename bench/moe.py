@@ -58,6 +58,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
+from alternate import compare, rounds, table, timed  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 256
 MODEL = {"dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 1024}
@@ -105,59 +108,6 @@ def step_fn(model: Any, ids: torch.Tensor) -> Any:
     return step
 
 
-def timed(step: Any, steps: int) -> tuple[float, float]:
-    """Wall and CPU seconds of one step, over ``steps`` steps."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps
-
-
-def alternate(a: Any, b: Any, pairs: int, steps: int) -> dict[str, list[float]]:
-    """``pairs`` alternations A B of ``steps`` steps each, after one warm-up step of
-    each: the wall and CPU time of a step of each side, per pair."""
-    a(), b()
-    out: dict[str, list[float]] = {"a_wall": [], "a_cpu": [], "b_wall": [], "b_cpu": []}
-    for _ in range(pairs):
-        for side, step in (("a", a), ("b", b)):
-            wall, cpu = timed(step, steps)
-            out[f"{side}_wall"].append(wall)
-            out[f"{side}_cpu"].append(cpu)
-    return out
-
-
-def summary(name: str, times: dict[str, list[float]], tokens: int) -> dict[str, Any]:
-    """A table row: medians of each side and of the per-pair ratios A / B."""
-    median = statistics.median
-    return {
-        "comparison": name,
-        "a_wall": median(times["a_wall"]),
-        "b_wall": median(times["b_wall"]),
-        "a_cpu": median(times["a_cpu"]),
-        "b_cpu": median(times["b_cpu"]),
-        "wall_ratio": median(a / b for a, b in zip(times["a_wall"], times["b_wall"])),
-        "cpu_ratio": median(a / b for a, b in zip(times["a_cpu"], times["b_cpu"])),
-        "a_tokens_s": tokens / median(times["a_wall"]),
-        "b_tokens_s": tokens / median(times["b_wall"]),
-        "pairs": len(times["a_wall"]),
-    }
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'A vs B':<22}{'A ms':>9}{'B ms':>9}{'A/B wall':>10}{'A CPU ms':>10}{'B CPU ms':>10}"
-        f"{'A/B CPU':>9}{'A tok/s':>10}{'B tok/s':>10}{'pairs':>7}"
-    )
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['comparison']:<22}{1e3 * r['a_wall']:>9.1f}{1e3 * r['b_wall']:>9.1f}{r['wall_ratio']:>10.2f}"
-            f"{1e3 * r['a_cpu']:>10.1f}{1e3 * r['b_cpu']:>10.1f}{r['cpu_ratio']:>9.2f}"
-            f"{r['a_tokens_s']:>10.0f}{r['b_tokens_s']:>10.0f}{r['pairs']:>7}"
-        )
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The two in-process comparisons (moe vs dense, grouped vs loop), each a row."""
     ids = batch(args)
@@ -176,11 +126,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         what="grouped and loop experts disagree: logits",
     )
     steps = {kind: step_fn(model, ids) for kind, model in models.items()}
-    rows = [
-        summary("moe vs dense", alternate(steps["moe"], steps["dense"], args.pairs, args.steps), tokens),
-        summary("grouped vs loop", alternate(steps["moe"], steps["loop"], args.pairs, args.steps), tokens),
+    return [
+        compare(name, rounds({a: steps[a], b: steps[b]}, args.pairs, args.steps), a, b, tokens)
+        for name, a, b in (("moe vs dense", "moe", "dense"), ("grouped vs loop", "moe", "loop"))
     ]
-    return rows
 
 
 def build_parallel(args: argparse.Namespace, parallel: dict[str, Any], world: int) -> Any:
@@ -311,16 +260,8 @@ def ep_worker(args: argparse.Namespace) -> None:
 
 def ep_row(rows: dict[str, list[float]], tokens: int) -> dict[str, Any]:
     """The ep=2 table row (A: ep=2, B: one process) and the all-to-all share."""
-    row = summary(
-        "ep=2 vs 1 process",
-        {
-            "a_wall": rows["ep_wall"],
-            "a_cpu": rows["ep_cpu"],
-            "b_wall": rows["one_wall"],
-            "b_cpu": rows["one_cpu"],
-        },
-        tokens,
-    )
+    times = {side: {"wall": rows[f"{side}_wall"], "cpu": rows[f"{side}_cpu"]} for side in ("ep", "one")}
+    row = compare("ep=2 vs 1 process", times, "ep", "one", tokens)
     row["a2a_share"] = statistics.median(rows["a2a"])
     return row
 

@@ -6,11 +6,14 @@ For every strategy (``ddp``, ``fsdp``, ``tp``, ``tp+sp``, ``pp`` with GPipe and 
 schedules: ``doc_ids``/``positions`` go to every stage, documents of 1 to 128 tokens)
 the same llama (dim 256, 4 layers, 8 heads, vocab 256, rows of 256, 8 rows per
 step) trains a few SGD steps through :func:`forge_core.distributed.parallelize.parallelize`
-exactly as the trainer drives it; the step time is the median of the timed steps after
-warm-up. The baseline is one process on the whole batch, with one thread (the same
-work per core as each of the two 1-thread processes) and with two threads (the same
-machine), measured on rank 0 right before each strategy so that the load of a shared
-machine hits both sides of a ratio alike.
+exactly as the trainer drives it. The baseline is one process on the whole batch, with
+one thread (the same work per core as each of the two 1-thread processes) and with two
+threads (the same machine), on rank 0. The three run in turns (``--pairs`` rounds of
+``--steps`` steps each after a warm-up; ``bench/alternate.py``) so that the load of a
+shared machine hits every side of a ratio alike; printed are the median step of each
+and the medians of the per-round ratios: wall time (the slower rank's) against each
+baseline, and CPU time (both ranks' summed) against the one-thread baseline's, which
+is what the second process costs in work. The load average is printed.
 
 "comm" is the wall time collective and point-to-point operations (``gloo:*`` /
 ``nccl:*`` profiler spans, recorded on the communication thread) were in flight per
@@ -36,11 +39,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from forge_core.api import DOC_IDS, INPUT_IDS, LABELS, POSITIONS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
+from alternate import load_line, measured, ratio, timed  # noqa: E402
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp": {"dp_replicate": 2},
@@ -138,18 +143,11 @@ def step_fn(pmodel: Any, batch: dict) -> Any:
     return step
 
 
-def measure(step: Any, args: argparse.Namespace, barrier: Any = None) -> dict[str, Any]:
+def comm_times(step: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Per step, seconds collectives were in flight and seconds the training thread was
+    blocked on them, from ``--profiled`` profiled steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        if barrier:
-            barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.profiled):
             step()
@@ -160,36 +158,63 @@ def measure(step: Any, args: argparse.Namespace, barrier: Any = None) -> dict[st
         elif event.key.startswith(BLOCKING):
             blocked += event.self_cpu_time_total
     n = max(args.profiled, 1)
-    return {"step": statistics.median(times), "comm": comm / 1e6 / n, "blocked": blocked / 1e6 / n}
+    return {"comm": comm / 1e6 / n, "blocked": blocked / 1e6 / n}
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Rank 0 measures the one-process baselines right before each strategy (rank 1
-    waits in a barrier), so a shared machine's load hits both sides of each ratio alike."""
+    """Per strategy, rounds in turns (``bench/alternate.py``): the two processes' step,
+    then rank 0 alone on the whole batch with 1 and with 2 threads (rank 1 waits in a
+    barrier), so a shared machine's load hits every side of a ratio alike. The two
+    processes' wall time is the slower rank's, their CPU time the sum of both."""
     import torch
     import torch.distributed as dist
 
     from forge_core.distributed.parallelize import parallelize, single_process
 
     dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+
+    def two_timed(step: Any) -> tuple[float, float]:
+        dist.barrier()
+        wall, cpu = timed(step, args.steps)
+        both = torch.tensor([wall, cpu], dtype=torch.float64)
+        gathered = [torch.zeros_like(both) for _ in range(2)]
+        dist.all_gather(gathered, both)
+        return max(float(g[0]) for g in gathered), sum(float(g[1]) for g in gathered)
+
+    def alone_timed(step: Any, threads: int) -> tuple[float, float]:
+        out = (0.0, 0.0)
+        if step is not None:
+            torch.set_num_threads(threads)
+            try:
+                out = timed(step, args.steps)
+            finally:
+                torch.set_num_threads(1)
+        dist.barrier()
+        return out
+
     results = {}
     for name, parallel in STRATEGIES.items():
-        base = {}
-        if dist.get_rank() == 0:
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
+        alone = {1: None, 2: None}
+        if rank == 0:
+            for threads in alone:
                 _, _, (model, batch) = setup(args, {}, packed(name))
-                base[threads] = measure(step_fn(single_process(model), batch), args)["step"]
-            torch.set_num_threads(1)
-        dist.barrier()
+                alone[threads] = step_fn(single_process(model), batch)
         plan, _, (model, batch) = setup(args, parallel, packed(name))
-        pmodel = parallelize(model, plan, torch.device("cpu"))
-        results[name] = {
-            **measure(step_fn(pmodel, batch), args, dist.barrier),
-            "base1": base.get(1),
-            "base2": base.get(2),
+        two = step_fn(parallelize(model, plan, torch.device("cpu")), batch)
+        for _ in range(args.warmup):
+            two_timed(two)
+            for threads, step in alone.items():
+                alone_timed(step, threads)
+        sides = {
+            "two": lambda: two_timed(two),
+            "1x1": lambda: alone_timed(alone[1], 1),
+            "1x2": lambda: alone_timed(alone[2], 2),
         }
-    if dist.get_rank() == 0:
+        times = measured(sides, args.pairs)
+        results[name] = {"times": times, **comm_times(two, args)}
+    if rank == 0:
         Path(args.out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -202,15 +227,16 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds")
+    parser.add_argument("--steps", type=int, default=2, help="steps per side in a round")
+    parser.add_argument("--pairs", type=int, default=3, help="timed rounds (each side in turn)")
     parser.add_argument("--profiled", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a tiny model, one step each")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        args.dim, args.seq, args.warmup, args.steps, args.profiled = 64, 32, 1, 1, 1
+        args.dim, args.seq, args.warmup, args.steps, args.pairs, args.profiled = 64, 32, 1, 1, 3, 1
     if args.worker:
         return worker(args)
 
@@ -229,6 +255,8 @@ def main() -> None:
         str(args.warmup),
         "--steps",
         str(args.steps),
+        "--pairs",
+        str(args.pairs),
         "--profiled",
         str(args.profiled),
     ]
@@ -254,20 +282,25 @@ def main() -> None:
 
     print(
         f"llama dim {args.dim}, {args.layers} layers, {args.rows} rows x {args.seq} tokens per step, "
-        f"vocab {args.vocab}; CPU, gloo; median of {args.steps} steps after {args.warmup} warm-up"
+        f"vocab {args.vocab}; CPU, gloo; {args.pairs} rounds of {args.steps} steps per side after "
+        f"{args.warmup} warm-up, medians; {load_line()}"
     )
-    print("1x1 / 1x2: one process on the whole batch with 1 / 2 threads, measured just before")
+    print("1x1 / 1x2: one process on the whole batch with 1 / 2 threads, in turns with the two processes")
+    print("vs 1x1, vs 1x2: medians of the per-round wall ratios; CPU vs 1x1: both ranks' CPU over 1x1's")
     print("packed <schedule>: pp = 2 on packed rows (baselines on the same packed rows)")
     print(
         f"{'2 processes':<30} {'ms/step':>9} {'1x1 ms':>8} {'1x2 ms':>8} {'vs 1x1':>7} {'vs 1x2':>7} "
-        f"{'comm ms':>8} {'blocked ms':>11} {'bubble':>7}"
+        f"{'CPU vs 1x1':>11} {'comm ms':>8} {'blocked ms':>11} {'bubble':>7}"
     )
     for name, r in two.items():
-        bubble = f"{r['blocked'] / r['step']:7.2f}" if "pp" in STRATEGIES[name] else f"{'':>7}"
+        t = r["times"]
+        step = statistics.median(t["two"]["wall"])
+        bubble = f"{r['blocked'] / step:7.2f}" if "pp" in STRATEGIES[name] else f"{'':>7}"
         print(
-            f"{name:<30} {r['step'] * 1e3:9.1f} {r['base1'] * 1e3:8.1f} {r['base2'] * 1e3:8.1f} "
-            f"{r['step'] / r['base1']:7.2f} {r['step'] / r['base2']:7.2f} {r['comm'] * 1e3:8.1f} "
-            f"{r['blocked'] * 1e3:11.1f} {bubble}"
+            f"{name:<30} {step * 1e3:9.1f} {statistics.median(t['1x1']['wall']) * 1e3:8.1f} "
+            f"{statistics.median(t['1x2']['wall']) * 1e3:8.1f} {ratio(t, 'two', '1x1', 'wall'):7.2f} "
+            f"{ratio(t, 'two', '1x2', 'wall'):7.2f} {ratio(t, 'two', '1x1', 'cpu'):11.2f} "
+            f"{r['comm'] * 1e3:8.1f} {r['blocked'] * 1e3:11.1f} {bubble}"
         )
 
 

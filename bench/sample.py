@@ -10,9 +10,11 @@ The model is a random Forge llama (by default the quickstart model's shape: what
 (``forge-run export-hf``'s exporter, loaded by ``AutoModelForCausalLM``), so both hold the
 same weights. Decoding is greedy and never stops early, so the three produce the same
 number of tokens (and, greedy on the same weights, the same tokens: checked and
-printed). Each is timed ``--rounds`` times, alternating, after a warm-up; the best
-round counts. Prints tokens/s and the ratios (targets: Forge >= generate, Forge >= 10x
-cache-free at 256 new tokens). On a machine shared with other work, run it on one thread:
+printed). The three run in turns (``--pairs`` rounds, after a warm-up of each;
+``bench/alternate.py``); printed are each one's tokens/s over its median wall time, its
+median CPU (process) time, and the medians of the per-round ratios by CPU time beside
+wall time, with the load average (targets: Forge >= generate, Forge >= 10x cache-free
+at 256 new tokens, by CPU time). On a machine shared with other work, run it on one thread:
 with two, every OpenMP region waits for a descheduled thread and both libraries' timings
 swing by several times between runs.
 
@@ -25,10 +27,15 @@ larger the model the closer the two per-token costs, the longer the context the 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import tempfile
-import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
+from alternate import load_line, ratio, rounds  # noqa: E402
 
 
 def forge_model(args: argparse.Namespace):
@@ -98,7 +105,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=258)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=3, help="rounds (each way in turn)")
     parser.add_argument("--skip-cache-free", action="store_true", help="the slow baseline: leave it out")
     args = parser.parse_args()
 
@@ -116,27 +123,30 @@ def main() -> None:
         runs["forge cache-free"] = lambda: forge_cache_free(model, prompt, args.new_tokens)
     # Warm-up: first-call allocations and kernel selection, kept out of the timings.
     forge_cached(model, prompt, 8), hf_generate(hf, prompt, 8), forge_cache_free(model, prompt, 2)
-    best = {name: float("inf") for name in runs}
     outputs = {}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            outputs[name] = run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    rate = {name: args.new_tokens / seconds for name, seconds in best.items()}
+
+    def keep(name, run):
+        return lambda: outputs.__setitem__(name, run())
+
+    times = rounds({name: keep(name, run) for name, run in runs.items()}, args.pairs, warmup=0)
+    rate = {name: args.new_tokens / statistics.median(t["wall"]) for name, t in times.items()}
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab} ({params / 1e6:.1f}M parameters); "
         f"prompt {args.prompt_len} tokens, {args.new_tokens} new (greedy); "
         f"{torch.get_num_threads()} threads; "
-        f"best of {args.rounds}"
+        f"{args.pairs} rounds, medians; {load_line()}"
     )
     for name, value in rate.items():
-        print(f"  {name:<24} {value:9.1f} tokens/s")
-    forge = rate["forge (kv cache)"]
-    print(f"forge / transformers generate: {forge / rate['transformers generate']:.2f}x (target >= 1)")
-    if "forge cache-free" in rate:
-        print(f"forge / cache-free:            {forge / rate['forge cache-free']:.1f}x (target >= 10)")
+        cpu = statistics.median(times[name]["cpu"])
+        print(f"  {name:<24} {value:9.1f} tokens/s  {1e3 * cpu / args.new_tokens:7.2f} CPU ms/token")
+    forge = "forge (kv cache)"
+    for other, target in (("transformers generate", 1), ("forge cache-free", 10)):
+        if other in times:
+            print(
+                f"forge / {other + ':':<22} {ratio(times, other, forge):5.2f}x by CPU time, "
+                f"{ratio(times, other, forge, 'wall'):5.2f}x wall (target >= {target})"
+            )
     same = {name: out == outputs["forge (kv cache)"] for name, out in outputs.items()}
     print(f"same greedy tokens as forge (kv cache): {same}")
 

@@ -433,7 +433,9 @@ def forge_step_end(run: RunContext, step: int, metrics: dict[str, Any]) -> None:
     faster than the run's peak, which is then too low, and ``mfu`` reads 1),
     ``step_time`` (seconds), ``skipped`` (true when a
     non-finite loss skipped the update) and peak memory in GiB: ``mem_rss_peak_gib``
-    (this process's resident-memory high-water mark since it started) and, on CUDA,
+    (this process's resident-memory high-water mark since it started), on Linux
+    ``mem_rss_anon_gib`` (its anonymous resident memory now, file-backed pages such as
+    the memory-mapped token cache left out) and, on CUDA,
     ``mem_cuda_allocated_peak_gib`` and ``mem_cuda_reserved_peak_gib`` (peaks since the
     previous logged step), each also as ``<key>_max``, the largest over all processes.
     With several sources (``data.sources``), ``data/<source>/tokens`` (this step's

@@ -70,8 +70,27 @@ def test_cuda_peaks_are_read_per_window_and_reset_after_it(monkeypatch):
 
 def test_no_cuda_keys_on_cpu():
     got = MemoryMeter(torch.device("cpu")).measure()
-    assert set(got) == {memory.RSS, memory.RSS + memory.MAX}
+    anon = {memory.ANON, memory.ANON + memory.MAX} if sys.platform.startswith("linux") else set()
+    assert set(got) == {memory.RSS, memory.RSS + memory.MAX} | anon
     assert got[memory.RSS] == got[memory.RSS + memory.MAX] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon is Linux's")
+def test_anonymous_memory_is_what_the_process_holds_now_not_a_mapped_file(tmp_path):
+    import numpy as np
+
+    meter = MemoryMeter(torch.device("cpu"))
+    before = meter.measure()[memory.ANON]
+    block = torch.ones(16 * 2**20)  # 64 MiB, every page written
+    held = meter.measure()[memory.ANON]
+    del block
+    after = meter.measure()[memory.ANON]
+    assert held - before >= 48 / 1024 and after < held - 48 / 1024  # GiB: falls when freed
+    path = tmp_path / "tokens.bin"
+    np.full(64 * 2**20, 1, np.uint8).tofile(path)  # a 64 MiB file
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    assert int(mapped[:: 4096 // 2].sum(dtype=np.uint64)) == 32 * 2**10  # every page read
+    assert meter.measure()[memory.ANON] < after + 24 / 1024  # file-backed: not anonymous
 
 
 def test_every_step_reports_memory_to_hooks_jsonl_and_console(tmp_path, monkeypatch, capsys):

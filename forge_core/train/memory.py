@@ -7,6 +7,11 @@ every process of the run (one small all-reduce per step):
   mark of the process since it started (``VmHWM`` in ``/proc/self/status``, else
   ``getrusage``'s ``ru_maxrss``). Cumulative: the operating system keeps it and it
   cannot be reset portably, so it never falls during a run.
+- ``mem_rss_anon_gib`` / ``mem_rss_anon_gib_max`` (Linux): the anonymous resident
+  memory now (``RssAnon``): what the process itself holds (heap, tensors, arrays),
+  without the file-backed pages of the memory-mapped token cache and the libraries,
+  which the kernel can drop and read back. A corpus read through memory maps grows the
+  peak above by the pages it touched, not this.
 - on CUDA, ``mem_cuda_allocated_peak_gib`` / ``mem_cuda_reserved_peak_gib`` (and their
   ``_max``): the peak of ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
   over the current *logging window*, i.e. since the previous logged step
@@ -27,20 +32,31 @@ from forge_core.distributed.placement import all_reduce_max
 
 GIB = float(2**30)
 RSS = "mem_rss_peak_gib"
+ANON = "mem_rss_anon_gib"
 CUDA_ALLOCATED = "mem_cuda_allocated_peak_gib"
 CUDA_RESERVED = "mem_cuda_reserved_peak_gib"
 #: Suffix of the largest value over all processes.
 MAX = "_max"
 
 
-def peak_rss_bytes() -> int:
-    """This process's resident-memory high-water mark, in bytes."""
+def _status_bytes() -> dict[str, int]:
+    """``VmHWM`` and ``RssAnon`` of ``/proc/self/status`` that it has, in bytes."""
+    out = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # reported in kB
+            key = line.split(":", 1)[0]
+            if key in ("VmHWM", "RssAnon"):
+                out[key] = int(line.split()[1]) * 1024  # reported in kB
     except (OSError, ValueError, IndexError):
         pass
+    return out
+
+
+def peak_rss_bytes(status: dict[str, int] | None = None) -> int:
+    """This process's resident-memory high-water mark, in bytes."""
+    status = _status_bytes() if status is None else status
+    if "VmHWM" in status:
+        return status["VmHWM"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
@@ -55,7 +71,10 @@ class MemoryMeter:
         self.next_window()
 
     def measure(self) -> dict[str, float]:
-        local = {RSS: peak_rss_bytes() / GIB}
+        status = _status_bytes()  # one read for both figures
+        local = {RSS: peak_rss_bytes(status) / GIB}
+        if "RssAnon" in status:
+            local[ANON] = status["RssAnon"] / GIB
         if self.cuda:
             local[CUDA_ALLOCATED] = torch.cuda.max_memory_allocated(self.device) / GIB
             local[CUDA_RESERVED] = torch.cuda.max_memory_reserved(self.device) / GIB
