@@ -59,7 +59,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     fsync_dir(path.parent)
 
 
-def _sync_tree(root: Path) -> None:
+def sync_tree(root: Path) -> None:
     """Flush every file and directory under ``root`` to disk, so that once it is renamed
     no crash can leave a short file under the final name."""
     for directory, _, names in os.walk(root):
@@ -88,7 +88,7 @@ def move_into_place(tmp: Path, out: Path, *, replace: bool = True) -> None:
     directory behind under its real name). Write ``tmp`` beside the link's target
     (``os.path.realpath(out)``): a rename cannot cross file systems."""
     tmp, out = Path(tmp), Path(os.path.realpath(out))
-    _sync_tree(tmp)
+    sync_tree(tmp)
     old = out.with_name(out.name + ".old")
     if replace and out.exists():
         shutil.rmtree(old, ignore_errors=True)
