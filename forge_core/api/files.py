@@ -3,6 +3,7 @@ directory cannot be written: what the trainer's run directory, its checkpoints, 
 token shards, exports and a plugin's own files (a tracker's run id, a loss curve) use.
 
 - :func:`atomic_write`: replace one file, so a reader sees the old or the new content.
+- :func:`sync_tree`: flush every file and directory under a directory to disk.
 - :func:`move_into_place`: make a directory written aside (``<out>.partial``) appear as
   ``out`` in one step, replacing an older one only once the new one is whole (a
   symlinked ``out``: the directory it points to).

@@ -82,8 +82,8 @@ class InFlight:
         return self._future.done() and self._future.exception() is not None
 
     def poll(self) -> bool:
-        """Without waiting: whether the save is over (``saved()`` called when it succeeded;
-        a failure is kept for :meth:`wait` to raise)."""
+        """Without waiting: whether the save has succeeded (``saved()`` is then called); a
+        failure is kept for :meth:`wait` to raise."""
         if not self._future.done() or self._future.exception() is not None:
             return False
         self._finish()
