@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -184,10 +183,3 @@ def test_sigterm_waits_for_the_background_save_and_resumes_exactly(tmp_path, mon
         assert got["loss"] == straight.metrics[step]["loss"], step
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_sigint_is_handled_like_sigterm(tmp_path):
-    rec = Recorder()
-    cfg = tiny_config(tmp_path, "int", train={"steps": 20}, checkpoint={"async": True})
-    assert run(tmp_path, cfg, rec, SignalAt(3, signal.SIGINT)) == "interrupted"
-    assert rec.saved == [3] and (tmp_path / "int/checkpoints/latest").read_text() == "step-000003\n"
