@@ -11,12 +11,16 @@ save is waited for. Reported for each way, in its own fresh process, alternated
 
 - **call**: the save call at the step boundary, wall and CPU (process time, every
   thread): what the step that saves waits for (async: the copy in memory);
-- **stall**: the wall and CPU of the save call plus the ``--after`` steps, minus as many
-  plain steps (the median of the timed ones): what the save cost the run in all,
-  background writing that slowed the steps included;
-- **landed**: for async, how many steps after the save the checkpoint was complete.
+- **wait**: the wait for the save after those steps (async: the rest of the background
+  write; what the next save or the end of the run waits for when it comes sooner);
+- **stall**: the wall and CPU of the save call, the ``--after`` steps and the wait, minus
+  as many plain steps (the median of the timed ones): what the save cost the run in
+  all, background writing that slowed the steps included;
+- **landed**: for async, how many of the steps after the save ran before it was
+  complete (``--after``: only at the wait).
 
-Run: ``python bench/checkpoint_stall.py`` (about 3 minutes on 2 cores; ``--pairs 3``,
+Run: ``python bench/checkpoint_stall.py`` (about 3 minutes on 2 idle cores, 8 at a load
+of 14; ``--pairs 3``,
 ``--threads 1``; ``--dir`` where checkpoints are written, removed after each child).
 """
 
@@ -44,7 +48,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="rows of width inputs per step")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--base", type=int, default=3, help="plain steps timed before the save")
-    parser.add_argument("--after", type=int, default=4, help="steps timed after the save")
+    parser.add_argument("--after", type=int, default=8, help="steps timed after the save")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dir", default=tempfile.gettempdir())
@@ -87,7 +91,7 @@ def measure(args: argparse.Namespace, way: str, run_dir: Path) -> dict:
     )
     for _ in range(args.after):
         after.append(_timed(step))
-    manager.wait()
+    wait = _timed(manager.wait)
     plain_wall = statistics.median(w for w, _ in base)
     plain_cpu = statistics.median(c for _, c in base)
     return {
@@ -97,8 +101,10 @@ def measure(args: argparse.Namespace, way: str, run_dir: Path) -> dict:
         "step_cpu": plain_cpu,
         "call_wall": call[0],
         "call_cpu": call[1],
-        "stall_wall": call[0] + sum(w for w, _ in after) - len(after) * plain_wall,
-        "stall_cpu": call[1] + sum(c for _, c in after) - len(after) * plain_cpu,
+        "wait_wall": wait[0],
+        "wait_cpu": wait[1],
+        "stall_wall": call[0] + sum(w for w, _ in after) + wait[0] - len(after) * plain_wall,
+        "stall_cpu": call[1] + sum(c for _, c in after) + wait[1] - len(after) * plain_cpu,
         "landed": landed[0] if way == "async" else 0,
     }
 
@@ -129,7 +135,16 @@ def _child(args: argparse.Namespace, way: str) -> dict:
 
 def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Medians of each way's figures over its runs."""
-    keys = ("step_wall", "step_cpu", "call_wall", "call_cpu", "stall_wall", "stall_cpu")
+    keys = (
+        "step_wall",
+        "step_cpu",
+        "call_wall",
+        "call_cpu",
+        "wait_wall",
+        "wait_cpu",
+        "stall_wall",
+        "stall_cpu",
+    )
     return {
         way: {k: statistics.median(r[k] for r in rows if r["way"] == way) for k in keys}
         for way in WAYS
@@ -139,11 +154,15 @@ def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 def table(rows: list[dict]) -> str:
     med = summary(rows)
-    lines = [f"{'way':>6}  {'step wall/cpu s':>16}  {'save call wall/cpu s':>21}  {'stall wall/cpu s':>17}"]
+    lines = [
+        f"{'way':>6}  {'step wall/cpu s':>16}  {'save call wall/cpu s':>21}  {'wait wall/cpu s':>17}"
+        f"  {'stall wall/cpu s':>17}"
+    ]
     for way, m in med.items():
         lines.append(
             f"{way:>6}  {m['step_wall']:7.3f} / {m['step_cpu']:6.3f}"
             f"  {m['call_wall']:10.3f} / {m['call_cpu']:8.3f}"
+            f"  {m['wait_wall']:8.3f} / {m['wait_cpu']:6.3f}"
             f"  {m['stall_wall']:8.3f} / {m['stall_cpu']:6.3f}"
         )
     if set(med) == set(WAYS):
