@@ -91,9 +91,25 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "term")][-1] == step
 
 
-def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
+def resumes_from_step_2_as_if_never_killed(tmp_path: Path, path: str, root: Path) -> None:
+    """The run killed during the save of step 4 resumes from step 2, removes what the
+    save left, and ends as the run that was never killed, loss for loss."""
     from forge_core.testing import train_in_process
 
+    result = forge_run([path])
+    assert result.code == 0, result.stderr
+    assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
+    assert (root / "latest").read_text().strip() == "step-000006"
+    assert not (root / ".tmp-step-000004").exists()
+    rec = Recorder()
+    straight = tiny_config(tmp_path, "straight", train={"steps": 6})
+    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
+    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
+        rec.metrics[s]["loss"] for s in range(1, 7)
+    ]
+
+
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
     cfg = tiny_config(
         tmp_path,
         "crash",
@@ -110,26 +126,13 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     assert (root / "latest").read_text().strip() == "step-000002"
     assert (root / ".tmp-step-000004").is_dir() and not (root / "step-000004").exists()
 
-    result = forge_run([path])
-    assert result.code == 0, result.stderr
-    assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
-    assert (root / "latest").read_text().strip() == "step-000006"
-    assert not (root / ".tmp-step-000004").exists()
-    # The resumed run is the run that was never killed.
-    rec = Recorder()
-    straight = tiny_config(tmp_path, "straight", train={"steps": 6})
-    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
-    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
-        rec.metrics[s]["loss"] for s in range(1, 7)
-    ]
+    resumes_from_step_2_as_if_never_killed(tmp_path, path, root)
 
 
 def test_sigkill_while_a_background_save_is_in_flight_resumes_from_the_previous_one(tmp_path):
     """``checkpoint.async``: killed while training runs on with the save of step 4 half
     done (its files there, no manifest): that save is never picked, the one of step 2
     resumes, and the run ends as the one never killed, bit for bit."""
-    from forge_core.testing import train_in_process
-
     cfg = tiny_config(
         tmp_path,
         "crash",
@@ -147,14 +150,4 @@ def test_sigkill_while_a_background_save_is_in_flight_resumes_from_the_previous_
     assert (root / "latest").read_text().strip() == "step-000002"
     assert (root / ".tmp-step-000004/.metadata").is_file() and not (root / "step-000004").exists()
 
-    result = forge_run([path])
-    assert result.code == 0, result.stderr
-    assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
-    assert (root / "latest").read_text().strip() == "step-000006"
-    assert not (root / ".tmp-step-000004").exists()
-    rec = Recorder()
-    straight = tiny_config(tmp_path, "straight", train={"steps": 6})
-    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
-    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
-        rec.metrics[s]["loss"] for s in range(1, 7)
-    ]
+    resumes_from_step_2_as_if_never_killed(tmp_path, path, root)
