@@ -19,8 +19,8 @@ save is waited for. Reported for each way, in its own fresh process, alternated
 - **landed**: for async, how many of the steps after the save ran before it was
   complete (``--after``: only at the wait).
 
-Run: ``python bench/checkpoint_stall.py`` (about 3 minutes on 2 idle cores, 8 at a load
-of 14; ``--pairs 3``,
+Run: ``python bench/checkpoint_stall.py`` (about a minute on 2 cores at a load of 2, 8 at
+a load of 14; ``--pairs 3``,
 ``--threads 1``; ``--dir`` where checkpoints are written, removed after each child).
 """
 
