@@ -44,6 +44,7 @@ from typing import Any
 import attrs
 
 from forge_core.api import option_doc
+from forge_core.api.options import option_key
 from forge_core.cli.main import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
@@ -397,7 +398,7 @@ def _hook_section(func: Any) -> list[str]:
 def _walk(cls: type, prefix: str) -> Iterator[tuple[str, attrs.Attribute]]:
     for f in resolved_fields(cls):
         if not _is_degrees(cls, f):
-            yield f"{prefix}{f.name}", f
+            yield f"{prefix}{option_key(f)}", f
 
 
 def _is_degrees(cls: type, f: attrs.Attribute) -> bool:
@@ -437,7 +438,7 @@ def config_keys() -> list[str]:
         for f in resolved_fields(cls):
             if _is_degrees(cls, f):
                 continue
-            out.append(prefix + f.name)
+            out.append(prefix + option_key(f))
             if _list_item_class(f.type) is not None:
                 visit(_list_item_class(f.type), f"{prefix}{f.name}[].")
             elif _section_type(f.type) is not None:
@@ -460,7 +461,7 @@ def option_rows(cls: type, prefix: str) -> list[tuple[str, attrs.Attribute]]:
     (``model.options.rope_scaling.factor``)."""
     rows = []
     for f in resolved_fields(cls):
-        rows.append((prefix + f.name, f))
+        rows.append((prefix + option_key(f), f))
         section = _section_type(f.type)
         if section is not None:
             rows += option_rows(section, f"{prefix}{f.name}.")

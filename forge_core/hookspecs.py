@@ -551,6 +551,10 @@ def forge_checkpoint_writing(run: RunContext, step: int, path: str) -> None:
     the partial checkpoint is removed, ``latest`` keeps naming the previous one, and
     the run stops with the error. Every process waits for the others after this hook,
     so a slow implementation delays the save, not the correctness of the checkpoint.
+    With ``checkpoint.async: true`` it is called at the step of the save with the train
+    state in ``path`` and before the model and optimizer files, which are written in
+    the background afterwards; the files it writes are flushed to disk and listed in
+    the manifest with them.
 
     Example, the data pipeline's own position saved with the weights::
 
@@ -567,7 +571,9 @@ def forge_checkpoint_saved(run: RunContext, step: int, path: str) -> None:
     """Called on every process after a checkpoint is complete and the ``latest``
     pointer has moved to ``path`` (a ``str``, the checkpoint's directory), the one of
     ``step``; ``run`` is the run's :class:`~forge_core.api.RunContext`. Its return value
-    is ignored."""
+    is ignored. With ``checkpoint.async: true`` that is later than the step of the save:
+    at the end of the first step that finds the background write complete (each process
+    on its own), else before the next save or the end of the run."""
 
 
 @_hookspec

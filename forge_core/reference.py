@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from forge_core.api.options import option_key
+
 
 def resolved_fields(cls: type) -> list[attrs.Attribute]:
     """The fields of ``cls`` with string annotations resolved to types where possible.
@@ -71,7 +73,8 @@ def _options_table(options_cls: type) -> list[str]:
         default = f.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        lines.append(f"| `{f.name}` | {type_label(f.type)} | `{default!r}` | {documented_meaning(f)} |")
+        key = option_key(f)
+        lines.append(f"| `{key}` | {type_label(f.type)} | `{default!r}` | {documented_meaning(f)} |")
     return [*lines, ""]
 
 

@@ -1,5 +1,6 @@
 """``forge-run CONFIG`` end to end: refusal of invalid configs (also under ``--nproc``),
-in process; SIGTERM and SIGKILL in the middle of a checkpoint write, to a real process.
+in process; SIGTERM and SIGKILL in the middle of a checkpoint write (also a background
+one, ``checkpoint.async``), to a real process.
 The quickstart config's subprocess run is in test_cli_smoke.py."""
 
 from __future__ import annotations
@@ -90,9 +91,25 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "term")][-1] == step
 
 
-def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
+def resumes_from_step_2_as_if_never_killed(tmp_path: Path, path: str, root: Path) -> None:
+    """The run killed during the save of step 4 resumes from step 2, removes what the
+    save left, and ends as the run that was never killed, loss for loss."""
     from forge_core.testing import train_in_process
 
+    result = forge_run([path])
+    assert result.code == 0, result.stderr
+    assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
+    assert (root / "latest").read_text().strip() == "step-000006"
+    assert not (root / ".tmp-step-000004").exists()
+    rec = Recorder()
+    straight = tiny_config(tmp_path, "straight", train={"steps": 6})
+    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
+    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
+        rec.metrics[s]["loss"] for s in range(1, 7)
+    ]
+
+
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_path):
     cfg = tiny_config(
         tmp_path,
         "crash",
@@ -109,15 +126,30 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(tmp_pat
     assert (root / "latest").read_text().strip() == "step-000002"
     assert (root / ".tmp-step-000004").is_dir() and not (root / "step-000004").exists()
 
-    result = forge_run([path])
-    assert result.code == 0, result.stderr
-    assert f"resumed from {root / 'step-000002'} at step 2" in result.stdout
-    assert (root / "latest").read_text().strip() == "step-000006"
-    assert not (root / ".tmp-step-000004").exists()
-    # The resumed run is the run that was never killed.
-    rec = Recorder()
-    straight = tiny_config(tmp_path, "straight", train={"steps": 6})
-    train_in_process(write_config(tmp_path / "straight.yaml", straight), extra_plugins=(("rec", rec),))
-    assert [r["loss"] for r in read_metrics(tmp_path / "crash")] == [
-        rec.metrics[s]["loss"] for s in range(1, 7)
-    ]
+    resumes_from_step_2_as_if_never_killed(tmp_path, path, root)
+
+
+def test_sigkill_while_a_background_save_is_in_flight_resumes_from_the_previous_one(tmp_path):
+    """``checkpoint.async``: killed while training runs on with the save of step 4 half
+    done (its files there, no manifest): that save is never picked, the one of step 2
+    resumes, and the run ends as the one never killed, bit for bit."""
+    cfg = tiny_config(
+        tmp_path,
+        "crash",
+        train={"steps": 6},
+        checkpoint={"every": 2, "keep": 3, "async": True},
+        logging={"loggers": ["jsonl"]},
+    )
+    path = write_config(tmp_path / "crash.yaml", cfg)
+    proc, err = start([path], tmp_path, env=pause_checkpoint_env(tmp_path, 4, background=True))
+    # Either comes first: the background thread reaches the manifest while steps train.
+    seen = wait_for_line(proc, "background checkpoint write in flight at step 4")
+    if not any("step 5 trained" in line for line in seen):
+        wait_for_line(proc, "step 5 trained")  # a step trained while the save is in flight
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    root = tmp_path / "crash/checkpoints"
+    assert (root / "latest").read_text().strip() == "step-000002"
+    assert (root / ".tmp-step-000004/.metadata").is_file() and not (root / "step-000004").exists()
+
+    resumes_from_step_2_as_if_never_killed(tmp_path, path, root)

@@ -194,18 +194,48 @@ def forge_checkpoint_writing(run, step, path):
 """
 
 
-def pause_checkpoint_env(tmp_path: Path, step: int) -> dict[str, str]:
+PAUSE_BACKGROUND_PLUGIN = """
+import sys
+import time
+
+from forge_core.api import hookimpl
+from forge_core.train import checkpoint
+
+_real = checkpoint.digests
+
+
+def _digests(paths):
+    # The background half of the save of step {step}: its files written, the manifest not.
+    if paths and paths[0].parent.name == ".tmp-step-{step:06d}":
+        print("background checkpoint write in flight at step {step}", flush=True)
+        time.sleep(60)
+    return _real(paths)
+
+
+checkpoint.digests = _digests
+
+
+@hookimpl
+def forge_step_end(run, step):
+    print(f"step {{step}} trained", flush=True)
+"""
+
+
+def pause_checkpoint_env(tmp_path: Path, step: int, background: bool = False) -> dict[str, str]:
     """The environment of a ``forge-run`` subprocess whose checkpoint write of ``step``
     pauses for 60 s (files written, manifest not yet) after printing ``checkpoint write
     in progress at step N``, so a test can kill it there: a plugin implementing
-    ``forge_checkpoint_writing``, installed as an entry point on ``PYTHONPATH``."""
+    ``forge_checkpoint_writing``, installed as an entry point on ``PYTHONPATH``. With
+    ``background`` (``checkpoint.async``) the pause is in the background half of the save
+    instead, printing ``background checkpoint write in flight at step N`` while the
+    training goes on (each step prints ``step N trained``)."""
     from conftest import make_distribution
 
     site = make_distribution(
-        tmp_path / f"pause-site-{step}",
+        tmp_path / f"pause-site-{step}{'-background' * background}",
         "forge-pause",
         "0.1",
-        {"forge_pause": PAUSE_PLUGIN.format(step=step)},
+        {"forge_pause": (PAUSE_BACKGROUND_PLUGIN if background else PAUSE_PLUGIN).format(step=step)},
         {"pause": "forge_pause"},
     )
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}

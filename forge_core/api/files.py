@@ -3,6 +3,7 @@ directory cannot be written: what the trainer's run directory, its checkpoints, 
 token shards, exports and a plugin's own files (a tracker's run id, a loss curve) use.
 
 - :func:`atomic_write`: replace one file, so a reader sees the old or the new content.
+- :func:`sync_tree`: flush every file and directory under a directory to disk.
 - :func:`move_into_place`: make a directory written aside (``<out>.partial``) appear as
   ``out`` in one step, replacing an older one only once the new one is whole (a
   symlinked ``out``: the directory it points to).
@@ -59,7 +60,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     fsync_dir(path.parent)
 
 
-def _sync_tree(root: Path) -> None:
+def sync_tree(root: Path) -> None:
     """Flush every file and directory under ``root`` to disk, so that once it is renamed
     no crash can leave a short file under the final name."""
     for directory, _, names in os.walk(root):
@@ -88,7 +89,7 @@ def move_into_place(tmp: Path, out: Path, *, replace: bool = True) -> None:
     directory behind under its real name). Write ``tmp`` beside the link's target
     (``os.path.realpath(out)``): a rename cannot cross file systems."""
     tmp, out = Path(tmp), Path(os.path.realpath(out))
-    _sync_tree(tmp)
+    sync_tree(tmp)
     old = out.with_name(out.name + ".old")
     if replace and out.exists():
         shutil.rmtree(old, ignore_errors=True)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import attrs
 
+from forge_core.api.options import option_key
+
 Severity = Literal["error", "warning"]
 
 
@@ -231,6 +233,7 @@ def get_path(obj: Any, path: str, default: Any = _MISSING) -> Any:
             elif isinstance(obj, dict):
                 found, value = step in obj, obj.get(step)
             else:
+                step = _attribute(obj, step)
                 found, value = hasattr(obj, step), getattr(obj, step, None)
             if not found:
                 if default is _MISSING:
@@ -238,6 +241,14 @@ def get_path(obj: Any, path: str, default: Any = _MISSING) -> Any:
                 return default
             obj = value
     return obj
+
+
+def _attribute(obj: Any, key: str) -> str:
+    """The attribute of ``obj`` a config key names: itself, or the attribute whose
+    :func:`~forge_core.api.options.option_key` it is (``async`` is ``async_save``)."""
+    if not attrs.has(type(obj)) or hasattr(obj, key):
+        return key
+    return next((f.name for f in attrs.fields(type(obj)) if option_key(f) == key), key)
 
 
 def _jsonable(value: Any) -> Any:

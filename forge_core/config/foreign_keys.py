@@ -211,6 +211,7 @@ TORCHTITAN = Trainer(
         ),
         Row("`[checkpoint] interval`", "`checkpoint.every`"),
         Row("`[checkpoint] keep_latest_k`", "`checkpoint.keep`"),
+        Row('`[checkpoint] async_mode = "async"`', "`checkpoint.async: true`"),
         Row("`[compile] enable`", "`train.compile: true`"),
         Row("`[metrics] log_freq`", "`logging.every`"),
         Row("`[metrics] enable_tensorboard`", "`logging.loggers: [console, jsonl, tensorboard]`"),

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from forge_core.api.options import option_key
 from forge_core.config.blocks import raw_lookup, structure_blocks, with_blocks
 from forge_core.config.errors import ConfigError
 from forge_core.config.overrides import with_overrides
@@ -71,7 +72,19 @@ def load_config(path: str | Path, overrides: list[str] = (), registries: Any = N
 def to_plain(config: ForgeConfig) -> dict[str, Any]:
     """The config as plain data (for ``forge-run show`` and the run directory), the
     degrees back where a config writes them (``parallel.tp``), so it loads again."""
-    plain = attrs.asdict(config, recurse=True)
+    plain = _plain(config)
     parallel = plain["parallel"]
     plain["parallel"] = {**parallel.pop("degrees"), **parallel}
     return plain
+
+
+def _plain(value: Any) -> Any:
+    """``attrs.asdict`` by config key (:func:`~forge_core.api.options.option_key`): each
+    attribute under the key a config writes for it (``checkpoint.async``)."""
+    if attrs.has(type(value)):
+        return {option_key(f): _plain(getattr(value, f.name)) for f in attrs.fields(type(value))}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    return value

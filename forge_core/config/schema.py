@@ -377,6 +377,15 @@ class CheckpointSection:
     resume: Literal["auto", "never"] = option(
         "auto", "'auto' resumes from the run directory's latest complete checkpoint."
     )
+    async_save: bool = option(
+        False,
+        "Write checkpoints in the background: the save copies the model and optimizer state "
+        "in memory (one more copy of it while the save is in flight) and training goes on "
+        "while the copy is written; `latest` moves once it is on disk. At most one save is in "
+        "flight: the next one waits for it, and so do the save at the end and the one on "
+        "SIGTERM/SIGINT before the process exits.",
+        key="async",
+    )
 
 
 @attrs.frozen

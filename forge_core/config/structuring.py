@@ -15,6 +15,7 @@ import cattrs
 
 from forge_core.api import INT_MAX, INT_MIN, describe, did_you_mean, show_value
 from forge_core.api.errors import VALUE_WIDTH
+from forge_core.api.options import option_key
 from forge_core.config.errors import type_name
 from forge_core.config.foreign_keys import unknown_key_hint
 
@@ -99,7 +100,9 @@ def _field_validator_errors(instance: Any, cl: type) -> list[Exception]:
             error = FieldValidatorError(message)
             error.__notes__ = [
                 cattrs.errors.AttributeValidationNote(
-                    f"Validating class {cl.__qualname__} @ attribute {field.name}", field.name, field.type
+                    f"Validating class {cl.__qualname__} @ attribute {field.name}",
+                    option_key(field),
+                    field.type,
                 )
             ]
             errors.append(error)
@@ -109,12 +112,29 @@ def _field_validator_errors(instance: Any, cl: type) -> list[Exception]:
 def _say_what_is_allowed(located: list[tuple[Exception, Any]], cl: type) -> None:
     """Complete a scalar's refusal (``expected a number, got 'abc'``) with what its field's
     validator allows (``; weight must be above 0``), so the message says what to write."""
-    fields = attrs.fields_dict(cl)
+    fields = {option_key(f): f for f in attrs.fields(cl)}
     for error, note in located:
         field = fields.get(getattr(note, "name", None))
         allowed = describe(field) if isinstance(error, ScalarError) and field is not None else ""
         if allowed:
-            error.args = (f"{error.args[0]}; {field.name} must be {allowed}",)
+            error.args = (f"{error.args[0]}; {option_key(field)} must be {allowed}",)
+
+
+def _renamed(cl: type) -> dict[str, str]:
+    """The attributes of ``cl`` whose config key is not their name (:func:`option_key`)."""
+    return {f.name: option_key(f) for f in attrs.fields(cl) if option_key(f) != f.name}
+
+
+def _at_config_keys(exc: cattrs.errors.ClassValidationError, renamed: dict[str, str]) -> None:
+    """Make the errors of renamed attributes name their config key: cattrs notes the
+    attribute's name, and the error's path (``$.checkpoint.async``) is made from it."""
+    for error in exc.exceptions:
+        error.__notes__ = [
+            cattrs.errors.AttributeValidationNote(str(note), renamed[note.name], note.type)
+            if isinstance(note, cattrs.errors.AttributeValidationNote) and note.name in renamed
+            else note
+            for note in getattr(error, "__notes__", [])
+        ]
 
 
 def _attrs_structure_factory(conv: cattrs.Converter):
@@ -125,7 +145,9 @@ def _attrs_structure_factory(conv: cattrs.Converter):
     built with validators disabled."""
 
     def factory(cl: type) -> Any:
-        base = cattrs.gen.make_dict_structure_fn(cl, conv)
+        renamed = _renamed(cl)
+        overrides = {name: cattrs.gen.override(rename=key) for name, key in renamed.items()}
+        base = cattrs.gen.make_dict_structure_fn(cl, conv, **overrides)
 
         def structure_attrs(value: Any, _: type) -> Any:
             split = getattr(cl, "split_raw", None)
@@ -138,6 +160,7 @@ def _attrs_structure_factory(conv: cattrs.Converter):
             try:
                 return base(value, cl)
             except cattrs.errors.ClassValidationError as exc:
+                _at_config_keys(exc, renamed)
                 located, unlocated = exc.group_exceptions()
                 _say_what_is_allowed(located, cl)
                 if located or any(isinstance(e, cattrs.ForbiddenExtraKeysError) for e in unlocated):
@@ -188,7 +211,7 @@ def unknown_key(key: str, cl: type) -> str:
     """What is said about one key that the attrs class ``cl`` (a config section or an
     options class) does not have: its did-you-mean among ``cl``'s keys. Every hint about
     a key Forge does not know belongs here."""
-    hint = did_you_mean(str(key), [a.name for a in attrs.fields(cl)]) + unknown_key_hint(cl, str(key))
+    hint = did_you_mean(str(key), [option_key(a) for a in attrs.fields(cl)]) + unknown_key_hint(cl, str(key))
     return f"unknown key {show_value(key)}" + (f".{hint}" if hint else "")
 
 
@@ -197,7 +220,7 @@ def _unknown_keys(keys: set[str], cl: type) -> str:
     the keys it has. Linear in the number of keys: only those shown get a did-you-mean."""
     shown = heapq.nsmallest(MAX_UNKNOWN_SHOWN, keys, key=str)
     more = f"; and {len(keys) - len(shown):,} more unknown keys" if len(keys) > len(shown) else ""
-    known = ", ".join(a.name for a in attrs.fields(cl))
+    known = ", ".join(option_key(a) for a in attrs.fields(cl))
     return "; ".join(unknown_key(key, cl) for key in shown) + f"{more} (keys here: {known})"
 
 

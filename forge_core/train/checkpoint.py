@@ -12,8 +12,11 @@ Layout of ``<run>/checkpoints``::
     latest                  the name of the newest complete checkpoint
 
 A save writes into ``.tmp-step-N`` (then lets plugins add files of their own there),
-hashes every file into the manifest, renames the directory to ``step-N``, and only then
-moves ``latest`` (:func:`~forge_core.api.files.atomic_write`).
+flushes every file to disk, hashes them into the manifest, renames the directory to
+``step-N``, and only then moves ``latest`` (:func:`~forge_core.api.files.atomic_write`).
+With ``checkpoint.async: true`` the model and optimizer files are written in the
+background and the rest follows when they are on disk
+(:mod:`forge_core.train.checkpoint_async`); at most one save is in flight.
 
 A checkpoint is *complete* (:func:`problem_with` says nothing) when its manifest lists
 every file with its size and SHA-256 and the files match, its ``.metadata`` parses as
@@ -68,11 +71,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from forge_core.api import ForgeError
-from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir
+from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir, sync_tree
 from forge_core.api.transforms import saves_trainable_only
 from forge_core.distributed.parallelize import materialize
 from forge_core.distributed.placement import broadcast_object, is_distributed
-from forge_core.train import elastic, train_state
+from forge_core.train import checkpoint_async, elastic, train_state
 from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
 
 MANIFEST = "manifest.json"
@@ -80,6 +83,13 @@ LATEST = "latest"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 TMP_GLOB = ".tmp-step-*"
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _hush_single_process_notice() -> None:
+    """DCP warns that a save without torch.distributed is one process's: here it always
+    is on purpose. A filter (set again at every save; it is not duplicated) rather than
+    ``catch_warnings``, which is not safe while a background save warns from its thread."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled.*intent is to save")
 
 
 def step_name(step: int) -> str:
@@ -416,15 +426,16 @@ def _state_bytes(state: Any) -> int:
     return 0
 
 
-def _agree(error: str | None) -> str | None:
+def _agree(error: str | None, group: Any = None) -> str | None:
     """Every process learns the first error any of them had (and waits for the others,
-    like a barrier), so one process failing never leaves the others waiting."""
+    like a barrier), so one process failing never leaves the others waiting. ``group``:
+    the process group (the default one when ``None``)."""
     if not is_distributed():
         return error
     import torch.distributed as dist
 
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+    errors: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
     return next((e for e in errors if e), None)
 
 
@@ -433,22 +444,34 @@ def _agree(error: str | None) -> str | None:
 
 class CheckpointManager:
     """Saves and finds checkpoints of one run. Every process calls ``save`` and
-    ``load``; directory bookkeeping happens on rank 0 between agreements."""
+    ``load``; directory bookkeeping happens on rank 0 between agreements. With
+    ``background`` (``checkpoint.async``) a save returns once the state is copied in
+    memory; :meth:`poll`, :meth:`wait` and the next :meth:`save` complete it."""
 
-    def __init__(self, run_dir: str | Path, keep: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, run_dir: str | Path, keep: int, rank: int, world_size: int, background: bool = False
+    ) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep = max(1, keep)
         self.rank = rank
         self.world_size = world_size
+        self.background = background
         #: Checkpoints known intact: saved or resumed by this process, or verified here.
+        #: A background save changes it (and prunes) only while no caller looks: callers
+        #: wait for it first.
         self.intact: set[Path] = set()
+        #: The background save not yet collected, if any.
+        self.in_flight: checkpoint_async.InFlight | None = None
 
     def _last_intact(self) -> Path | None:
         return max(self.intact, key=step_of) if self.intact else None
 
-    def _attempt(self, fn: Callable[[], Any], run: bool, tmp: Path, step: int, needed: int | None) -> None:
-        """One part of a save, then agreement: when any process failed, rank 0 removes the
-        partial write and every process raises; a full disk is a :class:`ForgeError`."""
+    def _attempt(
+        self, fn: Callable[[], Any], run: bool, tmp: Path, step: int, needed: int | None, group: Any = None
+    ) -> None:
+        """One part of a save, then agreement (over ``group``): when any process failed,
+        rank 0 removes the partial write and every process raises; a full disk is a
+        :class:`ForgeError`."""
         failure: BaseException | None = None
         if run:
             try:
@@ -471,7 +494,7 @@ class CheckpointManager:
             )
         elif failure is not None:
             message = f"process {self.rank} failed while writing {tmp}: {type(failure).__name__}: {failure}"
-        agreed = _agree(message)
+        agreed = _agree(message, group)
         if agreed is None:
             return
         if self.rank == 0:
@@ -487,12 +510,20 @@ class CheckpointManager:
         optimizers: list[torch.optim.Optimizer],
         state: dict[str, Any],
         writing: Callable[[Path], None] | None = None,
+        saved: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write the checkpoint of ``step`` and move ``latest`` to it. ``writing(tmp)`` is
-        called on every process once its own files are in the temporary directory
-        ``tmp``, before the manifest is made (the ``forge_checkpoint_writing`` hook):
-        files it adds there are part of the checkpoint; an exception it raises fails the
-        save like a failed write (partial write removed, ``latest`` unchanged)."""
+        """Write the checkpoint of ``step`` and move ``latest`` to it; returns its path.
+        ``writing(tmp)`` is called on every process once its own files are in the
+        temporary directory ``tmp``, before the manifest is made (the
+        ``forge_checkpoint_writing`` hook): files it adds there are part of the
+        checkpoint; an exception it raises fails the save like a failed write (partial
+        write removed, ``latest`` unchanged). ``saved(path)`` is called once the
+        checkpoint is complete: before this returns, or in the background mode from the
+        :meth:`poll` or :meth:`wait` that finds it complete. There, the model and
+        optimizer files are written after ``writing`` and in the background; the save of
+        the previous call, if still in flight, is waited for first."""
+        self.wait()
+        _hush_single_process_notice()
         final = self.root / step_name(step)
         tmp = self.root / f".tmp-{step_name(step)}"
         full_state = {"model": model_state(parts), "optim": optimizer_state(parts, optimizers)}
@@ -503,6 +534,7 @@ class CheckpointManager:
             if previous
             else (_state_bytes(full_state) if self.world_size == 1 else None)
         )
+        no_dist = not is_distributed()
 
         def start() -> None:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -510,15 +542,13 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir()
 
-        def write() -> None:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.save(full_state, checkpoint_id=str(tmp), no_dist=not is_distributed())
+        def write_state() -> None:
             train_state.write(tmp / train_state_name(self.rank), {**state, "world_size": self.world_size})
             if writing is not None:
                 writing(tmp)
 
         def finish() -> None:
+            sync_tree(tmp)  # what plugins wrote too: on disk before the manifest vouches for it
             names = sorted(p.name for p in tmp.iterdir() if p.is_file())
             manifest = {
                 "step": step,
@@ -536,13 +566,74 @@ class CheckpointManager:
                 shutil.rmtree(pointer)
             atomic_write(pointer, final.name + "\n")
 
+        def complete(group: Any = None) -> None:
+            self._attempt(finish, self.rank == 0, tmp, step, needed, group)
+            self.intact.add(final)
+            if self.rank == 0:
+                self._prune(final)
+
+        def announce() -> None:
+            if saved is not None:
+                saved(final)
+
         self._attempt(start, self.rank == 0, tmp, step, needed)
-        self._attempt(write, True, tmp, step, needed)
-        self._attempt(finish, self.rank == 0, tmp, step, needed)
-        self.intact.add(final)
-        if self.rank == 0:
-            self._prune(final)
+        if not self.background:
+
+            def write() -> None:
+                dcp.save(full_state, checkpoint_id=str(tmp), no_dist=no_dist)
+                write_state()
+
+            self._attempt(write, True, tmp, step, needed)
+            complete()
+            announce()
+            return final
+
+        group = checkpoint_async.process_group()
+        copy: dict[str, Any] = {}
+        upload: list[Any] = []
+
+        def launch() -> None:
+            upload.append(
+                dcp.async_save(
+                    copy,
+                    checkpoint_id=str(tmp),
+                    process_group=group,
+                    async_stager=checkpoint_async.Staged(),
+                    no_dist=no_dist,
+                )
+            )
+
+        self._attempt(write_state, True, tmp, step, needed)
+        # The copy, then the write: agreed apart, so no process starts writing (and
+        # waiting in the write's collectives) when another could not make its copy.
+        self._attempt(lambda: copy.update(checkpoint_async.stage(full_state)), True, tmp, step, needed)
+        self._attempt(launch, True, tmp, step, needed)
+
+        def in_background() -> None:
+            self._attempt(upload[0].result, True, tmp, step, needed, group)
+            complete(group)
+
+        self.in_flight = checkpoint_async.InFlight(in_background, announce)
         return final
+
+    def poll(self) -> None:
+        """Collect a background save that is complete (calling its ``saved``), without
+        waiting: O(1), no collective. One that failed is left for :meth:`wait` to raise."""
+        if self.in_flight is not None and self.in_flight.poll():
+            self.in_flight = None
+
+    @property
+    def save_failed(self) -> bool:
+        """Whether the background save in flight has failed (:meth:`wait` raises why)."""
+        return self.in_flight is not None and self.in_flight.failed()
+
+    def wait(self) -> None:
+        """Until the background save in flight, if any, is complete (its ``saved`` called)
+        or has failed: then raise as the save would have (partial write removed, ``latest``
+        unchanged, a full disk a :class:`ForgeError`)."""
+        in_flight, self.in_flight = self.in_flight, None
+        if in_flight is not None:
+            in_flight.wait()
 
     def _size_of(self, path: Path) -> int | None:
         manifest = _manifest(path)

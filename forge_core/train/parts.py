@@ -188,7 +188,9 @@ def build_parts(
         pmodel=pmodel,
         optimizers=optimizers,
         loader=loader,
-        checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size),
+        checkpoints=CheckpointManager(
+            run_dir, cfg.checkpoint.keep, pl.rank, pl.world_size, background=cfg.checkpoint.async_save
+        ),
         memory=MemoryMeter(pl.device),
         mfu=mfu,
         eval_data=eval_data,

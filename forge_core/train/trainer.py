@@ -296,17 +296,17 @@ class Trainer:
         if self.tally is not None:
             state[mixture_tally.STATE_KEY] = self.tally.state_dict()
             state[mixture_tally.PHASE_KEY] = self.tally.phase_state()
-        path = parts.checkpoints.save(
-            progress.step,
+        step = progress.step
+        parts.checkpoints.save(
+            step,
             parts.pmodel.parts,
             parts.optimizers,
             state,
-            writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(
-                run=run, step=progress.step, path=str(tmp)
-            ),
+            writing=lambda tmp: self.pm.hook.forge_checkpoint_writing(run=run, step=step, path=str(tmp)),
+            # With checkpoint.async, once the background write is complete (a later step).
+            saved=lambda path: self.pm.hook.forge_checkpoint_saved(run=run, step=step, path=str(path)),
         )
-        progress.last_saved = progress.step
-        self.pm.hook.forge_checkpoint_saved(run=run, step=progress.step, path=str(path))
+        progress.last_saved = step
 
     # -- the loop --------------------------------------------------------------------
 
@@ -328,7 +328,7 @@ class Trainer:
             device=pl.device,
             slice_weight=parts.slice_weight,
             grad_clip=train.grad_clip,
-            stop=self.stop.received is not None,
+            stop=self.stop.received is not None or parts.checkpoints.save_failed,
             count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
             measured=parts.stats.local,
@@ -425,11 +425,22 @@ class Trainer:
             return self._run()
 
     def _stop_now(self) -> bool:
-        """Alone, act on a signal at once; together, on the flag every process agreed on
-        in this step's all-reduce."""
+        """Alone, act on a signal (or a failed background save) at once; together, on the
+        flag every process agreed on in this step's all-reduce."""
         if self.placement.world_size == 1:
-            return self.stop.received is not None
+            return self.stop.received is not None or self.parts.checkpoints.save_failed
         return self.progress.stop_agreed
+
+    def _settle_checkpoints(self, status: str) -> None:
+        """A run that fails still waits for the checkpoint its background save is writing
+        (it may be the one to resume from); a failure of that save is then only warned
+        about, the run's own error is the one raised."""
+        if status != "failed":
+            return
+        try:
+            self.parts.checkpoints.wait()
+        except BaseException as exc:  # noqa: BLE001 - never hide the run's own error
+            warn(self.placement, f"the checkpoint being written in the background failed too: {exc}")
 
     def _run(self) -> str:
         self.build()
@@ -438,6 +449,7 @@ class Trainer:
         self.resume(checkpoint)
         self.stop.start_training()
         cfg, pl, progress = self.config, self.placement, self.progress
+        checkpoints = self.parts.checkpoints
         total = cfg.train.steps
         run = RunContext(
             config=cfg,
@@ -469,10 +481,13 @@ class Trainer:
                     if run.should_log(progress.step):
                         self.parts.memory.next_window()
                     self.check_finite(metrics)
+                    checkpoints.poll()
                     if self._stop_now():
+                        checkpoints.wait()  # a background save that failed stops the run here, with its error
                         name = signal.Signals(self.stop.received).name if self.stop.received else "a signal"
                         log(pl, f"{name} received: saving a checkpoint at step {progress.step} and stopping")
                         self.save(run)
+                        checkpoints.wait()
                         status = "interrupted"
                         break
                     every = cfg.checkpoint.every
@@ -480,9 +495,11 @@ class Trainer:
                         self.save(run)
                 else:
                     self.save(run)
+                    checkpoints.wait()
                     status = "completed"
         finally:
             try:
+                self._settle_checkpoints(status)
                 self.pm.hook.forge_train_end(run=run, step=progress.step, status=status)
             finally:
                 for instance in registered:

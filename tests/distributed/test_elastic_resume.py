@@ -2,6 +2,8 @@
 pipeline or context parallel) resumes on 1, and one written by 1 resumes on 2 (FSDP, cp);
 the steps after the resume give the losses and gradient norms of one uninterrupted
 process, with a warning for what cannot carry over (the per-process random streams).
+The FSDP layouts save in the background (``checkpoint.async``): two processes write
+their shards from threads of their own while training on, and the checkpoints resume.
 
 Tolerance as in :mod:`test_parallel_equivalence`: 1e-5 relative (fp32, reduction order
 only; measured at most 9e-8). A checkpoint whose model or optimizer state did not load
@@ -37,7 +39,7 @@ def config(tmp: Path, name: str, parallel: dict) -> dict:
     cfg = tiny_config(tmp, name=name, parallel=parallel, logging={"loggers": ["jsonl"]})
     cfg["data"]["packer_options"] = {"isolate": False}
     cfg["train"]["steps"] = STEPS
-    cfg["checkpoint"] = {"every": RESUME_AT, "keep": 5}
+    cfg["checkpoint"] = {"every": RESUME_AT, "keep": 5, "async": "dp_shard" in parallel}
     return cfg
 
 
