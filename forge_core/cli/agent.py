@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+from forge_core.cli.exiting import exit_process
 from forge_core.cli.train import LAUNCHER_PID_ENV, REQUEUE_SIGNAL_ENV
 from forge_core.errors import (
     EXIT_FAILED,
@@ -235,4 +236,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -26,6 +26,7 @@ import sys
 import time
 
 from forge_core.cli.agent import AGENT_PID_ENV
+from forge_core.cli.exiting import exit_process
 from forge_core.errors import Interrupted, outcome, show_tracebacks, traceback_text
 from forge_core.train.signals import end_with_parent
 
@@ -76,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
