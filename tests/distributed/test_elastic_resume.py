@@ -13,14 +13,19 @@ initialisation (a loss of about 5.6 instead of 5.4) or Adam's moments lost.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from test_forge_run_parallel import RTOL, forge_run
 from train_helpers import read_metrics, tiny_config, write_config
+
+from forge_core.testing import CliResult
+from forge_core.testing import forge_run as in_process
 
 pytestmark = pytest.mark.distributed
 
@@ -43,10 +48,29 @@ def config(tmp: Path, name: str, parallel: dict) -> dict:
     return cfg
 
 
-def launch(tmp: Path, name: str, nproc: int, cfg: dict) -> subprocess.CompletedProcess:
-    proc = forge_run("train", "--nproc", str(nproc), write_config(tmp / f"{name}.yaml", cfg))
-    assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+def launch(tmp: Path, name: str, nproc: int, cfg: dict) -> CliResult:
+    """``forge-run train --nproc N`` on ``cfg``. One process trains in this one: the
+    process boundary is not what these tests are about (the resharding is), and a
+    subprocess would import torch again for each of the five one-process runs."""
+    path = write_config(tmp / f"{name}.yaml", cfg)
+    if nproc == 1:
+        with torch_threads(1):  # as the subprocesses run (OMP_NUM_THREADS=1)
+            proc = in_process(["train", path])
+    else:
+        done = forge_run("train", "--nproc", str(nproc), path)
+        proc = CliResult(done.returncode, done.stdout, done.stderr)
+    assert proc.code == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
