@@ -29,8 +29,20 @@ def lrs(rec: Recorder) -> dict[int, float]:
     return {step: m["lr"] for step, m in rec.metrics.items()}
 
 
-def test_raising_steps_keeps_the_schedule_and_holds_its_final_value(tmp_path, capsys):
-    straight = run(tmp_path, "straight", 6)
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Recorder:
+    """An uninterrupted 6-step run: what the resumed runs are compared with (trained once;
+    a run's losses and learning rates do not depend on its directory)."""
+    return run(tmp_path_factory.mktemp("straight"), "straight", 6)
+
+
+@pytest.fixture(scope="module")
+def ten(tmp_path_factory) -> Recorder:
+    """An uninterrupted 10-step run: the schedule planned over 10 steps from the start."""
+    return run(tmp_path_factory.mktemp("ten"), "ten", 10)
+
+
+def test_raising_steps_keeps_the_schedule_and_holds_its_final_value(tmp_path, capsys, straight, ten):
     run(tmp_path, "ext", 6)
     capsys.readouterr()
     extended = run(tmp_path, "ext", 10, overrides=["train.steps=10"])
@@ -38,7 +50,6 @@ def test_raising_steps_keeps_the_schedule_and_holds_its_final_value(tmp_path, ca
     assert final == pytest.approx(0.1 * LR)  # cosine ends at min_lr_ratio 0.1
     assert lrs(extended) == {7: final, 8: final, 9: final, 10: final}  # no jump back up
     err = capsys.readouterr().err
-    ten = run(tmp_path, "ten", 10)  # the schedule re-planned over 10 steps, for the numbers
     assert (
         f"train.steps is 10, the learning-rate schedule spans the 6 steps the run started with "
         f"(train.schedule_steps: 0): steps 7-10 continue at its final learning rate {final:.2e}. To stretch "
@@ -48,8 +59,7 @@ def test_raising_steps_keeps_the_schedule_and_holds_its_final_value(tmp_path, ca
     assert "different config" not in err  # train.steps is reported above, not as a changed setting
 
 
-def test_raising_steps_mid_run_finishes_the_schedule_first(tmp_path):
-    straight = run(tmp_path, "straight", 6)
+def test_raising_steps_mid_run_finishes_the_schedule_first(tmp_path, straight):
     first = run(tmp_path, "mid", 6, SignalAt(3))
     assert sorted(first.metrics) == [1, 2, 3]
     second = run(tmp_path, "mid", 9, overrides=["train.steps=9"])
@@ -58,11 +68,10 @@ def test_raising_steps_mid_run_finishes_the_schedule_first(tmp_path):
     assert [second.metrics[s]["loss"] for s in (4, 5, 6)] == [straight.metrics[s]["loss"] for s in (4, 5, 6)]
 
 
-def test_schedule_steps_re_plans_and_says_from_what_to_what(tmp_path, capsys):
-    ten = run(tmp_path, "ten", 10)
+def test_schedule_steps_re_plans_and_says_from_what_to_what(tmp_path, capsys, straight, ten):
     run(tmp_path, "replan", 6, SignalAt(3))
     capsys.readouterr()
-    before = run(tmp_path, "before", 6).metrics[4]["lr"]
+    before = straight.metrics[4]["lr"]
     replanned = run(tmp_path, "replan", 10, overrides=["train.steps=10", "train.schedule_steps=10"])
     assert lrs(replanned) == {s: ten.metrics[s]["lr"] for s in range(4, 11)}
     err = " ".join(capsys.readouterr().err.split())
@@ -77,8 +86,7 @@ def test_schedule_steps_re_plans_and_says_from_what_to_what(tmp_path, capsys):
     assert "learning-rate schedule" not in capsys.readouterr().err
 
 
-def test_lowering_steps_stops_early_on_the_same_schedule(tmp_path, capsys):
-    straight = run(tmp_path, "straight", 6)
+def test_lowering_steps_stops_early_on_the_same_schedule(tmp_path, capsys, straight):
     run(tmp_path, "low", 6, SignalAt(2))
     capsys.readouterr()
     lowered = run(tmp_path, "low", 4, overrides=["train.steps=4"])
