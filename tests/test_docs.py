@@ -126,6 +126,8 @@ SMALL = (
     # The quickstart holds out 5%: of the few documents in 20 kB that can be none.
     "data.heldout.fraction=0.3",
     "data.cache.dir=cache",
+    # Every process would time CPU matmuls for its MFU peak (test_peak.py tests that).
+    "train.peak_tflops=1.0",
 )
 
 
