@@ -371,4 +371,7 @@ def play_here(markdown: str, project: Path, where: str, setting: Setting = Setti
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--play"]:
+    from forge_core.cli.exiting import exit_process
+
     _play_all_here(Path(sys.argv[2]))
+    exit_process(0)

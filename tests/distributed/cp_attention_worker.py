@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.attention.flex_attention import flex_attention
 
 from forge_core.api import AttentionContext, NoOptions
+from forge_core.cli.exiting import exit_process
 from forge_core.testing import doc_ids_from_lengths
 from forge_plugins.attention import flex_kernel
 from forge_plugins.attention.eager import EagerAttention
@@ -170,4 +171,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

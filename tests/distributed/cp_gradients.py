@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from forge_core.api import IGNORE_INDEX, LABELS
+from forge_core.cli.exiting import exit_process
 from forge_core.distributed.mesh import build_mesh
 from forge_core.distributed.parallelize import parallelize, single_process
 from forge_core.registry import load_registries
@@ -91,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -18,6 +18,7 @@ import numpy as np
 import torch.distributed as dist
 
 from forge_core import components
+from forge_core.cli.exiting import exit_process
 from forge_core.data import prepare
 from forge_core.data.build import build_training_data
 from forge_core.plan import make_plan
@@ -52,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from pair_rows import pair_row, random_pairs, stack
 
 from forge_core import components
+from forge_core.cli.exiting import exit_process
 from forge_core.distributed.mesh import build_mesh
 from forge_core.distributed.parallelize import parallelize, single_process
 from forge_core.registry import load_registries
@@ -128,4 +129,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

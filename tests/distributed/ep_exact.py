@@ -33,6 +33,7 @@ from cp_gradients import gradients
 from torch.distributed.device_mesh import init_device_mesh
 
 from forge_core.api import IGNORE_INDEX, LABELS
+from forge_core.cli.exiting import exit_process
 from forge_core.distributed.mesh import build_mesh
 from forge_core.distributed.parallelize import parallelize, single_process
 from forge_core.train.loss import build_loss, loss_fn
@@ -194,4 +195,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import Plan
+from forge_core.cli.exiting import exit_process
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
@@ -114,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

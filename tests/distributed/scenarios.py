@@ -40,6 +40,7 @@ import variants
 from forge_core import components
 from forge_core import plan as planning
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
+from forge_core.cli.exiting import exit_process
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
@@ -728,4 +729,4 @@ def save_checkpoint(pmodel: Any, run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())
