@@ -54,7 +54,7 @@ from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_s
 from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal
-from forge_core.train.step import optimizer_step
+from forge_core.train.step import StepFixed, optimizer_step
 
 
 class NonFiniteStop(ForgeError):
@@ -122,6 +122,7 @@ class Trainer:
         self.progress = Progress()
         self.tally = None
         self.base_identity: str | None = None
+        self.step_fixed: StepFixed | None = None
 
     @property
     def pm(self) -> Any:
@@ -136,6 +137,7 @@ class Trainer:
         self.base_identity = broadcast_object(base_identity(self.plan) if pl.is_main else None)
         mixture = self.parts.loader.mixture
         self.tally = mixture_tally.MixtureTally(mixture.labels) if mixture is not None else None
+        self.step_fixed = StepFixed.of(self.parts.pmodel)  # looked up once, not every step
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
     def _set_schedule(self, steps: int) -> None:
@@ -325,6 +327,7 @@ class Trainer:
             count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
             measured=parts.stats.local,
+            fixed=self.step_fixed,
         )
         step_time = time.perf_counter() - t0
         progress.stop_agreed = outcome.stop_agreed
