@@ -341,6 +341,9 @@ def label_forge(trainer) -> None:
         )(),
     )
     parts.pmodel.loss_fn = labelled("bench.loss", parts.pmodel.loss_fn)
+    objective = parts.pmodel.objective
+    if objective is not None and hasattr(objective, "token_loss"):  # the lm objective's loss
+        objective.token_loss = labelled("bench.loss", objective.token_loss)
     step_module.clip_grad_norm = labelled("bench.optimizer", step_module.clip_grad_norm)
     for optimizer in parts.optimizers:
         optimizer.step = labelled("bench.optimizer", optimizer.step)
@@ -554,7 +557,10 @@ def report(results: list[dict], load: tuple[float, float]) -> None:
         if any(r["mode"] == "compiled" for r in rows):
             for framework, what in GRANULARITY.items():
                 print(f"compiled {framework}: {what}")
-    print("\n## Where a step's CPU time goes (self time, one profiled step of round 1; % of the step)")
+    print(
+        "\n## Where a step's time goes (self time, one profiled step of round 1; % of the step; the "
+        "profiler times each op by the clock, so on a loaded machine read the shares, not the ms)"
+    )
     print("| config | ms | " + " | ".join(CATEGORIES) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " |")
     for r in results:

@@ -80,6 +80,7 @@ def test_one_process_of_each_side_measures_and_profiles_a_step_from_the_same_wei
     for out in (forge, hf):
         assert out["tokens_per_s"] > 0 and out["cpu_s_per_step"] > 0
         assert out["profile_ms"]["matmul"] > 0 and out["profile_ms"]["data"] > 0
+        assert out["profile_ms"]["loss"] > 0 and out["profile_ms"]["optimizer"] > 0
     # Forge's initial weights on both sides and the same first batch: the same first loss
     # (up to the float32 rounding of a different order of operations).
     assert hf["first_loss"] == pytest.approx(forge["first_loss"], rel=1e-5)
