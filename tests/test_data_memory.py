@@ -129,3 +129,14 @@ def test_a_row_overfilled_past_int32_is_still_refused():
     layout = RowLayout(64, [0, big, 2 * big], [big, big, big], [0, 3], boundaries="none")
     with pytest.raises(ForgeError, match=rf"a row holds {3 * big} tokens, more than seq_len 64"):
         check_layout(layout, stream, 64, "packer test")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 1000, 65_537])
+def test_an_epoch_order_is_int32_and_the_same_permutation_as_before(rows):
+    from forge_core.data.loader import epoch_order
+
+    for seed, epoch in ((0, 0), (3, 5)):
+        order = epoch_order(rows, seed, epoch, shuffle=True)
+        assert order.dtype == np.int32
+        assert np.array_equal(order, np.random.default_rng([seed, epoch]).permutation(rows))
+    assert np.array_equal(epoch_order(rows, 0, 0, shuffle=False), np.arange(rows))
