@@ -6,12 +6,12 @@ narrow storage of a layout never lets a sum overflow."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import mmap
 
-import attrs
 import numpy as np
 import pytest
+from conftest import REPO
 
 from forge_core.api import ForgeError, RowLayout
 from forge_core.data.build import build_training_data
@@ -21,46 +21,10 @@ from forge_core.resolve import load_resolved
 from forge_plugins.tokenizers.byte import ByteTokenizer
 
 BYTE = ByteTokenizer()
-
-
-def _file_backed(array: np.ndarray) -> bool:
-    """Whether ``array``'s memory is a memory map (its base chain ends in one)."""
-    base = array
-    while isinstance(base, np.ndarray):
-        if isinstance(base, np.memmap):
-            return True
-        base = base.base
-    return isinstance(base, mmap.mmap)
-
-
-def anonymous_array_bytes(root: object) -> int:
-    """``nbytes`` of every distinct array reachable from ``root`` (through attributes,
-    attrs fields, lists, tuples and dicts) whose memory is not a memory map; an array
-    counted once however many objects (or views) hold it."""
-    seen: set[int] = set()
-    buffers: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or obj is None or isinstance(obj, (int, float, str, bytes, bool)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            if not _file_backed(obj):
-                owner = obj
-                while isinstance(owner.base, np.ndarray):
-                    owner = owner.base
-                buffers[id(owner)] = owner.nbytes
-            continue
-        if isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            todo.extend(obj)
-        elif attrs.has(type(obj)):
-            todo.extend(getattr(obj, f.name) for f in attrs.fields(type(obj)))
-        elif hasattr(obj, "__dict__"):
-            todo.extend(vars(obj).values())
-    return sum(buffers.values())
+_spec = importlib.util.spec_from_file_location("bench_data_scale", REPO / "bench" / "data_scale.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+anonymous_array_bytes = bench.anonymous_array_bytes
 
 
 def test_the_counter_counts_heap_arrays_once_and_skips_memory_maps(tmp_path):
