@@ -34,10 +34,11 @@ def test_the_counter_counts_heap_arrays_once_and_skips_memory_maps(tmp_path):
     assert anonymous_array_bytes({"m": mapped, "v": mapped[:-1], "h": [heap, heap[2:]]}) == heap.nbytes
 
 
-@pytest.fixture
-def bench_shaped(tmp_path):
-    """A text corpus of about 500-token documents (log-normal, as the bench's), concat
-    rows of 256, through the token cache: the run's own build path."""
+@pytest.fixture(params=["concat", "bfd"])
+def bench_shaped(tmp_path, request):
+    """A text corpus of about 500-token documents (log-normal, as the bench's), rows of
+    256 (the bench's ``concat``, and ``bfd``), through the token cache: the run's own
+    build path."""
     rng = np.random.default_rng(0)
     lengths = np.maximum(2, np.rint(rng.lognormal(np.log(300), 1.0, 600))).astype(int)
     docs = tmp_path / "docs.jsonl"
@@ -50,7 +51,7 @@ def bench_shaped(tmp_path):
                     "source": "text",
                     "source_options": {"paths": [str(docs)]},
                     "tokenizer": "byte",
-                    "packer": "concat",
+                    "packer": request.param,
                     "seq_len": 256,
                     "cache": {"dir": str(tmp_path / "cache")},
                 }
@@ -86,8 +87,9 @@ def test_a_layout_narrows_only_what_keeps_every_sum_of_two_exact():
 
 
 def test_a_row_overfilled_past_int32_is_still_refused():
-    # Three pieces of 2**30 - 1 tokens in one row: an int32 sum of their lengths wraps
-    # negative and would pass the seq_len check. No token is read, so none exists.
+    # Three pieces of 2**30 - 1 tokens in one row, lengths stored int32: a sum kept in
+    # int32 would wrap negative and pass the seq_len check (check_layout sums in int64).
+    # No token is read, so none exists.
     big = 2**30 - 1
     stream = DocumentStream(np.zeros(1, np.uint8), [0], [3 * big], None)
     layout = RowLayout(64, [0, big, 2 * big], [big, big, big], [0, 3], boundaries="none")

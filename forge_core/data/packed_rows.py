@@ -276,12 +276,13 @@ class PackedRows:
         N = B * S
         # The layout may store int32 (RowLayout's narrow storage): the batch's few
         # entries are widened once, so every sum below is exact.
-        lo = L.row_ptr[rows].astype(np.int64)
+        lo = L.row_ptr[rows].astype(np.int64, copy=False)
         counts = L.row_ptr[rows + 1] - lo
         first = np.zeros(B + 1, np.int64)
         np.cumsum(counts, out=first[1:])
         piece = np.repeat(lo - first[:-1], counts) + np.arange(first[-1], dtype=np.int64)
-        pstart, plen = L.starts[piece].astype(np.int64), L.lengths[piece].astype(np.int64)
+        pstart = L.starts[piece].astype(np.int64, copy=False)
+        plen = L.lengths[piece].astype(np.int64, copy=False)
         pend = pstart + plen
         # Each piece's first slot in the flat (B * S) output: its row's, plus the pieces before it.
         pcum = np.zeros(len(piece) + 1, np.int64)
