@@ -5,16 +5,12 @@ weights (the same first loss)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, load_bench
 
 BENCH = REPO / "bench"
-_spec = importlib.util.spec_from_file_location("train_throughput", BENCH / "train_throughput.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("train_throughput.py", "train_throughput")
 
 TINY = {"dim": 32, "layers": 1, "heads": 2, "kv_heads": 1, "seq": 16, "batch": 2, "vocab": 0}
 

@@ -6,12 +6,11 @@ narrow storage of a layout never lets a sum overflow."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import load_bench
 
 from forge_core.api import ForgeError, RowLayout
 from forge_core.data.build import build_training_data
@@ -21,9 +20,7 @@ from forge_core.resolve import load_resolved
 from forge_plugins.tokenizers.byte import ByteTokenizer
 
 BYTE = ByteTokenizer()
-_spec = importlib.util.spec_from_file_location("bench_data_scale", REPO / "bench" / "data_scale.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("data_scale.py")
 anonymous_array_bytes = bench.anonymous_array_bytes
 
 
