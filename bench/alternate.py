@@ -13,7 +13,8 @@ Two ways to give a side: a step to call (:func:`rounds` times ``steps`` calls of
 this process), or a measurement that returns its own ``(wall, cpu)`` (:func:`measured`:
 a fresh process per call, or a timing taken across several processes). A bench imports
 this file as ``alternate`` (run as a script, ``bench/`` is on the path; loaded by file
-path, the bench puts it there).
+path, the bench puts it there). :func:`status_kib` reads this process's memory figures
+for the benches that measure peak memory beside time.
 """
 
 from __future__ import annotations
@@ -117,3 +118,16 @@ def load_line() -> str:
     except OSError:  # not every platform has one
         loads = "unknown"
     return f"load average {loads} on {os.cpu_count()} cores"
+
+
+def status_kib(field: str) -> int | None:
+    """A figure of ``/proc/self/status`` in KiB (``VmRSS``, ``VmHWM``, ``RssAnon``);
+    ``None`` where there is no such file or field (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

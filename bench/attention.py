@@ -46,18 +46,7 @@ from forge_plugins.attention.options import FlexOptions, SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
-from alternate import load_line, ratio, rounds  # noqa: E402
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+from alternate import load_line, ratio, rounds, status_kib  # noqa: E402
 
 
 def _reset_peak() -> bool:
@@ -99,9 +88,9 @@ def peak_growth_mib(backend, doc_ids, q, k, v, grad) -> float | None:
     one_step(backend, doc_ids, q, k, v, grad)
     if not _reset_peak():
         return None
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     one_step(backend, doc_ids, q, k, v, grad)
-    after = _status_kib("VmHWM")
+    after = status_kib("VmHWM")
     return None if before is None or after is None else (after - before) / 1024
 
 

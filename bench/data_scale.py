@@ -18,7 +18,9 @@ median 300 tokens and sigma 1.0, written as JSON Lines under ``--root``, default
   training process's anonymous memory at step 1 varies by about 20 MB from run to run
   (the allocator's arenas), the size of the whole growth at these corpus sizes, so the
   data build is also measured alone: ``RssAnon`` in this process before and after
-  :func:`~forge_core.data.build.build_training_data` on the second run's config.
+  :func:`~forge_core.data.build.build_training_data` on the second run's config, and
+  exactly, as the ``nbytes`` of the anonymous (not memory-mapped) arrays the built data
+  holds (:func:`anonymous_array_bytes`; the allocator does not blur it).
 - **loader**: rows per second the loader reads (16-row batches, shuffled, no workers,
   from the cache) against rows per second the quickstart model trains on in this
   process (measured on the same machine: a few steps of ``configs/quickstart.yaml``).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -44,6 +47,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,9 +179,50 @@ def rss_anon_mb() -> float:
     return float("nan")
 
 
-def loader_rate(cfg_path: Path, seconds: float = 3.0) -> tuple[float, float]:
-    """Rows/s the loader reads from the cache (data built in this process), and the
-    anonymous memory (MB) the data build added to this process."""
+def _file_backed(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a memory map (its base chain ends in one)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            return True
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+def anonymous_array_bytes(root: object) -> int:
+    """``nbytes`` of every distinct array reachable from ``root`` (through attributes,
+    attrs fields, lists, tuples and dicts) whose memory is not a memory map; an array
+    counted once however many objects (or views) hold it."""
+    seen: set[int] = set()
+    buffers: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (int, float, str, bytes, bool)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            if not _file_backed(obj):
+                owner = obj
+                while isinstance(owner.base, np.ndarray):
+                    owner = owner.base
+                buffers[id(owner)] = owner.nbytes
+            continue
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+        elif attrs.has(type(obj)):  # frozen slotted classes have no __dict__
+            todo.extend(getattr(obj, f.name) for f in attrs.fields(type(obj)))
+        elif hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    return sum(buffers.values())
+
+
+def loader_rate(cfg_path: Path, seconds: float = 3.0) -> tuple[float, float, int]:
+    """Rows/s the loader reads from the cache (data built in this process), the
+    anonymous memory (MB) the data build added to this process, and the bytes of the
+    anonymous arrays the built data holds (:func:`anonymous_array_bytes`: exact)."""
     from forge_core import components
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
@@ -190,13 +235,14 @@ def loader_rate(cfg_path: Path, seconds: float = 3.0) -> tuple[float, float]:
     before = rss_anon_mb()
     data = build_training_data(plan, registries, tokenizer, report=lambda m: None)
     built = rss_anon_mb() - before
+    arrays = anonymous_array_bytes(data)
     loader = StatefulLoader(data.rows, 16, seed=0, shuffle=True)
     next(loader)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         next(loader)
         n += 1
-    return n * 16 / (time.perf_counter() - t0), built
+    return n * 16 / (time.perf_counter() - t0), built, arrays
 
 
 def main() -> None:
@@ -231,13 +277,13 @@ def main() -> None:
         first = run_child(config(corpus, cache, tmp / "first", 1), tmp, "first")
         second = run_child(config(corpus, cache, tmp / "second", 1), tmp, "second")
         cfg_path = tmp / "second.json"
-        rate, built = loader_rate(cfg_path)
+        rate, built, arrays = loader_rate(cfg_path)
         results[name] = {
             "info": info,
             "first": first,
             "second": second,
             "loader": rate,
-            "build": {"RssAnon": built},
+            "build": {"RssAnon": built, "arrays": arrays},
         }
         print(
             f"  first:  {first['to_first_step']:.1f}s to the first step (data {first['data_s']:.1f}s), "
@@ -285,6 +331,7 @@ def main() -> None:
         ("2nd anon at step 1 (MB)", lambda r: f"{r['second'].get('RssAnon', float('nan')):.1f}"),
         ("2nd file at step 1 (MB)", lambda r: f"{r['second'].get('RssFile', float('nan')):.1f}"),
         ("data build anon (MB)", lambda r: f"{r['build']['RssAnon']:.1f}"),
+        ("data arrays (B/token)", lambda r: f"{r['build']['arrays'] / r['info']['tokens']:.3f}"),
         ("loader rows/s", lambda r: f"{r['loader']:,.0f}"),
         ("loader / consumed", lambda r: f"{r['loader'] / consumed:,.0f}x"),
     ):
@@ -307,6 +354,11 @@ def main() -> None:
         print(
             f"data build alone (in this process, RssAnon before and after): anonymous {built:.3f} "
             "bytes/token (target < 0.1)"
+        )
+        arrays = (rb["build"]["arrays"] - ra["build"]["arrays"]) / dt
+        print(
+            f"  the anonymous arrays the built data holds, counted (not RSS): {arrays:.3f} bytes/token "
+            "(target < 0.1)"
         )
         print(
             f"second start at {b}: {rb['second']['to_first_step']:.2f} s to the first step, of which "

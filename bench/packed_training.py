@@ -56,7 +56,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
-from alternate import load_line, ratio, rounds  # noqa: E402
+from alternate import load_line, ratio, rounds, status_kib  # noqa: E402
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS  # noqa: E402
 
@@ -210,17 +210,6 @@ def train_step(model: Any, forward: Forward, batch: dict[str, torch.Tensor]) -> 
     return step
 
 
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def peak_mib(step: Callable[[], None], device: str) -> float | None:
     """Memory one step needs above what was there before it (see the module docstring);
     the step has run once before. None where it cannot be measured."""
@@ -236,9 +225,9 @@ def peak_mib(step: Callable[[], None], device: str) -> float | None:
             f.write("5")  # resets VmHWM to the current RSS
     except OSError:
         return None
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     step()
-    after = _status_kib("VmHWM")
+    after = status_kib("VmHWM")
     return None if before is None or after is None else (after - before) / 1024
 
 

@@ -4,35 +4,44 @@ PyTorch loop, like with like: eager against eager, compiled against compiled
 model shape, weights, batches, optimizer and precision.
 
     python bench/train_throughput.py [--shapes quickstart vocab32k] [--precisions fp32 bf16]
-                                     [--modes eager compiled] [--warmup 2 --steps 4]
+                                     [--modes eager compiled] [--pairs 3] [--warmup 2 --steps 4]
+                                     [--threads 1]
 
-Every configuration (shape x precision x mode x framework) runs in a fresh process, so
-each reports its own peak resident memory; the driver prints one table per shape and
-precision, then where each configuration's time goes.
+Every measurement is a fresh process, and the sides alternate (Forge, transformers,
+Forge, transformers, ...: ``--pairs`` rounds), so the load of a shared machine falls on
+both alike. Each comparison prints the median over the rounds of the per-round ratios,
+per CPU-second (process time: what a loaded machine perturbs least) beside per
+wall-second, with their range.
 
 - Shapes: ``quickstart`` (dim 256, 4 layers, 4 heads / 2 kv heads, batch 16 x sequence
   256, the byte vocabulary of 258) and ``vocab32k`` (the same blocks, batch 2 x sequence
   1,024, a vocabulary of 32,768: byte tokens, the embedding and output layer padded to
   32,768 rows, so the output layer and the loss cost what a 32k tokenizer's do).
-- Forge uses ``train.loss.name: chunked`` where the vocabulary is 32k (the full logits
-  where it is 258: nothing to save there; ``--forge-loss`` overrides), its ``adamw``
-  plugin and its trainer step; transformers the step a user writes (forward,
-  ``F.cross_entropy`` over the float logits, backward, ``clip_grad_norm_``,
-  ``torch.optim.AdamW`` with the same hyperparameters). Both start from Forge's initial
-  weights and read the same packed rows in the same order (stdlib corpus, byte
-  tokenizer, ``concat`` without document isolation, so both compute plain causal
-  attention with sdpa).
-- Per configuration: tokens/s (median step), CPU seconds per step (process time: steadier
-  than wall-clock on a shared machine), peak RSS of the whole process and of the measured
-  steps alone (``/proc/self/clear_refs`` resets the high-water mark after warm-up;
-  Linux), peak allocated memory on CUDA, the first step's loss (the same weights and batch
-  give the same loss up to rounding), Forge's MFU against the measured matmul peak.
-- The profile (one more step under ``torch.profiler``) splits self time into matmul,
-  attention, norms, loss, optimizer (clipping included), data, fused (compiled kernels
-  that are not a matmul: norms, rotary, activations fused together) and other. Ops are
-  classified by name (matmuls, attention) or by the labelled region they run in (data,
-  loss, optimizer, norms: a range around every RMSNorm in eager mode); a backward op
-  takes the category of the forward op that created it (the autograd sequence number).
+- The headline is full logits against full logits (Forge's ``train.loss.name: full``,
+  transformers' ``F.cross_entropy`` over the float logits). At the 32k vocabulary Forge's
+  ``chunked`` loss (which never holds the whole logits) runs as a third side of every
+  round and gets its own line against the same transformers processes.
+- Forge runs its ``adamw`` plugin and its trainer step; transformers the step a user
+  writes (forward, loss, backward, ``clip_grad_norm_``, ``torch.optim.AdamW``) with the
+  same hyperparameters, ``foreach=True`` (what Forge's ``implementation: auto`` picks on
+  CPU) and the same decay groups (Forge's, by parameter name: decay on the matrices and
+  the embedding, none on norms and biases). Both start from Forge's initial weights and
+  read the same packed rows in the same order (stdlib corpus, byte tokenizer, ``concat``
+  without document isolation, so both compute plain causal attention with sdpa).
+- Compile granularity differs and is printed: Forge compiles each block on its own
+  (``train.compile``), transformers' user compiles the whole model in one call; in both
+  the loss and the optimizer run eager.
+- Per configuration: tokens/s (median step), CPU seconds per step, peak RSS of the whole
+  process and of the measured steps alone (``/proc/self/clear_refs`` resets the
+  high-water mark after warm-up; Linux), peak allocated memory on CUDA, the first step's
+  loss (the same weights and batch give the same loss up to rounding), Forge's MFU.
+- The profile (one more step under ``torch.profiler``, in the first round) splits self
+  time into matmul, attention, norms, loss, optimizer (clipping included), data, fused
+  (compiled kernels that are not a matmul: norms, rotary, activations fused together) and
+  other. Ops are classified by name (matmuls, attention) or by the labelled region they
+  run in (data, loss, optimizer, norms: a range around every RMSNorm in eager mode); a
+  backward op takes the category of the forward op that created it (the autograd
+  sequence number).
 """
 
 from __future__ import annotations
@@ -90,16 +99,81 @@ class PaddedVocab:
         ]
 
 
-def forge_loss(cfg: dict) -> str:
-    """``--forge-loss``; ``auto``: chunked at a 32k vocabulary, the full logits at 258."""
-    if cfg["forge_loss"] != "auto":
-        return cfg["forge_loss"]
-    return "chunked" if cfg["vocab"] else "full"
+#: What each side compiles (``--modes compiled``); printed with the results.
+GRANULARITY = {
+    "forge": "train.compile: torch.compile on each block, one by one; embedding, final norm, "
+    "output head, loss and optimizer eager",
+    "hf": "torch.compile(model): the whole LlamaForCausalLM (embedding, blocks, final norm, "
+    "output head) in one call; loss and optimizer eager",
+}
+
+
+def sides(shape: str) -> list[tuple[str, str]]:
+    """``(framework, loss)`` of each process of a round, in the order they run: full
+    logits against full logits first; at the 32k vocabulary Forge's chunked loss too."""
+    out = [("forge", "full"), ("hf", "full")]
+    return out + [("forge", "chunked")] if SHAPES[shape]["vocab"] else out
+
+
+def schedule(shapes, precisions, modes, pairs: int) -> list[dict]:
+    """Every process to run, in order: per shape, precision and mode, ``pairs`` rounds of
+    :func:`sides` (A B A B ...: alternated, so the machine's load falls on both alike)."""
+    runs = []
+    for shape in shapes:
+        for precision in precisions:
+            for mode in modes:
+                for round_ in range(pairs):
+                    for framework, loss in sides(shape):
+                        runs.append(
+                            {
+                                **SHAPES[shape],
+                                "shape": shape,
+                                "precision": precision,
+                                "mode": mode,
+                                "framework": framework,
+                                "loss": loss,
+                                "round": round_,
+                            }
+                        )
+    return runs
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def comparisons(results: list[dict]) -> list[dict]:
+    """Forge (each loss) against transformers, per shape, precision and mode: the per-round
+    ratios (Forge's tokens/s over transformers' by wall clock; transformers' CPU seconds
+    per step over Forge's, so above 1 means Forge does a step in less CPU time)."""
+    groups: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for r in results:
+        key = (r["shape"], r["precision"], r["mode"])
+        name = "hf" if r["framework"] == "hf" else f"forge {r['loss']}"
+        groups.setdefault(key, {}).setdefault(r["round"], {})[name] = r
+    out = []
+    for (shape, precision, mode), rounds in groups.items():
+        for forge in ("forge full", "forge chunked"):
+            pairs = [(rd[forge], rd["hf"]) for rd in rounds.values() if forge in rd and "hf" in rd]
+            if not pairs:
+                continue
+            out.append(
+                {
+                    "shape": shape,
+                    "precision": precision,
+                    "mode": mode,
+                    "forge": forge,
+                    "pairs": len(pairs),
+                    "cpu": [h["cpu_s_per_step"] / f["cpu_s_per_step"] for f, h in pairs],
+                    "wall": [f["tokens_per_s"] / h["tokens_per_s"] for f, h in pairs],
+                }
+            )
+    return out
 
 
 def forge_config(cfg: dict, out_dir: str) -> dict:
     padded = cfg["vocab"] > 0
-    loss = {"name": forge_loss(cfg)}
+    loss = {"name": cfg["loss"]}
     return {
         "run": {"name": "bench", "out_dir": out_dir, "seed": 0, "device": cfg["device"]},
         "model": {
@@ -115,7 +189,7 @@ def forge_config(cfg: dict, out_dir: str) -> dict:
         "attention": {"backend": "sdpa"},
         "data": {
             "source": "stdlib",
-            "source_options": {"max_bytes": 2_000_000},
+            "source_options": {"max_bytes": cfg.get("max_bytes", 2_000_000)},
             "tokenizer": "byte_padded" if padded else "byte",
             "packer": "concat",
             "packer_options": {"isolate": False},
@@ -187,8 +261,30 @@ def build_hf(trainer, compiled: bool):
     }
     missing, unexpected = model.load_state_dict(mapped, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    (forge_optimizer,) = trainer.parts.optimizers
+    optimizer = torch.optim.AdamW(
+        hf_param_groups(part, forge_optimizer, model),
+        lr=LR,
+        betas=BETAS,
+        eps=forge_optimizer.defaults["eps"],
+        foreach=True,
+    )
     return (torch.compile(model) if compiled else model), model, optimizer
+
+
+def hf_param_groups(part, forge_optimizer, model) -> list[dict]:
+    """Forge's optimizer groups (their weight decay and members, in order) over the
+    transformers model's parameters of the same names."""
+    from forge_plugins.models.hf_keys import to_hf_key
+
+    names = {id(p): name for name, p in part.named_parameters()}
+    hf = dict(model.named_parameters())
+    groups = [
+        {"params": [hf[to_hf_key(names[id(p)])] for p in g["params"]], "weight_decay": g["weight_decay"]}
+        for g in forge_optimizer.param_groups
+    ]
+    assert sum(len(g["params"]) for g in groups) == len(hf), "every parameter in one group"
+    return groups
 
 
 def hf_step(model, params, optimizer, loader, precision: str, device) -> float:
@@ -240,11 +336,14 @@ def label_forge(trainer) -> None:
             (),
             {
                 "__next__": lambda self: labelled("bench.data", loader.__next__)(),
-                "close": lambda self: loader.close(),
+                "__getattr__": lambda self, name: getattr(loader, name),
             },
         )(),
     )
     parts.pmodel.loss_fn = labelled("bench.loss", parts.pmodel.loss_fn)
+    objective = parts.pmodel.objective
+    if objective is not None and hasattr(objective, "token_loss"):  # the lm objective's loss
+        objective.token_loss = labelled("bench.loss", objective.token_loss)
     step_module.clip_grad_norm = labelled("bench.optimizer", step_module.clip_grad_norm)
     for optimizer in parts.optimizers:
         optimizer.step = labelled("bench.optimizer", optimizer.step)
@@ -378,7 +477,7 @@ def worker(cfg: dict) -> dict:
             if forge:
                 mfus.append(out["mfu"])
         steps_peak = _rss_kib("VmHWM") if steady is not None else None
-        profile = profile_step(step)
+        profile = profile_step(step) if cfg.get("profile", True) else None
     tokens = cfg["batch"] * cfg["seq"]
     return {
         **cfg,
@@ -411,50 +510,66 @@ def _mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f}"
 
 
-def report(results: list[dict]) -> None:
+def _side(r: dict) -> str:
+    return "hf" if r["framework"] == "hf" else f"forge {r['loss']}"
+
+
+def report(results: list[dict], load: tuple[float, float]) -> None:
+    """Per shape and precision: each side's medians over its rounds, then the ratios of
+    the alternated rounds, then where one profiled step's CPU time goes."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in results:
         groups.setdefault((r["shape"], r["precision"]), []).append(r)
+    ratios = comparisons(results)
     for (shape, precision), rows in groups.items():
         s = SHAPES[shape]
         print(
             f"\n## {shape}: dim {s['dim']}, {s['layers']} layers, batch {s['batch']} x seq {s['seq']}, vocab "
-            f"{s['vocab'] or 258}; {precision}"
+            f"{s['vocab'] or 258}; {precision}; medians over the rounds"
         )
         print(
-            "| config | tokens/s | CPU s/step | peak RSS MiB "
+            "| config | rounds | tokens/s | CPU s/step | peak RSS MiB "
             "| steps' peak RSS MiB (rise) | first loss | MFU |"
         )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        by: dict[tuple[str, str], list[dict]] = {}
         for r in rows:
-            loss = f" ({forge_loss(r)} loss)" if r["framework"] == "forge" else ""
-            name = f"{r['framework']} {r['mode']}{loss}"
-            mfu = "" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            by.setdefault((r["mode"], _side(r)), []).append(r)
+        for (mode, side), rs in by.items():
+
+            def med(key, rs=rs):
+                values = [r[key] for r in rs if r[key] is not None]
+                return statistics.median(values) if values else None
+
+            mfu = med("mfu")
             print(
-                f"| {name} | {r['tokens_per_s']:,.0f} | {r['cpu_s_per_step']:.2f} "
-                f"| {_mib(r['peak_rss_mib'])} | "
-                f"{_mib(r['steps_peak_rss_mib'])} ({_mib(r['steps_rss_rise_mib'])}) "
-                f"| {r['first_loss']:.4f} | {mfu} |"
+                f"| {side} {mode} | {len(rs)} | {med('tokens_per_s'):,.0f} | {med('cpu_s_per_step'):.3f} "
+                f"| {_mib(med('peak_rss_mib'))} | {_mib(med('steps_peak_rss_mib'))} "
+                f"({_mib(med('steps_rss_rise_mib'))}) | {rs[0]['first_loss']:.4f} | "
+                f"{'' if mfu is None else f'{mfu:.1%}'} |"
             )
-        by = {(r["framework"], r["mode"]): r for r in rows}
-        for mode in ("eager", "compiled"):
-            forge, hf = by.get(("forge", mode)), by.get(("hf", mode))
-            if forge and hf:
+        for c in ratios:
+            if (c["shape"], c["precision"]) == (shape, precision):
                 print(
-                    f"forge/hf {mode}: {forge['tokens_per_s'] / hf['tokens_per_s']:.2f}x tokens/s, "
-                    f"{hf['cpu_s_per_step'] / forge['cpu_s_per_step']:.2f}x per CPU-second, "
-                    f"peak RSS {forge['peak_rss_mib'] / hf['peak_rss_mib']:.2f}x, steps' peak "
-                    f"{forge['steps_peak_rss_mib'] / hf['steps_peak_rss_mib']:.2f}x"
-                    if forge["steps_peak_rss_mib"] and hf["steps_peak_rss_mib"]
-                    else ""
+                    f"{c['forge']} / hf {c['mode']}: {_median_range(c['cpu'])} per CPU-second, "
+                    f"{_median_range(c['wall'])} per wall-second ({c['pairs']} alternated pairs)"
                 )
-    print("\n## Where a step's CPU time goes (self time, one profiled step; % of the step)")
+        if any(r["mode"] == "compiled" for r in rows):
+            for framework, what in GRANULARITY.items():
+                print(f"compiled {framework}: {what}")
+    print(
+        "\n## Where a step's time goes (self time, one profiled step of round 1; % of the step; the "
+        "profiler times each op by the clock, so on a loaded machine read the shares, not the ms)"
+    )
     print("| config | ms | " + " | ".join(CATEGORIES) + " |")
     print("| --- | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " |")
     for r in results:
+        if r["profile_ms"] is None:
+            continue
         total = sum(r["profile_ms"].values())
         cells = " | ".join(f"{100 * r['profile_ms'][c] / total:.0f}%" for c in CATEGORIES)
-        print(f"| {r['shape']} {r['precision']} {r['framework']} {r['mode']} | {total:,.0f} | {cells} |")
+        print(f"| {r['shape']} {r['precision']} {_side(r)} {r['mode']} | {total:,.0f} | {cells} |")
+    print(f"\nload average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
 
 
 def main() -> int:
@@ -462,26 +577,21 @@ def main() -> int:
     p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["quickstart", "vocab32k"])
     p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"])
+    p.add_argument("--pairs", type=int, default=3, help="alternated rounds (each side a fresh process)")
     p.add_argument("--warmup", type=int, default=2, help="steps before measuring (the first compiles)")
-    p.add_argument("--steps", type=int, default=4, help="measured steps per configuration")
-    p.add_argument(
-        "--forge-loss",
-        default="auto",
-        choices=("auto", "full", "chunked"),
-        help="Forge's train.loss.name (auto: chunked at the 32k vocabulary, full at 258)",
-    )
+    p.add_argument("--steps", type=int, default=4, help="measured steps per process")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads (0: PyTorch's default, one per core)"
     )
-    p.add_argument("--json", help="also write every configuration's results here")
+    p.add_argument("--json", help="also write every process's results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
         return 0
-    if args.warmup < 1 or args.steps < 1:
-        p.error("--warmup and --steps must be at least 1")
+    if args.warmup < 1 or args.steps < 1 or args.pairs < 1:
+        p.error("--warmup, --steps and --pairs must be at least 1")
     if "bf16" in args.precisions and args.device == "cpu":
         from forge_core.train.precision import cpu_has_bf16
 
@@ -489,32 +599,26 @@ def main() -> int:
             print("note: this CPU has no native bf16 (AVX512_BF16/AMX): bf16 skipped", file=sys.stderr)
             args.precisions = [x for x in args.precisions if x != "bf16"]
     results = []
-    started = time.perf_counter()
-    for shape in args.shapes:
-        for precision in args.precisions:
-            for mode in args.modes:
-                for framework in ("forge", "hf"):
-                    cfg = {
-                        **SHAPES[shape],
-                        "shape": shape,
-                        "precision": precision,
-                        "mode": mode,
-                        "framework": framework,
-                        "warmup": args.warmup,
-                        "steps": args.steps,
-                        "device": args.device,
-                        "threads": args.threads,
-                        "forge_loss": args.forge_loss,
-                    }
-                    t0 = time.perf_counter()
-                    results.append(run_config(cfg))
-                    print(
-                        f"[{time.perf_counter() - started:5.0f}s] {shape} {precision} {mode} {framework}: "
-                        f"{results[-1]['tokens_per_s']:,.0f} tokens/s ({time.perf_counter() - t0:.0f}s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-    report(results)
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    for run in schedule(args.shapes, args.precisions, args.modes, args.pairs):
+        cfg = {
+            **run,
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "device": args.device,
+            "threads": args.threads,
+            "profile": run["round"] == 0,
+        }
+        t0 = time.perf_counter()
+        results.append(run_config(cfg))
+        print(
+            f"[{time.perf_counter() - started:5.0f}s] {run['shape']} {run['precision']} {run['mode']} "
+            f"round {run['round'] + 1} {_side(run)}: {results[-1]['tokens_per_s']:,.0f} tokens/s, "
+            f"{results[-1]['cpu_s_per_step']:.3f} CPU s/step ({time.perf_counter() - t0:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    report(results, (load, os.getloadavg()[0]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -6,16 +6,39 @@ Forge's pytest plugin, :mod:`forge_core.testing.pytest_plugin`."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def load_bench(file: str, name: str | None = None) -> Any:
+    """The script ``bench/<file>`` as a module (``bench/`` is not a package), under
+    ``name`` (default ``bench_<stem>``)."""
+    spec = importlib.util.spec_from_file_location(name or f"bench_{Path(file).stem}", REPO / "bench" / file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the benches run (``--threads 1``): on a loaded machine two
+    threads wait on each other."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def write_config(path: Path, data: dict) -> Path:

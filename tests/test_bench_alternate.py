@@ -4,14 +4,10 @@ and a row and its table carry both clocks."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from conftest import REPO
+from conftest import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_alternate", REPO / "bench" / "alternate.py")
-alternate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(alternate)
+alternate = load_bench("alternate.py")
 
 
 def test_sides_run_in_turns_after_their_warm_ups():

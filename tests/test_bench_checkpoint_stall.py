@@ -4,15 +4,11 @@ collected at a step boundary or at the wait), and the table compares the two."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from conftest import REPO
+from conftest import load_bench
 
 from forge_core.train.checkpoint import find_latest
 
-_spec = importlib.util.spec_from_file_location("bench_stall", REPO / "bench" / "checkpoint_stall.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("checkpoint_stall.py", "bench_stall")
 
 
 def test_the_bench_measures_both_ways_through_the_trainers_save(tmp_path):

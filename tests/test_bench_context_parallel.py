@@ -4,18 +4,12 @@ launches torchrun per cp degree and takes about a minute even with ``--quick``.)
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
-from conftest import REPO
+from conftest import load_bench
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_context_parallel", REPO / "bench" / "context_parallel.py"
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("context_parallel.py")
 
 
 def toy_step(weight: torch.nn.Parameter, x: torch.Tensor) -> torch.Tensor:

@@ -3,14 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from conftest import REPO
+from conftest import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_data_scale", REPO / "bench" / "data_scale.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("data_scale.py")
 
 
 def test_growth_splits_anonymous_from_file_backed_memory_per_token():

@@ -4,24 +4,16 @@ its equivalence section catches a backend that attends across documents."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_gpu_validation", REPO / "bench" / "gpu_validation.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("gpu_validation.py")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_reduced_run_writes_every_section_and_passes(tmp_path):

@@ -5,24 +5,14 @@ ep=2 part launches torchrun and is run by hand: ``python bench/moe.py --ep``.)""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import REPO
+from conftest import load_bench
 
-_spec = importlib.util.spec_from_file_location("bench_moe", REPO / "bench" / "moe.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("moe.py")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """As the bench runs (``--threads 1``): on a loaded machine two threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = ["--dim", "32", "--experts", "4", "--expert-hidden", "16", "--batch", "1", "--seq-len", "16"]

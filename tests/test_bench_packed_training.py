@@ -7,17 +7,13 @@ machine; ``python bench/packed_training.py --quick`` runs it.)"""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import REPO
+from conftest import load_bench
 
 from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 
-_spec = importlib.util.spec_from_file_location("bench_packed_training", REPO / "bench" / "packed_training.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench("packed_training.py")
 
 TINY = [
     "--dim",
@@ -35,12 +31,7 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_packed_row_labels_stop_at_every_document_end():

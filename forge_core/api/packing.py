@@ -39,6 +39,12 @@ Boundaries = Literal["documents", "eos", "none"]
 BOUNDARIES: tuple[str, ...] = ("documents", "eos", "none")
 
 
+#: A layout array is stored as int32 when every entry lies in ``[-NARROW, NARROW)``: the
+#: sum or difference of two entries (``starts + lengths``, ``np.diff(row_ptr)``) then
+#: still fits in int32, and a corpus of up to a billion tokens costs half the memory.
+NARROW = 1 << 30
+
+
 def _int64(value: Any) -> Any:
     import numpy as np
 
@@ -46,6 +52,16 @@ def _int64(value: Any) -> Any:
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise ValueError(f"expected a 1-D integer array, got shape {array.shape} of {array.dtype}")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _index(value: Any) -> Any:
+    """A layout array in its storage dtype: int32 within ``±NARROW``, else int64."""
+    import numpy as np
+
+    array = _int64(value)
+    if not array.size or (int(array.min()) >= -NARROW and int(array.max()) < NARROW):
+        return array.astype(np.int32)
+    return array
 
 
 @attrs.frozen(eq=False)
@@ -61,14 +77,20 @@ class RowLayout:
     plugin guide); ``stats`` are extra numbers for the log (the kernel computes
     ``rows``, ``tokens``, ``kept`` and ``fill`` itself).
 
+    The three arrays are kept for the whole run, a few per row, so each is stored in
+    the narrowest of int32 and int64 that holds it: int32 while every entry lies within
+    ``±2**30`` (:data:`NARROW`; any sum or difference of two entries then still fits),
+    else int64. They accept any 1-D integer input; a reader that multiplies them, or
+    adds more than two, casts first (``np.asarray(layout.starts, np.int64)``).
+
     Build one with :meth:`from_placement` (a row and column per piece, any order) or
     :meth:`windows` (fixed windows of the stream, as ``concat`` does).
     """
 
     seq_len: int
-    starts: Any = attrs.field(converter=_int64)
-    lengths: Any = attrs.field(converter=_int64)
-    row_ptr: Any = attrs.field(converter=_int64)
+    starts: Any = attrs.field(converter=_index)
+    lengths: Any = attrs.field(converter=_index)
+    row_ptr: Any = attrs.field(converter=_index)
     boundaries: Boundaries = attrs.field(default="documents", validator=attrs.validators.in_(BOUNDARIES))
     metadata: bool = False
     stats: dict[str, float] = attrs.field(factory=dict)

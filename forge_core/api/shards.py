@@ -223,8 +223,9 @@ class TokenDocuments:
 
 
 class Shards(TokenDocuments):
-    """A complete shard directory, validated on open; tokens are memory-mapped, the
-    per-document offsets and hashes are read into memory (16 bytes per document)."""
+    """A complete shard directory, validated on open; tokens, per-document offsets and
+    hashes are all memory-mapped (pages the kernel reads on demand and may drop), so an
+    open directory holds no per-document memory of its own."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -241,8 +242,8 @@ class Shards(TokenDocuments):
         hashes_path = self.path / index["files"]["hashes"]
         self.tokens_path = tokens_path
         try:
-            self.offsets = np.load(offsets_path)
-            self.hashes = np.load(hashes_path)
+            self.offsets = np.load(offsets_path, mmap_mode="r")
+            self.hashes = np.load(hashes_path, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise ForgeError(
                 f"{self.path}: cannot read its offsets or hashes ({exc}); the shard is damaged."

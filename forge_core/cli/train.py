@@ -143,12 +143,15 @@ def train(
         placement = distributed.setup(result.config.run.device, result.config.run.collective_timeout)
         try:
             outcome = Trainer(result.plan, result.registries, placement, stop=stop).run()
-            # Every rank leaves its last collective before any rank closes the group: a
-            # peer that tears down gloo while another still completes work can abort it.
-            # The same all-reduce tells a rank stopped by its peers' signal which one it was.
+            # Tells a rank stopped by its peers' signal which one it was.
             received = distributed.all_reduce_max([float(stop.received or 0)], placement.device)[0]
             if outcome == "interrupted" and stop.received is None and received:
                 stop.received = int(received)
+            # Every rank leaves its last collective before any rank closes the group: a
+            # peer that tears down gloo while another still completes work can abort it
+            # ("terminate called without an active exception"). gloo's barrier, unlike an
+            # all-reduce, first waits for the group's pending work (a pipeline's last sends).
+            distributed.barrier()
             return outcome
         except (ForgeError, BrokenPipeError):
             raise

@@ -57,7 +57,7 @@ class SourceData:
     where: str  # its config path: data.source or data.sources[i]
     weight: float
     shards: Any  # forge_core.api.Shards
-    train: np.ndarray  # document numbers in the shards that are trained on
+    train: np.ndarray | None  # document numbers in the shards that are trained on (None: all)
     heldout: np.ndarray  # and those held out
     rows: Any  # PackedRows or ArrayRows
     tokens_note: str
@@ -151,12 +151,13 @@ def check_token_dtype(documents: Any, tokenizer: Any) -> None:
         )
 
 
-def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(training documents, held-out documents)`` by number, each in corpus order."""
+def split_documents(shards: Any, heldout: Any) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(training documents, held-out documents)`` by number, each in corpus order;
+    ``None`` for the training documents when every document is one (no index to keep)."""
     from forge_core.data.heldout import heldout_mask
 
     if heldout.fraction <= 0:  # no hash needed (a token format computes them on first read)
-        return np.arange(shards.num_documents), np.zeros(0, np.int64)
+        return None, np.zeros(0, np.int64)
     held = heldout_mask(shards.hashes, heldout.fraction, heldout.seed)
     return np.flatnonzero(~held), np.flatnonzero(held)
 
@@ -230,14 +231,15 @@ def build_training_data(
         source = chat_source(build_source(plan, registries, index), tokenizer, data.chat)
         shards, note = source_shards(source, tokenizer, data.cache, label, is_main=is_main, report=report)
         train, held = split_documents(shards, data.heldout)
-        if not len(train):
+        if train is not None and not len(train):
             raise ForgeError(
                 f"{label}: all {shards.num_documents} documents are held out "
                 f"(data.heldout.fraction: {data.heldout.fraction}); lower the fraction."
             )
         chat_note = ""
         if data.chat.format:
-            stream, truncation = chat_stream(shards, train, eos, vocab, data.chat, data.seq_len)
+            every = np.arange(shards.num_documents) if train is None else train
+            stream, truncation = chat_stream(shards, every, eos, vocab, data.chat, data.seq_len)
             chat_note = truncation.note(data.seq_len, data.chat.format)
             if not len(stream):
                 raise ForgeError(

@@ -45,10 +45,13 @@ from forge_core.data.mixture import source_order
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The order in which epoch ``epoch`` visits the rows."""
-    if not shuffle:
-        return np.arange(num_rows)
-    return np.random.default_rng([seed, epoch]).permutation(num_rows)
+    """The order in which epoch ``epoch`` visits the rows. Kept for the whole epoch, so
+    int32 while the row numbers fit (half the memory of int64); the shuffle is the same
+    permutation either way (its draws depend on the number of rows, not their dtype)."""
+    order = np.arange(num_rows, dtype=np.int32 if num_rows <= np.iinfo(np.int32).max else np.int64)
+    if shuffle:
+        np.random.default_rng([seed, epoch]).shuffle(order)
+    return order
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -128,7 +131,7 @@ class StatefulLoader:
             order = epoch_order(self.num_rows, self.seed, epoch, self.shuffle)
             for b in range(batch, self.batches_per_epoch):
                 start = b * self.global_batch + lo
-                yield order[start : start + self.batch_size]
+                yield order[start : start + self.batch_size].astype(np.int64)  # keys stay int64
             epoch, batch = epoch + 1, 0
 
     def _mixture_keys(self, batch: int, lo: int) -> Iterator[np.ndarray]:

@@ -9,7 +9,9 @@ for a batch of row indices it cuts the batch's pieces at the documents they cros
 (runs: a few integers each), gathers the token ids of every row in one pass, and takes
 labels, ``doc_ids`` and ``positions`` from those runs with whole-batch numpy (no loop
 over rows or tokens). What it keeps in memory is
-the layout (a few integers per piece) and the stream's per-document arrays.
+the layout (a few integers per piece, int32 while they fit) and the stream's offsets
+(one int64 per document; where each starts in the tokens is a view of the shard's
+memory-mapped offsets when every document is read, a copy for a subset).
 
 With a trainable mask (``DocumentStream.trainable``: the tokens that take a loss, e.g.
 a conversation's assistant tokens) the label at ``i`` is kept only when the token it
@@ -71,20 +73,23 @@ class DocumentStream:
         self.tokens = tokens
         self.trainable = trainable
         self.inner = None if inner is None else np.ascontiguousarray(inner, dtype=np.int64)
+        # A view, not a copy, of int64 starts (a shard's memory-mapped offsets): per
+        # document the stream keeps only ``offsets`` in memory, and derives the rest.
         self.start = np.ascontiguousarray(start, dtype=np.int64)
-        self.count = np.ascontiguousarray(count, dtype=np.int64)
+        count = np.asarray(count, dtype=np.int64)
         self.eos_id = eos_id
         self.vocab_size = vocab_size
         self.where = where
-        self.document_index = document_index  # the shard's own numbers, for messages
-        self.lengths = self.count + (0 if eos_id is None else 1)
-        self.offsets = np.zeros(len(self.lengths) + 1, np.int64)
-        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.document_index = document_index  # the shard's own numbers, for messages (None: 0, 1, ...)
+        self.offsets = np.zeros(len(count) + 1, np.int64)
+        np.cumsum(count, out=self.offsets[1:])
+        if eos_id is not None:
+            self.offsets += np.arange(len(self.offsets), dtype=np.int64)  # one EOS after each document
         self.eos_trainable = None
         if trainable is not None and eos_id is not None:
-            last = self.start + self.count - 1
-            self.eos_trainable = np.ones(len(self.count), bool)
-            has = np.flatnonzero(self.count > 0)
+            last = self.start + count - 1
+            self.eos_trainable = np.ones(len(count), bool)
+            has = np.flatnonzero(count > 0)
             self.eos_trainable[has] = np.asarray(trainable[last[has]]) != 0
 
     @classmethod
@@ -104,7 +109,17 @@ class DocumentStream:
         return cls(flat, start, count, None, trainable=mask)
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every document's length in the stream, EOS included (computed: a new array)."""
+        return np.diff(self.offsets)
+
+    @property
+    def count(self) -> np.ndarray:
+        """Every document's number of tokens in ``tokens`` (computed: a new array)."""
+        return self.lengths - (0 if self.eos_id is None else 1)
 
     # A memory map travels to loader worker processes as its file, not its contents.
     def __getstate__(self) -> dict[str, Any]:
@@ -131,7 +146,7 @@ class DocumentStream:
         """Tokens at stream ``positions`` (int64) and whether each is its document's last."""
         doc = np.searchsorted(self.offsets, positions, side="right") - 1
         within = positions - self.offsets[doc]
-        last = within == self.lengths[doc] - 1
+        last = positions == self.offsets[doc + 1] - 1
         if self.eos_id is None:
             return np.asarray(self.tokens[self.start[doc] + within], dtype=np.int64), last
         out = np.full(len(positions), self.eos_id, np.int64)
@@ -151,7 +166,7 @@ class DocumentStream:
         out = np.empty(len(positions), bool)
         last = np.zeros(len(positions), bool)
         if self.eos_id is not None:  # the appended EOS has no flag of its own
-            last = within == self.lengths[doc] - 1
+            last = positions == self.offsets[doc + 1] - 1
             out[last] = self.eos_trainable[doc[last]]
         real = np.flatnonzero(~last)
         out[real] = np.asarray(self.trainable[self.start[doc[real]] + within[real]]) != 0
@@ -210,7 +225,7 @@ def check_layout(layout: Any, stream: DocumentStream, seq_len: int, who: str) ->
         raise fail(f"piece {int(np.argmin(lengths))} is empty")
     if starts.min() < 0 or int((starts + lengths).max()) > stream.total:
         raise fail(f"a piece lies outside the stream of {stream.total} tokens")
-    fill = np.add.reduceat(lengths, ptr[:-1][np.diff(ptr) > 0])
+    fill = np.add.reduceat(lengths, ptr[:-1][np.diff(ptr) > 0], dtype=np.int64)
     if fill.max() > seq_len:
         raise fail(f"a row holds {int(fill.max())} tokens, more than seq_len {seq_len}")
     order = np.argsort(starts, kind="stable")
@@ -259,12 +274,15 @@ class PackedRows:
         L, S, stream = self.layout, self.seq_len, self.stream
         B = len(rows)
         N = B * S
-        lo = L.row_ptr[rows]
+        # The layout may store int32 (RowLayout's narrow storage): the batch's few
+        # entries are widened once, so every sum below is exact.
+        lo = L.row_ptr[rows].astype(np.int64, copy=False)
         counts = L.row_ptr[rows + 1] - lo
         first = np.zeros(B + 1, np.int64)
         np.cumsum(counts, out=first[1:])
         piece = np.repeat(lo - first[:-1], counts) + np.arange(first[-1], dtype=np.int64)
-        pstart, plen = L.starts[piece], L.lengths[piece]
+        pstart = L.starts[piece].astype(np.int64, copy=False)
+        plen = L.lengths[piece].astype(np.int64, copy=False)
         pend = pstart + plen
         # Each piece's first slot in the flat (B * S) output: its row's, plus the pieces before it.
         pcum = np.zeros(len(piece) + 1, np.int64)

@@ -174,12 +174,18 @@ def stream(
 ) -> DocumentStream:
     """The documents (all, or those numbered in ``documents``) as the packer's stream,
     EOS appended, every id read checked against ``vocab_size``, with their trainable
-    mask when the shards have one."""
-    index = np.arange(shards.num_documents) if documents is None else np.asarray(documents, np.int64)
+    mask when the shards have one. Every document (``documents`` None) is read through
+    the shards' own starts, a view (of the memory-mapped offsets, for a shard
+    directory), not a copy."""
+    if documents is None:
+        starts, counts, index = shards.starts, shards.counts, None
+    else:
+        index = np.asarray(documents, np.int64)
+        starts, counts = shards.starts[index], shards.counts[index]
     return DocumentStream(
         shards.tokens,
-        shards.starts[index],
-        shards.counts[index],
+        starts,
+        counts,
         eos_id,
         vocab_size=vocab_size,
         where=str(shards.tokens_path),

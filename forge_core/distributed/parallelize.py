@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -468,12 +468,15 @@ def _global_norm(groups: list[list[torch.nn.Parameter]], mesh: Any, dims: tuple[
     return total.sqrt().float()
 
 
-def clip_grad_norm(pmodel: ParallelModel, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(
+    pmodel: ParallelModel, max_norm: float, params: Sequence[torch.nn.Parameter] | None = None
+) -> torch.Tensor:
     """Global gradient norm (see :func:`_global_norm`), scaling every gradient by
     ``max_norm / norm`` when ``max_norm`` is above 0 and the norm exceeds it. Nothing
     waits on the host; a non-finite norm leaves non-finite gradients for the trainer's
-    nonfinite policy to skip."""
-    groups = _by_placement(list(pmodel.parameters()))
+    nonfinite policy to skip. ``params``: ``pmodel``'s parameters, listed once by a
+    caller that clips every step (listing them walks every module); ``None``: listed here."""
+    groups = _by_placement(list(pmodel.parameters()) if params is None else list(params))
     norm = _global_norm(groups, pmodel.mesh, pmodel.dims)
     if max_norm > 0:
         for group in groups:

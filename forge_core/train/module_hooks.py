@@ -19,16 +19,14 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def _calls(parts: Iterable[Any], name: str) -> list[Any]:
+def calls(parts: Iterable[Any], name: str) -> list[Any]:
+    """The bound ``name`` of every module of ``parts`` that defines it. A walk over every
+    module: a caller on the per-step path looks them up once
+    (:class:`~forge_core.train.step.StepFixed`)."""
     found = (getattr(module, name, None) for part in parts for module in part.modules())
     return [call for call in found if callable(call)]
 
 
 def set_token_group(parts: Iterable[Any], group: Any, step_tokens: int) -> None:
-    for call in _calls(parts, "set_token_group"):
+    for call in calls(parts, "set_token_group"):
         call(group, step_tokens)
-
-
-def after_optimizer_step(parts: Iterable[Any]) -> None:
-    for call in _calls(parts, "after_optimizer_step"):
-        call()

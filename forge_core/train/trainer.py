@@ -54,7 +54,7 @@ from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_s
 from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal, signal_number
-from forge_core.train.step import optimizer_step
+from forge_core.train.step import StepFixed, optimizer_step
 
 
 class NonFiniteStop(ForgeError):
@@ -124,6 +124,7 @@ class Trainer:
         self.progress = Progress()
         self.tally = None
         self.base_identity: str | None = None
+        self.step_fixed: StepFixed | None = None
 
     @property
     def pm(self) -> Any:
@@ -142,6 +143,7 @@ class Trainer:
             if mixture is not None
             else None
         )
+        self.step_fixed = StepFixed.of(self.parts.pmodel)  # looked up once, not every step
         self._set_schedule(schedule_span.span_at_start(self.config.train))
 
     def _set_schedule(self, steps: int) -> None:
@@ -332,6 +334,7 @@ class Trainer:
             count_pairs=parts.count_pairs,
             counts=self.tally.local(micro, sources) if self.tally is not None else (),
             measured=parts.stats.local,
+            fixed=self.step_fixed,
         )
         step_time = time.perf_counter() - t0
         progress.stop_agreed = outcome.stop_agreed

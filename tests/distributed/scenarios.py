@@ -490,7 +490,8 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
-        module_hooks.after_optimizer_step(pmodel.parts)  # the loss-free bias update
+        for update in module_hooks.calls(pmodel.parts, "after_optimizer_step"):  # the loss-free bias update
+            update()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         losses.append(float(loss_sum) / global_tokens)
