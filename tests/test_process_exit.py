@@ -46,7 +46,7 @@ def test_the_console_script_ends_through_exit_process():
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "forge-run"]
     assert script.value == "forge_core.cli.exiting:console"
     probe = PROBE.replace(
-        "runpy.run_module(sys.argv[0], run_name=\"__main__\", alter_sys=True)",
+        'runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)',
         "from forge_core.cli.exiting import console\nsys.exit(console())",
     )
     done = subprocess.run(
