@@ -13,7 +13,7 @@ move; these names are what Forge keeps stable.
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.files import atomic_write, fsync_dir
-from forge_core.api.fingerprint import FileSet, files_fingerprint
+from forge_core.api.fingerprint import FileSet, file_stat, files_fingerprint, stat_unchanged
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
 from forge_core.api.metrics import format_perplexity
 from forge_core.api.optim import NamedParameter
@@ -117,7 +117,9 @@ __all__ = [
     "atomic_write",
     "fsync_dir",
     "FileSet",
+    "file_stat",
     "files_fingerprint",
+    "stat_unchanged",
     "PROJECT",
     "hookimpl",
     "hookspec",

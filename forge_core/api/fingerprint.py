@@ -37,6 +37,33 @@ import attrs
 
 _CHUNK = 1 << 20
 
+#: A record made less than this after its file's modification is not trusted: a file
+#: still being written within the clock's granularity could change unseen (git's
+#: "racy" rule).
+RACY_NS = 2_000_000_000
+STAT_FIELDS = ("device", "inode", "size", "mtime_ns")
+
+
+def file_stat(path: str | os.PathLike) -> dict[str, int]:
+    """The file's identity (device, inode), size and modification time in nanoseconds:
+    what a record of something derived from its bytes is checked against."""
+    st = os.stat(path)
+    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stat_unchanged(record: Any, stat: dict[str, int], read_ns: str) -> bool:
+    """Whether ``record`` (a mapping holding a file's :func:`file_stat` and, under the key
+    ``read_ns``, the time its bytes were read, from ``time.time_ns()``) still describes
+    the file whose stat is ``stat`` now: the same identity, size and modification time,
+    read at least :data:`RACY_NS` after that modification. The token cache's file
+    manifest trusts a hash this way, the ``token_file`` source its document boundaries."""
+    return (
+        isinstance(record, dict)
+        and all(record.get(k) == stat[k] for k in STAT_FIELDS)
+        and isinstance(record.get(read_ns), int)
+        and record[read_ns] - stat["mtime_ns"] >= RACY_NS
+    )
+
 
 def file_digest(path: str) -> bytes:
     """SHA-256 of every byte of the file at ``path``."""

@@ -14,8 +14,9 @@ manifest is rewritten atomically. The fingerprint is the one
 What a stat cannot see:
 
 - a record made while its file could still change within the file system's clock
-  granularity (its mtime less than :data:`RACY_NS` before the moment it was hashed) is
-  not trusted: the file is hashed again at the next start (git's "racy" rule);
+  granularity (its mtime less than 2 s before the moment it was hashed:
+  :func:`~forge_core.api.stat_unchanged`) is not trusted: the file is hashed again at the
+  next start (git's "racy" rule);
 - an edit that keeps the size and restores the modification time (``os.utime``, or a
   clock set back) is the documented limit. :func:`fingerprint` with ``verify=True``
   (``forge-run prepare CONFIG --verify``) hashes every file whatever its stat says,
@@ -38,13 +39,11 @@ import attrs
 
 from forge_core.api import fingerprint as fp
 from forge_core.api.files import atomic_write
+from forge_core.api.fingerprint import STAT_FIELDS, file_stat, stat_unchanged
 
 FORMAT = "forge-file-manifest"
 VERSION = 1
 DIRECTORY = "manifests"
-#: A record whose file was modified less than this before it was hashed is re-hashed.
-RACY_NS = 2_000_000_000
-STAT_FIELDS = ("device", "inode", "size", "mtime_ns")
 
 
 @attrs.frozen
@@ -68,11 +67,6 @@ def manifest_path(root: str | os.PathLike, files: fp.FileSet, paths: list[str] |
     return Path(root).expanduser() / DIRECTORY / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
 
 
-def _stat(path: str) -> dict[str, int]:
-    st = os.stat(path)
-    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def _records(path: Path) -> dict[str, dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -84,12 +78,7 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _trusted(record: dict[str, Any] | None, stat: dict[str, int]) -> bool:
-    return (
-        record is not None
-        and all(record.get(k) == stat[k] for k in STAT_FIELDS)
-        and isinstance(record.get("sha256"), str)
-        and int(record.get("hashed_ns", 0)) - stat["mtime_ns"] >= RACY_NS
-    )
+    return stat_unchanged(record, stat, "hashed_ns") and isinstance(record.get("sha256"), str)
 
 
 def fingerprint(files: fp.FileSet, root: str | os.PathLike, *, verify: bool = False) -> Checked:
@@ -103,7 +92,7 @@ def fingerprint(files: fp.FileSet, root: str | os.PathLike, *, verify: bool = Fa
     new: dict[str, dict[str, Any]] = {}
     digests, stale = [], []
     for path, absolute in zip(files.files, paths):
-        stat = _stat(path)  # before hashing: a change while hashing shows at the next start
+        stat = file_stat(path)  # before hashing: a change while hashing shows at the next start
         record = old.get(absolute)
         if not verify and _trusted(record, stat):
             digest = bytes.fromhex(record["sha256"])

@@ -16,9 +16,9 @@ document boundaries are kept beside the file in a sidecar, ``<file>.eos<id>.docs
 (their starts and lengths, with the file's device, inode, size and modification time
 in nanoseconds, and the EOS id), so that a later start reads a few bytes per document
 instead of the whole corpus. A sidecar is trusted only when all four stat fields equal
-the file's and the scan began at least :data:`RACY_NS` after the file's modification
-(a file still being written within the clock's granularity could change unseen, git's
-"racy" rule, as the cache's file manifest applies it); anything else (a changed,
+the file's and the scan began at least 2 s after the file's modification (a file still
+being written within the clock's granularity could change unseen: git's "racy" rule,
+checked by :func:`~forge_core.api.stat_unchanged` as for the cache's file manifest); anything else (a changed,
 replaced, touched or still-fresh file, another EOS, a damaged or foreign sidecar) is
 scanned again and the sidecar rewritten atomically. A directory that cannot be written
 only costs the scan at every start.
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError, TokenDocuments, atomic_write
+from forge_core.api import ForgeError, TokenDocuments, atomic_write, file_stat, stat_unchanged
 
 OPTION = "$.data.source_options"
 #: Tokens scanned for EOS at a time (bounds the memory of the scan).
@@ -45,9 +45,6 @@ _INTEGER = {"|u1": "uint8", "<u2": "uint16", "<u4": "uint32", "<i2": "int16", "<
 ITEMSIZE = {"uint8": 1, "uint16": 2, "uint32": 4, "int16": 2, "int32": 4, "int64": 8}
 SIDECAR_FORMAT = "forge-token-file-documents"
 SIDECAR_VERSION = 1
-#: A sidecar whose scan began less than this after the file's modification is not trusted.
-RACY_NS = 2_000_000_000
-STAT_FIELDS = ("device", "inode", "size", "mtime_ns")
 
 
 def _npy_header(path: str) -> tuple[str, tuple[int, ...], bool]:
@@ -154,11 +151,6 @@ def scan(tokens: Any, eos_id: int) -> tuple[Any, Any]:
     return starts[keep], (ends - starts)[keep]
 
 
-def file_stat(path: str) -> dict[str, int]:
-    st = os.stat(path)
-    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def sidecar_path(path: str, eos_id: int) -> Path:
     return Path(f"{path}.eos{eos_id}.docs.npz")
 
@@ -178,9 +170,7 @@ def read_sidecar(path: str, eos_id: int, stat: dict[str, int], num_tokens: int) 
         and meta.get("format") == SIDECAR_FORMAT
         and meta.get("version") == SIDECAR_VERSION
         and meta.get("eos_id") == eos_id
-        and all(meta.get(k) == stat[k] for k in STAT_FIELDS)
-        and isinstance(meta.get("scanned_ns"), int)
-        and meta["scanned_ns"] - stat["mtime_ns"] >= RACY_NS
+        and stat_unchanged(meta, stat, "scanned_ns")
     )
     # Boundaries that cannot be those of this file (a hand-edited sidecar) are not used.
     sane = (
