@@ -177,7 +177,7 @@ def pack(
 
     who = f"packer {spec.name!r} ({type(packer).__module__}.{type(packer).__qualname__})"
     require_layout(packer, who)
-    layout = check_layout(packer.layout(stream.lengths.copy()), stream, seq_len, who)
+    layout = check_layout(packer.layout(stream.lengths), stream, seq_len, who)
     emitted = DOC_IDS_AND_POSITIONS if layout.metadata else frozenset()
     _check_emitted(
         who, spec.emitted(options), emitted, f"its layout has metadata={layout.metadata}, which gives"

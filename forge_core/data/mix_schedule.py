@@ -51,20 +51,6 @@ class Phase:
     where: tuple[str, ...] | None = None
 
 
-class _Steady:
-    def __init__(self, plan: MixturePlan) -> None:
-        self.plan = plan
-
-    def at(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.plan.at(n)
-
-    def taken(self, n: int) -> np.ndarray:
-        return self.plan.taken(n)
-
-    def describe(self) -> dict[str, Any]:
-        return {"counts": self.plan.counts.tolist()}
-
-
 class _Anneal:
     def __init__(self, before: MixturePlan, after: MixturePlan, steps: int, step_slots: int) -> None:
         self.before, self.after = before, after
@@ -116,7 +102,7 @@ class MixtureSchedule:
                 steady_from += phase.anneal
             if end is None or steady_from < end:
                 starts.append(steady_from * step_slots)
-                segments.append(_Steady(plan))
+                segments.append(plan)  # a steady segment: the plan itself
         self.starts = np.asarray(starts, np.int64)
         self.segments = segments
         # Rows each source has given before each segment.

@@ -90,6 +90,11 @@ class MixturePlan:
         period, rest = divmod(int(slots), PERIOD)
         return period * self.counts + np.bincount(self.pattern[:rest], minlength=len(self.counts))
 
+    def describe(self) -> dict[str, Any]:
+        """What must match for saved slot counts to mean the same rows (a schedule's
+        steady segment: :meth:`~forge_core.data.mix_schedule.MixtureSchedule.describe`)."""
+        return {"counts": self.counts.tolist()}
+
     def taken_of(self, source: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """For each pair: rows ``source[j]`` has given in the first ``slots[j]`` slots."""
         period, rest = np.divmod(np.asarray(slots, dtype=np.int64), PERIOD)

@@ -113,7 +113,8 @@ class DocumentStream:
 
     @property
     def lengths(self) -> np.ndarray:
-        """Every document's length in the stream, EOS included (computed: a new array)."""
+        """Every document's length in the stream, EOS included (computed: a new array each
+        time, so a packer's layout() may change what it is given)."""
         return np.diff(self.offsets)
 
     @property
@@ -472,7 +473,7 @@ def pack_documents(
     stream = DocumentStream.from_documents(documents, trainable)
     who = f"packer {type(packer).__name__}"
     require_layout(packer, who)
-    layout = check_layout(packer.layout(stream.lengths.copy()), stream, given(seq_len, "seq_len"), who)
+    layout = check_layout(packer.layout(stream.lengths), stream, given(seq_len, "seq_len"), who)
     rows = PackedRows(layout, stream, eos_id=given(eos_id, "eos_id"), pad_id=given(pad_id, "pad_id"))
     return rows.read(np.arange(layout.rows))
 
