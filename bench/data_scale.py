@@ -50,6 +50,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/alternate.py, however loaded
+from alternate import status_kib  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 WORDS_PER_FILE = 1_000_000  # tokens per JSON Lines file
 
@@ -170,13 +173,8 @@ def run_child(cfg: dict, tmp: Path, name: str) -> dict:
 
 def rss_anon_mb() -> float:
     """This process's anonymous resident memory now (``RssAnon``), MB; NaN without /proc."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return float("nan")
+    kib = status_kib("RssAnon")
+    return float("nan") if kib is None else kib / 1024
 
 
 def _file_backed(array: np.ndarray) -> bool:
