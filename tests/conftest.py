@@ -6,11 +6,13 @@ Forge's pytest plugin, :mod:`forge_core.testing.pytest_plugin`."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +31,25 @@ def load_bench(file: str, name: str | None = None) -> Any:
     return module
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Within: ``n`` intra-op torch threads; the count before, after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread, as the benches run (``--threads 1``): on a loaded machine two
     threads wait on each other."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def write_config(path: Path, data: dict) -> Path:

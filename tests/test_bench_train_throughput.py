@@ -6,7 +6,6 @@ weights (the same first loss)."""
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import REPO, load_bench
 
 BENCH = REPO / "bench"
@@ -43,12 +42,8 @@ def test_ratios_pair_each_forge_process_with_the_transformers_process_of_its_rou
 
 
 @pytest.fixture
-def bench_on_path(monkeypatch):
+def bench_on_path(monkeypatch, one_thread):
     monkeypatch.syspath_prepend(str(BENCH))  # the tokenizer spec names the module
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_transformers_gets_forges_decay_groups_by_name_and_foreach(bench_on_path, tmp_path):

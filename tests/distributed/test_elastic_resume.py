@@ -13,14 +13,12 @@ initialisation (a loss of about 5.6 instead of 5.4) or Adam's moments lost.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
+from conftest import torch_threads
 from test_forge_run_parallel import RTOL, forge_run
 from train_helpers import read_metrics, tiny_config, write_config
 
@@ -61,16 +59,6 @@ def launch(tmp: Path, name: str, nproc: int, cfg: dict) -> CliResult:
         proc = CliResult(done.returncode, done.stdout, done.stderr)
     assert proc.code == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
