@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 API_DIR = REPO / "forge_core" / "api"
@@ -64,6 +65,7 @@ def test_every_public_name_is_exported():
         not in {
             "batch",
             "chat",
+            "environ",
             "errors",
             "files",
             "fingerprint",
@@ -127,3 +129,13 @@ def test_built_in_plugins_and_the_example_package_import_only_the_api_from_the_k
         and not name.startswith(("forge_core.api", "forge_core.testing"))
     ]
     assert not inside
+
+
+def test_environment_sets_and_unsets_for_a_while_and_restores_even_on_error():
+    from forge_core.api import environment
+
+    env = {"KEPT": "old", "GONE": "here"}
+    with pytest.raises(RuntimeError), environment({"KEPT": "new", "GONE": None, "ADDED": 3}, env):
+        assert env == {"KEPT": "new", "ADDED": "3"}
+        raise RuntimeError
+    assert env == {"KEPT": "old", "GONE": "here"}

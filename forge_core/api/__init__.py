@@ -3,7 +3,7 @@
     from forge_core.api import hookimpl, ModelSpec, Rule, ForgeError, DOC_IDS
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
-``rules``, ``errors``, ``run``, ``metrics``, ``batch``, ``packing``, ``files``, ``fingerprint``,
+``rules``, ``errors``, ``run``, ``metrics``, ``batch``, ``packing``, ``environ``, ``files``, ``fingerprint``,
 ``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``transforms``,
 ``validators``) and nothing here imports torch or any other part of Forge, so a
 plugin's registration module stays as light as ``forge-run check`` needs it. Trainer internals are free to
@@ -11,6 +11,7 @@ move; these names are what Forge keeps stable.
 """
 
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
+from forge_core.api.environ import environment
 from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
 from forge_core.api.files import atomic_write, fsync_dir
 from forge_core.api.fingerprint import FileSet, file_stat, files_fingerprint, stat_unchanged
@@ -114,6 +115,7 @@ __all__ = [
     "did_you_mean",
     "show_value",
     "unknown_name",
+    "environment",
     "atomic_write",
     "fsync_dir",
     "FileSet",

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 
 import attrs
 
-from forge_core.api import ForgeError
+from forge_core.api import ForgeError, environment
 
 #: Step ids from this one up are Slurm's special steps (batch script, extern, interactive,
 #: pending), not ``srun`` steps (slurm.h's ``SLURM_MAX_NORMAL_STEP_ID``).
@@ -51,7 +51,6 @@ MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 PORT_BASE, PORT_SPAN = 10000, 20000
 #: The most hosts one range may name (Slurm's host lists stay far below).
 MAX_RANGE = 1 << 16
-TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # One host of a hostlist: a name with any number of [ranges] (``node[01-04,07]``,
 # ``rack[1-2]-gpu[1-8]``).
@@ -245,18 +244,11 @@ def adopted(env: MutableMapping[str, str]) -> Iterator[SlurmTask | None]:
     ``srun`` task that torchrun did not start; yields the task, or ``None`` when there is
     nothing to adopt. Restored after (``forge-run`` called in process leaves no ``RANK``)."""
     task = task_of(env)
-    saved = {key: env.get(key) for key in TORCHRUN_KEYS}
-    if task is not None:
-        env.update(task.torchrun_env())
-    try:
+    if task is None:
+        yield None
+        return
+    with environment(task.torchrun_env(), env):
         yield task
-    finally:
-        if task is not None:
-            for key, value in saved.items():
-                if value is None:
-                    env.pop(key, None)
-                else:
-                    env[key] = value
 
 
 def task_of(env: Mapping[str, str]) -> SlurmTask | None:

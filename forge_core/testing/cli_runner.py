@@ -23,6 +23,8 @@ from pathlib import Path
 
 import attrs
 
+from forge_core.api import environment
+
 
 @attrs.frozen
 class CliResult:
@@ -36,24 +38,6 @@ class CliResult:
     def output(self) -> str:
         """stdout then stderr, for an assertion message."""
         return self.stdout + self.stderr
-
-
-@contextlib.contextmanager
-def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in env}
-    try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = str(value)
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _under(module: object, roots: Sequence[Path]) -> bool:
@@ -114,7 +98,7 @@ def forge_run(
 
     out, err = io.StringIO(), io.StringIO()
     with (
-        _environment(env or {}),
+        environment(env or {}),
         _import_paths(paths),
         _directory(cwd),
         contextlib.redirect_stdout(out),

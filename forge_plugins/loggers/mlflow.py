@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from forge_core.api import ForgeError, hookimpl
+from forge_core.api import ForgeError, environment, hookimpl
 from forge_plugins.loggers.tracking import (
     LossCurve,
     cannot_start,
@@ -197,16 +197,8 @@ def bounded_requests(timeout: int) -> Iterator[None]:
     unreachable server silent for about five minutes; MLflow reads these settings from
     the environment at every request, so they are set only for the start."""
     bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-    saved = {name: os.environ.get(name) for name in bounds}
-    os.environ.update(bounds)
-    try:
+    with environment(bounds):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def metric_name(name: str) -> str:
