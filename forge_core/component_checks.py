@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from forge_core.api import Plan, Violation, get_path
+from forge_core.api import Plan
+from forge_core.api.unstable import Violation, get_path
 from forge_core.config.schema import OPTION_BLOCKS
 from forge_core.registry import Registries
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import option_doc
 from forge_core.api.options import option_key
+from forge_core.api.unstable import option_doc
 from forge_core.cli.main import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
 
@@ -356,6 +356,53 @@ def _object_section(path: str) -> list[str]:
     return lines
 
 
+def _defined_in(name: str) -> tuple[Any, list[str], int]:
+    """The submodule of ``forge_core.api`` that defines ``name`` (a ``class``, a ``def`` or
+    an assignment at its top level), its source lines and the line that defines it."""
+    import importlib
+    import pkgutil
+
+    import forge_core.api as api
+
+    for info in pkgutil.iter_modules(api.__path__):
+        module = importlib.import_module(f"forge_core.api.{info.name}")
+        if vars(module).get(name) is not getattr(api, name):
+            continue  # another object of that name (``optim.ROLES`` beside ``transforms.ROLES``)
+        lines = inspect.getsource(module).splitlines()
+        for i, line in enumerate(lines):
+            if re.match(rf"(class |def ){name}\b|{name}\s*[:=]", line):
+                return module, lines, i
+    raise LookupError(f"forge_core.api.{name} is defined in no submodule of forge_core.api")
+
+
+def facade_rows() -> list[tuple[str, str, str]]:
+    """``(name, defining module, one-line summary)`` for every stable name of
+    ``forge_core.api``: a constant's ``#:`` comment (as Sphinx reads it), else the first
+    paragraph of its docstring (empty when it has neither)."""
+    import forge_core.api as api
+
+    rows = []
+    for name in api.__all__:
+        module, lines, i = _defined_in(name)
+        above = []
+        while i > 0 and lines[i - 1].startswith("#:"):
+            i -= 1
+            above.insert(0, lines[i][2:].strip())
+        summary = " ".join(above)
+        obj = getattr(api, name)
+        if not summary and (inspect.isclass(obj) or inspect.isfunction(obj)):
+            summary = (inspect.getdoc(obj) or "").split("\n\n")[0]
+        rows.append((name, module.__name__, " ".join(summary.split())))
+    return rows
+
+
+def _facade_table() -> str:
+    lines = ["| name | defined in | what it is |", "| --- | --- | --- |"]
+    for name, module, summary in sorted(facade_rows(), key=lambda row: (row[1], row[0].lower())):
+        lines.append(f"| `{name}` | `{module}` | {_cell(rst_to_markdown(summary))} |")
+    return "\n".join(lines)
+
+
 def hooks_markdown() -> str:
     from forge_core import hookspecs
     from forge_core.api.hooks import PROJECT
@@ -374,6 +421,7 @@ def hooks_markdown() -> str:
             "registration_hooks": _join(_hook_section(f) for f in registration),
             "lifecycle_hooks": _join(_hook_section(f) for f in lifecycle),
             "objects": _join(_object_section(path) for path in hook_objects()),
+            "facade": _facade_table(),
         },
     )
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import Plan, Violation
+from forge_core.api import Plan
+from forge_core.api.unstable import Violation
 from forge_core.component_checks import component_violations
 from forge_core.config.schema import ForgeConfig
 from forge_core.parallel_dims import world_size_from_env

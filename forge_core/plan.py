@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import ActiveStrategy, ChosenSource, ChosenTransform, ForgeError, Plan, get_path
+from forge_core.api import ActiveStrategy, ChosenSource, ChosenTransform, ForgeError, Plan
+from forge_core.api.unstable import get_path
 from forge_core.config.schema import OPTION_BLOCKS, ForgeConfig
 from forge_core.parallel_dims import active_strategies, mesh_dims, resolve_degrees
 from forge_core.registry import Registries

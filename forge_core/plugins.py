@@ -45,8 +45,9 @@ import attrs
 import pluggy
 
 from forge_core import hookspecs
-from forge_core.api import ForgeError, Violation, did_you_mean
+from forge_core.api import ForgeError
 from forge_core.api.hooks import PROJECT
+from forge_core.api.unstable import Violation, did_you_mean
 from forge_core.errors import Interrupted
 
 T = TypeVar("T")

@@ -57,7 +57,7 @@ def annotation_as_written(cls: type, name: str) -> str:
 
 def documented_meaning(field: attrs.Attribute) -> str:
     """A field's ``doc``, followed by what its validators allow."""
-    from forge_core.api import describe, option_doc
+    from forge_core.api.unstable import describe, option_doc
 
     doc = option_doc(field)
     allowed = describe(field)

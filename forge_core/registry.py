@@ -19,7 +19,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, Rule, did_you_mean, unknown_name
+from forge_core.api import ForgeError, Rule
+from forge_core.api.unstable import did_you_mean, unknown_name
 from forge_core.kinds import KINDS, Kind
 from forge_core.plugins import KERNEL_PLUGINS, LoadedPlugins, PluginRaised, call_plugin, load_plugins
 

@@ -2,7 +2,7 @@
 
 A :class:`~forge_core.api.Rule` is declared by the plugin whose limit it describes. The
 engine evaluates every rule over a :class:`~forge_core.api.Plan` and reports every
-:class:`~forge_core.api.Violation` at once, each naming the rule, the declaring plugin,
+:class:`~forge_core.api.unstable.Violation` at once, each naming the rule, the declaring plugin,
 the config fields with their values, why, and how to fix it. Errors stop a run before
 any process group or tensor exists; warnings are printed and the run goes on.
 """

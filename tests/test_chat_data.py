@@ -414,7 +414,7 @@ def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):
 
 
 def test_prepared_pair_shards_train_as_the_cached_ones(tmp_path):
-    from forge_core.api import Shards
+    from forge_core.api.unstable import Shards
     from forge_core.data.prepare import prepare
 
     path = tmp_path / "chatml.jinja"

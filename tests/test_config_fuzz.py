@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forge_core.api import INT_MAX, INT_MIN
+from forge_core.api.unstable import INT_MAX, INT_MIN
 from forge_core.config.errors import ConfigError
 from forge_core.config.loader import structure_config
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig

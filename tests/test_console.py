@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from forge_core.api import RunContext, format_perplexity
+from forge_core.api import RunContext
+from forge_core.api.unstable import format_perplexity
 from forge_plugins.loggers.console import ConsoleLogger, StepTimes
 from forge_plugins.loggers.options import ConsoleOptions
 

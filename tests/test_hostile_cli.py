@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, event, given, seed, settings
 from hypothesis import strategies as st
 from train_helpers import tiny_config, write_config
 
-from forge_core.api import INT_MAX, INT_MIN, hookimpl
+from forge_core.api import hookimpl
+from forge_core.api.unstable import INT_MAX, INT_MIN
 from forge_core.cli.main import build_parser, subcommands
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS
 from forge_core.docgen import builtin_registries, config_keys, option_rows

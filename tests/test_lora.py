@@ -11,7 +11,8 @@ import torch
 from train_helpers import tiny_config, write_config
 
 from forge_core import components
-from forge_core.api import applied_transforms, transforms_disabled
+from forge_core.api import transforms_disabled
+from forge_core.api.unstable import applied_transforms
 from forge_core.config.loader import load_config
 from forge_core.judge import judge_config
 from forge_core.registry import load_registries

@@ -6,7 +6,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from forge_core.api import at_least, option, option_doc
+from forge_core.api import at_least, option
+from forge_core.api.unstable import option_doc
 
 
 @attrs.frozen

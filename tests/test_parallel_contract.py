@@ -247,7 +247,7 @@ def test_blocks_come_from_the_contract_and_a_stage_copy_answers_too():
 
 
 def test_coverage_names_what_the_plan_neither_shards_nor_declares():
-    from forge_core.api import tensor_parallel_coverage
+    from forge_core.api.unstable import tensor_parallel_coverage
 
     def classify(model, blocks, plan):  # nothing applied: only what the plan declares counts
         return tensor_parallel_coverage(model, blocks, plan, lambda name, param: False)
@@ -276,7 +276,7 @@ def test_coverage_names_what_the_plan_neither_shards_nor_declares():
 
 
 def test_tied_parameters_are_found_by_identity_and_retied_when_placed_alike():
-    from forge_core.api import tied_parameter_names as tied_names
+    from forge_core.api.unstable import tied_parameter_names as tied_names
     from forge_plugins.parallel.tensor import retie
 
     model = Tiny()
@@ -294,7 +294,7 @@ def test_tied_parameters_are_found_by_identity_and_retied_when_placed_alike():
 
 
 def test_tied_parameters_placed_differently_are_refused_naming_both():
-    from forge_core.api import tied_parameter_names as tied_names
+    from forge_core.api.unstable import tied_parameter_names as tied_names
     from forge_plugins.parallel.tensor import retie
 
     model = Tiny()

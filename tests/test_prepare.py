@@ -12,7 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from forge_core.api import ForgeError, Shards
+from forge_core.api import ForgeError
+from forge_core.api.unstable import Shards
 from forge_core.data.build import pack, source_shards
 from forge_core.data.packed_rows import pack_documents
 from forge_core.data.pipeline import document_hashes, tokenize

@@ -10,7 +10,8 @@ import pickle
 import numpy as np
 import pytest
 
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, MaskedDocument, Shards
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, MaskedDocument
+from forge_core.api.unstable import Shards
 from forge_core.data.build import source_shards
 from forge_core.data.packed_rows import DocumentStream, PackedRows, check_layout, pack_documents
 from forge_core.data.pipeline import document_hashes

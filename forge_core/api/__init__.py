@@ -3,22 +3,24 @@
     from forge_core.api import hookimpl, ModelSpec, Rule, ForgeError, DOC_IDS
 
 The names below are defined in this package's submodules (``hooks``, ``specs``,
-``rules``, ``errors``, ``run``, ``metrics``, ``batch``, ``packing``, ``environ``, ``files``, ``fingerprint``,
-``parallel``, ``optim``, ``options``, ``protocols``, ``shards``, ``transforms``,
-``validators``) and nothing here imports torch or any other part of Forge, so a
-plugin's registration module stays as light as ``forge-run check`` needs it. Trainer internals are free to
-move; these names are what Forge keeps stable.
+``rules``, ``errors``, ``run``, ``batch``, ``packing``, ``fingerprint``, ``parallel``,
+``optim``, ``options``, ``protocols``, ``shards``, ``transforms``, ``validators``) and
+nothing here imports torch or any other part of Forge, so a plugin's registration
+module stays as light as ``forge-run check`` needs it. Trainer internals are free to
+move; the names in ``__all__`` are what Forge keeps stable, and nothing else is.
+
+Helpers that the kernel and the built-in plugins share without promising them to
+anyone live in :mod:`forge_core.api.unstable` (not stable: they may change without
+notice; third-party plugins should not import them). A name that moved there from here
+raises an ``ImportError`` that says so when imported from here.
 """
 
 from forge_core.api.batch import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS
-from forge_core.api.environ import environment
-from forge_core.api.errors import ForgeError, did_you_mean, show_value, unknown_name
-from forge_core.api.files import atomic_write, fsync_dir
-from forge_core.api.fingerprint import FileSet, file_stat, files_fingerprint, stat_unchanged
+from forge_core.api.errors import ForgeError
+from forge_core.api.fingerprint import FileSet, files_fingerprint
 from forge_core.api.hooks import PROJECT, hookimpl, hookspec
-from forge_core.api.metrics import format_perplexity
 from forge_core.api.optim import NamedParameter
-from forge_core.api.options import option, option_doc
+from forge_core.api.options import option
 from forge_core.api.packing import BOUNDARIES, Boundaries, LazyPacker, RowLayout
 from forge_core.api.parallel import (
     BLOCKS,
@@ -38,8 +40,6 @@ from forge_core.api.parallel import (
     TensorParallelScope,
     blocks_of,
     contract_of,
-    tensor_parallel_coverage,
-    tied_parameter_names,
 )
 from forge_core.api.protocols import (
     AttentionBackend,
@@ -62,11 +62,9 @@ from forge_core.api.rules import (
     Plan,
     Rule,
     Severity,
-    Violation,
-    get_path,
 )
 from forge_core.api.run import RunContext
-from forge_core.api.shards import MaskedDocument, Shards, TokenDocuments, read_shard_index
+from forge_core.api.shards import MaskedDocument, TokenDocuments
 from forge_core.api.specs import (
     AttentionBackendSpec,
     ComponentSpec,
@@ -85,19 +83,14 @@ from forge_core.api.specs import (
 )
 from forge_core.api.transforms import (
     ROLES,
-    AppliedTransform,
     TransformContext,
-    applied_transforms,
     transforms_disabled,
 )
 from forge_core.api.validators import (
-    INT_MAX,
-    INT_MIN,
     Validator,
     above,
     at_least,
     between,
-    describe,
     max_chars,
     non_blank,
     path_fits,
@@ -112,20 +105,11 @@ __all__ = [
     "LABELS",
     "POSITIONS",
     "ForgeError",
-    "did_you_mean",
-    "show_value",
-    "unknown_name",
-    "environment",
-    "atomic_write",
-    "fsync_dir",
     "FileSet",
-    "file_stat",
     "files_fingerprint",
-    "stat_unchanged",
     "PROJECT",
     "hookimpl",
     "hookspec",
-    "format_perplexity",
     "BOUNDARIES",
     "Boundaries",
     "LazyPacker",
@@ -149,9 +133,6 @@ __all__ = [
     "contract_of",
     "NamedParameter",
     "option",
-    "option_doc",
-    "tensor_parallel_coverage",
-    "tied_parameter_names",
     "AttentionBackend",
     "CachingModel",
     "Model",
@@ -170,13 +151,9 @@ __all__ = [
     "Plan",
     "Rule",
     "Severity",
-    "Violation",
-    "get_path",
     "RunContext",
-    "Shards",
     "TokenDocuments",
     "MaskedDocument",
-    "read_shard_index",
     "AttentionBackendSpec",
     "ComponentSpec",
     "LoggerSpec",
@@ -192,20 +169,30 @@ __all__ = [
     "TransformSpec",
     "import_path",
     "ROLES",
-    "AppliedTransform",
     "TransformContext",
-    "applied_transforms",
     "transforms_disabled",
-    "INT_MAX",
-    "INT_MIN",
     "Validator",
     "above",
     "at_least",
     "between",
-    "describe",
     "max_chars",
     "non_blank",
     "path_fits",
     "relative_path",
     "satisfies",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # An ImportError, not an AttributeError: ``from forge_core.api import X`` turns an
+    # AttributeError into a bare "cannot import name", which would hide where X went.
+    from forge_core.api.unstable import MOVED_FROM_API
+
+    if name in MOVED_FROM_API:
+        raise ImportError(
+            f"forge_core.api.{name} moved to forge_core.api.unstable.{name} (not stable: "
+            f"{MOVED_FROM_API[name]}, which may change without notice; a third-party plugin "
+            f"should not import forge_core.api.unstable: copy what it needs instead)",
+            name=name,
+        )
+    raise AttributeError(f"module 'forge_core.api' has no attribute {name!r}")

@@ -35,7 +35,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+#: How labels and metadata follow from a :class:`RowLayout` (see this module's docstring).
 Boundaries = Literal["documents", "eos", "none"]
+#: Every value of :data:`Boundaries`, in the order the docs list them.
 BOUNDARIES: tuple[str, ...] = ("documents", "eos", "none")
 
 

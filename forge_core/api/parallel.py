@@ -166,14 +166,19 @@ class ModelSplit:
 
 # --- the model's parallel contract ------------------------------------------------------
 
-#: Contract pieces a model declares in ``ModelSpec.supports`` and a strategy names in
-#: ``ParallelismSpec.requires``.
-BLOCKS = "blocks"  # the model names its repeated blocks
-TENSOR_PARALLEL = "tensor_parallel"  # ... supplies a tensor-parallel plan
-#: ... whose plan also exists with sequence parallelism (``parallel.options.tp.sequence_parallel``)
+# Contract pieces a model declares in ``ModelSpec.supports`` and a strategy names in
+# ``ParallelismSpec.requires``:
+#: A contract piece: the model names its repeated blocks.
+BLOCKS = "blocks"
+#: A contract piece: the model supplies a tensor-parallel plan.
+TENSOR_PARALLEL = "tensor_parallel"
+#: A contract piece: the model's tensor-parallel plan also exists with sequence
+#: parallelism (``parallel.options.tp.sequence_parallel``).
 SEQUENCE_PARALLEL = "sequence_parallel"
-PIPELINE = "pipeline"  # ... supplies a pipeline split
-OUTPUT_HEAD = "output_head"  # ... names its output projection (train.loss.name: chunked)
+#: A contract piece: the model supplies a pipeline split.
+PIPELINE = "pipeline"
+#: A contract piece: the model names its output projection (``train.loss.name: chunked``).
+OUTPUT_HEAD = "output_head"
 
 #: An attention backend that declares it (``AttentionBackendSpec.supports``) answers
 #: ``prepare_queries(doc_ids, query_index, seq_len, device)``: the mask of a share of a

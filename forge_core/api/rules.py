@@ -17,6 +17,7 @@ import attrs
 
 from forge_core.api.options import option_key
 
+#: How a rule's finding counts: an ``error`` stops the run, a ``warning`` is reported.
 Severity = Literal["error", "warning"]
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, format_perplexity
+from forge_core.api import ForgeError
+from forge_core.api.unstable import format_perplexity
 
 
 def load_plan(run_dir: Path, overrides: list[str]) -> tuple[Any, Any]:

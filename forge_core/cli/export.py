@@ -104,9 +104,10 @@ def _export_adapter(model: Any, plan: Plan, checkpoint: Path, given: Path, out_d
     """``--adapter``: the run's adapters as a PEFT folder, written by the transform that
     has them (``write_adapter(module, directory, hf_key, base)``), into place atomically."""
     from forge_core import components
-    from forge_core.api import applied_transforms, import_path
+    from forge_core.api import import_path
     from forge_core.api.files import move_into_place
     from forge_core.api.shards import partial_dir
+    from forge_core.api.unstable import applied_transforms
     from forge_core.train.run_lock import ensure_out_dir
 
     writers = [t for t in applied_transforms(model) if callable(getattr(t.impl, "write_adapter", None))]

@@ -210,7 +210,7 @@ def unknown_arguments(command: argparse.ArgumentParser, argv: list[str], unknown
     flag (``--max_steps 100``) or a Forge key written as one gets its override
     (``train.steps=100``) where the command takes overrides, any other option a
     did-you-mean."""
-    from forge_core.api import did_you_mean
+    from forge_core.api.unstable import did_you_mean
     from forge_core.config.foreign_keys import flag_hint
 
     actions = command._actions  # noqa: SLF001

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from forge_core.api import Violation
 from forge_core.api.errors import show_value
+from forge_core.api.unstable import Violation
 
 
 def render(violations: Iterable[Violation]) -> str:

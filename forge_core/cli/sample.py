@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge_core.api import INT_MAX, INT_MIN, ForgeError
+from forge_core.api import ForgeError
+from forge_core.api.unstable import INT_MAX, INT_MIN
 from forge_core.generate import has_cache, load_for_inference, sample_tokens
 
 

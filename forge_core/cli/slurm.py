@@ -42,7 +42,8 @@ from collections.abc import Iterator, Mapping, MutableMapping
 
 import attrs
 
-from forge_core.api import ForgeError, environment
+from forge_core.api import ForgeError
+from forge_core.api.unstable import environment
 
 #: Step ids from this one up are Slurm's special steps (batch script, extern, interactive,
 #: pending), not ``srun`` steps (slurm.h's ``SLURM_MAX_NORMAL_STEP_ID``).

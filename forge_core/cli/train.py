@@ -78,7 +78,8 @@ def fetch_remote(
     (:class:`~forge_core.api.ComponentSpec`), so that what the options name elsewhere (a
     Hub id) is here before the config is judged. A config that does not load is left
     to the judge, which reports every problem of it."""
-    from forge_core.api import get_path, import_path
+    from forge_core.api import import_path
+    from forge_core.api.unstable import get_path
     from forge_core.config.schema import OPTION_BLOCKS
     from forge_core.resolve import load_resolved
 

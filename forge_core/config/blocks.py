@@ -8,16 +8,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import (
-    INT_MAX,
-    INT_MIN,
-    ForgeError,
-    did_you_mean,
-    get_path,
-    import_path,
-    show_value,
-    unknown_name,
-)
+from forge_core.api import ForgeError, import_path
+from forge_core.api.unstable import INT_MAX, INT_MIN, did_you_mean, get_path, show_value, unknown_name
 from forge_core.config.errors import type_name
 from forge_core.config.foreign_keys import unknown_key_hint
 from forge_core.config.schema import KEYED_BLOCKS, OPTION_BLOCKS, ForgeConfig, ParallelSection, SourceEntry

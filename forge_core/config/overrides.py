@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import show_value
+from forge_core.api.unstable import show_value
 from forge_core.config.errors import ConfigError
 from forge_core.config.yaml_reader import MAX_DEPTH, parse_yaml
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from forge_core.api import show_value, unknown_name
+from forge_core.api.unstable import show_value, unknown_name
 from forge_core.config.schema import source_labels
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import attrs
 import cattrs
 
-from forge_core.api import INT_MAX, INT_MIN, describe, did_you_mean, show_value
 from forge_core.api.errors import VALUE_WIDTH
 from forge_core.api.options import option_key
+from forge_core.api.unstable import INT_MAX, INT_MIN, describe, did_you_mean, show_value
 from forge_core.config.errors import type_name
 from forge_core.config.foreign_keys import unknown_key_hint
 

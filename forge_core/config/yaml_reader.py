@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from forge_core.api import show_value
+from forge_core.api.unstable import show_value
 from forge_core.config.errors import ConfigError, type_name
 
 #: Deepest nesting of mappings and lists a config may have (a config is a few levels

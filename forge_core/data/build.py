@@ -56,7 +56,7 @@ class SourceData:
     label: str
     where: str  # its config path: data.source or data.sources[i]
     weight: float
-    shards: Any  # forge_core.api.Shards
+    shards: Any  # forge_core.api.unstable.Shards
     train: np.ndarray | None  # document numbers in the shards that are trained on (None: all)
     heldout: np.ndarray  # and those held out
     rows: Any  # PackedRows or ArrayRows

@@ -15,7 +15,7 @@ What a stat cannot see:
 
 - a record made while its file could still change within the file system's clock
   granularity (its mtime less than 2 s before the moment it was hashed:
-  :func:`~forge_core.api.stat_unchanged`) is not trusted: the file is hashed again at the
+  :func:`~forge_core.api.unstable.stat_unchanged`) is not trusted: the file is hashed again at the
   next start (git's "racy" rule);
 - an edit that keeps the size and restores the modification time (``os.utime``, or a
   clock set back) is the documented limit. :func:`fingerprint` with ``verify=True``

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from forge_core.api import environment
+from forge_core.api.unstable import environment
 
 
 @attrs.frozen

@@ -43,7 +43,7 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   mixture-of-experts blocks), and every parameter is sharded by a style or declared
   ``replicated`` or ``partial``, decided by names, with the function the ``tp``
   strategy uses after applying the plan
-  (:func:`~forge_core.api.tensor_parallel_coverage`); no process group is needed.
+  (:func:`~forge_core.api.unstable.tensor_parallel_coverage`); no process group is needed.
 - **pipeline** (a model whose contract has a split): the stages the registered ``pp``
   strategy cuts (its own ``stages(model, model_name, n_stages)``) run in sequence in
   one process, the metadata keywords passed to every stage, and reproduce the unsplit
@@ -79,9 +79,8 @@ from forge_core.api import (
     blocks_of,
     contract_of,
     model_contract_gaps,
-    tensor_parallel_coverage,
-    tied_parameter_names,
 )
+from forge_core.api.unstable import tensor_parallel_coverage, tied_parameter_names
 from forge_core.testing.attention import ReferenceBackend, packed_metadata
 from forge_core.testing.experts import check_expert_parallel
 from forge_core.testing.isolation import DEFAULT_ROWS, check_document_isolation

@@ -101,7 +101,7 @@ def _find_rule(rule: Rule | str, registries: Any) -> Rule:
         raise ValueError(f"rule must be a Rule or a rule id, got {rule!r}")
     entries = {entry.rule.id: entry.rule for entry in registries.rules}
     if rule not in entries:
-        from forge_core.api import did_you_mean
+        from forge_core.api.unstable import did_you_mean
 
         raise ValueError(f"no registered rule has id {rule!r}.{did_you_mean(rule, entries)}")
     return entries[rule]

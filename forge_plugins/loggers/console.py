@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from forge_core.api import format_perplexity, hookimpl
+from forge_core.api import hookimpl
+from forge_core.api.unstable import format_perplexity
 
 
 def _fmt_loss(value: float) -> str:

@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from forge_core.api import ForgeError, environment, hookimpl
+from forge_core.api import ForgeError, hookimpl
+from forge_core.api.unstable import environment
 from forge_plugins.loggers.tracking import (
     LossCurve,
     cannot_start,

@@ -4,7 +4,7 @@ with the evaluation loss (``eval/loss``) as a second curve when the run evaluate
 Needs matplotlib (Agg backend, no display); without it the run goes on and a warning at
 the start says so. After a resume the curve includes the earlier steps, read from the
 ``jsonl`` logger's file when it exists. The PNG replaces the previous one atomically
-(:func:`~forge_core.api.atomic_write`); when it cannot be written (a full disk) the
+(:func:`~forge_core.api.unstable.atomic_write`); when it cannot be written (a full disk) the
 run's outcome stands, the previous curve is kept and a warning says why."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import atomic_write, hookimpl
+from forge_core.api import hookimpl
+from forge_core.api.unstable import atomic_write
 
 
 class LossPoints:

@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, atomic_write
+from forge_core.api import ForgeError
+from forge_core.api.unstable import atomic_write
 from forge_plugins.loggers.plot import LossPoints, write_plot
 
 TRAIN_PREFIX = "train/"

@@ -27,7 +27,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import ForgeError, show_value
+from forge_core.api import ForgeError
+from forge_core.api.unstable import show_value
 from forge_plugins import hub
 from forge_plugins.models.hf_fields import MODEL_TYPES, ROPE_KEYS, read_fields
 from forge_plugins.models.hf_folder import HFFolderMismatch, checkpoint_shapes, read_hf_config, where

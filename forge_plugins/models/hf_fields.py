@@ -23,7 +23,8 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import Validator, above, at_least, show_value
+from forge_core.api import Validator, above, at_least
+from forge_core.api.unstable import show_value
 from forge_plugins.models.options import FAMILIES
 
 #: The ``model_type`` values Forge reads: its families, and the two mixture-of-experts

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from forge_core.api import show_value
+from forge_core.api.unstable import show_value
 from forge_plugins.models.options import LlamaOptions, MoEOptions, is_moe_layer
 
 #: model_type -> (the Forge family of its attention, its architecture).

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from forge_core.api import ForgeError, blocks_of, contract_of, tensor_parallel_coverage, tied_parameter_names
+from forge_core.api import ForgeError, blocks_of, contract_of
+from forge_core.api.unstable import tensor_parallel_coverage, tied_parameter_names
 
 
 def _present(module: torch.nn.Module, path: str) -> bool:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import ForgeError, did_you_mean, read_shard_index
+from forge_core.api import ForgeError
+from forge_core.api.unstable import did_you_mean, read_shard_index
 from forge_plugins.sources.options import (
     HFDatasetsOptions,
     MegatronOptions,
@@ -65,7 +66,7 @@ def check_stdlib_files(ctx: Any) -> list[str]:
 
 def _chat_fields_problem(found: list[str], where: str, fmt: str) -> str | None:
     """Why records with ``found`` fields cannot be read as ``data.chat.format`` ``fmt``."""
-    from forge_core.api.chat import missing_fields
+    from forge_core.api.unstable import missing_fields
 
     absent = missing_fields(fmt, found)
     if not absent:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.api import ForgeError, Shards
+from forge_core.api import ForgeError
+from forge_core.api.unstable import Shards
 
 
 class ShardSource:

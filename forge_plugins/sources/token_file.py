@@ -18,10 +18,10 @@ in nanoseconds, and the EOS id), so that a later start reads a few bytes per doc
 instead of the whole corpus. A sidecar is trusted only when all four stat fields equal
 the file's and the scan began at least 2 s after the file's modification (a file still
 being written within the clock's granularity could change unseen: git's "racy" rule,
-checked by :func:`~forge_core.api.stat_unchanged` as for the cache's file manifest); anything else (a changed,
-replaced, touched or still-fresh file, another EOS, a damaged or foreign sidecar) is
-scanned again and the sidecar rewritten atomically. A directory that cannot be written
-only costs the scan at every start.
+checked by :func:`~forge_core.api.unstable.stat_unchanged` as for the cache's file
+manifest); anything else (a changed, replaced, touched or still-fresh file, another
+EOS, a damaged or foreign sidecar) is scanned again and the sidecar rewritten
+atomically. A directory that cannot be written only costs the scan at every start.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError, TokenDocuments, atomic_write, file_stat, stat_unchanged
+from forge_core.api import ForgeError, TokenDocuments
+from forge_core.api.unstable import atomic_write, file_stat, stat_unchanged
 
 OPTION = "$.data.source_options"
 #: Tokens scanned for EOS at a time (bounds the memory of the scan).

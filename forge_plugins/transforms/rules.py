@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_core.api import did_you_mean
+from forge_core.api.unstable import did_you_mean
 from forge_plugins.transforms.options import LoraOptions
 
 LORA_TARGETS = "lora.targets-are-roles"
