@@ -51,7 +51,9 @@ def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
 
 
 def has_cache(model: Any) -> bool:
-    return callable(getattr(model, "new_cache", None))
+    from forge_core.api import CachingModel
+
+    return isinstance(model, CachingModel)
 
 
 def choose(

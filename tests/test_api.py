@@ -164,6 +164,10 @@ STABLE = {
     # protocols
     "AttentionBackend", "CachingModel", "Model", "ModelTransform", "Packer", "LazyPacker",
     "ParallelModule", "PretrainedModel", "Source", "Strategy", "Tokenizer", "model_contract_gaps",
+    # optional capabilities, each its own protocol
+    "PairCountingBackend", "QueryShardingBackend", "FingerprintedSource", "FileFingerprintedSource",
+    "TokenDocumentSource", "RecordSource", "BatchEncodingTokenizer", "ChatTokenizer", "HFSavingTokenizer",
+    "BatchTransformingStrategy", "AdapterWritingTransform", "TokenGroupModule", "OptimizerStepModule",
     # the parallel contract
     "BLOCKS", "OUTPUT_HEAD", "PIPELINE", "QUERY_SHARDS", "SEQUENCE_PARALLEL", "TENSOR_PARALLEL",
     "AttentionContext", "MeshDim", "ModelFacts", "ModelSplit", "ParallelContext", "ParallelContract",

@@ -819,3 +819,42 @@ def test_pytest_plugin_fixtures(forge_conformance, forge_registries, forge_confi
     forge_conformance.check_rule(
         "model.seq-len", violating=forge_config({"data": {"seq_len": 10**6}}), passing=forge_config({})
     )
+
+
+class _CountsCausalPairs(_Masked):
+    """Counts the pairs of plain causal attention, even with doc_ids (its mask isolates)."""
+
+    def attended_pairs(self, doc_ids, rows, seq_len):
+        return rows * seq_len * (seq_len + 1) // 2
+
+
+class _ShardsQueriesWithoutDocuments(_Masked):
+    """Masks a share of the queries causally against the whole row, ignoring doc_ids."""
+
+    def prepare_queries(self, doc_ids, query_index, seq_len, device):
+        return (torch.arange(seq_len, device=device)[None, None, :] <= query_index[:, :, None])[:, None]
+
+
+@pytest.mark.numerical
+def test_kit_checks_the_optional_capabilities_an_attention_backend_has():
+    class Counts(_Masked):
+        def attended_pairs(self, doc_ids, rows, seq_len):
+            mask = self.prepare(doc_ids, seq_len, "cpu")
+            return int(mask.expand(rows, 1, seq_len, seq_len).sum())
+
+    class Shards(_Masked):
+        def prepare_queries(self, doc_ids, query_index, seq_len, device):
+            return self.prepare(doc_ids, seq_len, device).expand(query_index.shape[0], 1, seq_len, seq_len)[
+                :, :, query_index[0]
+            ]
+
+    check_attention_backend(Counts)
+    check_attention_backend(Shards)
+    with pytest.raises(
+        AssertionError, match=r"attended_pairs\(doc_ids, 2, 16\) returned 272, but its mask allows"
+    ):
+        check_attention_backend(_CountsCausalPairs)
+    with pytest.raises(
+        AssertionError, match=r"prepare_queries\(doc_ids, query_index, seq_len, device\) for the"
+    ):
+        check_attention_backend(_ShardsQueriesWithoutDocuments)

@@ -5,6 +5,12 @@ reference (:mod:`forge_core.hookspecs`) documents it; the conformance kit checks
 behaviour behind it. They are ``runtime_checkable``, so ``isinstance(obj, Packer)``
 tells whether the methods are there (not whether they are right). Torch-free: tensors
 and modules appear as ``Any``.
+
+What a kind of component may offer beyond what it must is stated here too, one
+protocol per optional capability (:class:`PairCountingBackend`,
+:class:`BatchTransformingStrategy`, :class:`FingerprintedSource`, ...): the kernel uses a
+capability when ``isinstance(obj, ThatProtocol)``, never by probing for a name, and the
+conformance kit checks it when it is there.
 """
 
 from __future__ import annotations
@@ -23,14 +29,30 @@ class AttentionBackend(Protocol):
     every layer shares (a mask); ``attend`` takes ``q (B, heads, S, head_dim)`` and
     ``k``/``v (B, kv_heads, S, head_dim)`` and returns the shape of ``q``.
 
-    Optional: ``attended_pairs(doc_ids, rows, seq_len) -> int``, the query-key pairs its
-    mask allows for a batch (``doc_ids`` as the model hands them to ``prepare``, or
-    ``None``), which the trainer's MFU counts; without it, causal attention within each
-    document when the spec ``honours`` ``doc_ids``, over the whole row otherwise."""
+    Optional: :class:`PairCountingBackend`, :class:`QueryShardingBackend`."""
 
     def prepare(self, doc_ids: Any, seq_len: int, device: Any) -> Any: ...
 
     def attend(self, q: Any, k: Any, v: Any, prepared: Any) -> Any: ...
+
+
+@runtime_checkable
+class PairCountingBackend(Protocol):
+    """An attention backend that counts the query-key pairs its mask allows for a batch
+    (``doc_ids`` as the model hands them to ``prepare``, or ``None``), which the
+    trainer's MFU counts; without it, causal attention within each document when the
+    spec ``honours`` ``doc_ids``, over the whole row otherwise."""
+
+    def attended_pairs(self, doc_ids: Any, rows: int, seq_len: int) -> int: ...
+
+
+@runtime_checkable
+class QueryShardingBackend(Protocol):
+    """An attention backend that declares :data:`~forge_core.api.QUERY_SHARDS`: the mask
+    of a share of a row's queries (at row positions ``query_index``) over every key of
+    the row, which context parallelism's all-gather attention hands to ``attend``."""
+
+    def prepare_queries(self, doc_ids: Any, query_index: Any, seq_len: int, device: Any) -> Any: ...
 
 
 #: A packer: built as ``cls(options, seq_len=..., eos_id=..., pad_id=...)``,
@@ -47,11 +69,41 @@ class Source(Protocol):
 
     def describe(self) -> str: ...
 
-    # Optional: ``fingerprint() -> str``, a string that changes whenever the documents
-    # could (forge_core.api.files_fingerprint for a source that reads files); the token
-    # cache is keyed by it. ``fingerprint_files() -> FileSet``: the files, hashed once
-    # and checked by stat. ``token_documents(eos_id) -> TokenDocuments``: tokens read in
-    # place, without the cache.
+    # Optional: FingerprintedSource, FileFingerprintedSource, TokenDocumentSource,
+    # RecordSource below.
+
+
+@runtime_checkable
+class FingerprintedSource(Protocol):
+    """A source whose ``fingerprint()`` is a non-empty string that changes whenever its
+    documents could (:func:`~forge_core.api.files_fingerprint` for a source that reads
+    files); the token cache is keyed by it. Without it, every document is hashed."""
+
+    def fingerprint(self) -> str: ...
+
+
+@runtime_checkable
+class FileFingerprintedSource(Protocol):
+    """A source that names the files it reads (a :class:`~forge_core.api.FileSet`): the
+    token cache hashes each file once and checks it by stat at later starts."""
+
+    def fingerprint_files(self) -> Any: ...
+
+
+@runtime_checkable
+class TokenDocumentSource(Protocol):
+    """A source of a token format: ``token_documents(eos_id)`` returns a
+    :class:`~forge_core.api.TokenDocuments`, read in place without the token cache."""
+
+    def token_documents(self, eos_id: int) -> Any: ...
+
+
+@runtime_checkable
+class RecordSource(Protocol):
+    """A source that yields its records as mappings (``records()``), as chat data
+    (``data.chat.format``) needs them, beside its documents."""
+
+    def records(self) -> Iterator[Any]: ...
 
 
 @runtime_checkable
@@ -71,13 +123,40 @@ class Tokenizer(Protocol):
 
 
 @runtime_checkable
+class BatchEncodingTokenizer(Protocol):
+    """A tokenizer that encodes many texts at once, as the pipeline hands them (one
+    sequence of ids per text); without it, ``encode`` is called for each."""
+
+    def encode_batch(self, texts: list[str]) -> list[Any]: ...
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """A tokenizer that renders a chat record with its template into a
+    :class:`~forge_core.api.MaskedDocument` (``data.chat``). Optional beside it:
+    ``chat_identity(template) -> str``, what the token cache keys the template by."""
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], *, train_from: int = 0, template: str | None = None
+    ) -> Any: ...
+
+
+@runtime_checkable
+class HFSavingTokenizer(Protocol):
+    """A tokenizer that writes itself in Hugging Face form (``export-hf``)."""
+
+    def save_hf(self, directory: str) -> None: ...
+
+
+@runtime_checkable
 class Strategy(Protocol):
     """A parallelism strategy, built as ``cls(options)``. ``apply`` returns the module
     to use in place of ``model`` (often ``model`` itself, changed in place), or a
     :class:`~forge_core.api.parallel.ModelSplit` when it splits the model; it is called
     once per model part (every pipeline stage a process holds).
 
-    Optional: ``batch_transform(ctx) -> transform | None``, called once after ``apply``
+    Optional (:class:`BatchTransformingStrategy`): ``batch_transform(ctx) -> transform |
+    None``, called once after ``apply``
     (whatever the number of parts): ``transform(batch) -> batch`` is applied to every
     batch this process trains or evaluates on, before the model and before a pipeline
     cuts it into microbatches, in the order strategies are applied. ``batch`` maps
@@ -89,6 +168,14 @@ class Strategy(Protocol):
     (:attr:`~forge_core.api.MeshDim.splits_tokens`), so each loss sum is added over them."""
 
     def apply(self, model: Any, ctx: Any) -> Any: ...
+
+
+@runtime_checkable
+class BatchTransformingStrategy(Protocol):
+    """A strategy with a ``batch_transform(ctx)`` (see :class:`Strategy`): a
+    ``transform(batch) -> batch`` applied to every batch, or ``None``."""
+
+    def batch_transform(self, ctx: Any) -> Any: ...
 
 
 @runtime_checkable
@@ -124,6 +211,14 @@ class ModelTransform(Protocol):
     def disabled(self, module: Any) -> Any: ...
 
     def merge(self, module: Any) -> None: ...
+
+
+@runtime_checkable
+class AdapterWritingTransform(Protocol):
+    """A transform that writes its adapters apart from the model
+    (``export-hf --adapter``: a PEFT folder for LoRA)."""
+
+    def write_adapter(self, module: Any, directory: str, hf_key: Any, base: str) -> None: ...
 
 
 # --- the model contract -----------------------------------------------------------------
@@ -194,6 +289,23 @@ class CachingModel(Protocol):
     def forward(self, input_ids: Any, cache: Any = None, **metadata: Any) -> Any: ...
 
 
+@runtime_checkable
+class TokenGroupModule(Protocol):
+    """A module of the model told, once the strategies are applied, the process group of
+    the processes that compute different tokens and the tokens of one optimizer step
+    (:mod:`forge_core.train.module_hooks`)."""
+
+    def set_token_group(self, group: Any, step_tokens: int) -> None: ...
+
+
+@runtime_checkable
+class OptimizerStepModule(Protocol):
+    """A module of the model called on every process after each optimizer step that
+    stepped (a loss-free balancing bias update)."""
+
+    def after_optimizer_step(self) -> None: ...
+
+
 def _keywords_missing(forward: Any, names: Iterable[str]) -> list[str]:
     """The ``names`` that ``forward`` cannot take as keyword arguments."""
     try:
@@ -233,7 +345,7 @@ def model_contract_gaps(module: Any, spec: Any = None) -> list[str]:
             f"its spec has pretrained_option {spec.pretrained_option!r}, so it may be built on the meta "
             "device, but it has no init_weights() to fill it (the PretrainedModel protocol)"
         )
-    if callable(getattr(module, "new_cache", None)) and _keywords_missing(forward, ["cache"]):
+    if isinstance(module, CachingModel) and _keywords_missing(forward, ["cache"]):
         gaps.append(
             "it has new_cache() but its forward takes no cache keyword, which sampling passes "
             "(the CachingModel protocol)"

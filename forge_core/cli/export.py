@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_core.api import ForgeError, Plan
+from forge_core.api import AdapterWritingTransform, ForgeError, HFSavingTokenizer, Plan
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -63,9 +63,8 @@ def _tokenizer_ids(tokenizer: Any, params: Any) -> dict[str, int]:
 
 def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
     """The run's tokenizer in Hugging Face form into ``out``; whether there was one."""
-    save_hf = getattr(tokenizer, "save_hf", None)
-    if callable(save_hf):
-        save_hf(str(out))
+    if isinstance(tokenizer, HFSavingTokenizer):
+        tokenizer.save_hf(str(out))
         return True
     if (saved / "tokenizer.json").is_file():
         for file in saved.iterdir():
@@ -110,7 +109,7 @@ def _export_adapter(model: Any, plan: Plan, checkpoint: Path, given: Path, out_d
     from forge_core.api.unstable import applied_transforms
     from forge_core.train.run_lock import ensure_out_dir
 
-    writers = [t for t in applied_transforms(model) if callable(getattr(t.impl, "write_adapter", None))]
+    writers = [t for t in applied_transforms(model) if isinstance(t.impl, AdapterWritingTransform)]
     listed = list(plan.config.model.transforms)
     if len(writers) != 1:
         raise ForgeError(

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from forge_core.api import DOC_IDS, POSITIONS, ForgeError, Plan
+from forge_core.api import DOC_IDS, POSITIONS, ForgeError, Plan, TokenDocumentSource
 from forge_core.config.schema import source_labels
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
@@ -114,10 +114,9 @@ def source_shards(
     if isinstance(own, Shards):
         check_tokenizer(source, tokenizer)
         return own, f"memory-mapped from {own.path}"
-    reader = getattr(source, "token_documents", None)
-    if callable(reader):
+    if isinstance(source, TokenDocumentSource):
         check_tokenizer(source, tokenizer)
-        documents = reader(int(tokenizer.eos_id))
+        documents = source.token_documents(int(tokenizer.eos_id))
         if not isinstance(documents, TokenDocuments):
             raise TypeError(
                 f"{type(source).__name__}.token_documents() must return a forge_core.api.TokenDocuments, "

@@ -31,7 +31,14 @@ from typing import Any
 import attrs
 import numpy as np
 
-from forge_core.api import FileSet, ForgeError, MaskedDocument
+from forge_core.api import (
+    ChatTokenizer,
+    FileFingerprintedSource,
+    FileSet,
+    ForgeError,
+    MaskedDocument,
+    RecordSource,
+)
 from forge_core.api.chat import conversation
 
 
@@ -45,13 +52,13 @@ class ChatDocuments:
     """The chat records of ``source`` as masked documents (see the module docstring)."""
 
     def __init__(self, source: Any, tokenizer: Any, chat: Any) -> None:
-        if not callable(getattr(source, "records", None)):
+        if not isinstance(source, RecordSource):
             raise ForgeError(
                 f"{source.describe()}: data.chat.format is {chat.format!r}, but this source yields text, "
                 "not records. Read chat data with a source that has records (text over .jsonl files, "
                 "hf_datasets)."
             )
-        if not callable(getattr(tokenizer, "encode_chat", None)):
+        if not isinstance(tokenizer, ChatTokenizer):
             raise ForgeError(
                 f"the tokenizer {tokenizer.identity} has no encode_chat, so it cannot render chat "
                 "records. Use the hf or byte tokenizer, or set data.chat.format: ''."
@@ -67,7 +74,7 @@ class ChatDocuments:
             if callable(getattr(tokenizer, "chat_identity", None))
             else self.template,
         }
-        if callable(getattr(source, "fingerprint_files", None)):
+        if isinstance(source, FileFingerprintedSource):
             self.fingerprint_files = self._files  # the cache's manifest then hashes the files once
 
     def describe(self) -> str:

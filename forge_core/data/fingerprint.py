@@ -16,7 +16,7 @@ import hashlib
 import os
 from typing import Any
 
-from forge_core.api import FileSet
+from forge_core.api import FileFingerprintedSource, FileSet, FingerprintedSource
 
 
 def documents_fingerprint(source: Any) -> str:
@@ -31,10 +31,9 @@ def documents_fingerprint(source: Any) -> str:
 
 def file_set(source: Any) -> FileSet | None:
     """``source.fingerprint_files()`` when it has one, else ``None``."""
-    own = getattr(source, "fingerprint_files", None)
-    if not callable(own):
+    if not isinstance(source, FileFingerprintedSource):
         return None
-    value = own()
+    value = source.fingerprint_files()
     if not isinstance(value, FileSet):
         raise TypeError(
             f"{type(source).__name__}.fingerprint_files() must return a forge_core.api.FileSet, got {value!r}"
@@ -51,9 +50,8 @@ def source_fingerprint(source: Any, manifests: str | os.PathLike | None = None) 
         from forge_core.data.manifest import fingerprint
 
         return fingerprint(files, manifests).fingerprint
-    own = getattr(source, "fingerprint", None)
-    if callable(own):
-        value = own()
+    if isinstance(source, FingerprintedSource):
+        value = source.fingerprint()
         if not isinstance(value, str) or not value:
             raise TypeError(
                 f"{type(source).__name__}.fingerprint() must return a non-empty string, got {value!r}"

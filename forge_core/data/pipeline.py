@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_core.api import ForgeError, MaskedDocument
+from forge_core.api import BatchEncodingTokenizer, ForgeError, MaskedDocument
 from forge_core.api.shards import token_document_hash
 
 #: Documents encoded per ``encode_batch`` call.
@@ -74,7 +74,7 @@ def tokenize(
     """
     check_tokenizer(source, tokenizer)
     vocab = int(tokenizer.vocab_size)
-    encode_batch = getattr(tokenizer, "encode_batch", None)
+    encode_batch = tokenizer.encode_batch if isinstance(tokenizer, BatchEncodingTokenizer) else None
     index = 0  # documents seen so far, for error messages
     with _progress(progress) as bar:
         for batch in _batches(source.documents(), BATCH_DOCS):

@@ -32,6 +32,7 @@ import torch
 from forge_core.api import parallel as contract
 from forge_core.api.batch import LABELS
 from forge_core.api.errors import ForgeError
+from forge_core.api.protocols import BatchTransformingStrategy, PretrainedModel
 from forge_core.api.transforms import initialize_transforms, transforms_detached
 
 if TYPE_CHECKING:
@@ -256,8 +257,7 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
 
     if not is_meta(module):
         return
-    init = getattr(module, "init_weights", None)
-    if not callable(init):
+    if not isinstance(module, PretrainedModel):
         raise ForgeError(
             f"{type(module).__name__} was built on the meta device but has no init_weights() to fill it "
             "(the model contract: ModelSpec.pretrained_option)"
@@ -275,7 +275,7 @@ def materialize(module: torch.nn.Module, device: torch.device | str) -> None:
     # The model fills what its factory built; each model transform, its own parameters.
     with torch.no_grad():
         with transforms_detached(module):
-            init()
+            module.init_weights()
         initialize_transforms(module)
 
 
@@ -347,8 +347,7 @@ def parallelize(
         impl = strategy.spec.load()(strategy.options)
         results = [impl.apply(runner, ctx) for runner in runners]
         # Once per strategy, not per part: a pipeline rank may hold several stages.
-        declare = getattr(impl, "batch_transform", None)
-        transform = declare(ctx) if callable(declare) else None
+        transform = impl.batch_transform(ctx) if isinstance(impl, BatchTransformingStrategy) else None
         if transform is not None:
             pmodel.batch_transforms.append(transform)
         if any(isinstance(result, contract.ModelSplit) for result in results):

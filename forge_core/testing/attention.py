@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from forge_core.api import DOC_IDS
+from forge_core.api import DOC_IDS, PairCountingBackend, QueryShardingBackend
 from forge_core.testing.resolve import resolve
 from forge_core.testing.tolerance import ROUNDING_FACTOR, assert_within_rounding, dtype_name, rms_row_norm
 
@@ -364,6 +364,54 @@ def check_attention_backend(
                         "its input's dtype; one without a float64 kernel passes float64=False and is checked "
                         f"in {dtype_name(dtype)} only"
                     ) from error
+    _counts_its_pairs(instance, resolved.label, doc_ids, DOC_IDS in honours, mask_mod)
+    if float64 or dtype == torch.float64:
+        _shards_queries(instance, resolved.label, doc_ids, DOC_IDS in honours, mask_mod, seed)
+
+
+def _counts_its_pairs(
+    instance: Any, label: str, doc_ids: torch.Tensor, isolates: bool, mask_mod: MaskMod | None
+) -> None:
+    """A :class:`~forge_core.api.PairCountingBackend` counts the pairs of the reference
+    mask, without ``doc_ids`` and, when it isolates documents, with them (what the
+    trainer's MFU reads)."""
+    if not isinstance(instance, PairCountingBackend):
+        return
+    rows, seq_len = doc_ids.shape
+    for ids in (None, doc_ids) if isolates else (None,):
+        allowed = reference_mask(ids, seq_len, mask_mod=mask_mod).expand(rows, 1, seq_len, seq_len)
+        expected, got = int(allowed.sum()), instance.attended_pairs(ids, rows, seq_len)
+        assert got == expected, (
+            f"{label}: attended_pairs({'doc_ids' if ids is not None else 'None'}, {rows}, {seq_len}) "
+            f"returned {got!r}, but its mask allows {expected} query-key pairs (the reference's)"
+        )
+
+
+def _shards_queries(
+    instance: Any, label: str, doc_ids: torch.Tensor, isolates: bool, mask_mod: MaskMod | None, seed: int
+) -> None:
+    """A :class:`~forge_core.api.QueryShardingBackend`'s ``prepare_queries`` mask, for
+    the head and tail quarters of every row's queries against the whole row, gives
+    those queries the reference's output (in float64)."""
+    if not isinstance(instance, QueryShardingBackend):
+        return
+    rows, seq_len = doc_ids.shape
+    doc_ids = doc_ids if isolates else None
+    quarter = max(1, seq_len // 4)
+    index = torch.cat([torch.arange(quarter), torch.arange(seq_len - quarter, seq_len)])
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(rows, 2, seq_len, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    prepared = instance.prepare_queries(doc_ids, index.expand(rows, -1), seq_len, "cpu")
+    out = instance.attend(q[:, :, index], k, v, prepared)
+    expected = reference_attention(q, k, v, doc_ids, mask_mod)[:, :, index]
+    torch.testing.assert_close(
+        out,
+        expected,
+        msg=lambda m: (
+            f"{label}: prepare_queries(doc_ids, query_index, seq_len, device) for the queries "
+            f"{index.tolist()} of every row does not give them the reference attention: {m}"
+        ),
+    )
 
 
 class _Case:

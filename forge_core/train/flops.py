@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from forge_core.api import DOC_IDS, INPUT_IDS
+from forge_core.api import DOC_IDS, INPUT_IDS, PairCountingBackend
 
 #: The method of a module of whose parameters each token uses only a share.
 ACTIVE_FRACTION = "active_fraction"
@@ -104,7 +104,7 @@ def pair_counter(backend: Any, honours: frozenset[str]) -> Callable[[dict[str, t
     seq_len) -> int`` counts its own (``doc_ids`` as the model hands them to its
     ``prepare``, or ``None``); otherwise :func:`attended_pairs`, with the batch's
     ``doc_ids`` only when the backend's spec ``honours`` them (``honours``)."""
-    own = getattr(backend, "attended_pairs", None)
+    own = backend.attended_pairs if isinstance(backend, PairCountingBackend) else None
     masks_documents = DOC_IDS in honours
 
     def count(batch: dict[str, torch.Tensor]) -> int:

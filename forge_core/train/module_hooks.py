@@ -18,15 +18,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from forge_core.api import OptimizerStepModule, TokenGroupModule
 
-def calls(parts: Iterable[Any], name: str) -> list[Any]:
-    """The bound ``name`` of every module of ``parts`` that defines it. A walk over every
-    module: a caller on the per-step path looks them up once
-    (:class:`~forge_core.train.step.StepFixed`)."""
-    found = (getattr(module, name, None) for part in parts for module in part.modules())
-    return [call for call in found if callable(call)]
+#: The method each capability names.
+METHODS = {TokenGroupModule: "set_token_group", OptimizerStepModule: "after_optimizer_step"}
+
+
+def calls(parts: Iterable[Any], capability: type) -> list[Any]:
+    """The bound method of ``capability`` (a protocol of :data:`METHODS`) of every module
+    of ``parts`` that has it. A walk over every module: a caller on the per-step path
+    looks them up once (:class:`~forge_core.train.step.StepFixed`)."""
+    name = METHODS[capability]
+    return [getattr(m, name) for part in parts for m in part.modules() if isinstance(m, capability)]
 
 
 def set_token_group(parts: Iterable[Any], group: Any, step_tokens: int) -> None:
-    for call in calls(parts, "set_token_group"):
+    for call in calls(parts, TokenGroupModule):
         call(group, step_tokens)

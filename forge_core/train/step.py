@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import torch
 
-from forge_core.api import IGNORE_INDEX, LABELS
+from forge_core.api import IGNORE_INDEX, LABELS, OptimizerStepModule
 from forge_core.distributed.parallelize import clip_grad_norm
 from forge_core.distributed.placement import all_reduce_sum, to_device
 from forge_core.train import module_hooks, precision
@@ -49,7 +49,8 @@ class StepFixed:
     @classmethod
     def of(cls, pmodel: Any) -> StepFixed:
         return cls(
-            tuple(pmodel.parameters()), tuple(module_hooks.calls(pmodel.parts, "after_optimizer_step"))
+            tuple(pmodel.parameters()),
+            tuple(module_hooks.calls(pmodel.parts, OptimizerStepModule)),
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import torch
 
+from forge_core.api import QueryShardingBackend
 from forge_plugins.context_parallel.balance import shard_index
 from forge_plugins.context_parallel.collectives import gather_sequence, heads_to_sequence, sequence_to_heads
 
@@ -64,7 +65,7 @@ class ContextParallelAttention:
         mode = ctx.options.attention
         if mode not in ATTENTION_MODES:
             raise ValueError(f"unknown cp attention {mode!r}; known: {', '.join(ATTENTION_MODES)}")
-        if mode == "allgather" and not callable(getattr(backend, "prepare_queries", None)):
+        if mode == "allgather" and not isinstance(backend, QueryShardingBackend):
             raise ValueError(
                 f"cp attention 'allgather' needs a backend with prepare_queries; "
                 f"{type(backend).__name__} has none: use attention 'ulysses' or a built-in backend"
