@@ -39,7 +39,7 @@ import textwrap
 import typing
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -47,6 +47,9 @@ from forge_core.api.options import option_key
 from forge_core.api.unstable import option_doc
 from forge_core.cli.main import build_parser, subcommands
 from forge_core.reference import annotation_as_written, documented_meaning, resolved_fields, type_label
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 REGENERATE = "python -m forge_core.docgen"
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
@@ -455,7 +458,7 @@ def _is_degrees(cls: type, f: attrs.Attribute) -> bool:
     return f.name == "degrees" and hasattr(cls, "split_raw")
 
 
-def degree_rows(registries: Any) -> list[str]:
+def degree_rows(registries: Registries) -> list[str]:
     """Table rows of the ``parallel.<dim>`` degrees the registered strategies declare."""
     from forge_core.parallel_dims import mesh_dims
 
@@ -521,7 +524,7 @@ def _options_prefix(kind: Any, name: str) -> str:
     return f"{kind.options_path}.{name}." if kind.keyed else f"{kind.options_path}."
 
 
-def component_option_keys(registries: Any) -> list[str]:
+def component_option_keys(registries: Registries) -> list[str]:
     """The option keys of every built-in component, as config paths, and the degree
     keys (``parallel.<dim>``) of the mesh dimensions the strategies declare."""
     from forge_core.kinds import KINDS
@@ -538,7 +541,7 @@ def component_option_keys(registries: Any) -> list[str]:
     ]
 
 
-def _component_tables(registries: Any, kind: Any) -> list[str]:
+def _component_tables(registries: Registries, kind: Any) -> list[str]:
     registry = registries[kind.name]
     lines = []
     for name in registry.names():
@@ -552,7 +555,7 @@ def _component_tables(registries: Any, kind: Any) -> list[str]:
     return lines
 
 
-def config_markdown(registries: Any) -> str:
+def config_markdown(registries: Registries) -> str:
     from forge_core.api.errors import VALUE_WIDTH
     from forge_core.config.errors import MAX_REPORTED
     from forge_core.config.overrides import MOVED_KEYS

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from forge_core.api.options import option_key
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 
 def resolved_fields(cls: type) -> list[attrs.Attribute]:
@@ -91,7 +94,7 @@ def _capabilities(spec: Any) -> str:
     return "; ".join(parts)
 
 
-def components_markdown(registries: Any) -> str:
+def components_markdown(registries: Registries) -> str:
     lines = [
         "# Built-in and installed components",
         "",
@@ -111,7 +114,7 @@ def components_markdown(registries: Any) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def rules_markdown(registries: Any) -> str:
+def rules_markdown(registries: Registries) -> str:
     lines = [
         "# Compatibility rules",
         "",

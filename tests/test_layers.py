@@ -178,3 +178,23 @@ def test_the_plan_is_typed_as_plan_wherever_it_is_passed():
                 if annotation is not None and ast.unparse(annotation) == "Any":
                     untyped.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert untyped == [], f"type these as forge_core.api.Plan: {untyped}"
+
+
+def test_the_registries_are_typed_as_registries_wherever_they_are_passed():
+    # ``registries`` is forge_core.registry.Registries (imported under TYPE_CHECKING where
+    # a runtime import would cost start-up). Only config/ keeps ``Any``: it sits two
+    # floors below the registry, and even a TYPE_CHECKING import is an edge of the graph.
+    untyped = []
+    for path in sorted((ROOT / "forge_core").rglob("*.py")):
+        if path.parent.name == "config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.arg) and node.arg == "registries":
+                annotation = node.annotation
+            elif isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "registries":
+                annotation = node.annotation
+            else:
+                continue
+            if annotation is not None and ast.unparse(annotation) == "Any":
+                untyped.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert untyped == [], f"type these as forge_core.registry.Registries: {untyped}"

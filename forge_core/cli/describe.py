@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_core.errors import EXIT_INVALID
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -55,7 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_INVALID if result.errors else 0
 
 
-def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any, list[str]]]]:
+def _components_by_plugin(registries: Registries) -> dict[str, list[tuple[str, Any, list[str]]]]:
     """``{plugin: [(kind, spec, other plugins registering the same name)]}``."""
     grouped: dict[str, list[tuple[str, Any, list[str]]]] = {}
     for registry in registries:
@@ -71,7 +74,7 @@ def _components_by_plugin(registries: Any) -> dict[str, list[tuple[str, Any, lis
     return grouped
 
 
-def _clash_lines(registries: Any) -> list[str]:
+def _clash_lines(registries: Registries) -> list[str]:
     """The names several plugins register: listed, and usable once a config chooses."""
     lines = [
         f"    {registry.kind.name} {name!r}: {', '.join(repr(e.plugin) for e in clash.entries)}"

@@ -29,11 +29,14 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from forge_core.api import ForgeError, Plan
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 
 def main(args: Any) -> int:
@@ -78,7 +81,7 @@ def lock_output(out: Path) -> Any:
     return RunLock.take(out.with_name(out.name + ".lock"), "prepare --out", held, fix=fix)
 
 
-def _prepare(args: Any, config: Any, registries: Any, plan: Plan, out: Path) -> int:
+def _prepare(args: Any, config: Any, registries: Registries, plan: Plan, out: Path) -> int:
     from forge_core import components
     from forge_core.data.bpe import train_bpe
     from forge_core.data.prepare import prepare
@@ -128,7 +131,7 @@ def _prepare(args: Any, config: Any, registries: Any, plan: Plan, out: Path) -> 
     return 0
 
 
-def verify(config: Any, registries: Any, args: Any) -> int:
+def verify(config: Any, registries: Registries, args: Any) -> int:
     """``--verify``: every file of every source hashed again against the manifest."""
     from forge_core.data.build import build_source
     from forge_core.data.cache import default_root

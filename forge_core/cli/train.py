@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_core.api import ForgeError
 from forge_core.cli import slurm
@@ -48,6 +48,9 @@ from forge_core.errors import (
 )
 from forge_core.parallel_dims import launched_by_torchrun
 from forge_core.train.signals import StopSignal, alive, child_pids, signal_number
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 #: Set by ``forge-run`` for its agent, which checks it is still its parent.
 LAUNCHER_PID_ENV = "FORGE_LAUNCHER_PID"
@@ -165,7 +168,7 @@ def train(
             distributed.teardown()
 
 
-def explain_failure(exc: Exception, registries: Any, placement: Any) -> ForgeError | None:
+def explain_failure(exc: Exception, registries: Registries, placement: Any) -> ForgeError | None:
     """A clean error for an exception that escaped the run: a collective that timed out or
     lost its peer, or plugin code (named with its component and plugin); ``None`` for the
     kernel's own failures, which are bugs."""

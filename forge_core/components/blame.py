@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_core.errors import TRACEBACK_ENV, ComponentError, where_raised
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 #: Longest original message quoted in a ComponentError.
 _MAX_MESSAGE = 1000
 
 
-def describe(registries: Any, kind: str, name: str) -> str:
+def describe(registries: Registries, kind: str, name: str) -> str:
     """``tokenizer 'hf' (plugin 'tokenizers')``."""
     registry = registries[kind]
     return f"{registry.kind.label} {name!r} (plugin {registry.plugin_of(name)!r})"
@@ -108,7 +111,7 @@ def _is_kernel(module: str) -> bool:
     return module == "forge_core" or module.startswith("forge_core.")
 
 
-def culprit(exc: BaseException, registries: Any) -> str | None:
+def culprit(exc: BaseException, registries: Registries) -> str | None:
     """Which plugin code raised ``exc``: ``"model 'llama' (plugin 'models')"``, or
     ``"plugin 'observer'"`` when the code belongs to a plugin but to none of its
     components, or ``None`` when no plugin code is on the traceback.
@@ -124,7 +127,7 @@ def culprit(exc: BaseException, registries: Any) -> str | None:
     return built_culprit(exc) or found
 
 
-def _package_culprit(exc: BaseException, registries: Any) -> str | None:
+def _package_culprit(exc: BaseException, registries: Registries) -> str | None:
     """:func:`culprit` by the package of the code on the traceback alone."""
     packages: dict[str, str] = {}
     for name, plugin in registries.plugins.pm.list_name_plugin():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -28,8 +28,13 @@ from forge_core.api import ForgeError, Plan, import_path
 from forge_core.components.blame import describe, original_error, remember
 from forge_core.errors import TRACEBACK_ENV, ComponentError
 
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
-def _build(plan: Plan, registries: Any, kind: str, make: Callable[[Any], Any], spec: Any = None) -> Any:
+
+def _build(
+    plan: Plan, registries: Registries, kind: str, make: Callable[[Any], Any], spec: Any = None
+) -> Any:
     """``make(implementation)`` of the plan's chosen ``kind`` (or of ``spec``), with plugin
     failures turned into ComponentError."""
     spec = plan.specs[kind] if spec is None else spec
@@ -54,12 +59,12 @@ def _build(plan: Plan, registries: Any, kind: str, make: Callable[[Any], Any], s
     return built
 
 
-def tokenizer(plan: Plan, registries: Any) -> Any:
+def tokenizer(plan: Plan, registries: Registries) -> Any:
     config = plan.config
     return _build(plan, registries, "tokenizer", lambda cls: cls(config.data.tokenizer_options))
 
 
-def saved_tokenizer(plan: Plan, registries: Any, directory: Path) -> Any:
+def saved_tokenizer(plan: Plan, registries: Registries, directory: Path) -> Any:
     """The tokenizer of a finished run: a tokenizer class with a ``load(directory)``
     classmethod is loaded from what it saved; otherwise it is built from the config,
     and, when that fails and its options have a ``path``, from the saved directory."""
@@ -78,19 +83,19 @@ def saved_tokenizer(plan: Plan, registries: Any, directory: Path) -> Any:
     return _build(plan, registries, "tokenizer", make)
 
 
-def source(plan: Plan, registries: Any, index: int = 0) -> Any:
+def source(plan: Plan, registries: Registries, index: int = 0) -> Any:
     """The ``index``-th source the run reads (``plan.sources``, in config order: the one
     of ``data.source``, or each entry of a ``data.sources`` mixture)."""
     return chosen_source(plan, registries, plan.sources[index])
 
 
-def chosen_source(plan: Plan, registries: Any, chosen: Any) -> Any:
+def chosen_source(plan: Plan, registries: Registries, chosen: Any) -> Any:
     """The source of a :class:`~forge_core.api.ChosenSource` (one of ``plan.sources``, or
     ``plan.eval_source``), constructed."""
     return _build(plan, registries, "source", lambda cls: cls(chosen.options), spec=chosen.spec)
 
 
-def packer(plan: Plan, registries: Any, tok: Any) -> Any:
+def packer(plan: Plan, registries: Registries, tok: Any) -> Any:
     data = plan.config.data
     eos_id, pad_id = int(tok.eos_id), int(tok.pad_id)
     return _build(
@@ -101,7 +106,7 @@ def packer(plan: Plan, registries: Any, tok: Any) -> Any:
     )
 
 
-def attention(plan: Plan, registries: Any) -> Any:
+def attention(plan: Plan, registries: Registries) -> Any:
     return _build(plan, registries, "attention", lambda cls: cls(plan.config.attention.options))
 
 
@@ -149,7 +154,7 @@ def base_from_seed(plan: Plan) -> bool:
     return saves_trainable_only(plan) and not pretrained_source(plan)
 
 
-def model(plan: Plan, registries: Any, vocab_size: int, attention_backend: Any) -> Any:
+def model(plan: Plan, registries: Registries, vocab_size: int, attention_backend: Any) -> Any:
     """The model of the plan with its transforms applied (``model.transforms``): the one
     place every command builds a model through, so training, ``eval``, ``sample`` and
     ``export-hf`` see the same module."""
@@ -198,7 +203,7 @@ def _takes_named_params(build: Callable[..., Any]) -> bool:
     return inspect.Parameter.VAR_KEYWORD in kinds and not kinds & positional
 
 
-def optimizer(plan: Plan, registries: Any, module: Any) -> Any:
+def optimizer(plan: Plan, registries: Registries, module: Any) -> Any:
     """The optimizer of ``module`` (one model part): its factory is called as
     ``build(named_params=[NamedParameter, ...], lr=..., options=...)``. A factory that
     cannot take that call (a first positional parameter of another name, as in Forge's
@@ -223,7 +228,7 @@ def optimizer(plan: Plan, registries: Any, module: Any) -> Any:
     return _build(plan, registries, "optimizer", make)
 
 
-def schedule(plan: Plan, registries: Any, total_steps: int) -> Any:
+def schedule(plan: Plan, registries: Registries, total_steps: int) -> Any:
     """``factor(step)``: the multiplier on ``train.lr`` at 0-based ``step`` of a schedule
     spanning ``total_steps``; past its end, its final value (the function is never asked
     about a step at or beyond ``total_steps``)."""
@@ -233,13 +238,13 @@ def schedule(plan: Plan, registries: Any, total_steps: int) -> Any:
     return lambda step: float(fn(min(step, last), total_steps, train.warmup_steps, train.schedule_options))
 
 
-def objective(plan: Plan, registries: Any, token_loss: Callable[..., Any]) -> Any:
+def objective(plan: Plan, registries: Registries, token_loss: Callable[..., Any]) -> Any:
     """The training objective ``train.objective`` names, given the run's token loss."""
     options = plan.config.train.objective_options
     return _build(plan, registries, "objective", lambda cls: cls(options, token_loss=token_loss))
 
 
-def loggers(plan: Plan, registries: Any) -> list[tuple[str, Any]]:
+def loggers(plan: Plan, registries: Registries) -> list[tuple[str, Any]]:
     """``(name, instance)`` for every logger in ``logging.loggers``."""
     from forge_core.plan import component_options
 

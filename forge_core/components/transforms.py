@@ -12,7 +12,7 @@ meta device gets its transforms' parameters filled when it is materialised
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_core.api import ForgeError, Plan, contract_of
 from forge_core.api.transforms import (
@@ -24,8 +24,11 @@ from forge_core.api.transforms import (
 from forge_core.components.blame import describe, original_error
 from forge_core.errors import TRACEBACK_ENV, ComponentError
 
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
-def apply_transforms(plan: Plan, registries: Any, model: Any, impls: list[Any]) -> Any:
+
+def apply_transforms(plan: Plan, registries: Registries, model: Any, impls: list[Any]) -> Any:
     """``model`` with every transform of ``plan.transforms`` applied in place; ``impls``:
     each one's constructed implementation, in the same order."""
     if not plan.transforms:

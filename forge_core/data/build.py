@@ -30,13 +30,16 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from forge_core.api import DOC_IDS, POSITIONS, ForgeError, Plan, TokenDocumentSource
 from forge_core.config.schema import source_labels
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 DOC_IDS_AND_POSITIONS = frozenset({DOC_IDS, POSITIONS})
 
@@ -82,7 +85,7 @@ class TrainingData:
     stream: StreamedSource | None = None
 
 
-def build_source(plan: Plan, registries: Any, index: int) -> Any:
+def build_source(plan: Plan, registries: Registries, index: int) -> Any:
     """The plan's ``index``-th source, constructed; a mixture's errors say which entry."""
     from forge_core import components
 
@@ -202,7 +205,7 @@ def _too_small(label: str, stream: Any, seq_len: int, packer: str) -> ForgeError
 
 def build_training_data(
     plan: Plan,
-    registries: Any,
+    registries: Registries,
     tokenizer: Any,
     *,
     is_main: bool = True,
@@ -282,7 +285,7 @@ def build_training_data(
     return TrainingData(rows, parts, data.seq_len, summary)
 
 
-def build_stream(plan: Plan, registries: Any, tokenizer: Any) -> TrainingData:
+def build_stream(plan: Plan, registries: Registries, tokenizer: Any) -> TrainingData:
     """The one streamed source of ``plan`` and its packer, nothing read yet: the loader
     reads, tokenizes and packs it as training goes (:mod:`forge_core.data.stream`)."""
     from forge_core import components
@@ -373,7 +376,7 @@ def _phase_lines(rows: Any, steps: int) -> list[str]:
 
 
 def heldout_documents(
-    plan: Plan, registries: Any, tokenizer: Any, *, is_main: bool = True
+    plan: Plan, registries: Registries, tokenizer: Any, *, is_main: bool = True
 ) -> list[tuple[str, Any]]:
     """``(label, DocumentStream)`` of every source's held-out documents (EOS appended,
     read lazily from the same memory-mapped tokens), for an evaluation to pack or score.

@@ -14,11 +14,14 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from forge_core.api import Plan, Rule
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 #: A config given to :func:`check_rule`: a mapping (written to a temporary YAML file), a
 #: path, or ``(mapping or path, ["section.key=value", ...])``.
@@ -94,7 +97,7 @@ def _judge(case: ConfigCase, scratch: Path, extra_plugins: tuple, world_size: in
     return judgement, label
 
 
-def _find_rule(rule: Rule | str, registries: Any) -> Rule:
+def _find_rule(rule: Rule | str, registries: Registries) -> Rule:
     if isinstance(rule, Rule):
         return rule
     if not isinstance(rule, str):

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -64,6 +64,9 @@ from forge_core.testing.isolation import DEFAULT_ROWS
 from forge_core.testing.optimizer import one_process_group
 from forge_core.testing.resolve import structure_options
 from forge_core.testing.tolerance import assert_within_rounding, longest_sum
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 CHECKS = (
     "declaration",
@@ -195,7 +198,7 @@ def _impl(spec: ParallelismSpec, options: Any, label: str) -> None:
 
 
 def _plan(
-    registries: Any, spec: ParallelismSpec, options: Any, plugin: str, model: str, model_options: Any
+    registries: Registries, spec: ParallelismSpec, options: Any, plugin: str, model: str, model_options: Any
 ) -> Plan:
     from forge_core.config.loader import structure_config
     from forge_core.parallel_dims import mesh_dims
@@ -299,7 +302,7 @@ def check_strategy(
 
 def _apply(
     plan: Plan,
-    registries: Any,
+    registries: Registries,
     mesh: Any,
     spec: ParallelismSpec,
     label: str,

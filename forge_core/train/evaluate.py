@@ -34,13 +34,16 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
 
 from forge_core.api import IGNORE_INDEX, LABELS, ForgeError, Plan
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 #: Metric names, as loggers receive them (``eval/<source>/loss`` per source of a mixture).
 LOSS, PERPLEXITY, TOKENS = "eval/loss", "eval/perplexity", "eval/tokens"
@@ -114,7 +117,7 @@ def row_limit(config: Any) -> int:
 
 def build_eval_data(
     plan: Plan,
-    registries: Any,
+    registries: Registries,
     tokenizer: Any,
     *,
     is_main: bool = True,

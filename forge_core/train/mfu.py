@@ -14,7 +14,7 @@ probe.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -25,6 +25,7 @@ from forge_core.train.peak import peak_flops
 
 if TYPE_CHECKING:
     from forge_core.api import Plan
+    from forge_core.registry import Registries
 
 
 @attrs.define
@@ -62,7 +63,7 @@ class MfuMeter:
         return 1.0, True, notice
 
 
-def attention_width(plan: Plan, registries: Any, vocab_size: int, warn: Callable[[str], None]) -> int:
+def attention_width(plan: Plan, registries: Registries, vocab_size: int, warn: Callable[[str], None]) -> int:
     """``d_attn`` summed over layers, from one forward of a meta-device copy of the model
     (pretrained weights not loaded); 0, with a warning, when the model cannot be built
     or run there: MFU then counts the parameter matmuls alone."""
@@ -81,7 +82,7 @@ def attention_width(plan: Plan, registries: Any, vocab_size: int, warn: Callable
 
 def build_meter(
     plan: Plan,
-    registries: Any,
+    registries: Registries,
     model: torch.nn.Module,
     vocab_size: int,
     device: torch.device,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -33,6 +33,9 @@ from forge_core.train.loss import build_loss
 from forge_core.train.memory import MemoryMeter
 from forge_core.train.mfu import MfuMeter, build_meter
 from forge_core.train.reference import adapters_off, build_reference, needs_copy
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 
 @attrs.frozen
@@ -94,7 +97,7 @@ def seed_everything(seed: int) -> None:
 
 def build_parts(
     plan: Plan,
-    registries: Any,
+    registries: Registries,
     placement: Placement,
     run_dir: Any,
     log: Callable[[str], None],

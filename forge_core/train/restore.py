@@ -12,7 +12,7 @@ base's identity is checked against the one the checkpoint records
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_core import components
 from forge_core.api import ForgeError, Plan
@@ -20,8 +20,11 @@ from forge_core.train import train_state
 from forge_core.train.base_identity import check_base
 from forge_core.train.checkpoint import load_model, train_state_name
 
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
-def restored_model(plan: Plan, registries: Any, vocab_size: int | None, checkpoint: Path) -> Any:
+
+def restored_model(plan: Plan, registries: Registries, vocab_size: int | None, checkpoint: Path) -> Any:
     """The model of ``plan`` holding the weights of ``checkpoint`` (verified), on the CPU.
     ``plan`` should come through :func:`~forge_core.components.without_pretrained`."""
     if components.saves_trainable_only(plan):

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -55,6 +55,9 @@ from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal, signal_number
 from forge_core.train.step import StepFixed, optimizer_step
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 
 class NonFiniteStop(ForgeError):
@@ -99,7 +102,7 @@ class Trainer:
 
     plan: Plan
     config: Any
-    registries: Any
+    registries: Registries
     placement: Placement
     run_dir: Path
     stop: StopSignal
@@ -110,7 +113,7 @@ class Trainer:
     tally: mixture_tally.MixtureTally | None
 
     def __init__(
-        self, plan: Plan, registries: Any, placement: Placement, stop: StopSignal | None = None
+        self, plan: Plan, registries: Registries, placement: Placement, stop: StopSignal | None = None
     ) -> None:
         self.plan = plan
         self.config = plan.config

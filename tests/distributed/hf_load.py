@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,9 @@ from forge_core.train.loss import loss_fn
 from forge_plugins.models.hf_folder import weight_map
 from forge_plugins.models.hf_keys import expert_hf_keys, to_hf_key
 
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
+
 LAYOUTS = {
     "fsdp": {"dp_shard": 2},
     "tp": {"tp": 2},
@@ -49,7 +52,7 @@ LAYOUTS = {
 PROBE = torch.arange(16).reshape(2, 8) % 50
 
 
-def make_plan(registries: Any, hf_dir: str, parallel: dict[str, Any]) -> Plan:
+def make_plan(registries: Registries, hf_dir: str, parallel: dict[str, Any]) -> Plan:
     raw = {
         "model": {"name": "llama", "options": {"init_from_hf": hf_dir}},
         "attention": {"backend": "sdpa"},

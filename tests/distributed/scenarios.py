@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import eval_loop
@@ -49,6 +49,9 @@ from forge_core.distributed.parallelize import clip_grad_norm, parallelize, sing
 from forge_core.registry import load_registries
 from forge_core.train import module_hooks
 from forge_core.train.loss import build_loss, loss_fn
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 VOCAB = 64
 SEQ = 16
@@ -395,7 +398,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def make_plan(
-    registries: Any,
+    registries: Registries,
     parallel: dict[str, Any],
     train: dict[str, Any],
     variant: str = "llama",
@@ -463,7 +466,7 @@ def batches(steps: int = STEPS) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def build_model(plan: Plan, registries: Any, mesh: Any = None) -> torch.nn.Module:
+def build_model(plan: Plan, registries: Registries, mesh: Any = None) -> torch.nn.Module:
     """The scenario's model, its attention backend wrapped by the active strategies
     (context parallelism's needs the mesh), as the trainer builds it."""
     torch.manual_seed(0)
