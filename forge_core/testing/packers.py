@@ -204,6 +204,25 @@ def _check_declared(
         )
 
 
+@attrs.frozen
+class _Corpus:
+    """The documents a packer was given, indexed so that every input token names its
+    document and offset (the kit's documents hold distinct tokens but for EOS)."""
+
+    documents: list[np.ndarray]
+    lengths: list[int]
+    owner: dict[int, tuple[int, int]]
+    firsts: set[int]
+
+    @classmethod
+    def of(cls, documents: list[np.ndarray]) -> _Corpus:
+        owner = {int(tok): (d, j) for d, doc in enumerate(documents) for j, tok in enumerate(doc[:-1])}
+        return cls(documents, [len(d) for d in documents], owner, {int(doc[0]) for doc in documents})
+
+    def token(self, d: int, j: int) -> int:
+        return int(self.documents[d][j])
+
+
 def _check_tokens(
     out: dict[str, np.ndarray],
     documents: list[np.ndarray],
@@ -214,59 +233,15 @@ def _check_tokens(
 ) -> tuple[float, float]:
     ids, labels = out[INPUT_IDS], out[LABELS]
     doc_ids, positions = out.get(DOC_IDS), out.get(POSITIONS)
-    isolating = doc_ids is not None
-    lengths = [len(d) for d in documents]
-    owner = {int(tok): (d, j) for d, doc in enumerate(documents) for j, tok in enumerate(doc[:-1])}
-    firsts = {int(doc[0]) for doc in documents}
-
-    def token(d: int, j: int) -> int:
-        return int(documents[d][j])
-
+    corpus = _Corpus.of(documents)
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     targets: dict[tuple[int, int], tuple[int, int]] = {}
     unknown_eos = 0
     identities: list[tuple[list[int], list[int]]] = []  # per row: source document and offset per column
     rows, S = ids.shape
     for r in range(rows):
-        doc = [_PAD] * S
-        off = [-1] * S
-        for i in range(S):
-            x = int(ids[r, i])
-            at = f"{where}: row {r}, column {i}"
-            if x == PAD_ID:
-                if labels[r, i] != IGNORE_INDEX:
-                    raise AssertionError(
-                        f"{at}: padding has label {labels[r, i]}; padding must have label -100"
-                    )
-                continue
-            if x == EOS_ID:
-                prev_d, prev_j = (doc[i - 1], off[i - 1]) if i else (_PAD, -1)
-                same_id = doc_ids is None or i == 0 or doc_ids[r, i] == doc_ids[r, i - 1]
-                if prev_d >= 0 and prev_j == lengths[prev_d] - 2 and same_id:
-                    doc[i], off[i] = prev_d, lengths[prev_d] - 1
-                else:
-                    doc[i] = _UNKNOWN_EOS
-                    unknown_eos += 1
-            elif x in owner:
-                doc[i], off[i] = owner[x]
-            else:
-                raise AssertionError(
-                    f"{at}: input token {x} is neither a document token nor pad_id ({PAD_ID})"
-                )
-            if doc[i] >= 0:
-                key = (doc[i], off[i])
-                if key in seen:
-                    raise AssertionError(
-                        f"{at}: token {off[i]} of document {doc[i]} appears twice "
-                        f"(also at row {seen[key][0]}, column {seen[key][1]}); every token must be an input "
-                        "at most once"
-                    )
-                seen[key] = (r, i)
-            if i and doc[i] >= 0 and doc[i] == doc[i - 1] and off[i] != off[i - 1] + 1:
-                raise AssertionError(
-                    f"{at}: token {off[i]} of document {doc[i]} follows its token {off[i - 1]}; "
-                    "tokens of a document must stay in order"
-                )
+        doc, off = _identify_row(corpus, ids, labels, doc_ids, r, seen, where)
+        unknown_eos += doc.count(_UNKNOWN_EOS)
         for i in range(S):
             _check_label(
                 r,
@@ -275,10 +250,10 @@ def _check_tokens(
                 labels,
                 doc,
                 off,
-                lengths,
-                token,
-                firsts,
-                isolating,
+                corpus.lengths,
+                corpus.token,
+                corpus.firsts,
+                doc_ids is not None,
                 targets,
                 f"{where}: row {r}, column {i}",
             )
@@ -291,20 +266,98 @@ def _check_tokens(
     if positions is not None:
         for r, (doc, off) in enumerate(identities):
             _check_positions(r, positions[r], None if doc_ids is None else doc_ids[r], doc, off, where)
+    return _coverage(corpus, seen, unknown_eos, len(targets), where, lossless, min_kept)
 
+
+def _identify_row(
+    corpus: _Corpus,
+    ids: np.ndarray,
+    labels: np.ndarray,
+    doc_ids: np.ndarray | None,
+    r: int,
+    seen: dict[tuple[int, int], tuple[int, int]],
+    where: str,
+) -> tuple[list[int], list[int]]:
+    """Row ``r``'s source document and offset per column (:data:`_PAD` for padding,
+    :data:`_UNKNOWN_EOS` for an EOS that ends no document here), each token an input at
+    most once (``seen``) and every document's tokens in order."""
+    S = ids.shape[1]
+    doc = [_PAD] * S
+    off = [-1] * S
+    for i in range(S):
+        x = int(ids[r, i])
+        at = f"{where}: row {r}, column {i}"
+        if x == PAD_ID:
+            if labels[r, i] != IGNORE_INDEX:
+                raise AssertionError(f"{at}: padding has label {labels[r, i]}; padding must have label -100")
+            continue
+        doc[i], off[i] = _identity(corpus, x, doc_ids, r, i, doc, off, at)
+        if doc[i] >= 0:
+            key = (doc[i], off[i])
+            if key in seen:
+                raise AssertionError(
+                    f"{at}: token {off[i]} of document {doc[i]} appears twice "
+                    f"(also at row {seen[key][0]}, column {seen[key][1]}); every token must be an input "
+                    "at most once"
+                )
+            seen[key] = (r, i)
+        if i and doc[i] >= 0 and doc[i] == doc[i - 1] and off[i] != off[i - 1] + 1:
+            raise AssertionError(
+                f"{at}: token {off[i]} of document {doc[i]} follows its token {off[i - 1]}; "
+                "tokens of a document must stay in order"
+            )
+    return doc, off
+
+
+def _identity(
+    corpus: _Corpus,
+    x: int,
+    doc_ids: np.ndarray | None,
+    r: int,
+    i: int,
+    doc: list[int],
+    off: list[int],
+    at: str,
+) -> tuple[int, int]:
+    """The document and offset of input token ``x`` at row ``r``, column ``i``: an EOS
+    belongs to the document whose last token precedes it (in the same ``doc_ids``)."""
+    if x == EOS_ID:
+        lengths = corpus.lengths
+        prev_d, prev_j = (doc[i - 1], off[i - 1]) if i else (_PAD, -1)
+        same_id = doc_ids is None or i == 0 or doc_ids[r, i] == doc_ids[r, i - 1]
+        if prev_d >= 0 and prev_j == lengths[prev_d] - 2 and same_id:
+            return prev_d, lengths[prev_d] - 1
+        return _UNKNOWN_EOS, -1
+    if x in corpus.owner:
+        return corpus.owner[x]
+    raise AssertionError(f"{at}: input token {x} is neither a document token nor pad_id ({PAD_ID})")
+
+
+def _coverage(
+    corpus: _Corpus,
+    seen: dict[tuple[int, int], tuple[int, int]],
+    unknown_eos: int,
+    trained: int,
+    where: str,
+    lossless: bool,
+    min_kept: float,
+) -> tuple[float, float]:
+    """``(kept, labelled)``: the shares of the tokens that are inputs and of the
+    next-token targets trained on, checked against ``lossless`` and ``min_kept``."""
+    lengths, inputs = corpus.lengths, len(seen)
     total_tokens = sum(lengths)
     total_targets = sum(n - 1 for n in lengths)
     eos_inputs = unknown_eos + sum(1 for (d, j) in seen if j == lengths[d] - 1)
-    if eos_inputs > len(documents):
+    if eos_inputs > len(lengths):
         raise AssertionError(
-            f"{where}: {eos_inputs} EOS tokens among the inputs for {len(documents)} documents"
+            f"{where}: {eos_inputs} EOS tokens among the inputs for {len(lengths)} documents"
         )
-    kept = (len(seen) + unknown_eos) / total_tokens
-    labelled = len(targets) / total_targets
-    if lossless and (len(seen) + unknown_eos != total_tokens or len(targets) != total_targets):
+    kept = (inputs + unknown_eos) / total_tokens
+    labelled = trained / total_targets
+    if lossless and (inputs + unknown_eos != total_tokens or trained != total_targets):
         raise AssertionError(
-            f"{where}: not lossless: {len(seen) + unknown_eos} of {total_tokens} tokens are inputs and "
-            f"{len(targets)} of {total_targets} next-token targets are trained on"
+            f"{where}: not lossless: {inputs + unknown_eos} of {total_tokens} tokens are inputs and "
+            f"{trained} of {total_targets} next-token targets are trained on"
         )
     if kept < min_kept or labelled < min_kept:
         raise AssertionError(

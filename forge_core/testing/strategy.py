@@ -300,6 +300,31 @@ def check_strategy(
     return StrategyReport(tuple(checked), {}, worst, names)
 
 
+@attrs.define
+class _Degree1:
+    """What the checks at degree 1 share: the plan and its mesh, the model alone in
+    float64 (the reference), the batches, and the worst deviation seen per check."""
+
+    plan: Plan
+    registries: Registries
+    mesh: Any
+    label: str
+    seed: int
+    vocab: int
+    alone: Any
+    batches: list[tuple[str, dict[str, torch.Tensor]]]
+    terms: int
+    worst: dict[str, float] = attrs.field(factory=dict)
+
+    def close(self, got: Any, want: Any, what: str, check: str) -> None:
+        self.worst[check] = max(
+            self.worst.get(check, 0.0),
+            assert_within_rounding(
+                got, want, dtype=torch.float64, terms=self.terms, what=f"{self.label}: {what}"
+            ),
+        )
+
+
 def _apply(
     plan: Plan,
     registries: Registries,
@@ -310,35 +335,39 @@ def _apply(
     checked: list[str],
 ) -> dict[str, float]:
     from forge_core import components
-    from forge_core.distributed.parallelize import parallelize, wrap_attention
-    from forge_core.train.loss import loss_fn
 
-    worst: dict[str, float] = {}
     backend = components.attention(plan, registries)
     vocab = 61  # small, and not a power of two: a shape mix-up shows
     torch.manual_seed(seed)
     alone = components.model(plan, registries, vocab, backend).double()
     terms = longest_sum(alone, sum(DEFAULT_ROWS[0])) * len(DEFAULT_ROWS)
-    batches = _batches(vocab, seed)
+    run = _Degree1(plan, registries, mesh, label, seed, vocab, alone, _batches(vocab, seed), terms)
+    model = _check_attention_wrapper(run, spec, backend, checked)
+    pmodel, trained = _check_names(run, model, checked)
+    _check_batch_transforms(run, pmodel, checked)
+    for where, batch in run.batches:
+        _check_micro_step(run, pmodel, trained, where, batch)
+    checked += ["forward", "gradients", "evaluate"]
+    return run.worst
 
-    def close(got, want, what, check):
-        worst[check] = max(
-            worst.get(check, 0.0),
-            assert_within_rounding(got, want, dtype=torch.float64, terms=terms, what=f"{label}: {what}"),
-        )
 
-    # attention: the wrapped backend computes what the bare one does (size 1).
+def _check_attention_wrapper(run: _Degree1, spec: ParallelismSpec, backend: Any, checked: list[str]) -> Any:
+    """attention: the wrapped backend computes what the bare one does (size 1). Returns
+    the model built with the wrapped backend, the one the strategy is applied to."""
+    from forge_core import components
+    from forge_core.distributed.parallelize import wrap_attention
+
     try:
-        wrapped = wrap_attention(backend, plan, mesh)
+        wrapped = wrap_attention(backend, run.plan, run.mesh)
     except ForgeError as error:
-        raise AssertionError(f"{label}: {error}") from error
-    torch.manual_seed(seed)
-    model = components.model(plan, registries, vocab, wrapped).double()
+        raise AssertionError(f"{run.label}: {error}") from error
+    torch.manual_seed(run.seed)
+    model = components.model(run.plan, run.registries, run.vocab, wrapped).double()
     if spec.attention is not None:
-        for where, batch in batches:
+        for where, batch in run.batches:
             with torch.no_grad():
-                got, want = _loss(model, batch)[0], _loss(alone, batch)[0]
-            close(
+                got, want = _loss(model, batch)[0], _loss(run.alone, batch)[0]
+            run.close(
                 got,
                 want,
                 f"its attention wrapper {spec.attention!r}, given an AttentionContext of size 1, changes "
@@ -347,13 +376,21 @@ def _apply(
                 "attention",
             )
         checked.append("attention")
-    # names: the parts keep every parameter's name.
-    before = [name for name, _ in alone.named_parameters()]
+    return model
+
+
+def _check_names(run: _Degree1, model: Any, checked: list[str]) -> tuple[Any, list[tuple[str, Any]]]:
+    """names: the parts keep every parameter's name. Returns the parallel model and its
+    parameters as the optimizer gets them."""
+    from forge_core.distributed.parallelize import parallelize
+    from forge_core.train.loss import loss_fn
+
+    before = [name for name, _ in run.alone.named_parameters()]
     try:
-        pmodel = parallelize(model, plan, torch.device("cpu"), loss_fn=loss_fn, mesh=mesh)
+        pmodel = parallelize(model, run.plan, torch.device("cpu"), loss_fn=loss_fn, mesh=run.mesh)
     except Exception as error:
         raise AssertionError(
-            f"{label}: applying it at degree 1 in one process (every mesh dimension of size 1) raised "
+            f"{run.label}: applying it at degree 1 in one process (every mesh dimension of size 1) raised "
             f"{type(error).__name__}: {error}"
         ) from error
     # The parameters as the optimizer gets them, now: FSDP registers unsharded ones on a
@@ -363,91 +400,105 @@ def _apply(
     lost, new = sorted(set(before) - set(after)), sorted(set(after) - set(before))
     if lost or new:
         raise AssertionError(
-            f"{label}: after apply the model parts name their parameters differently: lost {lost[:6]}, "
+            f"{run.label}: after apply the model parts name their parameters differently: lost {lost[:6]}, "
             f"new {new[:6]}. Checkpoints are keyed by parameter names, so a checkpoint written with the "
             "strategy would not load without it, nor the reverse. Change modules in place, or wrap the "
             "module that is called (the part keeps its names) rather than the part"
         )
     checked.append("names")
-    # batch_transform: every key kept, and the same loss at degree 1.
-    for where, batch in batches:
-        out = batch
-        for n, transform in enumerate(pmodel.batch_transforms):
-            given = out
-            try:
-                out = transform(dict(given))
-            except Exception as error:
-                raise AssertionError(
-                    f"{label}: its batch transform #{n} (batch_transform(ctx)) raised "
-                    f"{type(error).__name__}: {error} on {where} ({sorted(given)}) at degree 1"
-                ) from error
-            dropped = sorted(set(given) - set(out))
-            if dropped:
-                raise AssertionError(
-                    f"{label}: its batch transform #{n} (batch_transform(ctx)) dropped {dropped} of "
-                    f"{sorted(given)} on {where}: every key it is given must come back (sharded or "
-                    "whole), or the model and the loss lose it (doc_ids: packed documents would attend "
-                    "to each other)"
-                )
-        if pmodel.batch_transforms:
-            with torch.no_grad():
-                got, want = _loss(alone, out)[0], _loss(alone, batch)[0]
-            close(
-                got,
-                want,
-                f"its batch transform(s), at degree 1, change the loss of the model on {where}: with one "
-                "rank along its dimension a transform must keep every token, its label and its metadata",
-                "batch_transform",
-            )
-    if pmodel.batch_transforms:
-        checked.append("batch_transform")
-    # forward, gradients, evaluate: the strategy's micro-step is the model's alone.
-    for where, batch in batches:
-        _clear(alone.named_parameters())
-        want_sum, tokens = _loss(alone, batch)
-        (want_sum / tokens).backward()
-        want_grads = _grads(alone.named_parameters())
-        _clear(trained)
-        got_sum, got_tokens = pmodel.forward_backward(dict(batch), None, tokens)
-        pmodel.finish_gradients()
-        if int(got_tokens) != int(tokens):
-            raise AssertionError(
-                f"{label}: a training micro-step on {where} counted {int(got_tokens)} labelled tokens, the "
-                f"model alone {int(tokens)}"
-            )
-        close(
-            got_sum,
-            want_sum.detach(),
-            f"the training loss on {where} differs from the model's alone",
-            "forward",
-        )
-        if pmodel.forward is not None:
-            # The logits too: a change the loss cannot see (a constant added to every
-            # logit of a token) would still change what the model generates.
-            inputs = {k: v for k, v in pmodel.transform(dict(batch)).items() if k != LABELS}
-            with torch.no_grad():
-                got, want = pmodel.forward(**inputs), alone(**inputs)
-            close(got, want, f"the logits on {where} differ from the model's alone", "forward")
-        got_grads = _grads(trained)
-        missing = sorted(set(want_grads) - set(got_grads))
-        if missing:
-            raise AssertionError(f"{label}: after a micro-step on {where}, {missing[:6]} have no gradient")
-        for name, want in want_grads.items():
-            close(
-                got_grads[name],
-                want,
-                f"the gradient of {name!r} after a micro-step on {where} differs from the model's alone "
-                "(the gradient convention: each micro-step back-propagates loss_sum / global_tokens, and "
-                "strategies sum gradients, never average them)",
-                "gradients",
-            )
+    return pmodel, trained
+
+
+def _check_batch_transforms(run: _Degree1, pmodel: Any, checked: list[str]) -> None:
+    """batch_transform: every key kept, and the same loss at degree 1."""
+    if not pmodel.batch_transforms:
+        return
+    for where, batch in run.batches:
+        out = _transformed(run.label, pmodel.batch_transforms, where, batch)
         with torch.no_grad():
-            eval_sum, _ = pmodel.evaluate(dict(batch))
-        close(
-            eval_sum,
-            want_sum.detach(),
-            f"the evaluation loss on {where} differs from the model's alone",
-            "evaluate",
+            got, want = _loss(run.alone, out)[0], _loss(run.alone, batch)[0]
+        run.close(
+            got,
+            want,
+            f"its batch transform(s), at degree 1, change the loss of the model on {where}: with one "
+            "rank along its dimension a transform must keep every token, its label and its metadata",
+            "batch_transform",
         )
-    checked += ["forward", "gradients", "evaluate"]
-    return worst
+    checked.append("batch_transform")
+
+
+def _transformed(label: str, transforms: list[Any], where: str, batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` through every transform in turn, each of which must return every key."""
+    out = batch
+    for n, transform in enumerate(transforms):
+        given = out
+        try:
+            out = transform(dict(given))
+        except Exception as error:
+            raise AssertionError(
+                f"{label}: its batch transform #{n} (batch_transform(ctx)) raised "
+                f"{type(error).__name__}: {error} on {where} ({sorted(given)}) at degree 1"
+            ) from error
+        dropped = sorted(set(given) - set(out))
+        if dropped:
+            raise AssertionError(
+                f"{label}: its batch transform #{n} (batch_transform(ctx)) dropped {dropped} of "
+                f"{sorted(given)} on {where}: every key it is given must come back (sharded or "
+                "whole), or the model and the loss lose it (doc_ids: packed documents would attend "
+                "to each other)"
+            )
+    return out
+
+
+def _check_micro_step(
+    run: _Degree1, pmodel: Any, trained: list[tuple[str, Any]], where: str, batch: dict[str, Any]
+) -> None:
+    """forward, gradients, evaluate: the strategy's micro-step is the model's alone."""
+    _clear(run.alone.named_parameters())
+    want_sum, tokens = _loss(run.alone, batch)
+    (want_sum / tokens).backward()
+    want_grads = _grads(run.alone.named_parameters())
+    _clear(trained)
+    got_sum, got_tokens = pmodel.forward_backward(dict(batch), None, tokens)
+    pmodel.finish_gradients()
+    if int(got_tokens) != int(tokens):
+        raise AssertionError(
+            f"{run.label}: a training micro-step on {where} counted {int(got_tokens)} labelled tokens, the "
+            f"model alone {int(tokens)}"
+        )
+    run.close(
+        got_sum, want_sum.detach(), f"the training loss on {where} differs from the model's alone", "forward"
+    )
+    if pmodel.forward is not None:
+        # The logits too: a change the loss cannot see (a constant added to every
+        # logit of a token) would still change what the model generates.
+        inputs = {k: v for k, v in pmodel.transform(dict(batch)).items() if k != LABELS}
+        with torch.no_grad():
+            got, want = pmodel.forward(**inputs), run.alone(**inputs)
+        run.close(got, want, f"the logits on {where} differ from the model's alone", "forward")
+    _check_gradients(run, _grads(trained), want_grads, where)
+    with torch.no_grad():
+        eval_sum, _ = pmodel.evaluate(dict(batch))
+    run.close(
+        eval_sum,
+        want_sum.detach(),
+        f"the evaluation loss on {where} differs from the model's alone",
+        "evaluate",
+    )
+
+
+def _check_gradients(
+    run: _Degree1, got_grads: dict[str, Any], want_grads: dict[str, Any], where: str
+) -> None:
+    missing = sorted(set(want_grads) - set(got_grads))
+    if missing:
+        raise AssertionError(f"{run.label}: after a micro-step on {where}, {missing[:6]} have no gradient")
+    for name, want in want_grads.items():
+        run.close(
+            got_grads[name],
+            want,
+            f"the gradient of {name!r} after a micro-step on {where} differs from the model's alone "
+            "(the gradient convention: each micro-step back-propagates loss_sum / global_tokens, and "
+            "strategies sum gradients, never average them)",
+            "gradients",
+        )
