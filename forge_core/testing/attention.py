@@ -320,12 +320,7 @@ def check_attention_backend(
     dtypes = (dtype, torch.float64) if float64 and dtype != torch.float64 else (dtype,)
     layouts = tuple(tuple(lengths) for lengths in layouts)
     doc_ids = doc_ids_from_lengths(layouts, sum(layouts[0]) if layouts else 0)
-    devices = tuple(devices)
-    for device in devices:
-        if torch.device(device).type not in available_devices():
-            raise ValueError(
-                f"device {device!r} is not available here (available: {', '.join(available_devices())})"
-            )
+    devices = _available(devices)
     instance = _construct(resolved.impl, resolved.options)
     for device in devices:
         device_doc_ids = doc_ids.to(device)
@@ -347,26 +342,43 @@ def check_attention_backend(
                     where,
                     layouts,
                 )
-                try:
-                    case.agrees_with_reference(doc_ids=None)
-                    if DOC_IDS in honours:
-                        case.isolates_documents(device_doc_ids)
-                        case.gradient_stays_in_document(device_doc_ids)
-                        case.agrees_with_reference(doc_ids=device_doc_ids)
-                except AssertionError:
-                    raise
-                except Exception as error:
-                    if run_dtype != torch.float64 or dtype == torch.float64:
-                        raise
-                    raise AssertionError(
-                        f"{where}: the backend failed on float64 inputs ({type(error).__name__}: {error}). "
-                        "The kit proves agreement and isolation in float64, so a backend should compute in "
-                        "its input's dtype; one without a float64 kernel passes float64=False and is checked "
-                        f"in {dtype_name(dtype)} only"
-                    ) from error
+                _check_case(case, device_doc_ids if DOC_IDS in honours else None, dtype)
     _counts_its_pairs(instance, resolved.label, doc_ids, DOC_IDS in honours, mask_mod)
     if float64 or dtype == torch.float64:
         _shards_queries(instance, resolved.label, doc_ids, DOC_IDS in honours, mask_mod, seed)
+
+
+def _available(devices: Iterable[str]) -> tuple[str, ...]:
+    devices = tuple(devices)
+    for device in devices:
+        if torch.device(device).type not in available_devices():
+            raise ValueError(
+                f"device {device!r} is not available here (available: {', '.join(available_devices())})"
+            )
+    return devices
+
+
+def _check_case(case: _Case, doc_ids: torch.Tensor | None, dtype: torch.dtype) -> None:
+    """Agreement with the reference, and with ``doc_ids`` (given for a backend that
+    honours them) isolation too, on one device, dtype and head shape. An error other
+    than a failed check, in float64 only, says how to opt out of float64."""
+    try:
+        case.agrees_with_reference(doc_ids=None)
+        if doc_ids is not None:
+            case.isolates_documents(doc_ids)
+            case.gradient_stays_in_document(doc_ids)
+            case.agrees_with_reference(doc_ids=doc_ids)
+    except AssertionError:
+        raise
+    except Exception as error:
+        if case.dtype != torch.float64 or dtype == torch.float64:
+            raise
+        raise AssertionError(
+            f"{case.where}: the backend failed on float64 inputs ({type(error).__name__}: {error}). "
+            "The kit proves agreement and isolation in float64, so a backend should compute in "
+            "its input's dtype; one without a float64 kernel passes float64=False and is checked "
+            f"in {dtype_name(dtype)} only"
+        ) from error
 
 
 def _counts_its_pairs(

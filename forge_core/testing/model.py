@@ -180,22 +180,7 @@ def check_model(
     backend = _attention(attention, attention_options, extra_plugins)
     probe = _Probe(backend)
     torch.manual_seed(seed)
-    try:
-        built = resolved.impl(resolved.options, vocab_size=vocab_size, attention=probe)
-    except Exception as error:
-        raise AssertionError(
-            f"{label}: the factory failed: build(options, vocab_size={vocab_size}, attention=<backend>) "
-            f"raised {type(error).__name__}: {error}"
-        ) from error
-    if not isinstance(built, torch.nn.Module):
-        raise AssertionError(
-            f"{label}: the factory must return a torch.nn.Module, got {type(built).__name__}"
-        )
-    gaps = model_contract_gaps(built, spec)
-    if gaps:
-        raise AssertionError(
-            f"{label}: does not meet the model contract (forge_core.api.Model): {'; '.join(gaps)}"
-        )
+    built = _built(resolved, vocab_size, probe)
     if attention is not None:
         label = f"{label} with attention {_name(attention)}"
     checked: list[str] = []
@@ -216,23 +201,8 @@ def check_model(
         if ratio is not None:
             worst["expert_parallel"] = ratio
     if "isolation" in checks:
-        dtypes = tuple(_dtype(d) for d in dtypes)
-        try:
-            ratios = check_document_isolation(
-                built,
-                rows=rows,
-                seed=seed,
-                standalone=standalone,
-                dtypes=dtypes,
-                rounding_factor=rounding_factor,
-            )
-        except AssertionError as error:
-            raise AssertionError(
-                f"{label}: document isolation broken: {error}. The model must pass doc_ids to "
-                "attention.prepare and positions to its position encoding (restarting at every document)"
-            ) from error
+        worst["isolation"] = _isolation(built, label, rows, seed, standalone, dtypes, rounding_factor)
         checked.append("isolation")
-        worst["isolation"] = max(ratios.values())
     if "tensor_parallel" in checks:
         why = _tensor_parallel(built, contract, label, skipped)
         _record("tensor_parallel", why, checked, skipped)
@@ -249,6 +219,56 @@ def check_model(
         why = _facts(built, contract, spec, resolved.options, seen, label)
         _record("facts", why, checked, skipped)
     return ModelReport(tuple(checked), skipped, worst, seen)
+
+
+def _built(resolved: Any, vocab_size: int, probe: Any) -> torch.nn.Module:
+    """The model the factory builds, checked to be a module that meets the contract."""
+    label = resolved.label
+    try:
+        built = resolved.impl(resolved.options, vocab_size=vocab_size, attention=probe)
+    except Exception as error:
+        raise AssertionError(
+            f"{label}: the factory failed: build(options, vocab_size={vocab_size}, attention=<backend>) "
+            f"raised {type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(built, torch.nn.Module):
+        raise AssertionError(
+            f"{label}: the factory must return a torch.nn.Module, got {type(built).__name__}"
+        )
+    gaps = model_contract_gaps(built, resolved.spec)
+    if gaps:
+        raise AssertionError(
+            f"{label}: does not meet the model contract (forge_core.api.Model): {'; '.join(gaps)}"
+        )
+    return built
+
+
+def _isolation(
+    built: Any,
+    label: str,
+    rows: Sequence[Sequence[int]],
+    seed: int,
+    standalone: str,
+    dtypes: Iterable[Any],
+    rounding_factor: float,
+) -> float:
+    """isolation: every document of a packed row computes as it does alone; the worst
+    deviation, as a share of the rounding tolerance."""
+    try:
+        ratios = check_document_isolation(
+            built,
+            rows=rows,
+            seed=seed,
+            standalone=standalone,
+            dtypes=tuple(_dtype(d) for d in dtypes),
+            rounding_factor=rounding_factor,
+        )
+    except AssertionError as error:
+        raise AssertionError(
+            f"{label}: document isolation broken: {error}. The model must pass doc_ids to "
+            "attention.prepare and positions to its position encoding (restarting at every document)"
+        ) from error
+    return max(ratios.values())
 
 
 def _record(check: str, why_skipped: str | None, checked: list[str], skipped: dict[str, str]) -> None:
