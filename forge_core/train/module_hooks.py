@@ -1,5 +1,6 @@
-"""Calls the trainer makes on every module of the model that defines them, found by the
-method's name, never by class (a mixture-of-experts block of any model uses them):
+"""Calls the trainer makes on every module of the model that has them, found by their
+protocols in :mod:`forge_core.api` (``TokenGroupModule``, ``OptimizerStepModule``),
+never by class (a mixture-of-experts block of any model uses them):
 
 - ``set_token_group(group, step_tokens)``: once, after the strategies are applied:
   ``group`` is the process group of the processes that compute different tokens
