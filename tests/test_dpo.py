@@ -54,6 +54,7 @@ def hand_logps(logits: torch.Tensor, row: dict[str, torch.Tensor]) -> dict[int, 
     return out
 
 
+@pytest.mark.numerical
 def test_the_loss_and_rewards_equal_a_hand_computation_in_float64():
     row = pair_row(PAIRS, 24)
     gen = torch.Generator().manual_seed(0)
@@ -109,6 +110,7 @@ def model_step(model, rows, objective, reference=None) -> tuple[float, dict[str,
     return float(loss_sum) / pairs, {k: float(v) / pairs for k, v in sums.items()}, grads
 
 
+@pytest.mark.numerical
 def test_chosen_equal_to_rejected_gives_log_2_and_no_gradient():
     """The margin is 0 whatever the model, so the loss is log 2, and its gradient
     through the model vanishes: d margin / d theta = d pi_c - d pi_r = 0. (The gradient
@@ -126,6 +128,7 @@ def test_chosen_equal_to_rejected_gives_log_2_and_no_gradient():
     assert max(float(g.abs().max()) for g in control.values()) > 1e-4
 
 
+@pytest.mark.numerical
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_margin_that_is_a_rounding_residue_is_a_tie(dtype):
     """The chosen and rejected completions hold the same tokens in another order under
@@ -157,6 +160,7 @@ def test_a_margin_that_is_a_rounding_residue_is_a_tie(dtype):
         assert float(sums[MARGIN]) == pytest.approx(0.5 * sign, rel=1e-5)
 
 
+@pytest.mark.numerical
 def test_packed_pairs_equal_each_pair_alone_in_float64():
     model = tiny_llama()
     pairs = random_pairs(4, VOCAB, torch.Generator().manual_seed(3))
