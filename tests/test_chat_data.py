@@ -413,6 +413,29 @@ def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):
     assert sum(sizes) == 40 and min(sizes) > 0
 
 
+def test_pairs_that_cannot_teach_are_counted_and_refused_when_every_pair_is_one(tmp_path, capsys):
+    """Identical chosen and rejected completions (the margin is 0 whatever the model) and
+    empty completions: some are a warning with their count and the first record, all of
+    them a ForgeError naming the source. Good pairs alone say nothing."""
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    byte = ByteTokenizer()
+    good = [{"prompt": f"q{i}", "chosen": "yes", "rejected": f"no{i}"} for i in range(4)]
+    same = {"prompt": "q", "chosen": "same", "rejected": "same"}
+    empty = {"prompt": "q", "chosen": "yes", "rejected": " "}
+    rows_of(tmp_path, good, byte, format="preference", template=str(path), seq_len=256)
+    assert "cannot teach" not in capsys.readouterr().err
+    rows_of(tmp_path, [*good, same, empty], byte, format="preference", template=str(path), seq_len=256)
+    err = capsys.readouterr().err
+    assert "warning: " in err and "2 of 6 preference pairs cannot teach" in err
+    assert "1 with the same chosen and rejected completion" in err and "1 with an empty completion" in err
+    assert ".jsonl, line 5" in err  # the first such record
+    for pairs in ([same, same], [same, empty, {"prompt": "p", "chosen": "", "rejected": "no"}]):
+        refused = rf"none of its {len(pairs)} preference pairs can teach.*'chosen'"
+        with pytest.raises(ForgeError, match=refused):
+            rows_of(tmp_path, pairs, byte, format="preference", template=str(path), seq_len=256)
+
+
 def test_prepared_pair_shards_train_as_the_cached_ones(tmp_path):
     from forge_core.api.unstable import Shards
     from forge_core.data.prepare import prepare

@@ -241,6 +241,83 @@ def test_a_documents_contribution_does_not_depend_on_what_it_is_packed_with(tmp_
         assert abs(packed_sum - alone_sum) > 1e-6 * alone_sum
 
 
+def write_short_documents(directory: Path, docs: int, seed: int, long: int = 0) -> str:
+    """``docs`` documents of 1 to 6 words (each fits a row of 64 bytes) and ``long`` of
+    60 words (longer than a row); the glob for the text source."""
+    import random
+
+    from train_helpers import WORDS
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True)
+    for i in range(docs + long):
+        n = 60 if i >= docs else rng.randint(1, 6)
+        (directory / f"d{i:03d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(n)))
+    return str(directory / "*.txt")
+
+
+def each_document_alone(model, stream, seq_len: int) -> tuple[float, int]:
+    """float64: each document run alone (one forward of its tokens, from position 0), its
+    targets' -log p summed; a document longer than ``seq_len`` in windows of it, the last
+    token of a window predicting the first of the next."""
+    total, targets = 0.0, 0
+    for d in range(len(stream)):
+        ids = torch.from_numpy(stream.gather(np.arange(stream.offsets[d], stream.offsets[d + 1]))[0])
+        for start in range(0, len(ids) - 1, seq_len):
+            window, target = ids[start : start + seq_len], ids[start + 1 : start + seq_len + 1]
+            with torch.no_grad():
+                logits = model(input_ids=window[None])[0, : len(target)].double()
+            total += float(F.cross_entropy(logits, target, reduction="sum"))
+            targets += len(target)
+    return total, targets
+
+
+@pytest.mark.numerical
+def test_eval_scores_every_target_token_with_each_document_alone_whatever_the_packer(tmp_path):
+    """Many short documents (and two longer than a row) under a run that trains with
+    ``concat``: the evaluation lays each document out whole, so it scores every target
+    token once and its loss is the mean over them of each document alone (float64). The
+    control: the training packer's layout, which the evaluation used before, cuts
+    documents across rows and drops the last partial row: it scores fewer tokens."""
+    from forge_core.data.build import pack
+
+    short = write_short_documents(tmp_path / "short", docs=150, seed=4, long=2)
+    plan, registries, tokenizer, model = heldout_run(
+        tmp_path,
+        data={"seq_len": 64},
+        eval={"source": "text", "source_options": {"paths": [short]}, "batch_size": 8},
+    )
+    assert plan.config.data.packer == "concat"
+    data = build_eval_data(plan, registries, tokenizer)
+    (only,) = data.sets
+    assert only.documents == 152 and only.windowed == 2
+    assert "(each whole but 2 longer than 64 tokens, scored in windows of 64" in data.summary
+    result = run_eval(single_process(model), data, loss64, device=CPU)
+    want_sum, targets = each_document_alone(model, only.rows.stream, 64)
+    assert result.tokens == targets == only.tokens - only.documents  # all but each EOS
+    assert result.loss == pytest.approx(want_sum / targets, rel=1e-10)
+    # The control: the run's own packer (concat) over the same documents.
+    concat = components.packer(plan, registries, tokenizer)
+    eos, pad = int(tokenizer.eos_id), int(tokenizer.pad_id)
+    old = pack(concat, plan.specs["packer"], plan.config.data.packer_options, only.rows.stream, 64, eos, pad)
+    old_tokens = int((old.read(np.arange(old.num_rows))[LABELS] != IGNORE_INDEX).sum())
+    assert old_tokens < targets
+
+
+def test_the_eval_layout_keeps_documents_whole_in_order_and_windows_the_long_ones():
+    from forge_core.data.whole_documents import whole_documents
+
+    isolated = whole_documents(np.array([5, 40, 3, 9, 7]), 16, isolate=True)
+    layout = isolated.layout
+    assert isolated.windowed == 1 and layout.metadata
+    # Next fit in stream order: [5] [16] [16] [8 3] [9 7].
+    assert layout.lengths.tolist() == [5, 16, 16, 8, 3, 9, 7]
+    assert layout.row_ptr.tolist() == [0, 1, 2, 3, 5, 7]
+    assert layout.starts.tolist() == [0, 5, 21, 37, 45, 48, 57]
+    alone = whole_documents(np.array([5, 40, 3]), 16, isolate=False)
+    assert alone.layout.rows == 5 and not alone.layout.metadata and alone.windowed == 1
+
+
 # --- the data and the rules -----------------------------------------------------------
 
 

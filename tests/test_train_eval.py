@@ -143,7 +143,7 @@ def test_forge_run_eval_gives_the_numbers_the_run_logged(finished, capsys):
     assert (limited["rows"], limited["batches"]) == (4, 2)
     assert cli.main(["eval", str(finished)]) == 0
     assert re.search(
-        r"step 6: eval loss \d+\.\d{4}, perplexity [\d.]+ over [\d,]+ tokens", capsys.readouterr().out
+        r"step 6: eval loss \d+\.\d{4}, perplexity [\d.]+ over [\d,]+ target tokens", capsys.readouterr().out
     )
 
 

@@ -170,11 +170,11 @@ def main(args: Any) -> int:
     print(
         f"{run_dir} step {step}: eval loss {result.loss:.4f}, "
         f"perplexity {format_perplexity(result.perplexity)} over "
-        f"{result.tokens:,} tokens ({result.rows:,} rows of {data.what}, {result.seconds:.1f}s)"
+        f"{result.tokens:,} target tokens ({result.rows:,} rows of {data.what}, {result.seconds:.1f}s)"
     )
     if len(result.by_source) > 1:
         metrics = result.metrics()
         for label, (loss, tokens) in result.by_source.items():
             ppl = format_perplexity(metrics[f"eval/{label}/perplexity"])
-            print(f"  {label}: loss {loss:.4f}, perplexity {ppl} over {tokens:,} tokens")
+            print(f"  {label}: loss {loss:.4f}, perplexity {ppl} over {tokens:,} target tokens")
     return 0

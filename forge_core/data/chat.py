@@ -15,6 +15,12 @@ the template (``tokenizer.chat_identity(template)``), so another template is ano
 cache entry; every stored document hashes its record's JSON (the held-out split keeps
 a pair's two halves together and does not depend on the tokenizer).
 
+A pair that cannot teach (:class:`DegeneratePairs`): chosen and rejected render to the
+same tokens (the margin is 0 whatever the model), or a completion is empty (every
+completion message's content blank), which is most often a field read wrongly. Some
+are a warning with their count and the first record; all of them a ForgeError, since
+the run would learn nothing from its data.
+
 :func:`chat_stream` makes the packer's stream and applies ``data.chat.truncation`` to
 units longer than ``data.seq_len`` (EOS included): ``drop`` leaves them out,
 ``cut_prompt`` cuts untrained tokens from the left of a conversation until it fits
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,7 +101,7 @@ class ChatDocuments:
     def documents(self) -> Iterator[MaskedDocument]:
         fmt, every = self.chat.format, self.chat.loss == "all" and self.chat.format != "preference"
         encode, template, eos = self.tokenizer.encode_chat, self.template, int(self.tokenizer.eos_id)
-        found = 0
+        found, degenerate = 0, DegeneratePairs()
         for where, record in self.source.records():
             talk = conversation(record, fmt, where)
             content = _content(record)
@@ -106,12 +113,61 @@ class ChatDocuments:
                 yield MaskedDocument(first.ids, first.trainable, content)
                 continue
             second = encode(talk.rejected, train_from=talk.train_from, template=template)
+            degenerate.see(where, talk, first.ids, second.ids)
             # The chosen half keeps its EOS: the pair is one stored unit, split at it.
             ends = bool(first.trainable[-1]) if len(first) else True
             yield MaskedDocument(np.append(first.ids, eos), np.append(first.trainable, ends), content)
             yield MaskedDocument(second.ids, second.trainable, content)
         if not found:
             raise ForgeError(f"{self.source.describe()}: no record to read as {fmt} chat data.")
+        degenerate.judge(self.source.describe(), found)
+
+
+def _blank(messages: list[dict[str, Any]]) -> bool:
+    return all(isinstance(m.get("content"), str) and not m["content"].strip() for m in messages)
+
+
+@attrs.define
+class DegeneratePairs:
+    """The preference pairs of a source that cannot teach (module docstring): counted as
+    the records are read, then judged."""
+
+    identical: int = 0
+    empty: int = 0
+    first: str = ""
+
+    def see(self, where: str, talk: Any, chosen: np.ndarray, rejected: np.ndarray) -> None:
+        """Count the pair of record ``where``: ``talk`` (its conversation) rendered to
+        ``chosen`` and ``rejected`` tokens."""
+        if np.array_equal(chosen, rejected):
+            self.identical += 1
+        elif _blank(talk.messages[talk.train_from :]) or _blank(talk.rejected[talk.train_from :]):
+            self.empty += 1
+        else:
+            return
+        self.first = self.first or where
+
+    def judge(self, source: str, pairs: int) -> None:
+        """A ForgeError when none of ``pairs`` can teach, a warning when some cannot."""
+        bad = self.identical + self.empty
+        if not bad:
+            return
+        what = (
+            f"{self.identical:,} with the same chosen and rejected completion (they teach nothing), "
+            f"{self.empty:,} with an empty completion; the first is {self.first}"
+        )
+        if bad == pairs:
+            raise ForgeError(
+                f"{source}: none of its {pairs:,} preference pairs can teach: {what}. DPO learns from the "
+                "difference between the chosen and the rejected completion: check that the records' "
+                "'chosen' and 'rejected' fields hold the two different answers, or fix the data."
+            )
+        print(
+            f"warning: {source}: {bad:,} of {pairs:,} preference pairs cannot teach: {what}. They are "
+            "trained on, with no effect or a suspicious one; remove or fix them.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def chat_source(source: Any, tokenizer: Any, chat: Any) -> Any:

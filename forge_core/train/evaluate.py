@@ -2,10 +2,12 @@
 
 What is evaluated (:func:`build_eval_data`): the held-out split of the training data
 (``data.heldout``: every source's held-out documents, read from the same memory-mapped
-tokens), or every document of ``eval.source``; either is packed by the run's own packer,
-so under a packer that isolates documents the rows carry the same ``doc_ids`` and
-``positions`` as training rows and a document's loss does not depend on what it is
-packed with: perplexity is per document, never across a document boundary.
+tokens), or every document of ``eval.source``. Whatever the training packer, the rows
+hold every document whole (:mod:`forge_core.data.whole_documents`): several to a row
+with ``doc_ids`` and ``positions`` when the run can isolate documents, else one to a
+row; a document longer than ``seq_len`` is scored in windows and counted in the summary.
+So every target token is scored once and the loss is the mean over the target tokens of
+each document's loss alone: perplexity is per document, never across a boundary.
 
 How (:func:`run_eval`): the rows are read in order (no shuffling) and cut into global
 batches of ``eval.batch_size`` rows; every data-parallel rank takes its contiguous slice
@@ -40,7 +42,7 @@ import attrs
 import numpy as np
 import torch
 
-from forge_core.api import IGNORE_INDEX, LABELS, ForgeError, Plan
+from forge_core.api import DOC_IDS, IGNORE_INDEX, LABELS, POSITIONS, ForgeError, Plan
 
 if TYPE_CHECKING:
     from forge_core.registry import Registries
@@ -62,6 +64,9 @@ class EvalSet:
     rows: Any
     documents: int
     tokens: int
+    #: Documents longer than seq_len, scored in windows of it (each without the context
+    #: before it).
+    windowed: int = 0
 
 
 @attrs.frozen
@@ -92,10 +97,18 @@ class EvalData:
         rows = sum(n for _, n in self.row_counts())
         total = sum(s.rows.num_rows for s in self.sets)
         docs = sum(s.documents for s in self.sets)
+        seq_len = self.sets[0].rows.seq_len
         limited = f" (limited to {rows:,} of {total:,} rows)" if rows < total else ""
+        windowed = sum(s.windowed for s in self.sets)
+        whole = (
+            f"each whole but {windowed:,} longer than {seq_len} tokens, scored in windows of {seq_len} "
+            "without the context before each"
+            if windowed
+            else "each whole"
+        )
         return (
-            f"eval: {what_rows(rows)} of {self.sets[0].rows.seq_len} tokens from {docs:,} documents of "
-            f"{self.what}{limited}, {self.num_batches} batch(es) of {self.batch_rows} rows"
+            f"eval: {what_rows(rows)} of {seq_len} tokens from {docs:,} documents of {self.what} "
+            f"({whole}){limited}, {self.num_batches} batch(es) of {self.batch_rows} rows"
         )
 
 
@@ -115,6 +128,20 @@ def row_limit(config: Any) -> int:
     return min(limits) if limits else sys.maxsize
 
 
+def isolates_documents(plan: Plan) -> bool:
+    """Whether the run can keep documents apart in a row: its attention backend honours
+    ``doc_ids``, its model takes ``doc_ids`` and ``positions``, and every active strategy
+    forwards both to every layer."""
+    backend, model = plan.specs.get("attention"), plan.specs.get("model")
+    return (
+        backend is not None
+        and DOC_IDS in backend.honours
+        and model is not None
+        and {DOC_IDS, POSITIONS} <= model.accepts
+        and all(s.spec.forwards_key(DOC_IDS) and s.spec.forwards_key(POSITIONS) for s in plan.strategies)
+    )
+
+
 def build_eval_data(
     plan: Plan,
     registries: Registries,
@@ -126,8 +153,10 @@ def build_eval_data(
     """The rows of the judged ``plan``'s evaluation (module docstring). An evaluation
     with nothing to read is a ForgeError saying which source and why."""
     from forge_core import components
-    from forge_core.data.build import heldout_documents, pack, source_shards
+    from forge_core.data.build import heldout_documents, source_shards
+    from forge_core.data.packed_rows import PackedRows
     from forge_core.data.shards import stream as document_stream
+    from forge_core.data.whole_documents import whole_documents
 
     config = plan.config
     data = config.data
@@ -151,19 +180,20 @@ def build_eval_data(
         what = f"source {chosen.name!r} ({source.describe()})"
         empty = ""
     sets = []
+    isolate = isolates_documents(plan)
     for label, stream in streams:
         if not len(stream):
             continue
-        packer = components.packer(plan, registries, tokenizer)
-        rows = pack(packer, plan.specs["packer"], data.packer_options, stream, data.seq_len, eos, pad)
+        laid = whole_documents(stream.lengths, data.seq_len, isolate=isolate)
+        rows = PackedRows(laid.layout, stream, eos_id=eos, pad_id=pad)
         if rows.num_rows:
-            sets.append(EvalSet(label, rows, len(stream), int(stream.total)))
+            sets.append(EvalSet(label, rows, len(stream), int(stream.total), laid.windowed))
     if not sets:
         if chosen is None:
-            why = empty or f"the held-out documents do not fill one row of data.seq_len {data.seq_len}: "
+            why = empty or "it holds no document: "
             fix = "raise data.heldout.fraction, or evaluate on another source with eval.source"
         else:
-            why = f"it has no document that fills one row of data.seq_len {data.seq_len}: "
+            why = "it has no document: "
             fix = (
                 "point eval.source_options at documents, or evaluate on the held-out split (eval.source: '')"
             )

@@ -14,6 +14,20 @@ tokens. With ``pi`` the policy's and ``ref`` the reference's, ``margin = (pi_c -
 Rafailov et al. 2023) or ``(margin - 1 / (2 beta))^2`` (IPO, Azar et al. 2023); without
 a reference (``reference: none``) ``ref`` is 0. The rewards are ``beta * (pi - ref)``.
 
+Ties are ties. The margin subtracts sums of per-token log-probabilities, each itself a
+difference ``logit - logsumexp``; two completions that score the same in exact arithmetic
+come out a few roundings apart, and by how much depends on the CPU's kernels (where a
+row sits in a blocked matmul, the order of a sum). So the metrics compare within the
+rounding of what was subtracted (:func:`tie_tolerance`): a pair whose
+``|margin| <= TIE_ULPS * eps * scale`` is a tie, where ``eps`` is the spacing at 1 of the
+dtype the log-probabilities are summed in (at least fp32) and ``scale`` the sum, over the
+labelled tokens of the pair's completions under the policy and the reference, of
+``|logit of the label| + |logsumexp|``. A tie is not won (``dpo/reward_accuracy`` counts
+pairs whose margin is above the tolerance) and its ``dpo/reward_margin`` is 0. The loss
+takes the margin as computed: it is continuous in it, so rounding moves it by rounding
+and decides nothing. (With bf16 logits the logits' own rounding is coarser than the
+tolerance: it is that of the sums, not of a bf16 forward.)
+
 Padding and the filler rows of an evaluation have no labelled token, so they hold no
 pair. A pair whose chosen completion has labelled tokens and whose rejected one has none
 (or the reverse) is refused when the step counts its pairs: the data is not pairs.
@@ -30,6 +44,11 @@ from forge_core.api import DOC_IDS, IGNORE_INDEX, LABELS, ForgeError
 from forge_plugins.objectives.options import DPO_METRICS
 
 ACCURACY, CHOSEN, REJECTED, MARGIN = DPO_METRICS
+
+#: Roundings of the size of the subtracted terms within which two completions tie: the
+#: suite's rounding factor (forge_core.testing.tolerance), which covers the chain of
+#: roundings of a forward measured across CPU kernels and thread counts.
+TIE_ULPS = 16.0
 
 
 def _slots(seq_len: int) -> int:
@@ -58,16 +77,32 @@ def labelled_documents(labels: torch.Tensor, doc_ids: torch.Tensor) -> torch.Ten
 
 def sequence_logps(
     logits: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logps, has)``, both ``(rows, pairs, 2)``: each document's summed log-probability
-    of its labelled tokens (in at least fp32), and whether it has any."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logps, has, scale)``, each ``(rows, pairs, 2)``: each document's summed
+    log-probability of its labelled tokens (in at least fp32), whether it has any, and
+    the size of what was subtracted to get it (``|logit of the label| + |logsumexp|``
+    summed over those tokens, without gradient: :func:`tie_tolerance`)."""
     rows, seq, vocab = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    token = -F.cross_entropy(
-        logits.reshape(-1, vocab).to(dtype), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-    ).view(rows, seq)  # 0 where the label is -100
-    logps = token.new_zeros(rows, _slots(seq)).scatter_add_(1, doc_ids, token)
-    return logps.view(rows, -1, 2), labelled_documents(labels, doc_ids)
+    flat = logits.reshape(-1, vocab).to(dtype)
+    target = labels.reshape(-1)
+    token = -F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX, reduction="none")  # 0 at -100
+    with torch.no_grad():
+        labelled = target != IGNORE_INDEX
+        logit = flat.gather(1, torch.where(labelled, target, 0)[:, None])[:, 0]
+        # logsumexp = logit - log p: no second pass over the vocabulary.
+        size = torch.where(labelled, logit.abs() + (logit - token).abs(), 0.0)
+    logps = token.new_zeros(rows, _slots(seq)).scatter_add_(1, doc_ids, token.view(rows, seq))
+    scale = size.new_zeros(rows, _slots(seq)).scatter_add_(1, doc_ids, size.view(rows, seq))
+    return logps.view(rows, -1, 2), labelled_documents(labels, doc_ids), scale.view(rows, -1, 2)
+
+
+def tie_tolerance(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per pair, the largest ``|margin|`` that rounding alone can make of two
+    completions that score the same: ``TIE_ULPS * eps(dtype) * scale`` summed over a
+    pair's two completions (``scale``: ``(..., 2)``, the policy's plus the reference's
+    from :func:`sequence_logps`; module docstring)."""
+    return TIE_ULPS * torch.finfo(dtype).eps * scale.sum(-1)
 
 
 class DirectPreference:
@@ -98,11 +133,17 @@ class DirectPreference:
         self, output: torch.Tensor, batch: dict[str, torch.Tensor], reference: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         labels, doc_ids = batch[LABELS], _doc_ids(batch)
-        policy, has = sequence_logps(output, labels, doc_ids)
-        ratio = policy if reference is None else policy - sequence_logps(reference, labels, doc_ids)[0]
+        policy, has, scale = sequence_logps(output, labels, doc_ids)
+        ratio = policy
+        if reference is not None:
+            ref, _, ref_scale = sequence_logps(reference, labels, doc_ids)
+            ratio, scale = policy - ref, scale + ref_scale
         pairs = has[..., 0] & has[..., 1]
         beta = self.options.beta
         margin = ratio[..., 0] - ratio[..., 1]
+        # Rounding cannot decide a pair: within the tolerance the completions tie.
+        tie = margin.detach().abs() <= tie_tolerance(scale, policy.dtype)
+        won = ~tie & (margin.detach() > 0)
         if self.options.loss == "ipo":
             losses = (margin - 1 / (2 * beta)) ** 2
         else:
@@ -114,9 +155,9 @@ class DirectPreference:
             return torch.where(pairs, x, zero).sum()
 
         sums = {
-            ACCURACY: (pairs & (rewards[..., 0] > rewards[..., 1])).sum(),
+            ACCURACY: (pairs & won).sum(),
             CHOSEN: total(rewards[..., 0]),
             REJECTED: total(rewards[..., 1]),
-            MARGIN: total(rewards[..., 0] - rewards[..., 1]),
+            MARGIN: total(torch.where(tie, zero, beta * margin.detach())),
         }
         return total(losses), pairs.sum(), sums

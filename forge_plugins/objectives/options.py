@@ -9,7 +9,8 @@ import attrs
 from forge_core.api import above, option
 
 #: The dpo objective's metrics, each a mean per pair: the share of pairs whose chosen
-#: completion has the higher reward, the mean rewards and their mean difference.
+#: completion has the higher reward, the mean rewards and their mean difference (a tie,
+#: a margin within rounding, is not won and has margin 0: forge_plugins.objectives.dpo).
 DPO_METRICS = ("dpo/reward_accuracy", "dpo/chosen_reward", "dpo/rejected_reward", "dpo/reward_margin")
 
 
