@@ -271,3 +271,33 @@ def test_dpo_from_sft_adapters_has_the_sft_policy_as_its_reference(runs, tmp_pat
     assert cli.main([write_config(tmp_path / "dpo.yaml", config)]) == 0
     first = read_metrics(tmp_path / "dpo")[0]
     assert abs(first["loss"] - math.log(2)) < 1e-6 and abs(first["dpo/reward_margin"]) < 1e-6, first
+
+
+def test_a_checkpoint_without_recorded_settings_is_compared_by_what_it_holds(tmp_path, monkeypatch, capsys):
+    """Checkpoints of an older Forge record no adapter settings: fewer targets or another
+    rank is refused from the adapters the checkpoint holds, before config.yaml changes."""
+    from test_lora import lora_config
+
+    import forge_core.train.trainer as trainer
+
+    config = write_config(
+        tmp_path / "c.yaml", lora_config(tmp_path, "run", train={"steps": 2, "batch_size": 4})
+    )
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "transform_settings", lambda plan: None)
+        assert cli.main([config]) == 0
+    saved = (tmp_path / "run/config.yaml").read_bytes()
+    for override, said in (
+        (
+            "model.transform_options.lora.targets=[attention.q]",
+            "wk_lora.lora_A.weight: in the checkpoint, not in",
+        ),
+        (
+            "model.transform_options.lora.rank=8",
+            "wq_lora.lora_A.weight: shape [4, 32] in the checkpoint, [8, 32]",
+        ),
+    ):
+        assert cli.main([config, override, "train.steps=4"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+        assert (tmp_path / "run/config.yaml").read_bytes() == saved

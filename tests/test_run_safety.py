@@ -191,6 +191,16 @@ def test_a_run_whose_checkpoints_are_all_damaged_refuses_to_start_over_them(trai
     assert (run_dir / "checkpoints/latest").read_text().strip() == "step-000006"
 
 
+def test_resuming_a_checkpoint_of_another_model_shape_is_refused_naming_the_shapes(trained, tmp_path):
+    run_dir, config = copy_run(trained, tmp_path, steps=6)
+    result = forge_run([config, "model.options.multiple_of=64"])
+    assert result.code == 2, result.output
+    assert "'layers.0.feed_forward.w1.weight' has shape [96, 32], the configured model's has [128, 32]" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_a_start_with_nothing_left_to_train_prunes_to_keep(trained, tmp_path):
     """What a run killed each time between moving ``latest`` and pruning leaves: more
     checkpoints than ``checkpoint.keep``. The next start prunes, even with nothing to train."""

@@ -44,7 +44,7 @@ import attrs
 
 from forge_core import components
 from forge_core.api import ForgeError, Plan, RunContext
-from forge_core.distributed.placement import Placement, broadcast_object
+from forge_core.distributed.placement import Placement, all_gather_object, broadcast_object
 from forge_core.plugins import register
 from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span, start_adapters
 from forge_core.train import train_state as ts
@@ -60,6 +60,7 @@ from forge_core.train.checkpoint import (
     is_disk_full,
     no_space_message,
     remove_stale_temporaries,
+    saved_model_differences,
     train_state_name,
 )
 from forge_core.train.parts import RunParts, build_parts
@@ -295,6 +296,18 @@ class Trainer:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ForgeError(f"cannot read {state_file}: {exc}") from None
         self._check_fits(path, state)
+        if state.get(SETTINGS_KEY) is None and self.base_identity is not None:
+            # Written before the settings were recorded: compare what the checkpoint holds.
+            found = saved_model_differences(path, self.parts.pmodel.parts, all_gather_object)
+            if found:
+                listed = "".join(f"\n  - {line}" for line in found[:8])
+                more = f"\n  (+{len(found) - 8} more)" if len(found) > 8 else ""
+                raise ForgeError(
+                    f"checkpoint {path} holds other adapters than the configured model has, so they would "
+                    f"be dropped or fail to load:{listed}{more}\nResume with the transform settings it was "
+                    "written with (the run's config.yaml), or give this config another run.out_dir "
+                    "(a new run)."
+                )
 
     def resume(self, path: Path | None) -> None:
         if path is None:
