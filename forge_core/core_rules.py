@@ -404,6 +404,17 @@ def check_transform_options_used(ctx: Plan) -> str | None:
     )
 
 
+def check_adapters_from(ctx: Plan) -> str | None:
+    source = ctx.config.model.init_adapters_from
+    if not source or any(t.spec.saves_trainable_only for t in ctx.transforms):
+        return None
+    return (
+        f"model.init_adapters_from = {source!r}, but model.transforms = {list(ctx.config.model.transforms)} "
+        "has no transform whose checkpoints hold adapters apart from the base (such as lora): there are "
+        "no adapters to start from"
+    )
+
+
 def _cpu_without_bf16(ctx: Plan) -> str | None:
     """Why bf16 would run on a CPU without native bf16 here, or None: bf16 not asked for,
     or the flags unknown (not Linux), or they list it."""
@@ -681,6 +692,15 @@ RULES = [
         summary="Options in model.transform_options are for transforms model.transforms lists.",
         check=check_transform_options_used,
         fix="Add the transform to model.transforms, or remove its options.",
+    ),
+    Rule(
+        id="model.adapters-from-needs-adapters",
+        severity="error",
+        paths=("model.init_adapters_from", "model.transforms"),
+        summary="A run starts from another run's adapters only under a transform that keeps adapters.",
+        check=check_adapters_from,
+        fix="List the transform the other run used (model.transforms: [lora], with its "
+        "transform_options), or remove model.init_adapters_from.",
     ),
     Rule(
         id="eval.scheduled",

@@ -5,11 +5,23 @@ leaves no partial result and the previous content as it was."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, directory_problem, move_into_place
+from forge_core.api.files import (
+    ATOMIC_TMP_RE,
+    TEMPORARY_MARKER,
+    atomic_write,
+    directory_problem,
+    leftover_temporaries,
+    move_into_place,
+    remove_temporary,
+    temporary_dir,
+)
 
 
 def _no_space(*args, **kwargs):
@@ -95,6 +107,54 @@ def test_move_into_place_without_replace_never_touches_an_existing_directory(tmp
     assert _tree(out) == {"x": "old"} and _tree(tmp) == {"x": "new"}
     move_into_place(tmp, tmp_path / "fresh", replace=False)
     assert _tree(tmp_path / "fresh") == {"x": "new"}
+
+
+def test_move_into_place_touches_no_sibling_named_old_or_partial(tmp_path):
+    """The names a user may have chosen beside ``out`` (``out.old``, ``out.partial``)
+    hold the user's files: replacing ``out`` twice leaves them as they were."""
+    siblings = {
+        name: _written(tmp_path / name, {"run/config.yaml": name}) for name in ("out.old", "out.partial")
+    }
+    out = tmp_path / "out"
+    for content in ("1", "2"):
+        tmp = temporary_dir(out)
+        (tmp / "x").write_text(content)
+        move_into_place(tmp, out)
+        assert _tree(out) == {"x": content}  # the marker stays behind, out holds only what was written
+    for name, folder in siblings.items():
+        assert _tree(folder) == {"run/config.yaml": name}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.old", "out.partial"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_only_temporaries_forge_marked_are_removed_and_leftovers_only_of_gone_writers(tmp_path):
+    out = tmp_path / "out"
+    mine = temporary_dir(out)  # this process writes there: in use
+    assert mine.name.startswith(".out.forge-partial-") and (mine / TEMPORARY_MARKER).is_file()
+    left = temporary_dir(out)
+    marker = json.loads((left / TEMPORARY_MARKER).read_text())
+    (left / TEMPORARY_MARKER).write_text(json.dumps({**marker, "pid": _dead_pid()}))
+    # The same pattern of name, without the marker: somebody's folder, never removed.
+    lookalike = _written(tmp_path / ".out.forge-partial-mine", {"keep": "me"})
+    assert leftover_temporaries(out) == [left]
+    assert sorted(leftover_temporaries(out, running=True)) == sorted([mine, left])
+    assert not remove_temporary(lookalike) and not remove_temporary(tmp_path / "missing")
+    assert remove_temporary(left) and not left.exists()
+    assert _tree(lookalike) == {"keep": "me"}
+
+
+def test_a_failed_move_into_place_leaves_the_temporary_marked(tmp_path, monkeypatch):
+    tmp = temporary_dir(tmp_path / "out")
+    monkeypatch.setattr(os, "replace", _no_space)
+    with pytest.raises(OSError, match="No space left"):
+        move_into_place(tmp, tmp_path / "out")
+    assert remove_temporary(tmp) and list(tmp_path.iterdir()) == []
 
 
 def test_directory_problem_says_why_and_creates_nothing(tmp_path, monkeypatch):

@@ -198,3 +198,19 @@ def test_adapters_on_a_hub_id_are_bound_to_its_snapshot(project, capsys):
     assert cli.main(["config.yaml", *lora, "train.steps=3"]) == 2
     out = capsys.readouterr()
     assert "holds adapters trained on another base" in out.err + out.out
+
+
+def test_the_base_an_adapter_run_by_id_depends_on_is_its_cached_repository(project):
+    """What ``export-hf`` refuses to write over for a LoRA run on a Hub id: the snapshot
+    and the whole cached repository its files link into (blobs included)."""
+    from test_lora import plan_of
+
+    from forge_core.cli.export import base_folders
+
+    snapshot = put(project / "hub", ID, checkpoint(project))
+    config = yaml.safe_load((project / "config.yaml").read_text())
+    config["model"]["transforms"] = ["lora"]
+    plan, _ = plan_of(project, config)
+    assert base_folders(plan) == [snapshot.resolve(), snapshot.parent.parent.resolve()]
+    config["model"]["transforms"] = []  # checkpoints hold every weight: the base is not needed
+    assert base_folders(plan_of(project, config)[0]) == []

@@ -163,13 +163,14 @@ def test_interrupted_prepare_is_detected_and_cleaned(tmp_path):
     proc = subprocess.run([sys.executable, "-c", KILLED, str(out)])
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()
-    assert (tmp_path / "shards.partial" / "tokens.bin").stat().st_size > 0
+    (left,) = tmp_path.glob(".shards.forge-partial-*")
+    assert (left / "tokens.bin").stat().st_size > 0
     with pytest.raises(ForgeError, match="interrupted"):
         ShardSource(ShardsOptions(path=str(out)))
     notes = []
     prepare(ListSource(["a", "b"]), BYTE, out, progress=False, report=notes.append)
     assert "interrupted prepare" in notes[0]
-    assert not (tmp_path / "shards.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
     assert Shards(out).num_documents == 2
 
 

@@ -317,14 +317,15 @@ def test_text_and_stdlib_sources_are_checked_without_reading_documents(forge_con
 
 
 def test_shard_directories_are_checked_from_their_index(forge_config, tmp_path):
-    from forge_core.data.shards import ShardWriter, partial_dir
+    from forge_core.api.files import temporary_dir
+    from forge_core.data.shards import ShardWriter
 
     def shards(path):
         return forge_config({"data": {"source": "shards", "source_options": {"path": str(path)}}})
 
     assert "path is empty" in rule_errors(shards(""))["shards.directory"]
     assert "no such shard directory" in rule_errors(shards(tmp_path / "none"))["shards.directory"]
-    partial_dir(tmp_path / "cut").mkdir()
+    temporary_dir(tmp_path / "cut")
     assert "was interrupted" in rule_errors(shards(tmp_path / "cut"))["shards.directory"]
     (tmp_path / "half").mkdir()
     assert "index.json: missing" in rule_errors(shards(tmp_path / "half"))["shards.directory"]

@@ -64,6 +64,7 @@ def test_export_into_the_run_it_exports_is_refused_and_the_run_is_untouched(trai
     assert "Traceback" not in result.stderr
     assert run_files(run_dir) == before
     assert not list(tmp_path.rglob("*.partial")) and not list(tmp_path.rglob("*.old"))
+    assert not list(tmp_path.rglob(".*.forge-*"))
 
 
 def test_overwrite_of_a_folder_holding_another_run_is_refused(trained, tmp_path):
@@ -98,6 +99,71 @@ def test_export_through_a_symlink_replaces_the_folder_it_points_to(trained, tmp_
     assert dangling.is_symlink() and (tmp_path / "exports/new/config.json").is_file()
 
 
+# --- nothing deleted that the user did not name ------------------------------------
+
+
+def _siblings(run_dir: Path, out: Path) -> dict[Path, dict[str, bytes]]:
+    """``out.old`` and ``out.partial``, each holding a whole run: names a user may choose."""
+    for suffix in (".old", ".partial"):
+        shutil.copytree(run_dir, out.with_name(out.name + suffix))
+    return {p: run_files(p) for p in (out.with_name(out.name + ".old"), out.with_name(out.name + ".partial"))}
+
+
+def _no_temporaries(folder: Path) -> bool:
+    return not list(folder.glob(".*.forge-*"))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_and_prepare_leave_siblings_named_old_and_partial(trained, tmp_path, overwrite):
+    run_dir, _ = copy_run(trained, tmp_path)
+    flag = ["--overwrite"] if overwrite else []
+    out = tmp_path / "out"
+    siblings = _siblings(run_dir, out)
+    if overwrite:  # an earlier export, replaced
+        out.mkdir()
+        (out / "stale.txt").write_text("earlier")
+    result = forge_run(["export-hf", run_dir, out, *flag])
+    assert result.code == 0, result.output
+    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+    shards = tmp_path / "shards"
+    siblings.update(_siblings(run_dir, shards))
+    if overwrite:
+        shards.mkdir()
+    config = write_config(tmp_path / "p.yaml", tiny_config(tmp_path, "p"))
+    result = forge_run(["prepare", config, "--out", shards, *flag])
+    assert result.code == 0, result.output
+    assert (shards / "index.json").is_file()
+    for folder, files in siblings.items():
+        assert run_files(folder) == files, folder
+    assert _no_temporaries(tmp_path)
+
+
+def test_a_crash_midway_through_an_export_leaves_out_and_every_folder(trained, tmp_path, monkeypatch):
+    """A failure once the weights are written (here: writing the tokenizer) leaves the old
+    export, the siblings and the run as they were, and no temporary."""
+    import forge_core.cli.export as export
+
+    run_dir, _ = copy_run(trained, tmp_path)
+    out = tmp_path / "out"
+    siblings = _siblings(run_dir, out)
+    out.mkdir()
+    (out / "earlier.txt").write_text("the export before")
+    before = run_files(run_dir)
+
+    def crash(tokenizer, saved, folder):
+        assert (folder / "config.json").is_file()  # midway: the new weights are written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "write_tokenizer", crash)
+    result = forge_run(["export-hf", run_dir, out, "--overwrite"])
+    assert result.code != 0, result.output
+    assert run_files(out) == {"earlier.txt": b"the export before"}
+    assert run_files(run_dir) == before
+    for folder, files in siblings.items():
+        assert run_files(folder) == files, folder
+    assert _no_temporaries(tmp_path)
+
+
 # --- resume: damaged checkpoints, pruning ------------------------------------------
 
 
@@ -123,6 +189,16 @@ def test_a_run_whose_checkpoints_are_all_damaged_refuses_to_start_over_them(trai
     result = forge_run([config, "checkpoint.resume=never"])
     assert result.code == 0, result.output
     assert (run_dir / "checkpoints/latest").read_text().strip() == "step-000006"
+
+
+def test_resuming_a_checkpoint_of_another_model_shape_is_refused_naming_the_shapes(trained, tmp_path):
+    run_dir, config = copy_run(trained, tmp_path, steps=6)
+    result = forge_run([config, "model.options.multiple_of=64"])
+    assert result.code == 2, result.output
+    assert "'layers.0.feed_forward.w1.weight' has shape [96, 32], the configured model's has [128, 32]" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
 
 
 def test_a_start_with_nothing_left_to_train_prunes_to_keep(trained, tmp_path):

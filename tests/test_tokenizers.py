@@ -189,4 +189,4 @@ def test_train_bpe_refuses_bad_input(tmp_path, trained):
         train_bpe(CORPUS, 300, trained, progress=False)
     with pytest.raises(ForgeError, match="needs a text source"):
         train_bpe(ListSource([np.array([1, 2])]), 300, tmp_path / "y", progress=False)
-    assert not (tmp_path / "y").exists() and not (tmp_path / "y.partial").exists()
+    assert not (tmp_path / "y").exists() and not list(tmp_path.glob(".y.forge-*"))

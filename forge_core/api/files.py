@@ -4,9 +4,15 @@ token shards, exports and a plugin's own files (a tracker's run id, a loss curve
 
 - :func:`atomic_write`: replace one file, so a reader sees the old or the new content.
 - :func:`sync_tree`: flush every file and directory under a directory to disk.
-- :func:`move_into_place`: make a directory written aside (``<out>.partial``) appear as
-  ``out`` in one step, replacing an older one only once the new one is whole (a
-  symlinked ``out``: the directory it points to).
+- :func:`temporary_dir`: a directory beside ``out`` to write its new content in, under
+  a name no user chose (``.<out>.forge-partial-<random>``, made exclusively) and holding
+  :data:`TEMPORARY_MARKER`, so Forge can prove later that it is its own;
+  :func:`remove_temporary` removes one only when it can, and :func:`leftover_temporaries`
+  finds those an interrupted writer left.
+- :func:`move_into_place`: make a directory written aside appear as ``out`` in one step,
+  replacing an older one only once the new one is whole (a symlinked ``out``: the
+  directory it points to). Nothing but ``out`` itself and Forge's own temporaries is
+  ever removed: no fixed sibling name (``out.old``, ``out.partial``) is touched.
 - :func:`directory_problem`: why a directory cannot be used to write in, without
   creating anything (what ``forge-run check`` reports and the run refuses).
 
@@ -15,15 +21,24 @@ Torch-free.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
+import tempfile
 from pathlib import Path
 
 #: The temporary files :func:`atomic_write` writes beside their target,
 #: ``.<name>.tmp<pid>``: a crash can leave one, and whoever owns the directory may remove
 #: them (while no writer is running).
 ATOMIC_TMP_RE = re.compile(r"^\..+\.tmp\d+$")
+
+#: The file :func:`temporary_dir` writes first into every directory it makes (the host
+#: and process writing there): a directory without it is never removed as a temporary.
+TEMPORARY_MARKER = ".forge-temporary"
+_PARTIAL = "forge-partial-"
+_ASIDE = "forge-old-"
 
 
 def fsync_dir(path: Path) -> None:
@@ -76,34 +91,119 @@ def sync_tree(root: Path) -> None:
         fsync_dir(Path(directory))
 
 
+def _prefix(out: Path, kind: str) -> str:
+    return f".{out.name}.{kind}"
+
+
+def temporary_dir(out: str | os.PathLike) -> Path:
+    """A new directory beside ``out`` to write ``out``'s content in before
+    :func:`move_into_place`: named ``.<out name>.forge-partial-<random>`` by
+    ``tempfile.mkdtemp`` (created exclusively: never a directory that was there) and
+    holding :data:`TEMPORARY_MARKER` (which :func:`move_into_place` takes out)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_prefix(out, _PARTIAL), dir=out.parent))
+    marker = {"host": socket.gethostname(), "pid": os.getpid()}
+    (tmp / TEMPORARY_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+    return tmp
+
+
+def _writer(path: Path) -> dict | None:
+    """What the marker of the temporary ``path`` says, or ``None`` when ``path`` is not
+    one of Forge's temporaries (a real directory, not a link, holding the marker)."""
+    if path.is_symlink() or not path.is_dir():
+        return None
+    marker = path / TEMPORARY_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        found = json.loads(marker.read_text(encoding="utf-8")[:4096])
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def remove_temporary(path: str | os.PathLike) -> bool:
+    """Remove ``path`` if it is one of Forge's temporaries (:func:`temporary_dir`), and
+    say whether it was; anything else is left as it is."""
+    path = Path(path)
+    if _writer(path) is None:
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # unknown: treat as in use
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def leftover_temporaries(out: str | os.PathLike, *, running: bool = False) -> list[Path]:
+    """Forge's temporaries for ``out`` (:func:`temporary_dir`) left by a writer that is no
+    longer running on this host; with ``running``, every one (also those being written
+    now, or written on another host)."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    found = []
+    for path in sorted(out.parent.glob(_prefix(out, _PARTIAL) + "*")):
+        writer = _writer(path)
+        if writer is None:
+            continue
+        gone = writer.get("host") == socket.gethostname() and not _alive(writer.get("pid"))
+        if running or gone:
+            found.append(path)
+    return found
+
+
 def move_into_place(tmp: Path, out: Path, *, replace: bool = True) -> None:
     """Rename the complete directory ``tmp`` to ``out``, its contents flushed to disk
-    first. An existing ``out`` is moved aside to ``<out>.old`` and removed only once
-    ``tmp`` has taken its place; when that last rename fails, ``out`` is put back as it
-    was (and ``tmp`` left for the caller to remove). With ``replace=False`` an existing
-    ``out`` is not touched: the rename fails (``OSError``) unless ``out`` is an empty
-    directory.
+    first (and :data:`TEMPORARY_MARKER` taken out of it). An existing ``out`` is moved
+    aside to a new, unique name beside it (``.<out>.forge-old-<random>``) and removed
+    only once ``tmp`` has taken its place; when that last rename fails, ``out`` is put
+    back as it was (and ``tmp``, marked again, left for the caller to remove). No other
+    directory is touched. With ``replace=False`` an existing ``out`` is not touched: the
+    rename fails (``OSError``) unless ``out`` is an empty directory.
 
     An ``out`` that is a symbolic link means the directory it points to: that directory
     is replaced and the link kept (replacing the link itself would leave the old
     directory behind under its real name). Write ``tmp`` beside the link's target
     (``os.path.realpath(out)``): a rename cannot cross file systems."""
     tmp, out = Path(tmp), Path(os.path.realpath(out))
-    sync_tree(tmp)
-    old = out.with_name(out.name + ".old")
-    if replace and out.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        try:
+    marker = tmp / TEMPORARY_MARKER
+    mark = marker.read_bytes() if marker.is_file() and not marker.is_symlink() else None
+    marker.unlink(missing_ok=True)
+    try:
+        sync_tree(tmp)
+        if replace and out.exists():
+            # mkdtemp makes the name ours; renaming a directory onto an empty one replaces it.
+            old = Path(tempfile.mkdtemp(prefix=_prefix(out, _ASIDE), dir=out.parent))
+            try:
+                os.replace(out, old)
+            except BaseException:
+                old.rmdir()
+                raise
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
+            fsync_dir(out.parent)
+            shutil.rmtree(old)
+        else:
             os.replace(tmp, out)
-        except BaseException:
-            os.replace(old, out)
-            raise
-        fsync_dir(out.parent)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
+            fsync_dir(out.parent)
+    except BaseException:
+        if mark is not None and tmp.is_dir():
+            marker.write_bytes(mark)
+        raise
 
 
 def _nearest_existing(path: Path) -> Path:

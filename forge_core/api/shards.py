@@ -32,9 +32,11 @@ A shard directory (format version 2) holds four files and the tokenizer that mad
   without it is all trainable. How the mask becomes labels:
   :class:`forge_core.data.packed_rows.PackedRows`.
 
-The directory is written under ``<dir>.partial`` and renamed to ``<dir>`` only once
-complete; ``index.json`` is written last. A ``.partial`` directory is therefore the
-trace of an interrupted prepare, and a directory without ``index.json`` is not a shard.
+The directory is written in a temporary directory beside it
+(:func:`~forge_core.api.files.temporary_dir`, ``.<dir>.forge-partial-<random>``) and
+renamed to ``<dir>`` only once complete; ``index.json`` is written last. Such a
+temporary is therefore the trace of a prepare running or interrupted, and a directory
+without ``index.json`` is not a shard.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.api.errors import ForgeError
+from forge_core.api.files import leftover_temporaries
 
 TOKENS = "tokens.bin"
 OFFSETS = "offsets.npy"
@@ -56,15 +59,8 @@ TOKENIZER_DIR = "tokenizer"
 FORMAT = "forge-shards"
 VERSION = 2
 INDEX = "index.json"
-PARTIAL_SUFFIX = ".partial"
 #: Bytes per token of each dtype ``forge-run prepare`` writes.
 ITEMSIZE = {"uint16": 2, "uint32": 4}
-
-
-def partial_dir(out_dir: str | os.PathLike) -> Path:
-    """Where a shard directory is written before it is complete."""
-    out = Path(out_dir)
-    return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
 def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
@@ -74,11 +70,12 @@ def read_shard_index(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     index_path = path / INDEX
     if not path.is_dir():
-        if partial_dir(path).exists():
+        partial = leftover_temporaries(path, running=True)
+        if partial:
             raise ForgeError(
-                f"{path}: not there, but {partial_dir(path)} is: an earlier "
-                "`forge-run prepare` was interrupted. Run it again (it removes the "
-                "leftover first)."
+                f"{path}: not there, but {partial[0]} is: a `forge-run prepare` into it is "
+                "running or was interrupted. Wait for it to finish, or run it again (it removes "
+                "what an interrupted one left)."
             )
         if path.exists():
             raise ForgeError(f"{path}: not a directory; give the directory `forge-run prepare` wrote.")

@@ -231,10 +231,16 @@ class TransformSpec(ComponentSpec):
       once the transform is applied (the adapters), not the frozen base: the base comes
       from the model's pretrained weights (its ``pretrained_option``) or from the seed,
       and its identity is recorded in the checkpoint and checked on resume.
+    - ``weight_options``: the names of its options that change what its saved parameters
+      are or mean (LoRA: ``targets``, ``rank``, ``alpha``; not ``dropout``). Their values
+      are recorded in every checkpoint and compared wherever one is loaded into a model
+      of this transform (resume, ``model.init_adapters_from``): a difference is refused
+      naming each option with both values, instead of adapters dropped or misread.
     """
 
     kind: ClassVar[str] = "transform"
     saves_trainable_only: bool = False
+    weight_options: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -17,15 +17,20 @@ pretrained weights, after its identity is checked (:mod:`forge_core.train.restor
 The model transforms are merged into the base weights, so the folder is a plain model;
 ``--adapter`` writes the adapters as a PEFT folder instead (``adapter_config.json``,
 ``adapter_model.safetensors``), by the transform's ``write_adapter``. Everything is
-written to ``OUT_DIR.partial`` and renamed into place when complete: an existing OUT_DIR is
-refused unless ``--overwrite``, and then replaced only by a complete export; a failed
-export (a full disk included: a clean error, exit 2) leaves nothing half-written.
+written to a temporary folder beside OUT_DIR that Forge marks as its own
+(:func:`~forge_core.api.files.temporary_dir`) and renamed into place when complete: an
+existing OUT_DIR is refused unless ``--overwrite``, and then replaced only by a complete
+export; a failed export (a full disk included: a clean error, exit 2) leaves nothing
+half-written. No other folder is removed: a sibling ``OUT_DIR.old`` or ``OUT_DIR.partial``
+is the user's.
 
-The export never destroys a run: an OUT_DIR that is, contains or lies inside the run
-exported from (symlinks resolved) is refused, and so is ``--overwrite`` of a folder
-holding any Forge run or checkpoint (:func:`~forge_core.train.rundir.holds_run`). An
-OUT_DIR that is a symbolic link means the folder it points to: that folder is replaced,
-the link is kept and shows the new export.
+The export never destroys a run or what it depends on: an OUT_DIR that is, contains or
+lies inside the run exported from, or the pretrained base of a run whose checkpoints
+hold only adapters (a Hub id's cached repository included), symlinks resolved, is
+refused, and so is ``--overwrite`` of a folder holding any Forge run or checkpoint
+(:func:`~forge_core.train.rundir.holds_run`). An OUT_DIR that is a symbolic link means
+the folder it points to: that folder is replaced, the link is kept and shows the new
+export.
 """
 
 from __future__ import annotations
@@ -74,14 +79,30 @@ def write_tokenizer(tokenizer: Any, saved: Path, out: Path) -> bool:
     return False
 
 
+def _shown(out_dir: Path, target: Path) -> str:
+    return f"{str(out_dir)!r}" + (f" (the link to {str(target)!r})" if target != out_dir.absolute() else "")
+
+
+def _overlap(target: Path, folder: Path) -> str | None:
+    """How ``target`` meets ``folder`` (both resolved): ``is``, ``lies inside``,
+    ``contains``, or ``None``."""
+    if target == folder:
+        return "is"
+    if folder in target.parents:
+        return "lies inside"
+    if target in folder.parents:
+        return "contains"
+    return None
+
+
 def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bool) -> None:
     """Refuse an output that would replace (part of) the run exported from, or, with
     ``--overwrite``, a folder holding any run or checkpoint. ``target`` is ``out_dir``
     with symlinks resolved."""
     run = run_dir.resolve()
-    shown = f"{str(out_dir)!r}" + (f" (the link to {str(target)!r})" if target != out_dir.absolute() else "")
-    if target == run or run in target.parents or target in run.parents:
-        where = "is" if target == run else ("lies inside" if run in target.parents else "contains")
+    shown = _shown(out_dir, target)
+    where = _overlap(target, run)
+    if where:
         raise ForgeError(
             f"export-hf OUT_DIR: {shown} {where} the run directory {str(run_dir)!r} being exported; "
             f"writing there would replace its checkpoints, config and metrics. Give a folder outside "
@@ -99,13 +120,44 @@ def _refuse_run_folder(out_dir: Path, target: Path, run_dir: Path, overwrite: bo
             )
 
 
+def base_folders(plan: Plan) -> list[Path]:
+    """The folders the checkpoints of ``plan``'s run cannot do without, resolved: the
+    pretrained base of a run whose checkpoints hold only the adapters (and, for a Hub id,
+    its whole cached repository, ``models--org--name``); none otherwise."""
+    from forge_core import components
+
+    if not components.saves_trainable_only(plan) or not components.pretrained_source(plan):
+        return []
+    base = Path(components.pretrained_path(plan)).resolve()
+    folders = [base]
+    if base.parent.name == "snapshots":  # a Hub cache snapshot: its blobs live beside
+        folders.append(base.parent.parent)
+    return folders
+
+
+def _refuse_base_folder(out_dir: Path, target: Path, run_dir: Path, plan: Plan) -> None:
+    """Refuse an output that would replace the base model the run's adapters were trained
+    on (every checkpoint of the run would become unusable)."""
+    from forge_core import components
+
+    for folder in base_folders(plan):
+        where = _overlap(target, folder)
+        if where:
+            raise ForgeError(
+                f"export-hf OUT_DIR: {_shown(out_dir, target)} {where} {str(folder)!r}, the base model "
+                f"of the run {str(run_dir)!r} (model.options: {components.pretrained_source(plan)!r}); "
+                "its checkpoints hold only the adapters, so replacing the base would make every one of "
+                f"them unusable. Give a folder outside the base (for example "
+                f"{str(run_dir.resolve().parent / (run_dir.name + '-hf'))!r})."
+            )
+
+
 def _export_adapter(model: Any, plan: Plan, checkpoint: Path, given: Path, out_dir: Path) -> int:
     """``--adapter``: the run's adapters as a PEFT folder, written by the transform that
     has them (``write_adapter(module, directory, hf_key, base)``), into place atomically."""
     from forge_core import components
     from forge_core.api import import_path
-    from forge_core.api.files import move_into_place
-    from forge_core.api.shards import partial_dir
+    from forge_core.api.files import move_into_place, remove_temporary, temporary_dir
     from forge_core.api.unstable import applied_transforms
     from forge_core.train.run_lock import ensure_out_dir
 
@@ -125,16 +177,14 @@ def _export_adapter(model: Any, plan: Plan, checkpoint: Path, given: Path, out_d
             "merged model instead (leave out --adapter)."
         )
     ensure_out_dir(out_dir.parent, "export-hf OUT_DIR", "Give export-hf a directory you can write.")
-    tmp = partial_dir(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = temporary_dir(out_dir)
     try:
         writers[0].impl.write_adapter(
             model, str(tmp), import_path(spec.hf_key), components.pretrained_source(plan)
         )
         move_into_place(tmp, out_dir)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_temporary(tmp)
     print(f"exported the {writers[0].name} adapters of {checkpoint} to {given} (a PEFT adapter folder)")
     return 0
 
@@ -144,8 +194,7 @@ def main(args: Any) -> int:
 
     from forge_core import components
     from forge_core.api import import_path
-    from forge_core.api.files import move_into_place
-    from forge_core.api.shards import partial_dir
+    from forge_core.api.files import leftover_temporaries, move_into_place, remove_temporary, temporary_dir
     from forge_core.api.transforms import merge_transforms
     from forge_core.train.checkpoint import is_disk_full, no_space_message, resolve_checkpoint
     from forge_core.train.restore import restored_model
@@ -169,6 +218,7 @@ def main(args: Any) -> int:
     checkpoint, run_dir = resolve_checkpoint(args.checkpoint)
     plan, registries = load_run_config(run_dir)  # first: it proves run_dir is a run directory
     _refuse_run_folder(given, out_dir, run_dir, overwrite)
+    _refuse_base_folder(given, out_dir, run_dir, plan)
     config, spec = plan.config, plan.specs["model"]
     if not spec.hf_export:
         raise ForgeError(
@@ -202,9 +252,9 @@ def main(args: Any) -> int:
         kwargs["max_shard_size"] = max_shard_size
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
     ensure_out_dir(out_dir.parent, "export-hf OUT_DIR", "Give export-hf a directory you can write.")
-    tmp = partial_dir(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    for leftover in leftover_temporaries(out_dir):  # an interrupted export's, marked by Forge
+        remove_temporary(leftover)
+    tmp = temporary_dir(out_dir)
     try:
         exporter(state, config.model.options, tmp, **kwargs)
         with_tokenizer = tokenizer is not None and write_tokenizer(tokenizer, run_dir / TOKENIZER, tmp)
@@ -216,7 +266,7 @@ def main(args: Any) -> int:
             f"{no_space_message(out_dir, 'the exported model')} Free some space or export to another disk."
         ) from None
     finally:  # an error or an interruption leaves nothing half-written
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_temporary(tmp)
     if not with_tokenizer:
         print(
             f"note: the run's tokenizer ({config.data.tokenizer}) cannot be written in Hugging Face form; "

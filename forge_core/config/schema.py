@@ -64,6 +64,16 @@ class ModelSection:
         "order, right after it is built: in training and in `eval`, `sample` and `export-hf`.",
     )
     transform_options: dict[str, Any] = option({}, "Per-transform options, keyed by transform name.")
+    init_adapters_from: str = option(
+        "",
+        "Start the adapters of `model.transforms` (LoRA) from another run's: its run directory "
+        "(its latest complete checkpoint) or one of its checkpoints (`.../checkpoints/step-000400`). "
+        "That checkpoint must hold adapters on the same base and with the same settings (LoRA's "
+        "targets, rank and alpha), or the run is refused saying what differs. The run is new: "
+        "step 0, a fresh optimizer and schedule; once it has checkpoints of its own, it resumes from "
+        "those. A `dpo` reference is then the model as the run starts, with these adapters (SFT -> DPO). "
+        "Empty: adapters start as the transform initialises them.",
+    )
 
 
 @attrs.frozen

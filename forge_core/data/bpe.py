@@ -7,21 +7,20 @@ tokenizer (``data.tokenizer: hf``, ``data.tokenizer_options.path: out_dir``).
 What is trained: the ``tokenizers`` library's BPE model over a byte-level
 pre-tokenizer (GPT-2 style: every byte has a token, so no text is unknown), with two
 special tokens, ``<|endoftext|>`` (EOS, id 0) and ``<|pad|>`` (PAD, id 1). The output
-directory appears atomically (written under ``<out_dir>.partial``, then renamed).
+directory appears atomically (written in a temporary beside it,
+:func:`~forge_core.api.files.temporary_dir`, then renamed).
 ``tokenizers`` and ``transformers`` are imported only when this runs.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
-from forge_core.api.files import move_into_place
-from forge_core.api.shards import partial_dir
+from forge_core.api.files import move_into_place, remove_temporary, temporary_dir
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -63,14 +62,12 @@ def train_bpe(
     tok.train_from_iterator(_texts(source), trainer=trainer)
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
 
-    tmp = partial_dir(out)
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temporary_dir(out)
     try:
         wrapped.save_pretrained(str(tmp))
         move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        remove_temporary(tmp)
     return str(out)
 
 

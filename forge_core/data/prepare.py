@@ -1,25 +1,28 @@
 """``forge-run prepare``: tokenize a source once into shards a run can memory-map.
 
 The output is deterministic (same source and tokenizer: byte-identical files; no
-timestamps) and appears atomically: everything is written under ``<out_dir>.partial``
-and renamed to ``out_dir`` only when complete, so an interrupted prepare leaves no
-directory that looks whole. A leftover ``.partial`` directory from an earlier,
-interrupted prepare is reported and removed before writing. On an error the partial
-directory is removed too. The format is :mod:`forge_core.api.shards`.
+timestamps) and appears atomically: everything is written in a temporary directory
+beside ``out_dir`` (:func:`~forge_core.api.files.temporary_dir`) and renamed to
+``out_dir`` only when complete, so an interrupted prepare leaves no directory that looks
+whole. What an earlier, interrupted prepare left (a temporary that Forge marked as its
+own, whose writer is gone) is reported and removed before writing; nothing else beside
+``out_dir`` is touched (a folder named ``<out_dir>.partial`` or ``<out_dir>.old`` is the
+user's). On an error the temporary is removed too. The format is
+:mod:`forge_core.api.shards`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.api.files import leftover_temporaries, remove_temporary
 from forge_core.data.pipeline import tokenize
-from forge_core.data.shards import TOKENIZER_DIR, ShardWriter, partial_dir
+from forge_core.data.shards import TOKENIZER_DIR, ShardWriter
 
 
 def _stderr(message: str) -> None:
@@ -45,12 +48,11 @@ def prepare(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ForgeError(f"{out} already exists. Choose another directory or pass --overwrite.")
-    tmp = partial_dir(out)
-    if tmp.exists():
-        report(f"{tmp}: left by an interrupted prepare; removing it.")
-        shutil.rmtree(tmp)
+    for leftover in leftover_temporaries(out):
+        report(f"{leftover}: left by an interrupted prepare; removing it.")
+        remove_temporary(leftover)
     index = write_shards(
-        source, tokenizer, out, tmp, progress=progress, replace=overwrite, save_tokenizer=True
+        source, tokenizer, out, None, progress=progress, replace=overwrite, save_tokenizer=True
     )
     report(
         f"{out}: {index['num_documents']} documents, {index['num_tokens']} tokens "
@@ -63,15 +65,16 @@ def write_shards(
     source: Any,
     tokenizer: Any,
     out: Path,
-    tmp: Path,
+    tmp: Path | None,
     *,
     progress: bool = True,
     replace: bool = False,
     save_tokenizer: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Tokenize ``source`` into ``tmp`` and rename it to ``out`` once complete (``tmp``
-    is removed on any error, a crash leaves only ``tmp``). Returns the index."""
+    """Tokenize ``source`` into ``tmp`` (a new temporary beside ``out`` when ``None``) and
+    rename it to ``out`` once complete (``tmp`` is removed on any error, a crash leaves
+    only ``tmp``). Returns the index."""
     writer = ShardWriter(
         out,
         {

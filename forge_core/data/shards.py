@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 
 from forge_core.api import ForgeError
-from forge_core.api.files import move_into_place
+from forge_core.api.files import move_into_place, temporary_dir
 from forge_core.api.shards import (
     FORMAT,
     HASHES,
     INDEX,
     OFFSETS,
-    PARTIAL_SUFFIX,
     TOKENIZER_DIR,
     TOKENS,
     TRAINABLE,
@@ -28,7 +27,6 @@ from forge_core.api.shards import (
     MaskedDocument,
     Shards,
     TokenDocuments,
-    partial_dir,
     read_shard_index,
 )
 from forge_core.data.packed_rows import DocumentStream
@@ -38,13 +36,11 @@ __all__ = [
     "HASHES",
     "INDEX",
     "OFFSETS",
-    "PARTIAL_SUFFIX",
     "TOKENIZER_DIR",
     "TOKENS",
     "VERSION",
     "ShardWriter",
     "Shards",
-    "partial_dir",
     "read_shard_index",
     "stream",
     "token_dtype",
@@ -61,17 +57,21 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class ShardWriter:
-    """Appends documents into ``tmp`` (default ``<out_dir>.partial``); :meth:`commit`
-    makes it ``out_dir``."""
+    """Appends documents into ``tmp`` (by default a new
+    :func:`~forge_core.api.files.temporary_dir` beside ``out_dir``; a given one is
+    created here, and must not exist); :meth:`commit` makes it ``out_dir``."""
 
     def __init__(
         self, out_dir: str | os.PathLike, tokenizer: dict[str, Any], tmp: Path | None = None
     ) -> None:
         self.out_dir = Path(out_dir)
-        self.tmp = partial_dir(out_dir) if tmp is None else Path(tmp)
         self.tokenizer = tokenizer
         self.dtype = token_dtype(int(tokenizer["vocab_size"]))
-        self.tmp.mkdir(parents=True)
+        if tmp is None:
+            self.tmp = temporary_dir(self.out_dir)
+        else:
+            self.tmp = Path(tmp)
+            self.tmp.mkdir(parents=True)
         self._tokens = open(self.tmp / TOKENS, "wb")
         self._mask: Any = None  # trainable.bin, opened at the first masked document
         self.trainable_tokens = 0  # counted once there is a mask
@@ -162,7 +162,8 @@ class ShardWriter:
         return index
 
     def abort(self) -> None:
-        """Remove the partial directory (after an error: nothing half-written remains)."""
+        """Remove the partial directory (after an error: nothing half-written remains).
+        It is the one this writer created, so it holds nothing else."""
         self._tokens.close()
         if self._mask is not None:
             self._mask.close()

@@ -156,6 +156,35 @@ def load_model(path: Path, parts: list[torch.nn.Module], *, verified: bool = Fal
     _set_model(parts, state["model"])
 
 
+def saved_model_differences(
+    path: Path, parts: list[torch.nn.Module], gather: Callable[[Any], list[Any]]
+) -> list[str]:
+    """How the model state of the checkpoint at ``path`` and what ``parts`` would load
+    (:func:`model_state`, every process's, through ``gather``) differ: names only one
+    has, shapes that differ. For a checkpoint that records no adapter settings (written
+    by an older Forge), where fewer adapters would otherwise load silently."""
+    saved = {
+        key.removeprefix("model."): list(meta.size)
+        for key, meta in read_metadata(path).state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(meta, "size")
+    }
+    wanted: dict[str, list[int]] = {}
+    for local in gather({key: list(value.shape) for key, value in model_state(parts).items()}):
+        wanted.update(local)
+    found = [
+        f"{key}: in the checkpoint, not in the configured model" for key in sorted(set(saved) - set(wanted))
+    ]
+    found += [
+        f"{key}: in the configured model, not in the checkpoint" for key in sorted(set(wanted) - set(saved))
+    ]
+    found += [
+        f"{key}: shape {saved[key]} in the checkpoint, {wanted[key]} in the configured model"
+        for key in sorted(set(saved) & set(wanted))
+        if saved[key] != wanted[key]
+    ]
+    return found
+
+
 # --- integrity ----------------------------------------------------------------------
 
 
@@ -710,6 +739,19 @@ class CheckpointManager:
             said = " ".join([str(exc), *map(str, getattr(exc, "failures", {}).values())])
             # The message, not the source line quoted in the traceback (``{fqn}``).
             missing = re.findall(r"Missing key in checkpoint state_dict: ([\w.]+)", said)
+            resized = re.findall(
+                r"Size mismatch between saved torch.Size\((\[[\d, ]*\])\) and current: "
+                r"torch.Size\((\[[\d, ]*\])\) for ([\w.]+)",
+                said,
+            )
+            if resized and not missing:  # another shape under the same names
+                saved, now, key = resized[-1]
+                raise ForgeError(
+                    f"cannot resume from {path}: its {key.removeprefix('model.')!r} has shape {saved}, the "
+                    f"configured model's has {now}, so it was written for another model shape (or other "
+                    "adapter settings). Resume with the config it was written with (the run's "
+                    "config.yaml), or give this one a new run.out_dir."
+                ) from None
             if not missing:
                 raise
             lacking = missing[-1].rstrip(".").removeprefix("model.")

@@ -70,6 +70,9 @@ class RunParts:
     count_pairs: Callable[[dict[str, torch.Tensor]], int]
     #: What the model reports about its training forwards (:mod:`forge_core.train.model_stats`).
     stats: model_stats.ModelStatistics
+    #: The frozen copy that is the objective's reference, when it is a copy
+    #: (:func:`~forge_core.train.reference.build_reference`), else ``None``.
+    reference_copy: torch.nn.Module | None = None
 
 
 def micro_batch_size(batch_size: int, dp: int, grad_accum: int) -> int:
@@ -128,8 +131,9 @@ def build_parts(
     token_loss = build_loss(model, cfg)
     objective = components.objective(plan, registries, token_loss)
     # A copied reference is taken from the model as built, before any strategy shards it;
-    # with adapters, the reference is the trained model with them off.
-    copied = objective.needs_reference and needs_copy(model)
+    # with adapters, the reference is the trained model with them off, unless the run starts
+    # from another run's adapters: then it is a copy that gets them (forge_core.train.start_adapters).
+    copied = objective.needs_reference and (needs_copy(model) or bool(cfg.model.init_adapters_from))
     reference = build_reference(model, pl.device) if copied else None
     pmodel = parallelize(
         model, plan, pl.device, loss_fn=token_loss, mesh=mesh, objective=objective, reference=reference
@@ -206,4 +210,5 @@ def build_parts(
         stats=model_stats.ModelStatistics(
             pmodel.parts, 1.0 / model_stats.copies(plan.dims, plan.degrees), all_gather_object
         ),
+        reference_copy=reference.module if reference is not None else None,
     )

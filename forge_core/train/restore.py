@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from forge_core import components
 from forge_core.api import ForgeError, Plan
 from forge_core.train import train_state
-from forge_core.train.base_identity import check_base
+from forge_core.train.base_identity import check_base, check_settings
 from forge_core.train.checkpoint import load_model, train_state_name
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def restored_model(plan: Plan, registries: Registries, vocab_size: int | None, c
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ForgeError(f"cannot read {state_file}: {exc}") from None
         check_base(saved, plan, checkpoint)
+        check_settings(saved, plan, checkpoint, "Leave these settings as the run has them (its config.yaml).")
     model = components.model(plan, registries, vocab_size, components.attention(plan, registries))
     load_model(checkpoint, [model], verified=True)
     return model

@@ -44,13 +44,25 @@ import attrs
 
 from forge_core import components
 from forge_core.api import ForgeError, Plan, RunContext
-from forge_core.distributed.placement import Placement, broadcast_object
+from forge_core.distributed.placement import Placement, all_gather_object, broadcast_object
 from forge_core.plugins import register
-from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span
+from forge_core.train import mixture_tally, plugin_metrics, rundir, schedule_span, start_adapters
 from forge_core.train import train_state as ts
+from forge_core.train.base_identity import (
+    SETTINGS_KEY,
+    base_identity,
+    check_base,
+    check_settings,
+    transform_settings,
+)
 from forge_core.train.base_identity import STATE_KEY as BASE_KEY
-from forge_core.train.base_identity import base_identity, check_base
-from forge_core.train.checkpoint import is_disk_full, no_space_message, remove_stale_temporaries
+from forge_core.train.checkpoint import (
+    is_disk_full,
+    no_space_message,
+    remove_stale_temporaries,
+    saved_model_differences,
+    train_state_name,
+)
 from forge_core.train.parts import RunParts, build_parts
 from forge_core.train.run_lock import RunLock
 from forge_core.train.signals import StopSignal, signal_number
@@ -239,27 +251,77 @@ class Trainer:
             return None
         return self.parts.checkpoints.find_resume(lambda m: warn(self.placement, m))
 
+    def start_from_adapters(self, resuming: bool) -> None:
+        """``model.init_adapters_from``: the adapters the run starts from, checked by rank 0
+        (every process hears its verdict) before the run directory is written, loaded into
+        the model unless the run resumes its own checkpoint, and into the reference when
+        that is a copy (:mod:`forge_core.train.start_adapters`)."""
+        parts, pl = self.parts, self.placement
+        if not self.config.model.init_adapters_from or (resuming and parts.reference_copy is None):
+            return
+        found: Any = None
+        if pl.is_main:
+            try:
+                found = str(start_adapters.source_checkpoint(self.plan, self.base_identity))
+            except ForgeError as exc:
+                found = exc
+        found = broadcast_object(found)
+        if isinstance(found, ForgeError):
+            raise found
+        if parts.reference_copy is not None:
+            start_adapters.load_frozen_adapters(Path(found), parts.reference_copy)
+        if not resuming:
+            start_adapters.load_adapters(Path(found), parts.pmodel.parts)
+            log(pl, f"adapters start from {found} (model.init_adapters_from), at step 0")
+
+    def _check_fits(self, path: Path, state: dict[str, Any]) -> None:
+        """Refuse the checkpoint at ``path`` (train state ``state``) when it was written for
+        another tokenizer, base or adapter settings: before the tensors, where another
+        vocabulary or rank would fail as a shape mismatch and fewer adapters would load
+        silently."""
+        identity = str(self.parts.tokenizer.identity)
+        if state.get("tokenizer_identity") not in (None, identity):
+            raise ForgeError(
+                f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
+                f"the config gives {identity!r}. Use the same tokenizer or a new run.out_dir."
+            )
+        check_base(state, self.plan, path, self.base_identity)
+        check_settings(state, self.plan, path)
+
+    def check_resumable(self, path: Path | None) -> None:
+        """:meth:`_check_fits` on the checkpoint to resume, before the run directory is
+        written to (its config.yaml would otherwise record the config refused)."""
+        if path is None:
+            return
+        state_file = path / train_state_name(0)
+        try:
+            state = ts.read(state_file)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ForgeError(f"cannot read {state_file}: {exc}") from None
+        self._check_fits(path, state)
+        if state.get(SETTINGS_KEY) is None and self.base_identity is not None:
+            # Written before the settings were recorded: compare what the checkpoint holds.
+            found = saved_model_differences(path, self.parts.pmodel.parts, all_gather_object)
+            if found:
+                listed = "".join(f"\n  - {line}" for line in found[:8])
+                more = f"\n  (+{len(found) - 8} more)" if len(found) > 8 else ""
+                raise ForgeError(
+                    f"checkpoint {path} holds other adapters than the configured model has, so they would "
+                    f"be dropped or fail to load:{listed}{more}\nResume with the transform settings it was "
+                    "written with (the run's config.yaml), or give this config another run.out_dir "
+                    "(a new run)."
+                )
+
     def resume(self, path: Path | None) -> None:
         if path is None:
             return
         parts, progress = self.parts, self.progress
-        identity = str(parts.tokenizer.identity)
-
-        def same_tokenizer(state: dict[str, Any]) -> None:
-            # Before the tensors: another tokenizer's vocabulary would fail there as a shape mismatch.
-            if state.get("tokenizer_identity") not in (None, identity):
-                raise ForgeError(
-                    f"checkpoint {path} was trained with tokenizer {state['tokenizer_identity']!r}, "
-                    f"the config gives {identity!r}. Use the same tokenizer or a new run.out_dir."
-                )
-            check_base(state, self.plan, path, self.base_identity)
-
         state = parts.checkpoints.load(
             path,
             parts.pmodel.parts,
             parts.optimizers,
             lambda m: warn(self.placement, m),
-            check=same_tokenizer,
+            check=lambda state: self._check_fits(path, state),
         )
         progress.step = int(state["step"])
         progress.nonfinite_streak = int(state.get("nonfinite_streak", 0))
@@ -298,6 +360,7 @@ class Trainer:
         }
         if self.base_identity is not None:
             state[BASE_KEY] = self.base_identity
+            state[SETTINGS_KEY] = transform_settings(self.plan)
         if self.tally is not None:
             state[mixture_tally.STATE_KEY] = self.tally.state_dict()
             state[mixture_tally.PHASE_KEY] = self.tally.phase_state()
@@ -451,6 +514,8 @@ class Trainer:
     def _run(self) -> str:
         self.build()
         checkpoint = self.find_checkpoint()
+        self.check_resumable(checkpoint)
+        self.start_from_adapters(resuming=checkpoint is not None)
         self.prepare_run_dir()
         self.resume(checkpoint)
         self.stop.start_training()

@@ -14,6 +14,8 @@ def forge_transforms():
             impl="forge_plugins.transforms.lora:Lora",
             options=O.LoraOptions,
             saves_trainable_only=True,
+            # dropout changes how the adapters train, not what their weights mean.
+            weight_options=("targets", "rank", "alpha"),
         )
     ]
 
