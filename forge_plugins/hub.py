@@ -111,7 +111,8 @@ def read_ref(repo_id: str, revision: str) -> str | None:
     no such ref. A ref that is not a small regular file (a FIFO, ``/dev/zero``) is
     refused (:class:`~forge_core.api.files.FileRefused`) rather than read."""
     try:
-        return read_small_text(repo_folder(repo_id) / "refs" / revision, REF_LIMIT, "the Hub cache ref").strip()
+        ref = repo_folder(repo_id) / "refs" / revision
+        return read_small_text(ref, REF_LIMIT, "the Hub cache ref").strip()
     except (OSError, UnicodeDecodeError, ValueError):  # ValueError: a NUL byte in the name
         return None
 
@@ -194,7 +195,9 @@ def local_folder(value: str, revision: str, patterns: tuple[str, ...], where: st
     try:
         snapshot = cached(value, revision)
     except FileRefused as exc:
-        raise HubNotCached(f"{where}={value!r}: {exc} (`hf download` writes the ref anew once it is removed)") from None
+        raise HubNotCached(
+            f"{where}={value!r}: {exc} (remove it: `hf download` writes the ref anew)"
+        ) from None
     if snapshot is None:
         raise HubNotCached(not_cached(value, revision, patterns, where))
     return str(snapshot.path), snapshot.commit

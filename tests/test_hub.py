@@ -232,5 +232,7 @@ def test_a_ref_that_is_a_fifo_is_refused_at_its_path_without_hanging(project, ca
     (folder / "config.json").unlink()
     os.mkfifo(folder / "config.json")
     with deadline(30, "check with a FIFO as config.json"):
-        code, out = check(capsys, f"model.options.init_from_hf={folder}", f"data.tokenizer_options.path={folder}")
+        code, out = check(
+            capsys, f"model.options.init_from_hf={folder}", f"data.tokenizer_options.path={folder}"
+        )
     assert code == 2 and out.count(f"config.json '{folder / 'config.json'}' is a FIFO (named pipe)") == 2, out

@@ -172,17 +172,24 @@ def read_small_text(path: str | os.PathLike[str], limit: int, what: str) -> str:
     are not UTF-8, ``UnicodeDecodeError``."""
     # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer forever.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb", closefd=True) as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             raise FileRefused(
-                f"{what} {os.fspath(path)!r} is {_kind(info.st_mode)}, not a regular file: it is not "
-                "read (it could block or never end). Replace it with the file it should be"
+                f"{what} {os.fspath(path)!r} is {_kind(mode)}, not a regular file: it is not read "
+                "(it could block or never end). Replace it with the file it should be"
             )
-        data = f.read(limit + 1)  # a file that grows after fstat is still bounded
-        if info.st_size > limit or len(data) > limit:
-            raise FileRefused(
-                f"{what} {os.fspath(path)!r} is {max(info.st_size, len(data))} bytes, more than the "
-                f"{limit} such a file may be: it is not read. Replace it with the file it should be"
-            )
+        data = b""
+        while len(data) <= limit:  # bounded, whatever the file's size says or becomes
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FileRefused(
+            f"{what} {os.fspath(path)!r} is more than the {limit} bytes such a file may be: it is not "
+            "read. Replace it with the file it should be"
+        )
     return data.decode("utf-8")
