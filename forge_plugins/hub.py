@@ -139,7 +139,7 @@ def not_cached(repo_id: str, revision: str, patterns: tuple[str, ...], where: st
     )
     return (
         f"{where}={repo_id!r}: no local folder of that name, and the Hugging Face Hub cache "
-        f"{cache_dir()} does not hold {repo_id} at revision {revision!r} ({held(repo_id, revision)}); "
+        f"{cache_dir()} does not hold {repo_id} at revision {revision!r}{held(repo_id, revision)}; "
         f"{mode}. Download it "
         f"with `{download_command(repo_id, revision, patterns)}` (HF_TOKEN set for a gated model), "
         "or point the option at a local folder"
@@ -159,9 +159,12 @@ def _ref_shown(repo_id: str, name: str) -> str:
 
 
 def held(repo_id: str, revision: str) -> str:
-    """What the cache holds of ``repo_id``, said against ``revision``: what its ref
-    resolves to (or why it resolves to nothing), the refs and the snapshots there."""
+    """What the cache holds of ``repo_id``, said against ``revision`` in parentheses:
+    what its ref resolves to (or why it resolves to nothing), the refs and the snapshots
+    there; nothing when the cache holds nothing of it."""
     folder = repo_folder(repo_id)
+    if not folder.is_dir():
+        return ""
     refs = sorted(p.name for p in (folder / "refs").glob("*") if not p.is_dir())
     snapshots = sorted(p.name for p in (folder / "snapshots").glob("*") if p.is_dir())
     if COMMIT.fullmatch(revision):
@@ -181,9 +184,9 @@ def held(repo_id: str, revision: str) -> str:
             why = f"refs/{revision} resolves to commit {commit}, which has no snapshot folder"
     shown = [f"{name} -> {_ref_shown(repo_id, name)}" for name in refs if name != revision]
     return (
-        f"{why}; "
+        f" ({why}; "
         + (f"other refs: {_names(shown)}; " if shown else "")
-        + (f"snapshots held: {_names(snapshots)}" if snapshots else "no snapshots held")
+        + (f"snapshots held: {_names(snapshots)})" if snapshots else "no snapshots held)")
     )
 
 
