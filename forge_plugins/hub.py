@@ -171,16 +171,13 @@ def held(repo_id: str, revision: str) -> str:
         why = f"no snapshot of commit {revision}"
     elif revision not in refs:
         why = f"no refs/{revision}"
-    else:
-        try:
-            commit = read_ref(repo_id, revision)
-        except FileRefused as exc:
-            commit, why = None, str(exc)
-        else:
+    else:  # a ref that is no regular file was refused before this message is asked for
+        commit = read_ref(repo_id, revision)
+        if commit is None:
             why = f"refs/{revision} is unreadable"
-        if commit is not None and not COMMIT.fullmatch(commit):
+        elif not COMMIT.fullmatch(commit):
             why = f"refs/{revision} holds {commit[:48]!r}, not a full commit name (40 hex digits)"
-        elif commit is not None:
+        else:
             why = f"refs/{revision} resolves to commit {commit}, which has no snapshot folder"
     shown = [f"{name} -> {_ref_shown(repo_id, name)}" for name in refs if name != revision]
     return (
@@ -211,8 +208,13 @@ def download(repo_id: str, revision: str, patterns: tuple[str, ...], where: str)
     (the rules then say how to download it). A cached revision is used as it is: the
     Hub is not asked whether a branch moved (``hf download`` refreshes it)."""
     revision = revision or DEFAULT_REVISION
-    if not is_hub_id(repo_id) or offline() or cached(repo_id, revision) is not None:
+    if not is_hub_id(repo_id) or offline():
         return
+    try:
+        if cached(repo_id, revision) is not None:
+            return
+    except FileRefused:
+        return  # the rules refuse it, naming the option
     print(
         f"downloading {repo_id} (revision {revision}) from the Hugging Face Hub into {cache_dir()}",
         file=sys.stderr,
