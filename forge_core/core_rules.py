@@ -81,6 +81,26 @@ def world_size_fix(ctx: Plan) -> str:
     )
 
 
+def check_stated_world_size(ctx: Plan) -> str | None:
+    stated = ctx.config.run.world_size
+    if stated is None or ctx.world_size is None or ctx.world_size == stated:
+        return None
+    return (
+        f"run.world_size = {stated}: this config is made for {stated} processes, but the world size "
+        f"is {ctx.world_size}"
+    )
+
+
+def stated_world_size_fix(ctx: Plan) -> str:
+    stated = ctx.config.run.world_size
+    return (
+        f"Launch {stated} processes (`forge-run --nproc {stated} CONFIG` on one machine, `srun` with "
+        f"{stated} tasks; `forge-run check CONFIG` judges at {stated}), or run it on {ctx.world_size} by "
+        f"overriding run.world_size={ctx.world_size}, once the degrees, batch and memory per process "
+        "suit that many."
+    )
+
+
 def check_seq_len(ctx: Plan) -> str | None:
     option = ctx.specs["model"].max_seq_len_option
     if option is None:
@@ -468,6 +488,15 @@ RULES = [
             "degrees divide the world size), or launch as many processes as the product."
         ),
         fix_for=world_size_fix,
+    ),
+    Rule(
+        id="run.world-size",
+        severity="error",
+        paths=("run.world_size",),
+        summary="A config that states the world size it is made for (run.world_size) runs at that size.",
+        check=check_stated_world_size,
+        fix="Launch run.world_size processes, or override run.world_size to the size you launch.",
+        fix_for=stated_world_size_fix,
     ),
     Rule(
         id="model.seq-len",

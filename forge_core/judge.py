@@ -57,9 +57,12 @@ def judge(
 
 def judge_config(config: ForgeConfig, registries: Registries, world_size: int | None = None) -> Judgement:
     """Evaluate every rule over a resolved config, and look up every chosen component's
-    implementation module."""
+    implementation module. The world size: ``world_size``, else torchrun's, else the one
+    the config states (``run.world_size``), else unknown."""
     if world_size is None:
         world_size = world_size_from_env()
+    if world_size is None:  # what the config states it is made for, else unknown
+        world_size = config.run.world_size
     plan = make_plan(config, registries, world_size)
     violations = evaluate(registries.rules, plan) + component_violations(plan, registries)
     return Judgement(config, registries, plan, violations)

@@ -1,5 +1,6 @@
-"""The mesh dimensions the registered strategies declare, and the ``parallel.*`` degrees
-resolved against a world size (no torch needed).
+"""The mesh dimensions the registered strategies declare, the ``parallel.*`` degrees
+resolved against a world size, and the world size and ranks a launcher's variables give,
+checked as ASCII integers (no torch needed).
 
 Every dimension, the built-ins' included, comes from a
 :class:`~forge_core.api.MeshDim` on a :class:`~forge_core.api.ParallelismSpec`: its
@@ -11,13 +12,20 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from forge_core.api import ForgeError, MeshDim
+from forge_core.api import ForgeError, MeshDim, show_value
 
 #: Keys of the ``parallel`` section that are not degrees.
 SECTION_KEYS = ("wrappers", "options")
+
+
+#: The largest process count or rank read from a launcher's variables (an int32, as
+#: torch.distributed takes them); more digits are not a number a launcher writes.
+MAX_PROCESSES = (1 << 31) - 1
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def launched_by_torchrun() -> bool:
@@ -25,10 +33,61 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def count_problem(value: str, minimum: int) -> str | None:
+    """Why ``value`` is not a count or rank of at least ``minimum`` written as ASCII
+    decimal digits (``int()`` would also take ``'٣'`` or `` 3_0 ``), or ``None``."""
+    text = value.strip()
+    digits = text.removeprefix("-")
+    if not _ASCII_DIGITS.fullmatch(digits):
+        return "not a whole number written in ASCII digits 0-9"
+    if digits != text or int(digits) < minimum:
+        return f"must be at least {minimum}"
+    if len(digits) > len(str(MAX_PROCESSES)) or int(digits) > MAX_PROCESSES:
+        return f"more than {MAX_PROCESSES}"
+    return None
+
+
+def env_count(env: Mapping[str, str], name: str, minimum: int, fix: str, default: int | None = None) -> int:
+    """The launcher variable ``name`` of ``env`` as an integer of at least ``minimum``
+    (ASCII digits); ``default`` when it is unset (a ForgeError when there is none), and
+    a ForgeError naming the variable, its value, why and ``fix`` when it is no such number."""
+    if name not in env:
+        if default is None:
+            raise ForgeError(f"{name} is not set. {fix}")
+        return default
+    problem = count_problem(env[name], minimum)
+    if problem:
+        raise ForgeError(f"{name}={show_value(env[name])}: {problem}. {fix}")
+    return int(env[name].strip())
+
+
+#: What to do about a torchrun variable that is not a number.
+TORCHRUN_FIX = (
+    "torchrun (and `forge-run --nproc N`) sets RANK, WORLD_SIZE and LOCAL_RANK for every process: "
+    "start forge-run with one of them, or unset the variable to train in one process"
+)
+
+
+def torchrun_place(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """``(rank, world size, local rank)`` of a process torchrun started, each checked
+    (a rank below the world size); ``(0, 1, 0)`` when no launcher started it."""
+    env = os.environ if env is None else env
+    if not ("RANK" in env and "WORLD_SIZE" in env):
+        return 0, 1, 0
+    world = env_count(env, "WORLD_SIZE", 1, TORCHRUN_FIX)
+    rank = env_count(env, "RANK", 0, TORCHRUN_FIX)
+    local = env_count(env, "LOCAL_RANK", 0, TORCHRUN_FIX, default=0)
+    if rank >= world:
+        raise ForgeError(f"RANK={rank} is not below WORLD_SIZE={world}. {TORCHRUN_FIX}")
+    return rank, world, local
+
+
 def world_size_from_env() -> int | None:
-    """The world size torchrun exported, if this process was started by it."""
-    value = os.environ.get("WORLD_SIZE")
-    return int(value) if value and value.isdigit() else None
+    """The world size torchrun exported, if this process was started by it (a
+    ForgeError when ``WORLD_SIZE`` is set and is no count of processes)."""
+    if not os.environ.get("WORLD_SIZE", "").strip():
+        return None
+    return env_count(os.environ, "WORLD_SIZE", 1, TORCHRUN_FIX)
 
 
 def mesh_dims(registry: Any) -> tuple[MeshDim, ...]:

@@ -24,11 +24,14 @@ from pathlib import Path
 import attrs
 
 from forge_core.api import ForgeError
+from forge_core.api.files import FileRefused, read_small_text
 
 #: ``org/name`` as the Hub spells repository ids (each part: letters, digits, ``-_.``).
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_REVISION = "main"
+#: A ref holds one commit name (40 hex digits and a newline): anything far larger is not one.
+REF_LIMIT = 1024
 #: What a tokenizer download fetches: a fast tokenizer's serialization and settings, a
 #: slow tokenizer's vocabulary (BPE, WordPiece, SentencePiece, tiktoken), a chat template.
 TOKENIZER_FILES = (
@@ -96,17 +99,22 @@ def cached(repo_id: str, revision: str = DEFAULT_REVISION) -> Snapshot | None:
     """The cached snapshot of ``repo_id`` at ``revision`` (a branch, a tag or a commit),
     or ``None`` when the cache does not hold it."""
     revision = revision or DEFAULT_REVISION
-    folder = repo_folder(repo_id)
-    commit = revision if COMMIT.fullmatch(revision) else None
-    if commit is None:
-        try:
-            commit = (folder / "refs" / revision).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError, ValueError):  # ValueError: a NUL byte in the name
-            return None
-    if not COMMIT.fullmatch(commit):
+    commit = revision if COMMIT.fullmatch(revision) else read_ref(repo_id, revision)
+    if commit is None or not COMMIT.fullmatch(commit):
         return None
-    path = folder / "snapshots" / commit
+    path = repo_folder(repo_id) / "snapshots" / commit
     return Snapshot(path, commit) if path.is_dir() else None
+
+
+def read_ref(repo_id: str, revision: str) -> str | None:
+    """What ``refs/{revision}`` of ``repo_id`` holds (stripped), or ``None`` when there is
+    no such ref. A ref that is not a small regular file (a FIFO, ``/dev/zero``) is
+    refused (:class:`~forge_core.api.files.FileRefused`) rather than read."""
+    try:
+        ref = repo_folder(repo_id) / "refs" / revision
+        return read_small_text(ref, REF_LIMIT, "the Hub cache ref").strip()
+    except (OSError, UnicodeDecodeError, ValueError):  # ValueError: a NUL byte in the name
+        return None
 
 
 def download_command(repo_id: str, revision: str, patterns: tuple[str, ...]) -> str:
@@ -124,8 +132,6 @@ def not_cached(repo_id: str, revision: str, patterns: tuple[str, ...], where: st
     """Why ``repo_id`` cannot be used here and how to fetch it (the words of the
     error that ``check`` and the build give)."""
     revision = revision or DEFAULT_REVISION
-    held = sorted(p.name for p in (repo_folder(repo_id) / "refs").glob("*"))
-    have = f" (it holds revision {', '.join(held)})" if held else ""
     mode = (
         "HF_HUB_OFFLINE is set, so nothing is downloaded"
         if offline()
@@ -133,9 +139,51 @@ def not_cached(repo_id: str, revision: str, patterns: tuple[str, ...], where: st
     )
     return (
         f"{where}={repo_id!r}: no local folder of that name, and the Hugging Face Hub cache "
-        f"{cache_dir()} does not hold {repo_id} at revision {revision!r}{have}; {mode}. Download it "
+        f"{cache_dir()} does not hold {repo_id} at revision {revision!r}{held(repo_id, revision)}; "
+        f"{mode}. Download it "
         f"with `{download_command(repo_id, revision, patterns)}` (HF_TOKEN set for a gated model), "
         "or point the option at a local folder"
+    )
+
+
+def _names(items: list[str], limit: int = 5) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _ref_shown(repo_id: str, name: str) -> str:
+    try:
+        value = read_ref(repo_id, name)
+    except FileRefused:
+        return "not a regular file"
+    return "unreadable" if value is None else repr(value[:48])
+
+
+def held(repo_id: str, revision: str) -> str:
+    """What the cache holds of ``repo_id``, said against ``revision`` in parentheses:
+    what its ref resolves to (or why it resolves to nothing), the refs and the snapshots
+    there; nothing when the cache holds nothing of it."""
+    folder = repo_folder(repo_id)
+    if not folder.is_dir():
+        return ""
+    refs = sorted(p.name for p in (folder / "refs").glob("*") if not p.is_dir())
+    snapshots = sorted(p.name for p in (folder / "snapshots").glob("*") if p.is_dir())
+    if COMMIT.fullmatch(revision):
+        why = f"no snapshot of commit {revision}"
+    elif revision not in refs:
+        why = f"no refs/{revision}"
+    else:  # a ref that is no regular file was refused before this message is asked for
+        commit = read_ref(repo_id, revision)
+        if commit is None:
+            why = f"refs/{revision} is unreadable"
+        elif not COMMIT.fullmatch(commit):
+            why = f"refs/{revision} holds {commit[:48]!r}, not a full commit name (40 hex digits)"
+        else:
+            why = f"refs/{revision} resolves to commit {commit}, which has no snapshot folder"
+    shown = [f"{name} -> {_ref_shown(repo_id, name)}" for name in refs if name != revision]
+    return (
+        f" ({why}; "
+        + (f"other refs: {_names(shown)}; " if shown else "")
+        + (f"snapshots held: {_names(snapshots)})" if snapshots else "no snapshots held)")
     )
 
 
@@ -144,7 +192,12 @@ def local_folder(value: str, revision: str, patterns: tuple[str, ...], where: st
     a Hub id as its cached snapshot. Raises :class:`HubNotCached` otherwise."""
     if not is_hub_id(value):
         return value, ""
-    snapshot = cached(value, revision)
+    try:
+        snapshot = cached(value, revision)
+    except FileRefused as exc:
+        raise HubNotCached(
+            f"{where}={value!r}: {exc} (remove it: `hf download` writes the ref anew)"
+        ) from None
     if snapshot is None:
         raise HubNotCached(not_cached(value, revision, patterns, where))
     return str(snapshot.path), snapshot.commit
@@ -155,8 +208,13 @@ def download(repo_id: str, revision: str, patterns: tuple[str, ...], where: str)
     (the rules then say how to download it). A cached revision is used as it is: the
     Hub is not asked whether a branch moved (``hf download`` refreshes it)."""
     revision = revision or DEFAULT_REVISION
-    if not is_hub_id(repo_id) or offline() or cached(repo_id, revision) is not None:
+    if not is_hub_id(repo_id) or offline():
         return
+    try:
+        if cached(repo_id, revision) is not None:
+            return
+    except FileRefused:
+        return  # the rules refuse it, naming the option
     print(
         f"downloading {repo_id} (revision {revision}) from the Hugging Face Hub into {cache_dir()}",
         file=sys.stderr,

@@ -8,10 +8,12 @@ train`` downloads an uncached id before judging, and refuses offline."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
 import yaml
+from deadline import deadline
 from hub_cache import put, random_checkpoint, tokenizer
 
 from forge_core import cli
@@ -127,7 +129,10 @@ def test_a_revision_that_is_not_cached_is_an_error_likewise(project, capsys, mon
     put(project / "hub", ID, checkpoint(project))
     code, out = check(capsys, "model.options.revision=v2", "data.tokenizer_options.revision=v2")
     assert code == 2
-    assert out.count(f"does not hold {ID} at revision 'v2' (it holds revision main)") == 2, out
+    snapshot = hub.cached(ID).commit
+    # What the cache does hold, said plainly: v2 has no ref; main resolves to a snapshot.
+    held = f"does not hold {ID} at revision 'v2' (no refs/v2; other refs: main -> '{snapshot}'; "
+    assert out.count(held + f"snapshots held: {snapshot})") == 2, out
     for command in download_commands(out):
         assert hf_download_patterns(command, monkeypatch)[:2] == (ID, "v2")
 
@@ -214,3 +219,36 @@ def test_the_base_an_adapter_run_by_id_depends_on_is_its_cached_repository(proje
     assert base_folders(plan) == [snapshot.resolve(), snapshot.parent.parent.resolve()]
     config["model"]["transforms"] = []  # checkpoints hold every weight: the base is not needed
     assert base_folders(plan_of(project, config)[0]) == []
+
+
+def test_a_short_commit_name_in_a_ref_is_said_with_the_snapshots_held(project, capsys):
+    snapshot = put(project / "hub", ID, checkpoint(project))
+    (project / "hub" / f"models--{ID.replace('/', '--')}" / "refs" / "main").write_text("abc1234")
+    code, out = check(capsys)
+    assert code == 2
+    # Not "at revision 'main' (it holds revision main)": what main resolves to, and why not.
+    said = (
+        f"does not hold {ID} at revision 'main' (refs/main holds 'abc1234', not a full commit name "
+        f"(40 hex digits); snapshots held: {snapshot.name})"
+    )
+    assert out.count(said) == 2, out
+
+
+def test_a_ref_that_is_a_fifo_is_refused_at_its_path_without_hanging(project, capsys):
+    put(project / "hub", ID, checkpoint(project))
+    ref = project / "hub" / f"models--{ID.replace('/', '--')}" / "refs" / "main"
+    ref.unlink()
+    os.mkfifo(ref)  # opened for reading, a FIFO waits for a writer forever
+    with deadline(30, "check with a FIFO as the Hub cache ref"):
+        code, out = check(capsys)
+    assert code == 2 and "Traceback" not in out
+    assert out.count(f"the Hub cache ref '{ref}' is a FIFO (named pipe), not a regular file") == 2, out
+    # A model folder's config.json likewise (what `init_from_hf` and the tokenizer read).
+    folder = checkpoint(project, "folder")
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    with deadline(30, "check with a FIFO as config.json"):
+        code, out = check(
+            capsys, f"model.options.init_from_hf={folder}", f"data.tokenizer_options.path={folder}"
+        )
+    assert code == 2 and out.count(f"config.json '{folder / 'config.json'}' is a FIFO (named pipe)") == 2, out

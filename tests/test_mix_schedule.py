@@ -18,7 +18,7 @@ import pytest
 from forge_core.api import ForgeError
 from forge_core.data.loader import StatefulLoader
 from forge_core.data.mix_schedule import MixtureSchedule, Phase
-from forge_core.data.mixture import PERIOD, MixedRows, MixturePlan
+from forge_core.data.mixture import PERIOD, MixedRows, MixturePlan, shares
 from forge_core.data.packed_rows import ArrayRows
 
 LABELS = ["a", "b", "c"]
@@ -103,6 +103,20 @@ def test_a_positive_weight_too_small_to_count_names_its_phase():
             ["a", "b"],
             4,
         )
+
+
+def test_weights_near_the_float_maximum_mix_as_their_ratios():
+    """1e308 twice sums to infinity: the shares come from the ratios all the same (the
+    weights scaled by a power of two, exactly, before the sum), and ordinary weights
+    give bit for bit the shares they always gave."""
+    big = MixtureSchedule.of([1e308, 1e308, 5e307], LABELS, [Phase(2, (0.0, 1e308, 1e308), anneal=2)], 4)
+    small = MixtureSchedule.of([2.0, 2.0, 1.0], LABELS, [Phase(2, (0.0, 1.0, 1.0), anneal=2)], 4)
+    for got, want in zip(big.slots(0, 4 * PERIOD), small.slots(0, 4 * PERIOD)):
+        np.testing.assert_array_equal(got, want)
+    assert big.describe() == small.describe()
+    np.testing.assert_allclose(shares([1e308, 1e308, 5e307]), [0.4, 0.4, 0.2], rtol=4 * np.finfo(float).eps)
+    w = np.array([0.1, 0.7, 0.2, 3e-5])
+    assert np.array_equal(shares(w), w / w.sum())
 
 
 def part(source, n):

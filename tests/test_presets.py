@@ -182,6 +182,11 @@ PRESETS = presets()
 
 
 def world_size(name: str) -> int:
+    """The process count the preset states (``run.world_size``), else 1."""
+    return PRESETS[name].get("run", {}).get("world_size") or 1
+
+
+def commented_world_size(name: str) -> int:
     """The process count the preset's comment runs it with (``forge-run --nproc N``)."""
     found = re.search(
         r"forge-run --nproc (\d+) configs/" + re.escape(name), (REPO / "configs" / name).read_text()
@@ -202,6 +207,9 @@ def test_the_presets_are_found_and_each_model_has_its_facts():
     ids = {config["model"]["options"]["init_from_hf"] for config in PRESETS.values()}
     assert ids <= set(REAL), f"presets of models without their config.json facts here: {ids - set(REAL)}"
     assert world_size("llama-3.1-8b-fsdp.yaml") == 8 and world_size("llama-3.2-1b.yaml") == 1
+    # A preset made for more than one process states it, as its comment runs it.
+    for name in PRESETS:
+        assert world_size(name) == commented_world_size(name), name
 
 
 @pytest.fixture()
@@ -229,20 +237,45 @@ def cache_model(project: Path, repo_id: str, checkpoint: Path) -> Path:
 def test_a_preset_passes_check_at_the_real_models_shapes(project, capsys, name):
     repo_id = PRESETS[name]["model"]["options"]["init_from_hf"]
     cache_model(project, repo_id, header_only_checkpoint(project / "ck", REAL[repo_id]))
-    code = cli.main(["check", f"configs/{name}", "--world-size", str(world_size(name))])
+    # A preset that states its world size is judged at it without --world-size.
+    given = [] if world_size(name) > 1 else ["--world-size", "1"]
+    code = cli.main(["check", f"configs/{name}", *given])
     out = capsys.readouterr().out
     assert code == 0 and f"world size {world_size(name)}" in out, out
+    if not given:
+        assert "(run.world_size: the processes this config is made for)" in out, out
+
+
+def test_a_preset_made_for_8_processes_is_refused_at_another_world_size(project, capsys):
+    name = "llama-3.1-8b-fsdp.yaml"
+    repo_id, n = PRESETS[name]["model"]["options"]["init_from_hf"], world_size(name)
+    assert n == 8
+    cache_model(project, repo_id, header_only_checkpoint(project / "ck", REAL[repo_id]))
+    refusal = (
+        f"run.world_size = {n}: this config is made for {n} processes, but the world size is 1",
+        f"Launch {n} processes (`forge-run --nproc {n} CONFIG`",
+        "overriding run.world_size=1",
+    )
+    assert cli.main(["check", f"configs/{name}", "--world-size", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "[run.world-size]" in out and all(words in out for words in refusal), out
+    # A run of one process is refused before anything is built.
+    assert cli.main([f"configs/{name}", f"run.out_dir={project / 'run'}"]) == 2
+    out = capsys.readouterr()
+    assert all(words in out.err for words in refusal) and not (project / "run").exists(), out.err
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_a_preset_trains_two_steps_at_a_reduced_shape(project, capsys, name):
     repo_id = PRESETS[name]["model"]["options"]["init_from_hf"]
     snapshot = cache_model(project, repo_id, random_checkpoint(project / "ck", reduced(repo_id)))
-    # One process: a preset's fixed degrees other than the world-filling dp_shard drop to 1.
+    # One process: a preset's fixed degrees other than the world-filling dp_shard drop to 1,
+    # and the world size it states with them.
     degrees = [
         f"parallel.{dim}=1" for dim in ("ep", "tp", "cp", "pp") if dim in PRESETS[name].get("parallel", {})
     ]
-    code = cli.main([f"configs/{name}", *SMALL_RUN, *degrees, f"run.out_dir={project / 'run'}"])
+    stated = ["run.world_size=1"] if world_size(name) > 1 else []
+    code = cli.main([f"configs/{name}", *SMALL_RUN, *degrees, *stated, f"run.out_dir={project / 'run'}"])
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     losses = [m["loss"] for m in read_metrics(project / "run") if "loss" in m]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, make_distribution, only_plugins
+from deadline import deadline
 from train_helpers import read_metrics, tiny_config, write_config
 
 from forge_core.cli.slurm import (
@@ -76,6 +77,17 @@ def test_first_host_asks_scontrol_only_for_a_list_the_parser_cannot_read(tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="without its"):
         first_host("odd[7-")
+
+
+def test_the_first_host_is_read_from_the_syntax_never_expanded():
+    # Four billion hosts if expanded (each range alone is within bounds).
+    with deadline(2, "finding the first host of a[0-65535]b[0-65535]"):
+        assert first_host("a[0-65535]b[0-65535]") == "a0b0"
+    assert first_host("gpu[098-101],x") == "gpu098" and first_host("rack[2-3,1]-n[07-08]") == "rack2-n07"
+    with pytest.raises(ValueError, match="names 4294967296 hosts, more than a cluster"):
+        expand_nodelist("a[0-65535]b[0-65535]")  # counted, not expanded
+    with pytest.raises(ValueError, match="is not a number"):
+        expand_nodelist("n[\u0663]")  # an Arabic-Indic 3: str.isdigit() takes it, Slurm does not
 
 
 def srun_env(rank: int = 1, ntasks: int = 4, **extra: str) -> dict[str, str]:
@@ -144,6 +156,62 @@ def test_an_unusable_task_environment_is_named(env, says):
     with pytest.raises(SlurmEnvError) as info:
         task_of(env)
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("SLURM_PROCID", "\u0663", "not a whole number written in ASCII digits 0-9"),  # int() takes it
+        ("SLURM_PROCID", "\u00b2", "not a whole number written in ASCII digits 0-9"),  # int() refuses it
+        ("SLURM_LOCALID", "-1", "must be at least 0"),
+        ("SLURM_STEP_NUM_TASKS", "0", "must be at least 1"),
+        ("SLURM_STEP_NUM_TASKS", "9" * 30, "more than 2147483647"),
+    ],
+)
+def test_slurm_numbers_are_ascii_integers_in_range(name, value, says):
+    with pytest.raises(SlurmEnvError) as info:
+        task_of(srun_env(**{name: value}))
+    assert str(info.value).startswith(f"{name}={value!r}: {says}, so this task cannot know its place")
+    # Numbers that only decide whether this is a task, or only warn, are ASCII too.
+    assert task_of(srun_env(SLURM_STEP_ID="\u00b2")) is None
+    assert allocation_tasks({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "\u00b2"}) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"RANK": "0", "WORLD_SIZE": "\u0662"}, "WORLD_SIZE='\u0662': not a whole number written in ASCII"),
+        ({"RANK": "\u00b2", "WORLD_SIZE": "4"}, "RANK='\u00b2': not a whole number written in ASCII"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0': must be at least 1"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK='-1': must be at least 0"),
+    ],
+)
+def test_torchruns_numbers_are_ascii_integers_in_range(tmp_path, env, says):
+    path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "bad"))
+    # check reads only the world size; train every number.
+    for command in (["check"], []) if says.startswith("WORLD_SIZE") else ([],):
+        result = forge_run([*command, path], env=clean_env(**env))
+        assert result.code == 2 and "bug in Forge" not in result.stderr, result.stderr
+        assert result.stderr.startswith(f"error: {says}") and "unset the variable" in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "\u0663"])
+def test_a_world_size_or_process_count_is_an_ascii_integer_of_at_least_1(tmp_path, value):
+    path = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, "bad"))
+    for argv, option in (
+        (["check", path, "--world-size", value], "--world-size"),
+        ([path, "--nproc", value], "--nproc/--nproc-per-node/--nproc_per_node"),
+    ):
+        result = forge_run(argv, env=clean_env())
+        why = (
+            "not a whole number written in ASCII digits 0-9" if not value.isascii() else "must be at least 1"
+        )
+        assert result.code == 2 and f"error: argument {option}: {value!r}: {why}; give " in result.stderr, (
+            result.stderr
+        )
+    assert not (tmp_path / "bad").exists()
 
 
 def clean_env(**extra: str) -> dict[str, str | None]:

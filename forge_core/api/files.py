@@ -15,6 +15,9 @@ token shards, exports and a plugin's own files (a tracker's run id, a loss curve
   ever removed: no fixed sibling name (``out.old``, ``out.partial``) is touched.
 - :func:`directory_problem`: why a directory cannot be used to write in, without
   creating anything (what ``forge-run check`` reports and the run refuses).
+- :func:`read_small_text`: a small metadata file (a Hub cache ref, ``config.json``, a
+  template) read only when it is a regular file of bounded size, so that a FIFO or
+  ``/dev/zero`` in its place is refused instead of hanging or exhausting memory.
 
 Torch-free.
 """
@@ -26,8 +29,11 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
+
+from forge_core.api.errors import ForgeError
 
 #: The temporary files :func:`atomic_write` writes beside their target,
 #: ``.<name>.tmp<pid>``: a crash can leave one, and whoever owns the directory may remove
@@ -230,3 +236,60 @@ def directory_problem(path: Path) -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"cannot be created: {str(ancestor)!r} is not writable by this user"
     return None
+
+
+#: The bound :func:`read_small_text` callers give metadata files (``config.json``,
+#: ``tokenizer_config.json``, a safetensors index): far above any real one.
+METADATA_LIMIT = 32 << 20
+
+
+class FileRefused(ForgeError):
+    """A file that :func:`read_small_text` will not read (not a regular file, or too
+    large); its message names the file and why. Not an ``OSError``: code that treats an
+    unreadable file as absent must not take a FIFO for a missing file silently."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_small_text(path: str | os.PathLike[str], limit: int, what: str) -> str:
+    """The UTF-8 text of ``path``, read only when it is a regular file (a symlink to one
+    counts) of at most ``limit`` bytes. A FIFO, a device (``/dev/zero``), a directory
+    or a larger file is refused with :class:`FileRefused` naming ``what`` (``"the Hub
+    cache ref"``), the path and why; checked on the open file itself, which is opened
+    without blocking, so a FIFO can neither hang the open nor be swapped in after a
+    check. A missing or unreadable file raises ``OSError`` as ``open`` does; bytes that
+    are not UTF-8, ``UnicodeDecodeError``."""
+    # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer forever.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise FileRefused(
+                f"{what} {os.fspath(path)!r} is {_kind(mode)}, not a regular file: it is not read "
+                "(it could block or never end). Replace it with the file it should be"
+            )
+        data = b""
+        while len(data) <= limit:  # bounded, whatever the file's size says or becomes
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FileRefused(
+            f"{what} {os.fspath(path)!r} is more than the {limit} bytes such a file may be: it is not "
+            "read. Replace it with the file it should be"
+        )
+    return data.decode("utf-8")

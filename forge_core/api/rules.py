@@ -120,7 +120,8 @@ class Plan:
     - ``degrees``: ``parallel.*`` degrees by mesh dimension, in mesh order, with the
       dimension that fills the world (``dp_shard: -1``) resolved (left at -1 when the
       world size is unknown).
-    - ``world_size``: from ``--world-size`` or the torchrun environment, else ``None``.
+    - ``world_size``: from ``--world-size`` or the torchrun environment, else the
+      config's ``run.world_size`` (the size it states it is made for), else ``None``.
     - ``emitted``: the per-token metadata the chosen packer emits under its options.
     - ``facts``: the model's :class:`~forge_core.api.ModelFacts` under its options
       (``ModelSpec.facts``), or ``None`` when the model declares none.

@@ -37,6 +37,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         checked = len(result.registries.rules)
         verdict = "invalid" if result.errors else "valid"
         ws = result.plan.world_size
+        if args.world_size is None and ws is not None and ws == result.config.run.world_size:
+            ws = f"{ws} (run.world_size: the processes this config is made for)"
         if ws is None:
             ws = "unknown (pass --world-size to check it)"
             filler = next((d.name for d in result.plan.dims if result.plan.degrees.get(d.name) == -1), None)

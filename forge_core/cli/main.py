@@ -36,10 +36,25 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _count(minimum: int, what: str) -> Any:
+    """An argparse type: ASCII digits, at least ``minimum`` (``int`` would take ``-3``
+    or ``'٣'``)."""
+
+    def parse(text: str) -> int:
+        from forge_core.parallel_dims import count_problem
+
+        problem = count_problem(text, minimum)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text!r}: {problem}; give {what}")
+        return int(text.strip())
+
+    return parse
+
+
 def _add_world_size(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--world-size",
-        type=int,
+        type=_count(1, "the number of processes the run will have, e.g. --world-size 8"),
         default=None,
         help="number of processes to judge against (default: torchrun's WORLD_SIZE, else unchecked)",
     )
@@ -63,12 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc",
-        type=int,
+        type=_count(1, "the number of processes to start on this machine, e.g. --nproc 8"),
         default=1,
         help="processes to launch on this machine through torch.distributed.run",
     )
     p.add_argument("--nnodes", default=None, help="passed to torch.distributed.run (e.g. 2 or 1:4)")
-    p.add_argument("--node-rank", type=int, default=None, help="passed to torch.distributed.run")
+    p.add_argument(
+        "--node-rank",
+        type=_count(0, "this machine's place among the nodes, from 0"),
+        default=None,
+        help="passed to torch.distributed.run",
+    )
     p.add_argument("--rdzv-endpoint", default=None, help="host:port, passed to torch.distributed.run")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override run.device")
 

@@ -36,6 +36,7 @@ Pure functions of an environment mapping; nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import subprocess
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -43,15 +44,19 @@ from collections.abc import Iterator, Mapping, MutableMapping
 import attrs
 
 from forge_core.api import ForgeError
-from forge_core.api.unstable import environment
+from forge_core.api.unstable import environment, show_value
+from forge_core.parallel_dims import count_problem
 
 #: Step ids from this one up are Slurm's special steps (batch script, extern, interactive,
 #: pending), not ``srun`` steps (slurm.h's ``SLURM_MAX_NORMAL_STEP_ID``).
 MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 #: ``MASTER_PORT`` derived from the job id: ``PORT_BASE + job_id % PORT_SPAN``.
 PORT_BASE, PORT_SPAN = 10000, 20000
-#: The most hosts one range may name (Slurm's host lists stay far below).
+#: The most hosts one range may name (Slurm's host lists stay far below); also the most
+#: :func:`expand_nodelist` lists. Finding the first host never expands anything.
 MAX_RANGE = 1 << 16
+#: ASCII digits only: ``str.isdigit`` also takes Arabic-Indic or superscript digits.
+_DIGITS = re.compile(r"[0-9]+")
 
 # One host of a hostlist: a name with any number of [ranges] (``node[01-04,07]``,
 # ``rack[1-2]-gpu[1-8]``).
@@ -62,19 +67,49 @@ class SlurmEnvError(ForgeError):
     """What Slurm exported cannot make a rank of a process group."""
 
 
-def expand_nodelist(text: str) -> list[str]:
-    """The hosts of a Slurm hostlist, in order: ``node[01-03,07],gpu5`` is
-    ``node01 node02 node03 node07 gpu5``. Zero padding follows the range's lower bound,
-    as Slurm writes it; several bracket groups in one name give their product.
-    Raises ValueError naming what cannot be read."""
+#: One name of a host list, parsed: literal text and, for each ``[...]``, its ranges as
+#: ``(low, high)`` strings as written (``high`` is ``low`` for a single number).
+Pattern = list[str | list[tuple[str, str]]]
+
+
+def parse_nodelist(text: str) -> list[Pattern]:
+    """The names of a Slurm hostlist, each parsed into text and bracket ranges, every
+    part checked, nothing expanded: ``a[0-65535]b[0-65535]`` is two ranges, not four
+    billion hosts. Raises ValueError naming what cannot be read."""
     if not text.strip():
         raise ValueError("the node list is empty")
-    hosts: list[str] = []
+    patterns = []
     for item in _split_top_level(text.strip()):
         if not item:
             raise ValueError(f"an empty host name in {text!r}")
-        hosts.extend(_expand_one(item, text))
-    return hosts
+        pattern: Pattern = []
+        at = 0
+        for match in _BRACKET.finditer(item):  # brackets are balanced and flat (_split_top_level)
+            pattern += [item[at : match.start()], _ranges(match.group(1), text)]
+            at = match.end()
+        patterns.append([*pattern, item[at:]])
+    return patterns
+
+
+def _ranges(body: str, whole: str) -> list[tuple[str, str]]:
+    ranges = []
+    for part in body.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not _DIGITS.fullmatch(low) or (dash and not _DIGITS.fullmatch(high)):
+            raise ValueError(f"{part!r} in [{body}] of {whole!r} is not a number or a range a-b")
+        high = high if dash else low
+        if int(high) < int(low):
+            raise ValueError(f"the range {part!r} of {whole!r} runs backwards")
+        if int(high) - int(low) >= MAX_RANGE:
+            raise ValueError(f"the range {part!r} of {whole!r} has more hosts than a cluster")
+        ranges.append((low, high))
+    return ranges
+
+
+def _count(pattern: Pattern) -> int:
+    return math.prod(
+        sum(int(high) - int(low) + 1 for low, high in part) for part in pattern if isinstance(part, list)
+    )
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -98,38 +133,37 @@ def _split_top_level(text: str) -> list[str]:
     return items
 
 
-def _expand_one(item: str, whole: str) -> list[str]:
-    match = _BRACKET.search(item)  # brackets are balanced and flat (_split_top_level)
-    if match is None:
-        return [item]
-    head, tail = item[: match.start()], item[match.end() :]
-    tails = _expand_one(tail, whole) if tail else [""]
-    return [head + number + rest for number in _expand_ranges(match.group(1), whole) for rest in tails]
-
-
-def _expand_ranges(body: str, whole: str) -> list[str]:
-    numbers = []
-    for part in body.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"{part!r} in [{body}] of {whole!r} is not a number or a range a-b")
-        if not dash:
-            numbers.append(low)
-            continue
-        if int(high) < int(low):
-            raise ValueError(f"the range {part!r} of {whole!r} runs backwards")
-        if int(high) - int(low) >= MAX_RANGE:
-            raise ValueError(f"the range {part!r} of {whole!r} has more hosts than a cluster")
-        width = len(low)  # node[08-10]: node08 node09 node10
-        numbers.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    return numbers
+def expand_nodelist(text: str) -> list[str]:
+    """The hosts of a Slurm hostlist, in order: ``node[01-03,07],gpu5`` is
+    ``node01 node02 node03 node07 gpu5``. Zero padding follows the range's lower bound,
+    as Slurm writes it; several bracket groups in one name give their product. A list
+    of more than :data:`MAX_RANGE` hosts is refused (counted, not expanded).
+    Raises ValueError naming what cannot be read."""
+    patterns = parse_nodelist(text)
+    total = sum(_count(pattern) for pattern in patterns)
+    if total > MAX_RANGE:
+        raise ValueError(f"{text!r} names {total} hosts, more than a cluster")
+    hosts = []
+    for pattern in patterns:
+        names = [""]
+        for part in pattern:
+            if isinstance(part, str):
+                names = [name + part for name in names]
+                continue
+            numbers = [
+                str(n).zfill(len(low)) for low, high in part for n in range(int(low), int(high) + 1)
+            ]  # node[08-10]: node08 node09 node10
+            names = [name + number for name in names for number in numbers]
+        hosts += names
+    return hosts
 
 
 def first_host(nodelist: str) -> str:
     """The first host of ``nodelist``: this module's parser, and ``scontrol show
     hostnames`` (Slurm's own) only for a list the parser cannot read."""
     try:
-        return expand_nodelist(nodelist)[0]
+        # Each bracket's first number, as written: nothing is expanded.
+        return "".join(part if isinstance(part, str) else part[0][0] for part in parse_nodelist(nodelist)[0])
     except ValueError as exc:
         try:
             out = subprocess.run(
@@ -146,7 +180,8 @@ def first_host(nodelist: str) -> str:
 def is_task(env: Mapping[str, str]) -> bool:
     """Whether this process is a task of an ``srun`` step (not a batch script)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
-    return "SLURM_PROCID" in env and step.isdigit() and int(step) < MAX_NORMAL_STEP_ID
+    number = _ascii_int(step)
+    return "SLURM_PROCID" in env and number is not None and number < MAX_NORMAL_STEP_ID
 
 
 @attrs.frozen
@@ -170,17 +205,22 @@ class SlurmTask:
         }
 
 
-def _number(env: Mapping[str, str], *names: str) -> int:
+def _ascii_int(value: str) -> int | None:
+    value = value.strip()
+    return int(value) if _DIGITS.fullmatch(value) and len(value) < 20 else None
+
+
+def _number(env: Mapping[str, str], *names: str, minimum: int = 0) -> int:
     for name in names:
         if name in env:
-            value = env[name].strip()
-            if not value.isdigit():
+            problem = count_problem(env[name], minimum)
+            if problem:
                 raise SlurmEnvError(
-                    f"{name}={env[name]!r}: not a whole number, so this task cannot know its place in "
+                    f"{name}={show_value(env[name])}: {problem}, so this task cannot know its place in "
                     "the process group. Slurm sets it for every task of `srun`; if a script changed "
                     "it, leave it as Slurm set it (or unset the SLURM_* variables to train alone)"
                 )
-            return int(value)
+            return int(env[name].strip())
     raise SlurmEnvError(
         f"{' / '.join(names)} is not set, but SLURM_STEP_ID and SLURM_PROCID are: this srun task's "
         "environment is incomplete. Start forge-run with srun itself (not through a script that "
@@ -191,14 +231,18 @@ def _number(env: Mapping[str, str], *names: str) -> int:
 def _port(env: Mapping[str, str], job_id: str) -> int:
     if env.get("MASTER_PORT", "").strip():
         value = env["MASTER_PORT"].strip()
-        if not value.isdigit() or not 0 < int(value) < 65536:
-            raise SlurmEnvError(f"MASTER_PORT={value!r}: not a TCP port (1-65535); set it to a free port")
-        return int(value)
+        port = _ascii_int(value)
+        if port is None or not 0 < port < 65536:
+            raise SlurmEnvError(
+                f"MASTER_PORT={show_value(value)}: not a TCP port (1-65535 in ASCII digits); set it to a "
+                "free port"
+            )
+        return port
     reserved = env.get("SLURM_STEP_RESV_PORTS", "").strip()
-    first = re.match(r"\d+", reserved)
-    if first:
+    first = re.match(r"[0-9]{1,5}(?![0-9])", reserved)
+    if first and 0 < int(first.group()) < 65536:
         return int(first.group())
-    if not job_id.isdigit():
+    if _ascii_int(job_id) is None:
         raise SlurmEnvError(
             f"SLURM_JOB_ID={job_id!r}: no number to derive the rendezvous port from; set MASTER_PORT "
             "to a port free on the first node"
@@ -210,7 +254,7 @@ def read_task(env: Mapping[str, str]) -> SlurmTask:
     """The task ``env`` describes (:func:`is_task` must hold); SlurmEnvError names the
     variable that cannot be used, its value and what to do."""
     rank = _number(env, "SLURM_PROCID")
-    world = _number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    world = _number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", minimum=1)
     local = _number(env, "SLURM_LOCALID")
     if not rank < world:
         raise SlurmEnvError(
@@ -273,5 +317,5 @@ def allocation_tasks(env: Mapping[str, str]) -> int | None:
     as an srun task), or ``None``: nothing to warn about."""
     if "SLURM_JOB_ID" not in env or is_task(env):
         return None
-    value = env.get("SLURM_NTASKS", "")
-    return int(value) if value.isdigit() and int(value) > 1 else None
+    value = _ascii_int(env.get("SLURM_NTASKS", ""))
+    return value if value is not None and value > 1 else None

@@ -46,7 +46,7 @@ from forge_core.errors import (
     exit_for_signal,
     signal_name,
 )
-from forge_core.parallel_dims import launched_by_torchrun
+from forge_core.parallel_dims import count_problem, launched_by_torchrun, torchrun_place
 from forge_core.train.signals import StopSignal, alive, child_pids, signal_number
 
 if TYPE_CHECKING:
@@ -135,8 +135,7 @@ def train(
     signal arrived before training began."""
     stop = stop or StopSignal()
     with stop:  # from the first moment: a signal during start-up stops cleanly
-        world_size = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
-        rank = int(os.environ.get("RANK", "0"))
+        rank, world_size, _ = torchrun_place()
         # Judge before importing torch: an invalid config is refused in a fraction of a second.
         result = judged(config_path, overrides, world_size, extra_plugins, quiet=rank != 0)
         if (requeue := signal_number(result.config.run.requeue_signal)) is not None:
@@ -199,10 +198,10 @@ def _nnodes_count(nnodes: str | None) -> int | None:
     if nnodes is None:
         return 1
     text = str(nnodes)
-    if text.isdigit():
+    if count_problem(text, 1) is None:
         return int(text)
     low, _, high = text.partition(":")
-    return int(low) if low.isdigit() and low == high else None  # elastic range: unknown
+    return int(low) if count_problem(low, 1) is None and low == high else None  # elastic range: unknown
 
 
 def torchrun_command(args: Any, overrides: Sequence[str]) -> list[str]:

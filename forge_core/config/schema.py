@@ -36,6 +36,15 @@ class RunSection:
     device: Literal["auto", "cpu", "cuda"] = option(
         "auto", "Where to train: 'auto' takes CUDA when available, else CPU."
     )
+    world_size: int | None = option(
+        None,
+        "The number of processes this config is made for (what its degrees, batch and memory "
+        "per GPU assume), or null for any. `forge-run check` judges against it when no "
+        "`--world-size` is given; `check --world-size N` and a run of N processes refuse "
+        "another N. Launch that many (`forge-run --nproc N`, or `srun` with N tasks), or "
+        "override it (`run.world_size=N`) to run the config at another size.",
+        validator=satisfies("at least 1 (or null: any)", lambda v: v is None or at_least(1).test(v)),
+    )
     collective_timeout: float = option(
         0.0,
         "Seconds a collective (all-reduce, gather, barrier) waits for the other processes "

@@ -355,6 +355,8 @@ def _summary(config: Any, parts: list[SourceData], rows: Any, seconds: float) ->
 def _phase_lines(rows: Any, steps: int) -> list[str]:
     """One line per phase of a ``data.phases`` schedule that the run reaches: its steps,
     its weights and the share of its rows each source gives."""
+    from forge_core.data.mixture import shares as weight_shares
+
     schedule = rows.schedule
     phases = schedule.phases
     if len(phases) == 1:
@@ -366,7 +368,7 @@ def _phase_lines(rows: Any, steps: int) -> list[str]:
             continue
         b = schedule.step_slots
         realized = rows.realized(end * b, phase.start * b)
-        weights = np.asarray(phase.weights) / sum(phase.weights)
+        weights = weight_shares(phase.weights)
         anneal = f", weights annealed over its first {phase.anneal:,} steps" if phase.anneal else ""
         shares = ", ".join(
             f"{label} {share:.1%} (weight {w:.1%})" for label, share, w in zip(rows.labels, realized, weights)

@@ -29,6 +29,7 @@ without ``data.phases``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,10 +39,22 @@ from forge_core.api import ForgeError
 PERIOD = 1 << 16
 
 
+def shares(weights: Any) -> np.ndarray:
+    """``weights`` divided by their sum (float64), for any finite weights: they are first
+    scaled by the power of two that brings the largest into [0.5, 1), so that weights
+    near the float maximum (1e308 each) cannot sum to infinity. Scaling by a power of
+    two is exact, so ordinary weights give the very shares ``w / w.sum()`` gives."""
+    w = np.asarray(weights, dtype=np.float64)
+    top = float(w.max()) if w.size else 0.0
+    if top > 0:
+        w = np.ldexp(w, -math.frexp(top)[1])
+    return w / w.sum()
+
+
 def apportion(weights: np.ndarray, total: int) -> np.ndarray:
     """Integers proportional to ``weights`` that add up to ``total`` (largest remainder,
     ties to the lower index)."""
-    quota = weights / weights.sum() * total
+    quota = shares(weights) * total
     counts = np.floor(quota).astype(np.int64)
     short = total - int(counts.sum())
     counts[np.argsort(-(quota - counts), kind="stable")[:short]] += 1
@@ -55,7 +68,7 @@ class MixturePlan:
 
     def __init__(self, weights: list[float], labels: list[str], where: list[str] | None = None) -> None:
         w = np.asarray(weights, dtype=np.float64)
-        self.weights = w / w.sum()
+        self.weights = shares(w)
         self.counts = apportion(w, PERIOD)
         lost = (self.counts == 0) & (w > 0)
         if lost.any():

@@ -15,7 +15,6 @@ rank that stopped.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any
 
 import attrs
@@ -25,7 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from forge_core.api import ForgeError
 from forge_core.errors import CollectiveTimeout, ProcessLost
-from forge_core.parallel_dims import launched_by_torchrun
+from forge_core.parallel_dims import launched_by_torchrun, torchrun_place
 
 #: Seconds a collective waits when ``run.collective_timeout`` is 0, by backend.
 DEFAULT_TIMEOUTS = {"gloo": 300.0, "nccl": 600.0}
@@ -81,9 +80,7 @@ def setup(requested_device: str, collective_timeout: float = 0.0) -> Placement:
     with every collective bounded by ``collective_timeout`` seconds (0: the default)."""
     if not launched_by_torchrun():
         return Placement(0, 0, 1, choose_device(requested_device))
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank = torchrun_place()
     device = choose_device(requested_device, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     seconds = resolve_timeout(backend, collective_timeout) if world_size > 1 else 0.0

@@ -67,6 +67,8 @@ class MixtureTally:
 
     def phase_ended(self, step: int) -> str | None:
         """The line for the phase that step ``step`` (counted from 1) ended, if it did."""
+        from forge_core.data.mixture import shares as weight_shares
+
         if self.schedule is None:
             return None
         phases = self.schedule.phases
@@ -75,7 +77,7 @@ class MixtureTally:
         if step != min(end, self.end):
             return None
         phase, tokens = phases[i], self.phase_total[i]
-        weights = np.asarray(phase.weights) / sum(phase.weights)
+        weights = weight_shares(phase.weights)
         shares = ", ".join(
             f"{label} {share:.1%} (weight {w:.1%})"
             for label, share, w in zip(self.labels, _shares(tokens), weights)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -43,13 +44,15 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
             "local Hugging Face model folder (as written by save_pretrained)"
         )
     path = folder / "config.json"
-    if not path.is_file():
+    if not path.exists():  # something else than a file is refused when read
         raise HFFolderMissing(
             f"{where(hf_dir)}: no config.json there; point it at a local Hugging Face model "
             "folder (as written by save_pretrained)"
         )
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(read_small_text(path, METADATA_LIMIT, "config.json"))
+    except FileRefused as exc:
+        raise HFFolderMismatch(f"{where(hf_dir)}: {exc}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         # ValueError: JSONDecodeError, and integers beyond Python's digit limit.
         raise HFFolderMismatch(f"{where(hf_dir)}: config.json is not valid JSON ({exc})") from None
@@ -112,10 +115,12 @@ def weight_map(hf_dir: str | Path) -> dict[str, Path]:
     index = folder / INDEX
     if index.is_file():
         try:
-            names = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = json.loads(read_small_text(index, METADATA_LIMIT, INDEX))["weight_map"]
             files = {str(key): file for key, file in names.items()}
             if not all(isinstance(file, str) and file for file in files.values()):
                 raise TypeError("a weight_map entry is not a file name")
+        except FileRefused as exc:
+            raise HFFolderMismatch(f"{where(hf_dir)}: {exc}") from None
         except (OSError, ValueError, RecursionError, LookupError, TypeError, AttributeError) as exc:
             raise HFFolderMismatch(f"{where(hf_dir)}: {INDEX} is not a safetensors index ({exc!r})") from None
         _refuse_outside(hf_dir, f"{INDEX} names", _outside(folder, files))

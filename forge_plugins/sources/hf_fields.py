@@ -3,7 +3,8 @@ check`` (no torch, no ``datasets``): a saved folder's ``dataset_info.json``, a P
 file's schema (its footer, through pyarrow), an Arrow stream's schema, the first record
 of a JSON Lines file, a CSV header. Only the first file of ``data_files`` is read:
 ``datasets`` refuses files whose columns differ anyway. ``None`` where the fields cannot
-be told this way (a JSON array, pyarrow missing, an unreadable file: the build says why).
+be told this way (a JSON array, pyarrow missing, an unreadable file: the build says why);
+a message where a metadata file is no small regular file (a FIFO would hang the build).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import csv
 import json
 import os
 from typing import Any
+
+from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
 
 #: Bytes of a JSON Lines file read for its first record.
 FIRST_RECORD_BYTES = 1 << 20
@@ -32,8 +35,7 @@ def _saved(path: str, split: str) -> list[str] | str | None:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    return read_small_text(path, METADATA_LIMIT, os.path.basename(path))
 
 
 def _first_json_record(path: str) -> list[str] | None:
@@ -72,6 +74,8 @@ def fields(options: Any, files: list[str], fmt: str) -> tuple[list[str] | str | 
         if options.path:
             return _saved(options.path, options.split), options.path
         return _file(files[0], fmt), files[0]
+    except FileRefused as exc:  # a FIFO would hang the build as well: say so now
+        return str(exc), options.path
     except Exception:  # noqa: BLE001 - json, csv, pyarrow and the file system raise many kinds
         # Whatever keeps the fields from being read cheaply, the build reads the data
         # with datasets and names the problem; check only speaks when it knows.

@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 from forge_core.api import ForgeError
+from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
 from forge_plugins import hub
 from forge_plugins.tokenizers.options import HFOptions
 
@@ -38,11 +39,13 @@ VOCAB_SUFFIXES = (".model", ".tiktoken")
 
 
 def _json(path: str) -> Any:
+    """A small JSON file of the folder, ``None`` when absent or not JSON (transformers
+    then says why); :class:`~forge_core.api.files.FileRefused` when it is no regular
+    file (a FIFO would hang transformers too)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None  # unreadable: transformers will say why
+        return json.loads(read_small_text(path, METADATA_LIMIT, os.path.basename(path)))
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def folder_problem(path: str) -> str | None:
@@ -53,7 +56,10 @@ def folder_problem(path: str) -> str | None:
     except OSError as exc:
         return f"{path!r} cannot be read ({exc.strerror or exc})"
     for file, key in (("tokenizer_config.json", None), ("config.json", "AutoTokenizer")):
-        data = _json(os.path.join(path, file)) if file in names else None
+        try:
+            data = _json(os.path.join(path, file)) if file in names else None
+        except FileRefused as exc:
+            return str(exc)
         auto_map = data.get("auto_map") if isinstance(data, dict) else None
         if auto_map and (key is None or (isinstance(auto_map, dict) and key in auto_map)):
             return (
