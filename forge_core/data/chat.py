@@ -91,14 +91,19 @@ class ChatDocuments:
         for where, record in self.source.records():
             talk = conversation(record, fmt, where)
             content = _content(record)
-            first = encode(talk.messages, train_from=talk.train_from, template=template)
+            try:  # the template's errors name the template; the record is named here
+                first = encode(talk.messages, train_from=talk.train_from, template=template)
+                second = None
+                if talk.rejected is not None:
+                    second = encode(talk.rejected, train_from=talk.train_from, template=template)
+            except ForgeError as exc:
+                raise ForgeError(f"{where}: {exc}") from None
             if every:
                 first = MaskedDocument(first.ids, np.ones(len(first.ids), bool))
             found += 1
-            if talk.rejected is None:
+            if second is None:
                 yield MaskedDocument(first.ids, first.trainable, content)
                 continue
-            second = encode(talk.rejected, train_from=talk.train_from, template=template)
             # The chosen half keeps its EOS: the pair is one stored unit, split at it.
             ends = bool(first.trainable[-1]) if len(first) else True
             yield MaskedDocument(np.append(first.ids, eos), np.append(first.trainable, ends), content)
