@@ -22,6 +22,7 @@ from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
+from forge_plugins.tokenizers.chat import ChatTemplate
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -172,7 +173,7 @@ def test_a_template_without_a_generation_prompt_is_refused_with_the_fix(tmp_path
         message = str(refused.value)
         assert "chat-" in message and "line 1: " in message and "no-prompt.jinja: " in message
         assert "writes nothing for add_generation_prompt" in message
-        assert "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}" in message
+        assert "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}" in message
         assert "{% generation %}" in message
 
 
@@ -220,6 +221,13 @@ def test_loss_all_trains_every_token_and_prompt_completion_only_the_completion(t
     out, _ = rows_of(tmp_path, [record], byte, format="prompt_completion", template=str(path), loss="all")
     text = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
     assert labelled(out) == [*text.encode()[1:], byte.eos_id]
+    # Every token trains, so no assistant span is looked for: a template without a
+    # generation prompt, or one that is not prefix-stable, renders.
+    for name, source in (("no-prompt", NO_PROMPT), ("unstable", UNSTABLE)):
+        path = tmp_path / f"{name}.jinja"
+        path.write_text(source)
+        out, _ = rows_of(tmp_path, [{"messages": TALK}], byte, seq_len=256, template=str(path), loss="all")
+        assert len(labelled(out)) == len(ChatTemplate(source, "t").render(TALK, False)[0]), name
 
 
 def test_truncation_drops_or_cuts_the_prompt_and_counts_what_it_did(tmp_path):
@@ -356,6 +364,16 @@ def test_check_judges_fields_template_and_packer_without_building(tmp_path, caps
             tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
         )
         assert code == 2 and message in out and "Traceback" not in out, (change, out)
+    no_prompt = tmp_path / "no-prompt.jinja"
+    no_prompt.write_text(NO_PROMPT)
+    for loss, refused in (("assistant", True), ("all", False)):
+        change = {"template": str(no_prompt), "loss": loss}
+        code, out = check(
+            tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
+        )
+        assert (code, "writes nothing for add_generation_prompt" in out) == (
+            (2, True) if refused else (0, False)
+        )
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}{{ m.content }")
     code, out = check(
@@ -410,7 +428,9 @@ def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path,
     datasets.Dataset.from_list([{"prompt": "hi", "completion": "yo"}]).to_parquet(tmp_path / "chat.parquet")
     del cfg["data"]["chat"]
     code, out = check(tmp_path, cfg, capsys)
-    assert code == 2 and "'text' is not a field of" in out and "set data.chat.format: prompt_completion" in out
+    assert (
+        code == 2 and "'text' is not a field of" in out and "set data.chat.format: prompt_completion" in out
+    )
 
 
 def test_check_refuses_chat_records_read_as_text_and_names_the_format(tmp_path, capsys):
@@ -454,10 +474,13 @@ def test_check_refuses_chat_records_read_as_text_and_names_the_format(tmp_path, 
         ),
         (
             {"messages": [{"role": "user", "content": float("nan")}, {"role": "assistant", "content": "yo"}]},
-            r"line 2: messages\[0\]\.content is float nan, not a string: it would be trained as the text 'nan'",
+            r"line 2: messages\[0\]\.content is float nan, not a string: .* as the text 'nan'",
         ),
         (
-            {"prompt": [{"role": "user", "content": [{"type": "image", "url": "x.png"}]}], "completion": "yo"},
+            {
+                "prompt": [{"role": "user", "content": [{"type": "image", "url": "x.png"}]}],
+                "completion": "yo",
+            },
             r"line 2: prompt\[0\]\.content\[0\] is a part of type 'image'; .* only text parts",
         ),
     ],
@@ -477,12 +500,18 @@ def test_text_parts_read_as_their_joined_text_and_a_tool_call_may_have_no_conten
     path.write_text(CHATML)
     byte = ByteTokenizer()
     parts = [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]
-    plain = {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]}
+    plain = {
+        "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    }
     split = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "Blue."}]}
     a, _ = rows_of(tmp_path, [plain], byte, template=str(path))
     b, _ = rows_of(tmp_path, [split], byte, template=str(path))
     assert a[INPUT_IDS].tolist() == b[INPUT_IDS].tolist() and a[LABELS].tolist() == b[LABELS].tolist()
-    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+    }
     talk = [{"role": "user", "content": "hi"}, call, {"role": "tool", "content": "1"}, *plain["messages"][1:]]
     tools = tmp_path / "tools.jinja"
     tools.write_text(CHATML.replace("{{ m.content }}", "{{ m.content if m.content is string else 'call' }}"))

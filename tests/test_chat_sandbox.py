@@ -20,7 +20,9 @@ from forge_plugins.tokenizers.chat import TEMPLATE_BYTES, ChatTemplate, read_tem
 from forge_plugins.tokenizers.sandbox import Limits, weight
 
 LOOP = "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}"
-DOUBLE = "{% set ns = namespace(v=VALUE) %}{% for i in range(80) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v }}"
+DOUBLE = (
+    "{% set ns = namespace(v=VALUE) %}{% for i in range(80) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v }}"
+)
 
 # template -> what the refusal says (steps are bounded low in the child: 200,000).
 ATTACKS = {
@@ -31,7 +33,9 @@ ATTACKS = {
     DOUBLE.replace("VALUE", "'x'").replace("STEP", "ns.v + ns.v"): "'+' would hold more than",
     # Small in memory (each list holds the last one twice), huge once printed.
     DOUBLE.replace("VALUE", "[1]").replace("STEP", "[ns.v, ns.v]"): "a printed value would hold",
-    DOUBLE.replace("VALUE", "[1]").replace("STEP", "[ns.v, ns.v]").replace("}}", "|tojson }}"): "tojson filter",
+    DOUBLE.replace("VALUE", "[1]")
+    .replace("STEP", "[ns.v, ns.v]")
+    .replace("}}", "|tojson }}"): "tojson filter",
     "{{ 'x'.center(10000000000) }}": "str.center would hold",
     "{{ 'x'|indent(10000000000, true) }}": "the indent filter would hold",
     "{{ '%*s' % (10000000000, 'x') }}": "'%' would hold",

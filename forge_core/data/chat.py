@@ -92,7 +92,9 @@ class ChatDocuments:
             talk = conversation(record, fmt, where)
             content = _content(record)
             try:  # the template's errors name the template; the record is named here
-                first = encode(talk.messages, train_from=talk.train_from, template=template)
+                # loss: all needs no assistant span, so any template renders.
+                start = len(talk.messages) if every else talk.train_from
+                first = encode(talk.messages, train_from=start, template=template)
                 second = None
                 if talk.rejected is not None:
                     second = encode(talk.rejected, train_from=talk.train_from, template=template)

@@ -21,7 +21,9 @@ Which characters take a loss:
   one that drops past reasoning), the record is refused with the message index, never
   guessed.
 
-Only spans from message ``train_from`` on count (a pair's prompt never trains). A token
+Only spans from message ``train_from`` on count (a pair's prompt never trains; with
+``train_from`` past the last message nothing is looked for, which ``data.chat.loss: all``
+uses, so any template renders). A token
 takes a loss when its first character lies in a span (a token that straddles a span's
 start belongs to what comes before it).
 """
@@ -48,7 +50,7 @@ TEMPLATE_BYTES = 1 << 20
 
 #: What the fix of a template without a generation prompt shows.
 GENERATION_SNIPPET = (
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %} at the end (the assistant's "
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %} at the end (the assistant's "
     "header, as your template writes it), or {% generation %}{{ message.content }}{% endgeneration %} "
     "around the assistant's content"
 )
@@ -208,6 +210,8 @@ def trained_spans(
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans that take a loss."""
     text, marked = template.render(messages, False)
+    if train_from >= len(messages):
+        return text, []  # nothing may train (data.chat.loss: all then trains every token)
     start = 0
     if train_from:
         prompt, _ = template.render(messages[:train_from], True)
@@ -235,6 +239,22 @@ def trained_spans(
             raise unstable(template, k, "the messages before it")
         spans.append((len(before), len(upto)))
     return text, spans
+
+
+def generation_prompt_problem(source: str, where: str) -> str | None:
+    """What ``forge-run check`` says of a template that cannot tell the assistant's header
+    from its answer (:func:`no_generation_prompt`), judged on a one-message conversation;
+    ``None`` when it can, or when that conversation does not render (the records decide)."""
+    template = ChatTemplate(source, where)
+    if template.marks_generation:
+        return None
+    probe = [{"role": "user", "content": "Hi"}]
+    try:
+        if template.render(probe, True)[0] != template.render(probe, False)[0]:
+            return None
+    except ForgeError:
+        return None
+    return str(no_generation_prompt(template, 1))
 
 
 def no_generation_prompt(template: ChatTemplate, k: int) -> ForgeError:
