@@ -41,6 +41,11 @@ ATTACKS = {
     "{{ '%*s' % (10000000000, 'x') }}": "'%' would hold",
     "{{ '{:>{}}'.format('x', 10000000000) }}": "str.format would hold",
     "{{ ('x' * 1000000)|replace('x', 'y' * 1000000) }}": "the replace filter would hold",
+    "{{ ('{0}' * 1000).format('x' * 100000) }}": "str.format would hold",
+    "{{ ('%(a)s' * 1000) % {'a': 'x' * 100000} }}": "'%' would hold",
+    "{{ ('y' * 1000000).join(range(1000)|map('string')) }}": "str.join would hold",
+    "{{ [1]|slice(10000000000)|list }}": "the slice filter would hold",
+    "{{ ([[1] * 2000] * 2000)|sum(start=[]) }}": "the sum filter would hold",
     "{{ [1]|batch(10000000000, 'x')|list }}": "the batch filter would hold",
     "{% set x %}{% for i in range(1000) %}{{ 'y' * 100000 }}{% endfor %}{% endset %}{{ x|length }}": (
         "a captured block would hold"

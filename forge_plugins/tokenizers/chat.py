@@ -87,12 +87,13 @@ class ChatTemplate:
 
         spans: list[tuple[int, int]] = []
         blocks: list[str] = []
-        size = [0]  # characters rendered so far
+        size = 0  # characters rendered so far
         env = self.template.environment
+        limit = env.limits.size
 
         def generation(caller: Callable[[], str]) -> str:
             text = caller()
-            spans.append((size[0], size[0] + len(text)))
+            spans.append((size, size + len(text)))
             return text
 
         env.start()
@@ -103,8 +104,9 @@ class ChatTemplate:
                 _generation=generation,
                 **self.variables,
             ):
-                size[0] += len(block)
-                env.bound(size[0], "the rendering")
+                size += len(block)
+                if size > limit:
+                    env.bound(size, "the rendering")
                 blocks.append(block)
         except RenderLimit as exc:
             raise ForgeError(

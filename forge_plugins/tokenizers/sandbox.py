@@ -10,11 +10,11 @@ computes a number of a billion bits. Here every value a template makes is bounde
 - the operators that grow a value (``+``, ``*``, ``**``, ``%`` and ``~``) predict the
   size of their result and refuse one larger than :attr:`Limits.size` characters or list
   items (nested lists counted in full) or :attr:`Limits.int_bits` bits;
-- so do the ``str`` methods and filters that take a width or a count (``center``,
-  ``ljust``, ``rjust``, ``zfill``, ``expandtabs``, ``replace``, ``join``, ``format``,
-  ``indent``, ``batch``, ``wordwrap``, ``translate``), and every filter refuses an input larger than the
-  bound (a list that holds itself twice, sixty times over, is small in memory and huge
-  once printed);
+- so do the ``str`` methods and filters that take a width or a count or multiply their
+  input (``center``, ``ljust``, ``rjust``, ``zfill``, ``expandtabs``, ``replace``,
+  ``join``, ``format``, ``indent``, ``batch``, ``slice``, ``sum``, ``wordwrap``,
+  ``translate``), and every filter refuses an input larger than the bound (a list that
+  holds the last one twice, sixty times over, is small in memory and huge once printed);
 - what is printed (``{{ }}``), captured (``{% set %}`` blocks, macros) or rendered in all
   is at most :attr:`Limits.size` characters;
 - each call, operator, attribute read and loop iteration is a step: a render takes at
@@ -151,7 +151,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def weigh(self, value: Any, what: str, times: int = 1) -> int:
         """``weight(value) * times``, refused above the size bound."""
         times = max(times, 1)
-        w = weight(value, self.limits.size // times)
+        w = len(value) if isinstance(value, str) else weight(value, self.limits.size // times)
         self.bound(w * times, what)
         return w * times
 
@@ -161,8 +161,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def _format_args(self, fmt: str, args: list[Any], spec: re.Pattern[str], what: str) -> None:
         """The widths and precisions of ``fmt`` (digits in its specifications, or, where
-        one takes them from the arguments, every integer argument) within the bound; its
-        arguments too."""
+        one takes them from the arguments, every integer argument) within the bound; and
+        the result, each field at most all the arguments (a named one may be repeated)."""
         specs = spec.findall(fmt)
         self.bound(max((int(d) for s in specs for d in _DIGITS.findall(s)), default=0), what)
         if any("*" in s or "{" in s[1:] for s in specs):
@@ -170,7 +170,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 for v in a.values() if isinstance(a, dict) else a if isinstance(a, (list, tuple)) else [a]:
                     if isinstance(v, int):
                         self.bound(abs(v), what)
-        self.weigh(args, what)
+        fields = fmt.count("{" if spec is _BRACE_SPEC else "%")
+        self.bound(len(fmt) + self.weigh(args, what, fields), what)
 
     # -- the sandbox's hooks -----------------------------------------------------------
 
@@ -210,7 +211,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         method = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by the sandbox
         owner = getattr(method, "__self__", None)
         if isinstance(owner, str):
-            __self._str_method(owner, getattr(method, "__name__", ""), args, kwargs)
+            name = getattr(method, "__name__", "")
+            if name == "join" and len(args) == 1 and not isinstance(args[0], (list, tuple)):
+                args = (list(args[0]),)  # a generator: what it yields is weighed as a list
+            __self._str_method(owner, name, args, kwargs)
         return super().call(__context, __obj, *args, **kwargs)
 
     def _str_method(self, s: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -252,7 +256,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def _finalize(self, value: Any) -> Any:
         """Each ``{{ }}``'s value, before it is printed."""
-        self.weigh(value, "a printed value")
+        if not (isinstance(value, str) and len(value) <= self.limits.size):
+            self.weigh(value, "a printed value")
         return value
 
     def _guard_filter(self, name: str, f: Any) -> Any:
@@ -284,6 +289,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         elif name == "join" and isinstance(value, (list, tuple)):
             sep = str(args[0]) if args else str(kwargs.get("d", ""))
             self.bound(self.weigh(value, what) + len(sep) * len(value), what)
+        elif name == "slice":
+            slices = args[0] if args else kwargs.get("slices", 0)
+            self.bound(slices if isinstance(slices, int) else 0, what)
+        elif name == "sum" and isinstance(value, (list, tuple)) and value:
+            if isinstance(value[0], (list, tuple, str)):  # each addition copies what came before
+                self.weigh(value, what, len(value))
         elif name == "wordwrap":
             wrap = args[2] if len(args) > 2 else kwargs.get("wrapstring")
             width = args[0] if args else kwargs.get("width", 79)
