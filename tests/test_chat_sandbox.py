@@ -23,6 +23,8 @@ LOOP = "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{
 DOUBLE = (
     "{% set ns = namespace(v=VALUE) %}{% for i in range(80) %}{% set ns.v = STEP %}{% endfor %}{{ ns.v }}"
 )
+# Small in memory (each list holds the last one twice), huge once printed or compared.
+TREE = DOUBLE.replace("VALUE", "[1]").replace("STEP", "[ns.v, ns.v]")
 
 # template -> what the refusal says (steps are bounded low in the child: 200,000).
 ATTACKS = {
@@ -31,11 +33,10 @@ ATTACKS = {
     "{{ [1] * 10000000000 }}": "'*' would hold more than",
     DOUBLE.replace("VALUE", "'x'").replace("STEP", "ns.v ~ ns.v"): "'~' would hold more than",
     DOUBLE.replace("VALUE", "'x'").replace("STEP", "ns.v + ns.v"): "'+' would hold more than",
-    # Small in memory (each list holds the last one twice), huge once printed.
-    DOUBLE.replace("VALUE", "[1]").replace("STEP", "[ns.v, ns.v]"): "a printed value would hold",
-    DOUBLE.replace("VALUE", "[1]")
-    .replace("STEP", "[ns.v, ns.v]")
-    .replace("}}", "|tojson }}"): "tojson filter",
+    TREE: "a printed value would hold",
+    TREE.replace("}}", "|tojson }}"): "the tojson filter would hold",
+    TREE.replace("{{ ns.v }}", "{{ ns.v == [ns.v] }}"): "a compared value would hold",
+    TREE.replace("}}", "is sameas 1 }}"): "the sameas test would hold",
     "{{ 'x'.center(10000000000) }}": "str.center would hold",
     "{{ 'x'|indent(10000000000, true) }}": "the indent filter would hold",
     "{{ '%*s' % (10000000000, 'x') }}": "'%' would hold",

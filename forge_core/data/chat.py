@@ -13,7 +13,10 @@ that no packer can split, two documents to attention (positions restart after th
 EOS, whose label is -100). Its fingerprint is the source's plus the chat settings and
 the template (``tokenizer.chat_identity(template)``), so another template is another
 cache entry; every stored document hashes its record's JSON (the held-out split keeps
-a pair's two halves together and does not depend on the tokenizer).
+a pair's two halves together and does not depend on the tokenizer). An error of the
+template (it fails, is stopped at a bound, or cannot tell the answer from its header)
+names the record it was rendering; with ``data.chat.loss: all`` no assistant span is
+looked for (``train_from`` past the last message), so any template renders.
 
 :func:`chat_stream` makes the packer's stream and applies ``data.chat.truncation`` to
 units longer than ``data.seq_len`` (EOS included): ``drop`` leaves them out,

@@ -91,8 +91,11 @@ def check_chat_records(ctx: Any) -> list[str]:
                 paths = resolve(options.paths)
             except ForgeError:
                 return  # reported by text.files-exist
-            for path in paths:
-                _text_records(path, options.text_field)
+            # The first JSON Lines file says what the records are (check stays cheap on
+            # sources of thousands of files; the build names any other).
+            jsonl = next((p for p in paths if p.endswith(".jsonl")), None)
+            if jsonl is not None:
+                _text_records(jsonl, options.text_field)
             return
         for path in resolve(options.paths):
             if not path.endswith(".jsonl"):
@@ -115,8 +118,6 @@ def _text_records(path: str, field: str) -> None:
     from forge_core.api.chat import chat_hint
     from forge_plugins.sources.hf_fields import _first_json_record
 
-    if not path.endswith(".jsonl"):
-        return
     try:
         found = _first_json_record(path)
     except (OSError, ValueError):

@@ -16,7 +16,8 @@ computes a number of a billion bits. Here every value a template makes is bounde
   ``translate``), and every filter refuses an input larger than the bound (a list that
   holds the last one twice, sixty times over, is small in memory and huge once printed);
 - what is printed (``{{ }}``), captured (``{% set %}`` blocks, macros) or rendered in all
-  is at most :attr:`Limits.size` characters;
+  is at most :attr:`Limits.size` characters, and so is what is compared (``==``, ``in``),
+  tested (``is``) or used as a key;
 - each call, operator, attribute read and loop iteration is a step: a render takes at
   most :attr:`Limits.steps` of them and :attr:`Limits.seconds` seconds, checked as it
   goes (no tracing), so it stops with an error instead of hanging, and, being Python
@@ -25,9 +26,6 @@ computes a number of a billion bits. Here every value a template makes is bounde
 A refusal raises :class:`RenderLimit` (a jinja2 ``SecurityError``): the renderer turns it
 into a ForgeError that names the template and the record. ``lipsum``, jinja2's text
 generator, is not offered (its size is an argument and no chat template needs it).
-
-Not covered: comparing two huge shared structures (``==`` is not an intercepted operator);
-such a value can only be built by a loop that the step bound ends.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from typing import Any
 
 import attrs
 from jinja2 import nodes
-from jinja2.compiler import CodeGenerator
+from jinja2.compiler import CodeGenerator, operators
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -96,12 +94,23 @@ _DIGITS = re.compile(r"\d+")
 
 
 class _Generator(CodeGenerator):
-    """jinja2's code generator, with ``~`` and every ``{% for %}`` going through the
-    environment's guards (neither calls a hook of the sandbox otherwise)."""
+    """jinja2's code generator, with ``~``, every ``{% for %}`` and the operands of every
+    comparison going through the environment's guards (none calls a hook of the sandbox
+    otherwise)."""
 
     def visit_For(self, node: nodes.For, frame: Any) -> None:
         node.iter = nodes.Call(nodes.EnvironmentAttribute("loop_guard"), [node.iter], [], None, None)
         super().visit_For(node, frame)
+
+    def visit_Compare(self, node: nodes.Compare, frame: Any) -> None:
+        self.write("(environment.weighed(")
+        self.visit(node.expr, frame)
+        self.write(")")
+        for op in node.ops:
+            self.write(f" {operators[op.op]} environment.weighed(")
+            self.visit(op.expr, frame)
+            self.write(")")
+        self.write(")")
 
     def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
         self.write("environment.join_guard((")
@@ -128,7 +137,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.globals.update(globals)
         every = {**self.filters, **filters}
-        self.filters = {name: self._guard_filter(name, f) for name, f in every.items()}
+        self.filters = {name: self._guard_filter(name, f, "filter") for name, f in every.items()}
+        self.tests = {name: self._guard_filter(name, f, "test") for name, f in self.tests.items()}
 
     def start(self) -> None:
         """A render begins: its steps and seconds count from here."""
@@ -204,6 +214,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         self.tick()
+        if isinstance(argument, tuple):  # hashed in one C call, like a compared value
+            self.weigh(argument, "a key")
         return super().getitem(obj, argument)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
@@ -260,14 +272,27 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             self.weigh(value, "a printed value")
         return value
 
-    def _guard_filter(self, name: str, f: Any) -> Any:
+    def weighed(self, value: Any) -> Any:
+        """An operand of a comparison, within the bound (``==`` and ``in`` walk what they
+        compare in one C call: two lists that each hold the last one twice, sixty times
+        over, would take forever)."""
+        if isinstance(value, (list, tuple, dict)):
+            self.weigh(value, "a compared value")
+        return value
+
+    def _guard_filter(self, name: str, f: Any, kind: str) -> Any:
+        what = f"the {name} {kind}"
+
         @functools.wraps(f)  # keeps jinja2's pass_context/pass_environment marks
         def run(*args: Any, **kwargs: Any) -> Any:
             self.tick()
             values = args[1:] if getattr(f, "jinja_pass_arg", None) else args  # after a context
             if values:
-                self.weigh(values[0], f"the {name} filter")
-                self._filter_args(name, values[0], list(values[1:]), kwargs)
+                self.weigh(values[0], what)
+                if kind == "filter":
+                    self._filter_args(name, values[0], list(values[1:]), kwargs)
+                else:
+                    self.weigh(list(values[1:]), what)
             return f(*args, **kwargs)
 
         return run
