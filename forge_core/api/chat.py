@@ -15,7 +15,7 @@ ones TRL and most published data sets use):
 
 A message's ``content`` is a string, or a list of text parts ``{"type": "text", "text":
 ...}`` (read as their texts joined), or ``null`` beside ``tool_calls``; anything else is
-refused naming the record and the message (:func:`_content`).
+refused naming the record and the message (:func:`_message_content`).
 
 :func:`conversation` turns a record into a :class:`Conversation`; its errors say which
 field is missing or malformed, and how it should look. Torch-free and numpy-free: the
@@ -99,11 +99,11 @@ def _messages(value: Any, field: str, where: str, role: str | None = None) -> li
                 f"{where}: {field}[{i}] is {_what(m)}; every message is an object with a string "
                 '"role" and a "content", like {"role": "user", "content": "Hi"}.'
             )
-        out.append({**m, "content": _content(m, f"{where}: {field}[{i}].content")})
+        out.append({**m, "content": _message_content(m, f"{where}: {field}[{i}].content")})
     return out
 
 
-def _content(message: dict[str, Any], where: str) -> str | None:
+def _message_content(message: dict[str, Any], where: str) -> str | None:
     """A message's content as the template receives it: a string; a list of text parts
     (``{"type": "text", "text": ...}``, transformers' multimodal shape) as their texts
     joined, which is how templates that take parts print them; ``null`` only beside
