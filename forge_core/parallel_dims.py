@@ -16,7 +16,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from forge_core.api import ForgeError, MeshDim, show_value
+from forge_core.api import ForgeError, MeshDim
+from forge_core.api.unstable import show_value
 
 #: Keys of the ``parallel`` section that are not degrees.
 SECTION_KEYS = ("wrappers", "options")

@@ -22,11 +22,14 @@ from forge_plugins.packers.bfd import BfdPacker
 from forge_plugins.sources.options import TextOptions
 from forge_plugins.sources.text import TextSource
 from forge_plugins.tokenizers.byte import ByteTokenizer
+from forge_plugins.tokenizers.chat import ChatTemplate
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# ChatML without an add_generation_prompt branch: nothing tells the header from the answer.
+NO_PROMPT = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 # The same layout, the assistant's content marked: only it takes a loss.
 MARKED = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -142,6 +145,38 @@ def test_labels_are_exactly_the_assistant_tokens_of_the_rendering(hf_folder, tmp
     assert tok.decode(targets) == "".join(assistant).replace("<|im_end|>", "")
 
 
+def test_chatml_trains_exactly_the_answers_and_their_end_of_turn_counted_by_hand(tmp_path):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    talk = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Ciao"},
+    ]
+    out, _ = rows_of(tmp_path, [{"messages": talk}], ByteTokenizer(), seq_len=256, template=str(path))
+    # One byte a token: "Hello" 5 + "<|im_end|>" 10 + "\n" 1, "Ciao" 4 + 10 + 1, and the EOS
+    # after the trained last token: 32. The header "<|im_start|>assistant\n" (22 bytes a turn)
+    # is not among them; trained, it would make 76.
+    targets = labelled(out)
+    assert len(targets) == 32
+    assert bytes(targets[:-1]).decode() == "Hello<|im_end|>\nCiao<|im_end|>\n"
+
+
+def test_a_template_without_a_generation_prompt_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "no-prompt.jinja"
+    path.write_text(NO_PROMPT)
+    for chat in ({"format": "messages"}, {"format": "prompt_completion"}):
+        record = {"messages": TALK} if chat["format"] == "messages" else {"prompt": "Hi", "completion": "Yo"}
+        with pytest.raises(ForgeError) as refused:
+            rows_of(tmp_path, [record], ByteTokenizer(), template=str(path), **chat)
+        message = str(refused.value)
+        assert "chat-" in message and "line 1: " in message and "no-prompt.jinja: " in message
+        assert "writes nothing for add_generation_prompt" in message
+        assert "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}" in message
+        assert "{% generation %}" in message
+
+
 @pytest.mark.parametrize("shape", ["parquet", "saved"])
 def test_records_from_parquet_and_a_saved_datasets_folder_read_as_the_jsonl(tmp_path, shape):
     datasets = pytest.importorskip("datasets")
@@ -186,6 +221,13 @@ def test_loss_all_trains_every_token_and_prompt_completion_only_the_completion(t
     out, _ = rows_of(tmp_path, [record], byte, format="prompt_completion", template=str(path), loss="all")
     text = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
     assert labelled(out) == [*text.encode()[1:], byte.eos_id]
+    # Every token trains, so no assistant span is looked for: a template without a
+    # generation prompt, or one that is not prefix-stable, renders.
+    for name, source in (("no-prompt", NO_PROMPT), ("unstable", UNSTABLE)):
+        path = tmp_path / f"{name}.jinja"
+        path.write_text(source)
+        out, _ = rows_of(tmp_path, [{"messages": TALK}], byte, seq_len=256, template=str(path), loss="all")
+        assert len(labelled(out)) == len(ChatTemplate(source, "t").render(TALK, False)[0]), name
 
 
 def test_truncation_drops_or_cuts_the_prompt_and_counts_what_it_did(tmp_path):
@@ -322,6 +364,16 @@ def test_check_judges_fields_template_and_packer_without_building(tmp_path, caps
             tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
         )
         assert code == 2 and message in out and "Traceback" not in out, (change, out)
+    no_prompt = tmp_path / "no-prompt.jinja"
+    no_prompt.write_text(NO_PROMPT)
+    for loss, refused in (("assistant", True), ("all", False)):
+        change = {"template": str(no_prompt), "loss": loss}
+        code, out = check(
+            tmp_path, {**cfg, "data": {**cfg["data"], "chat": {**cfg["data"]["chat"], **change}}}, capsys
+        )
+        assert (code, "writes nothing for add_generation_prompt" in out) == (
+            (2, True) if refused else (0, False)
+        )
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}{{ m.content }")
     code, out = check(
@@ -372,6 +424,33 @@ def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path,
     code, out = check(tmp_path, cfg, capsys)
     assert code == 2 and "reads 'completion', which the first record of" in out
     assert "(fields: prompt, answer)" in out
+    # Chat columns without data.chat: not a text column to suggest, the chat format.
+    datasets.Dataset.from_list([{"prompt": "hi", "completion": "yo"}]).to_parquet(tmp_path / "chat.parquet")
+    del cfg["data"]["chat"]
+    code, out = check(tmp_path, cfg, capsys)
+    assert (
+        code == 2 and "'text' is not a field of" in out and "set data.chat.format: prompt_completion" in out
+    )
+
+
+def test_check_refuses_chat_records_read_as_text_and_names_the_format(tmp_path, capsys):
+    cases = [
+        ({"prompt": "hi", "completion": "yo"}, "prompt_completion"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+        ({"prompt": "hi", "chosen": "yo", "rejected": "no"}, "preference"),
+    ]
+    for record, fmt in cases:
+        cfg = chat_config(tmp_path, [record])
+        del cfg["data"]["chat"]
+        code, out = check(tmp_path, cfg, capsys)
+        assert code == 2 and "text.chat-records" in out and "has no field 'text'" in out, out
+        assert f"set data.chat.format: {fmt} to render them" in out and "Traceback" not in out
+        # What the build says, had check not been run.
+        with pytest.raises(ForgeError, match=f"line 1: no field 'text'.*set data.chat.format: {fmt}"):
+            list(TextSource(TextOptions(paths=[str(tmp_path / "talk.jsonl")])).documents())
+    cfg = chat_config(tmp_path, [{"text": "plain text", "prompt": "a column too"}])
+    del cfg["data"]["chat"]
+    assert check(tmp_path, cfg, capsys)[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -384,14 +463,60 @@ def test_check_reads_the_columns_of_a_parquet_file_for_the_chat_fields(tmp_path,
             {"messages": [{"role": "user", "content": "hi"}]},
             r"line 2: the conversation has no assistant message",
         ),
+        (
+            {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "yo"}]},
+            r"line 2: messages\[0\]\.content is NoneType None, not a string: it would be trained as the "
+            r"text 'None'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}]},
+            r"line 2: messages\[1\]\.content is int 5, not a string",
+        ),
+        (
+            {"messages": [{"role": "user", "content": float("nan")}, {"role": "assistant", "content": "yo"}]},
+            r"line 2: messages\[0\]\.content is float nan, not a string: .* as the text 'nan'",
+        ),
+        (
+            {
+                "prompt": [{"role": "user", "content": [{"type": "image", "url": "x.png"}]}],
+                "completion": "yo",
+            },
+            r"line 2: prompt\[0\]\.content\[0\] is a part of type 'image'; .* only text parts",
+        ),
     ],
 )
 def test_a_malformed_record_is_refused_naming_its_file_line_and_field(tmp_path, record, message):
     path = tmp_path / "chatml.jinja"
     path.write_text(CHATML)
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    fmt = "prompt_completion" if "prompt" in record else "messages"
+    good = {"prompt": "hi", "completion": "yo"} if fmt == "prompt_completion" else good
     with pytest.raises(ForgeError, match=message):
-        rows_of(tmp_path, [good, record], ByteTokenizer(), template=str(path))
+        rows_of(tmp_path, [good, record], ByteTokenizer(), template=str(path), format=fmt)
+
+
+def test_text_parts_read_as_their_joined_text_and_a_tool_call_may_have_no_content(tmp_path):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    byte = ByteTokenizer()
+    parts = [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]
+    plain = {
+        "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    }
+    split = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "Blue."}]}
+    a, _ = rows_of(tmp_path, [plain], byte, template=str(path))
+    b, _ = rows_of(tmp_path, [split], byte, template=str(path))
+    assert a[INPUT_IDS].tolist() == b[INPUT_IDS].tolist() and a[LABELS].tolist() == b[LABELS].tolist()
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+    }
+    talk = [{"role": "user", "content": "hi"}, call, {"role": "tool", "content": "1"}, *plain["messages"][1:]]
+    tools = tmp_path / "tools.jinja"
+    tools.write_text(CHATML.replace("{{ m.content }}", "{{ m.content if m.content is string else 'call' }}"))
+    out, _ = rows_of(tmp_path, [{"messages": talk}], byte, seq_len=256, template=str(tools))
+    assert bytes(labelled(out)[:-1]).decode() == "call<|im_end|>\nBlue.<|im_end|>\n"
 
 
 def test_a_pair_stays_on_one_side_of_the_heldout_split(tmp_path):

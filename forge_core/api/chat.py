@@ -13,6 +13,10 @@ ones TRL and most published data sets use):
   each a string (one assistant turn) or a messages list: one unit of two conversations,
   prompt + chosen then prompt + rejected, only the completions trained.
 
+A message's ``content`` is a string, or a list of text parts ``{"type": "text", "text":
+...}`` (read as their texts joined), or ``null`` beside ``tool_calls``; anything else is
+refused naming the record and the message (:func:`_message_content`).
+
 :func:`conversation` turns a record into a :class:`Conversation`; its errors say which
 field is missing or malformed, and how it should look. Torch-free and numpy-free: the
 checks of ``forge-run check`` use the same field lists (:data:`FIELDS`).
@@ -57,6 +61,27 @@ def missing_fields(fmt: str, fields: list[str]) -> list[str]:
     return out
 
 
+def format_of(fields: list[str]) -> str | None:
+    """The ``data.chat.format`` whose fields ``fields`` holds (a pair first: it has a
+    prompt too), or ``None``."""
+    return next(
+        (fmt for fmt in ("preference", "prompt_completion", "messages") if not missing_fields(fmt, fields)),
+        None,
+    )
+
+
+def chat_hint(fields: list[str]) -> str:
+    """For text read from records that have no text field: the sentence that says they
+    are chat data and which ``data.chat.format`` reads them, or ``""``."""
+    fmt = format_of(fields)
+    if fmt is None:
+        return ""
+    return (
+        f" These records have the fields of chat data ({_fields_doc(fmt)}): set data.chat.format: {fmt} "
+        "to render them with a chat template (data.chat.template, or the tokenizer's own)."
+    )
+
+
 def _messages(value: Any, field: str, where: str, role: str | None = None) -> list[dict[str, Any]]:
     """A messages list from a record field: a string becomes one turn of ``role``."""
     if isinstance(value, str) and role is not None:
@@ -67,13 +92,42 @@ def _messages(value: Any, field: str, where: str, role: str | None = None) -> li
             f"{where}: field {field!r} is {_what(value)}; it must be {shape} of messages like "
             '[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}].'
         )
+    out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ForgeError(
                 f"{where}: {field}[{i}] is {_what(m)}; every message is an object with a string "
                 '"role" and a "content", like {"role": "user", "content": "Hi"}.'
             )
-    return [dict(m) for m in value]
+        out.append({**m, "content": _message_content(m, f"{where}: {field}[{i}].content")})
+    return out
+
+
+def _message_content(message: dict[str, Any], where: str) -> str | None:
+    """A message's content as the template receives it: a string; a list of text parts
+    (``{"type": "text", "text": ...}``, transformers' multimodal shape) as their texts
+    joined, which is how templates that take parts print them; ``null`` only beside
+    ``tool_calls`` (an assistant turn that only calls a tool). Anything else (a number,
+    ``null``, ``NaN``, an image part) would be printed as the text "5", "None", "nan" or a
+    Python repr and trained: refused."""
+    content = message["content"]
+    if isinstance(content, str) or (content is None and message.get("tool_calls")):
+        return content
+    if isinstance(content, list) and content:
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                found = f"a part of type {kind!r}" if isinstance(kind, str) else _what(part)
+                raise ForgeError(
+                    f"{where}[{j}] is {found}; Forge trains on text, so a content list may hold only "
+                    'text parts, {"type": "text", "text": "..."}. Keep the text, or leave the record out.'
+                )
+        return "".join(part["text"] for part in content)
+    raise ForgeError(
+        f"{where} is {_what(content)}, not a string: it would be trained as the text "
+        f"{str(content)!r}. Give the message's text as a string (or a list of "
+        '{"type": "text", "text": "..."} parts), or leave the record out.'
+    )
 
 
 def _what(value: Any) -> str:

@@ -13,7 +13,10 @@ that no packer can split, two documents to attention (positions restart after th
 EOS, whose label is -100). Its fingerprint is the source's plus the chat settings and
 the template (``tokenizer.chat_identity(template)``), so another template is another
 cache entry; every stored document hashes its record's JSON (the held-out split keeps
-a pair's two halves together and does not depend on the tokenizer).
+a pair's two halves together and does not depend on the tokenizer). An error of the
+template (it fails, is stopped at a bound, or cannot tell the answer from its header)
+names the record it was rendering; with ``data.chat.loss: all`` no assistant span is
+looked for (``train_from`` past the last message), so any template renders.
 
 A pair that cannot teach (:class:`DegeneratePairs`): chosen and rejected render to the
 same tokens (the margin is 0 whatever the model), or a completion is empty (every
@@ -105,14 +108,21 @@ class ChatDocuments:
         for where, record in self.source.records():
             talk = conversation(record, fmt, where)
             content = _content(record)
-            first = encode(talk.messages, train_from=talk.train_from, template=template)
+            try:  # the template's errors name the template; the record is named here
+                # loss: all needs no assistant span, so any template renders.
+                start = len(talk.messages) if every else talk.train_from
+                first = encode(talk.messages, train_from=start, template=template)
+                second = None
+                if talk.rejected is not None:
+                    second = encode(talk.rejected, train_from=talk.train_from, template=template)
+            except ForgeError as exc:
+                raise ForgeError(f"{where}: {exc}") from None
             if every:
                 first = MaskedDocument(first.ids, np.ones(len(first.ids), bool))
             found += 1
-            if talk.rejected is None:
+            if second is None:
                 yield MaskedDocument(first.ids, first.trainable, content)
                 continue
-            second = encode(talk.rejected, train_from=talk.train_from, template=template)
             degenerate.see(where, talk, first.ids, second.ids)
             # The chosen half keeps its EOS: the pair is one stored unit, split at it.
             ends = bool(first.trainable[-1]) if len(first) else True

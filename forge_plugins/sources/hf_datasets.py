@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from forge_core.api import FileSet, ForgeError
+from forge_core.api.chat import chat_hint
 
 OPTION = "data.source_options"
 EXTRA = "pip install 'forge-trainer[datasets]'"
@@ -202,9 +203,10 @@ class HFDatasetsSource:
         data = self._load()
         columns = data.column_names
         if columns is not None and field not in columns:
+            hint = chat_hint(list(columns))
             raise ForgeError(
-                f"{self.where}: no column {field!r} (columns: {', '.join(columns)}). Set "
-                f"{OPTION}.text_field to the column that holds the text."
+                f"{self.where}: no column {field!r} (columns: {', '.join(columns)})."
+                + (hint or f" Set {OPTION}.text_field to the column that holds the text.")
             )
         row, found = 0, 0
         try:

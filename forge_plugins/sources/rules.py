@@ -80,14 +80,24 @@ def _chat_fields_problem(found: list[str], where: str, fmt: str) -> str | None:
 
 def check_chat_records(ctx: Any) -> list[str]:
     """For chat data: the text source reads only JSON Lines, and each file's first record
-    has the fields the format reads."""
+    has the fields the format reads. For text: a JSON Lines file whose first record lacks
+    ``text_field`` but has a chat format's fields is chat data without ``data.chat``."""
     fmt = ctx.config.data.chat.format
-    if not fmt:
-        return []
     from forge_plugins.sources.hf_fields import _first_json_record
     from forge_plugins.sources.text import resolve
 
     def readable(options: Any) -> None:
+        if not fmt:
+            try:
+                paths = resolve(options.paths)
+            except ForgeError:
+                return  # reported by text.files-exist
+            # The first JSON Lines file says what the records are (check stays cheap on
+            # sources of thousands of files; the build names any other).
+            jsonl = next((p for p in paths if p.endswith(".jsonl")), None)
+            if jsonl is not None:
+                _text_records(jsonl, options.text_field)
+            return
         for path in resolve(options.paths):
             if not path.endswith(".jsonl"):
                 raise ForgeError(
@@ -102,6 +112,22 @@ def check_chat_records(ctx: Any) -> list[str]:
                 raise ForgeError(problem)
 
     return _problems(ctx, TextOptions, readable)
+
+
+def _text_records(path: str, field: str) -> None:
+    """Refuse a JSON Lines file whose first record is chat data read as text."""
+    from forge_core.api.chat import chat_hint
+    from forge_plugins.sources.hf_fields import _first_json_record
+
+    try:
+        found = _first_json_record(path)
+    except (OSError, ValueError):
+        return  # the build reads the file and names the line
+    if found is not None and field not in found and (hint := chat_hint(found)):
+        raise ForgeError(
+            f"data.source_options.text_field: the first record of {path} has no field {field!r} "
+            f"(fields: {', '.join(found)}), and data.chat.format is not set.{hint}"
+        )
 
 
 def _text_field_problem(options: Any, files: list[str], fmt: str, chat: str = "") -> str | None:
@@ -119,10 +145,12 @@ def _text_field_problem(options: Any, files: list[str], fmt: str, chat: str = ""
     field = options.text_field
     if field in found:
         return None
-    return (
-        f"{OPTION}.text_field: {field!r} is not a field of {where} (fields: {', '.join(found)})."
+    from forge_core.api.chat import chat_hint
+
+    fix = chat_hint(found) or (
         f"{did_you_mean(field, found)} Set {OPTION}.text_field to the field that holds the text."
     )
+    return f"{OPTION}.text_field: {field!r} is not a field of {where} (fields: {', '.join(found)}).{fix}"
 
 
 def check_hf_datasets(ctx: Any) -> list[str]:
@@ -230,12 +258,14 @@ def rules() -> list[Any]:
         Rule(
             id=CHAT_RECORDS,
             severity="error",
-            paths=("data.chat.format", "data.source_options.paths"),
+            paths=("data.chat.format", "data.source_options.paths", "data.source_options.text_field"),
             summary="Chat data read by the text source is JSON Lines whose first records have the "
-            "fields data.chat.format reads.",
+            "fields data.chat.format reads; records with chat fields and no text field are not read "
+            "as text without data.chat.format.",
             check=check_chat_records,
             fix="List .jsonl files in data.source_options.paths, and set data.chat.format to the shape "
-            "of their records (messages; prompt and completion; prompt or messages, chosen, rejected).",
+            "of their records (messages; prompt_completion: prompt and completion; preference: prompt "
+            "or messages, chosen, rejected).",
         ),
         Rule(
             id=STDLIB_FILES,

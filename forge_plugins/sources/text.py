@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from forge_core.api import FileSet, ForgeError
+from forge_core.api.chat import chat_hint
 
 OPTION = "data.source_options"
 
@@ -179,9 +180,10 @@ def read_jsonl(path: str, field: str, errors: str) -> Iterator[str]:
     for where, record in json_objects(path, errors):
         if field not in record:
             keys = ", ".join(sorted(map(str, record))) or "none"
+            hint = chat_hint(list(record))
             raise ForgeError(
-                f"{where}: no field {field!r} (fields: {keys}). "
-                f"Set {OPTION}.text_field to the field that holds the text."
+                f"{where}: no field {field!r} (fields: {keys})."
+                + (hint or f" Set {OPTION}.text_field to the field that holds the text.")
             )
         text = record[field]
         if not isinstance(text, str):

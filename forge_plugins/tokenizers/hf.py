@@ -81,11 +81,21 @@ def folder_problem(path: str) -> str | None:
 
 def chat_template_source(path: str) -> str | None:
     """The folder's own chat template, read without transformers (``chat_template.jinja``,
-    else ``chat_template`` of ``tokenizer_config.json``, a named list's ``default``)."""
+    a regular file of at most ``TEMPLATE_BYTES``, else ``chat_template`` of
+    ``tokenizer_config.json``, a named list's ``default``)."""
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        from forge_core.api.files import FileRefused, read_small_text
+        from forge_plugins.tokenizers.chat import TEMPLATE_BYTES
+
+        try:
+            return read_small_text(jinja, TEMPLATE_BYTES, "the chat template")
+        except FileRefused as exc:
+            raise ForgeError(f"{exc}.") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ForgeError(
+                f"{jinja}: cannot read the chat template ({getattr(exc, 'strerror', None) or exc})."
+            ) from None
     config = _json(os.path.join(path, "tokenizer_config.json"))
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):  # [{"name": ..., "template": ...}]
