@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError
+from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan
 
 OPEN, CLOSE = "[[", "]]"
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
@@ -67,7 +67,7 @@ def row_preview(row: int, input_ids: np.ndarray, labels: np.ndarray, pad_id: int
     return RowPreview(row, ids, trained, len(input_ids), padding)
 
 
-def load_plan(config_path: str, overrides: list[str]) -> tuple[Any, Any]:
+def load_plan(config_path: str, overrides: list[str]) -> tuple[Plan, Any]:
     """``(plan, registries)`` of the config laid out for one process (the rows do not
     depend on the layout), refused with ``forge-run check``'s report on errors."""
     from forge_core.cli.report import render
@@ -86,7 +86,7 @@ def load_plan(config_path: str, overrides: list[str]) -> tuple[Any, Any]:
     return judged.plan, registries
 
 
-def first_rows(plan: Any, registries: Any, tokenizer: Any, count: int) -> list[RowPreview]:
+def first_rows(plan: Plan, registries: Any, tokenizer: Any, count: int) -> list[RowPreview]:
     """The first ``count`` rows the trainer reads (fewer when the data has fewer)."""
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader
