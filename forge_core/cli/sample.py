@@ -66,9 +66,9 @@ _ASKED, _REPLIED = "FORGE-ASKED", "FORGE-REPLIED"
 
 
 @attrs.frozen
-class ChatPrompt:
-    """A prompt rendered by a chat template: its text, its ids, and where a reply ends
-    (the end-of-turn token, or its text when it is several)."""
+class Prompt:
+    """What a continuation starts from: the text printed, the ids, and where it ends
+    besides EOS (a chat template's end-of-turn token, or its text when it is several)."""
 
     text: str
     ids: list[int]
@@ -76,7 +76,7 @@ class ChatPrompt:
     stops: tuple[str, ...]
 
 
-def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], template: str | None) -> ChatPrompt:
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], template: str | None) -> Prompt:
     """``messages`` rendered by ``template`` (a file; ``None``: the tokenizer's own) with
     the generation prompt, for the model to answer."""
     render = getattr(tokenizer, "render_chat", None)
@@ -103,12 +103,19 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], template: str | 
     at = whole.rfind(_REPLIED)
     end = whole[at + len(_REPLIED) :].strip() if at >= 0 else ""
     end_ids = list(tokenizer.encode(end)) if end else []
-    return ChatPrompt(
+    return Prompt(
         text,
         [int(i) for i in tokenizer.encode(text)],
         frozenset(end_ids) if len(end_ids) == 1 else frozenset(),
         (end,) if end else (),
     )
+
+
+def plain_prompt(tokenizer: Any, prompt: str) -> Prompt:
+    """``prompt`` as text to continue."""
+    ids = [int(i) for i in tokenizer.encode(prompt)] if prompt else []
+    # An empty prompt starts where every document starts: after an end of document.
+    return Prompt(tokenizer.decode(ids), ids or [int(tokenizer.eos_id)], frozenset(), ())
 
 
 def chat_messages(args: Any) -> list[list[dict[str, str]]]:
@@ -143,23 +150,16 @@ def main(args: Any) -> int:
     for n, prompt in enumerate(prompts):
         if n:
             print()
-        ends, turn_stops = frozenset(), stops
-        if chats is not None:
-            rendered = chat_prompt(tokenizer, chats[n], template)
-            start, shown = rendered.ids, rendered.text
-            ends, turn_stops = rendered.stop_ids, [*stops, *rendered.stops]
-        else:
-            prompt_ids = list(tokenizer.encode(prompt)) if prompt else []
-            # An empty prompt starts where every document starts: after an end of document.
-            start, shown = prompt_ids or [int(tokenizer.eos_id)], tokenizer.decode(prompt_ids)
-        print(shown, end="", flush=True)
+        given = chat_prompt(tokenizer, chats[n], template) if chats else plain_prompt(tokenizer, prompt)
+        turn_stops = [*stops, *given.stops]
+        print(given.text, end="", flush=True)
         printer = StreamPrinter(lambda s: print(s, end="", flush=True), turn_stops) if args.stream else None
         new: list[int] = []
         text = ""
         t0 = time.perf_counter()
         for token in sample_tokens(
             model,
-            start,
+            given.ids,
             args.max_new_tokens,
             context=config.data.seq_len,
             temperature=args.temperature,
@@ -168,7 +168,7 @@ def main(args: Any) -> int:
             seed=args.seed,
             eos_id=int(tokenizer.eos_id),
         ):
-            if token in ends:
+            if token in given.stop_ids:
                 break
             new.append(token)
             text, stopped = continuation(tokenizer, new, turn_stops)
