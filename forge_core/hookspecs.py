@@ -261,7 +261,11 @@ def forge_tokenizers() -> list[TokenizerSpec]:
     :class:`~forge_core.api.MaskedDocument` whose trainable tokens are those of the
     assistant messages from index ``train_from`` on (no EOS: Forge appends it), and
     ``chat_identity(template=None)``, a ``str`` that changes whenever the rendering
-    would (it keys the token cache).
+    would (it keys the token cache); ``render_chat(messages, *,
+    add_generation_prompt=False, template=None)``, the rendered text (``forge-run sample
+    --chat`` encodes it with ``encode``, which must read special tokens written in the
+    text as themselves). ``decode_special(ids)``: the text with special tokens written
+    out (``forge-run preview``; without it, ``decode``).
 
     Example::
 

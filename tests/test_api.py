@@ -166,7 +166,8 @@ STABLE = {
     "ParallelModule", "PretrainedModel", "Source", "Strategy", "Tokenizer", "model_contract_gaps",
     # optional capabilities, each its own protocol
     "PairCountingBackend", "QueryShardingBackend", "FingerprintedSource", "FileFingerprintedSource",
-    "TokenDocumentSource", "RecordSource", "BatchEncodingTokenizer", "ChatTokenizer", "HFSavingTokenizer",
+    "TokenDocumentSource", "RecordSource", "BatchEncodingTokenizer", "ChatTokenizer",
+    "ChatRenderingTokenizer", "SpecialDecodingTokenizer", "HFSavingTokenizer",
     "BatchTransformingStrategy", "AdapterWritingTransform", "TokenGroupModule", "OptimizerStepModule",
     # the parallel contract
     "BLOCKS", "OUTPUT_HEAD", "PIPELINE", "QUERY_SHARDS", "SEQUENCE_PARALLEL", "TENSOR_PARALLEL",

@@ -15,7 +15,18 @@ import yaml
 from conftest import REPO, run_cli
 from train_helpers import read_metrics
 
-COMMANDS_SMOKED = ("train", "check", "plugins", "rules", "show", "prepare", "export-hf", "sample", "eval")
+COMMANDS_SMOKED = (
+    "train",
+    "check",
+    "plugins",
+    "rules",
+    "show",
+    "preview",
+    "prepare",
+    "export-hf",
+    "sample",
+    "eval",
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +121,14 @@ def test_show():
     result = run_cli("show", "configs/quickstart.yaml", "train.lr=0.5")
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["train"]["lr"] == 0.5
+
+
+def test_preview():
+    result = run_cli(
+        "preview", "configs/quickstart.yaml", "data.source_options.max_bytes=300000", "--rows", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("--- row 1 (layout row ") and "tokens take a loss" in result.stdout
 
 
 def test_prepare(tmp_path):

@@ -30,20 +30,25 @@ def config_issues(tmp_path, data: dict) -> dict[str, str]:
         (
             {"per_device_train_batch_size": 8},
             "$",
-            "The Hugging Face Trainer's per_device_train_batch_size is Forge's train.batch_size "
+            "The Hugging Face Trainer's and TRL's per_device_train_batch_size is Forge's train.batch_size "
             "(Forge's is global: per-device x processes x accumulation, e.g. 8 x 4 processes x 2 = 64)",
         ),
-        ({"num_train_epochs": 3}, "$", "The Hugging Face Trainer's num_train_epochs is Forge's train.steps"),
+        (
+            {"num_train_epochs": 3},
+            "$",
+            "The Hugging Face Trainer's and TRL's num_train_epochs is Forge's train.steps",
+        ),
         (
             {"gradient_accumulation_steps": 4},
             "$",
-            "The Hugging Face Trainer's gradient_accumulation_steps is Forge's train.grad_accum (the global",
+            "The Hugging Face Trainer's and TRL's gradient_accumulation_steps is Forge's train.grad_accum "
+            "(the global",
         ),
         ({"save_steps": 500}, "$", "save_steps is Forge's checkpoint.every"),
         (
             {"learning_rate": 3e-4},
             "$",
-            "The Hugging Face Trainer's and axolotl's learning_rate is Forge's train.lr",
+            "The Hugging Face Trainer's, axolotl's and TRL's learning_rate is Forge's train.lr",
         ),
         # An HF key put inside a Forge section is still recognised.
         ({"train": {"learning_rate": 3e-4}}, "$.train", "learning_rate is Forge's train.lr"),
@@ -70,6 +75,31 @@ def config_issues(tmp_path, data: dict) -> dict[str, str]:
             "axolotl's micro_batch_size is Forge's train.batch_size (Forge's is global",
         ),
         ({"sequence_len": 512}, "$", "axolotl's sequence_len is Forge's data.seq_len"),
+        # TRL's SFTConfig, DPOConfig and ModelConfig, and PEFT's LoraConfig.
+        (
+            {"assistant_only_loss": True},
+            "$",
+            "TRL's assistant_only_loss=True is Forge's data.chat.loss: assistant",
+        ),
+        ({"max_length": 1024}, "$", "TRL's max_length is Forge's data.seq_len"),
+        ({"lora_r": 16}, "$", "TRL's lora_r is Forge's model.transform_options.lora.rank"),
+        (
+            {"model": {"lora_alpha": 32}},
+            "$.model",
+            "TRL's lora_alpha is Forge's model.transform_options.lora.alpha",
+        ),
+        ({"train": {"beta": 0.1}}, "$.train", "TRL's beta is Forge's train.objective_options.beta"),
+        ({"packing": True}, "$", "TRL's packing=True is Forge's data.packer: bfd"),
+        (
+            {"lora_target_modules": ["q_proj"]},
+            "$",
+            "TRL's lora_target_modules is Forge's model.transform_options.lora.targets (roles, not module",
+        ),
+        (
+            {"dataset_text_field": "body"},
+            "$",
+            "TRL's dataset_text_field is Forge's data.source_options.text_field",
+        ),
     ],
 )
 def test_an_unknown_key_from_another_trainer_gets_its_row(tmp_path, data, path, said):
@@ -138,6 +168,18 @@ def test_the_first_cells_spellings_are_read_as_keys():
         (["--train.max_steps", "5"], "write train.steps=5. LitGPT's train.max_steps"),
         (["--adam_beta2", "0.99"], "write train.optimizer_options.beta2=0.99."),
         (["--train.steps", "5"], "write train.steps=5."),  # a Forge key written as a flag
+        # TRL's flags: a bare boolean is true; a value whose meaning differs is translated,
+        # or left to compute where it cannot be from theirs alone.
+        (["--assistant_only_loss"], "write data.chat.loss=assistant."),
+        (["--assistant_only_loss", "False"], "write data.chat.loss=all."),
+        (["--lora_r", "16"], "write model.transform_options.lora.rank=16."),
+        (
+            ["--lora_target_modules", "q_proj,v_proj"],
+            "write 'model.transform_options.lora.targets=[attention.q,attention.v]'.",
+        ),
+        (["--loss_type", "ipo"], "write train.objective=dpo train.objective_options.loss=ipo."),
+        (["--num_train_epochs", "3"], "write train.steps=STEPS. The Hugging Face Trainer's and TRL's"),
+        (["--per_device_train_batch_size", "8"], "write train.batch_size=BATCH_SIZE."),
         (["--nprocs", "2"], "--nprocs is not an option. Did you mean '--nproc'? Options: --help, --nproc"),
     ],
 )

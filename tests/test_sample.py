@@ -1,18 +1,22 @@
 """Sampling: the llama's key/value cache gives the logits of a full forward (float64
 identity), so cached decoding picks the tokens cache-free decoding picks; top-k/top-p
-filtering; stop strings and streaming; ``forge-run sample`` with several prompts."""
+filtering; stop strings and streaming; ``forge-run sample`` with several prompts, and
+with ``--chat``: the run's chat template, its special tokens and its end of turn."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from test_chat_data import CHATML, TALK, hf_folder, hf_tokenizer  # noqa: F401 - hf_folder: a fixture
 from torch import nn
 from train_helpers import tiny_config, write_config
 
 from forge_core import cli
 from forge_core.cli.sample import StreamPrinter, continuation
 from forge_core.generate import choose, generate, next_token_logits
-from forge_core.testing import assert_within_rounding, longest_sum
+from forge_core.testing import assert_within_rounding, forge_run, longest_sum
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
 from forge_plugins.models.llama import build
@@ -164,7 +168,81 @@ def test_sample_refuses_a_top_p_outside_its_range(run_dir, capsys):
 )
 def test_sample_refuses_sampling_settings_outside_their_range(run_dir, flag, value, said):
     """Before: --temperature nan ended in torch.multinomial's RuntimeError, exit 1."""
-    from forge_core.testing import forge_run
-
     result = forge_run(["sample", run_dir, flag, value])
     assert result.code == 2 and said in result.stderr, result.stderr
+
+
+# --- sample --chat ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_run(request, tmp_path_factory):
+    """``(run, tokenizer folder)``: two steps of chat SFT with a Hugging Face tokenizer
+    whose own template is ChatML (``<|im_start|>`` and ``<|im_end|>`` are special tokens)."""
+    folder = request.getfixturevalue("hf_folder")
+    tmp = tmp_path_factory.mktemp("chat")
+    data = tmp / "talk.jsonl"
+    data.write_text(json.dumps({"messages": TALK[1:3]}) + "\n")
+    config = tiny_config(
+        tmp,
+        "run",
+        data={
+            "source": "text",
+            "source_options": {"paths": [str(data)]},
+            "tokenizer": "hf",
+            "tokenizer_options": {"path": str(folder)},
+            "packer": "bfd",
+            "seq_len": 64,
+            "chat": {"format": "messages"},
+        },
+        train={"steps": 2, "batch_size": 1},
+    )
+    assert cli.main([write_config(tmp / "run.yaml", config)]) == 0
+    return tmp / "run", folder
+
+
+def test_sample_chat_renders_the_template_keeps_its_special_tokens_and_stops_at_the_end_of_turn(
+    chat_run, capsys, monkeypatch
+):
+    from forge_core.cli import sample as command
+
+    run, folder = chat_run
+    tok = hf_tokenizer(folder).tokenizer
+    im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    given: list[list[int]] = []
+    reply = tok.encode("Blue.", add_special_tokens=False)
+
+    def sampled(model, ids, max_new_tokens, **kwargs):
+        given.append(list(ids))
+        yield from [*reply, im_end, *reply]  # the reply, the end of its turn, more
+
+    monkeypatch.setattr(command, "sample_tokens", sampled)
+    args = ["sample", str(run), "--chat", "--system", "Be brief.", "--prompt", "Name a colour."]
+    assert cli.main([*args, "--no-stream"]) == 0
+    out = capsys.readouterr().out
+    prompt = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nName a colour.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert out == prompt + "Blue.\n"
+    # The rendered prompt's special tokens are the tokenizer's ids, not their characters.
+    assert given[0] == tok.encode(prompt, add_special_tokens=False)
+    assert given[0][0] == im_start and given[0].count(im_end) == 2
+    assert cli.main(args) == 0 and capsys.readouterr().out == out  # streamed: the same
+
+
+def test_sample_chat_takes_a_template_file_and_refuses_a_run_without_one(run_dir, tmp_path, capsys):
+    """The plain run's byte tokenizer has no template, nor did its data name one."""
+    result = forge_run(["sample", str(run_dir), "--chat", "--prompt", "hi"])
+    assert result.code == 2 and "Or give a template file with --template FILE." in result.stderr
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    args = ["--chat", "--prompt", "hi", "--template", str(template), "--max-new-tokens", "4"]
+    out = sample(capsys, run_dir, *args).out
+    assert out.startswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    for wrong, said in (
+        (["--system", "x"], "--system and --template render a chat prompt: add --chat."),
+        (["--chat"], "sample --chat needs --prompt TEXT"),
+    ):
+        result = forge_run(["sample", str(run_dir), *wrong])
+        assert result.code == 2 and said in result.stderr, result.stderr

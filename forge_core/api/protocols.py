@@ -142,6 +142,29 @@ class ChatTokenizer(Protocol):
 
 
 @runtime_checkable
+class ChatRenderingTokenizer(Protocol):
+    """A tokenizer that renders a conversation with its chat template as text
+    (``forge-run sample --chat``): ``add_generation_prompt`` appends the header the
+    model answers after; ``template`` a file, ``None`` the tokenizer's own."""
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        template: str | None = None,
+    ) -> str: ...
+
+
+@runtime_checkable
+class SpecialDecodingTokenizer(Protocol):
+    """A tokenizer that writes ids out with its special tokens spelled by name
+    (``forge-run preview``, ``sample --chat``), where ``decode`` leaves them out."""
+
+    def decode_special(self, ids: Any) -> str: ...
+
+
+@runtime_checkable
 class HFSavingTokenizer(Protocol):
     """A tokenizer that writes itself in Hugging Face form (``export-hf``)."""
 

@@ -108,6 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the fully resolved config as YAML")
     _add_config_args(p)
 
+    p = sub.add_parser(
+        "preview",
+        help="print the first rows a config trains on, the tokens that take a loss marked",
+        description="Build the config's data as a run does (source, chat template, token cache, "
+        "packer; nothing trained, no model) and print its first rows in the trainer's order, "
+        "token by token: the tokens the loss counts (labels other than -100) coloured on a "
+        "terminal, else marked [[like this]], with their count.",
+    )
+    _add_config_args(p)
+    p.add_argument("--rows", type=int, default=2, metavar="N", help="rows to show, in the trainer's order")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable: every token's id, text and whether it is trained",
+    )
+
     p = sub.add_parser("prepare", help="tokenize a source into shards (optionally train a BPE tokenizer)")
     _add_config_args(p)
     p.add_argument("--out", help="output directory for the shards (not with --verify)")
@@ -174,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="print text as it is sampled"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="each --prompt is a user message, rendered by the run's chat template with its generation "
+        "prompt; the reply ends at the template's end of turn",
+    )
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message before each prompt")
+    p.add_argument(
+        "--template",
+        metavar="FILE",
+        help="with --chat: a Jinja chat template file (default: the run's data.chat.template, else "
+        "the tokenizer's own)",
+    )
 
     p = sub.add_parser("eval", help="held-out loss and perplexity of a run's checkpoint")
     p.add_argument("run_dir", help="a run directory (the run's out_dir)")
@@ -279,6 +308,12 @@ def _show(args: argparse.Namespace) -> int:
     return cmd_show(args)
 
 
+def _preview(args: argparse.Namespace) -> int:
+    from forge_core.cli.preview import main as preview
+
+    return preview(args)
+
+
 def _train(args: argparse.Namespace) -> int:
     from forge_core.cli.train import main as train
 
@@ -315,6 +350,7 @@ HANDLERS = {
     "plugins": _plugins,
     "rules": _rules,
     "show": _show,
+    "preview": _preview,
     "prepare": _prepare,
     "export-hf": _export_hf,
     "sample": _sample,

@@ -5,6 +5,14 @@ sampled.
 A continuation ends at the tokenizer's end of document, after ``--max-new-tokens`` or at
 the first ``--stop`` string (not printed). Text is printed as it comes, holding back only
 what may still turn into a stop string or the rest of a character.
+
+With ``--chat`` each prompt is a user message (after ``--system``, when given), rendered
+by the run's chat template with the generation prompt (:func:`chat_prompt`): the run's
+``data.chat.template``, else the tokenizer's own, or ``--template FILE``. The rendered
+text is encoded as it is, so special tokens the template writes (``<|im_start|>``) are
+read as themselves, and printed as it is. The reply also ends where the template ends an
+assistant's turn (``<|im_end|>``: found by rendering a stand-in turn), at that token
+when it is one, else at that text.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge_core.api import ForgeError
+import attrs
+
+from forge_core.api import ChatRenderingTokenizer, ForgeError
 from forge_core.api.unstable import INT_MAX, INT_MIN
 from forge_core.generate import has_cache, load_for_inference, sample_tokens
 
@@ -52,7 +62,73 @@ def continuation(tokenizer: Any, new: list[int], stops: list[str]) -> tuple[str,
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
+#: Stand-in contents of a turn, to find the text a template ends an assistant's turn with.
+_ASKED, _REPLIED = "FORGE-ASKED", "FORGE-REPLIED"
+
+
+@attrs.frozen
+class Prompt:
+    """What a continuation starts from: the text printed, the ids, and where it ends
+    besides EOS (a chat template's end-of-turn token, or its text when it is several)."""
+
+    text: str
+    ids: list[int]
+    stop_ids: frozenset[int]
+    stops: tuple[str, ...]
+
+
+def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], template: str | None) -> Prompt:
+    """``messages`` rendered by ``template`` (a file; ``None``: the tokenizer's own) with
+    the generation prompt, for the model to answer."""
+    if not isinstance(tokenizer, ChatRenderingTokenizer):
+        raise ForgeError(
+            f"sample --chat: the run's tokenizer ({tokenizer.identity}) cannot render a chat template "
+            "(it has no render_chat). Sample without --chat, the template written into --prompt."
+        )
+    try:
+        text = tokenizer.render_chat(messages, add_generation_prompt=True, template=template)
+        if text == tokenizer.render_chat(messages, add_generation_prompt=False, template=template):
+            print(
+                "forge: warning: the chat template writes no generation prompt (no add_generation_prompt "
+                "branch): the reply starts right after the last message.",
+                file=sys.stderr,
+            )
+        stand_in = [{"role": "user", "content": _ASKED}, {"role": "assistant", "content": _REPLIED}]
+        whole = tokenizer.render_chat(stand_in, add_generation_prompt=False, template=template)
+    except ForgeError as exc:
+        raise ForgeError(
+            f"sample --chat renders the prompt with the run's chat template: {exc} Or give a template "
+            "file with --template FILE."
+        ) from None
+    at = whole.rfind(_REPLIED)
+    end = whole[at + len(_REPLIED) :].strip() if at >= 0 else ""
+    end_ids = list(tokenizer.encode(end)) if end else []
+    return Prompt(
+        text,
+        [int(i) for i in tokenizer.encode(text)],
+        frozenset(end_ids) if len(end_ids) == 1 else frozenset(),
+        (end,) if end else (),
+    )
+
+
+def plain_prompt(tokenizer: Any, prompt: str) -> Prompt:
+    """``prompt`` as text to continue."""
+    ids = [int(i) for i in tokenizer.encode(prompt)] if prompt else []
+    # An empty prompt starts where every document starts: after an end of document.
+    return Prompt(tokenizer.decode(ids), ids or [int(tokenizer.eos_id)], frozenset(), ())
+
+
+def chat_messages(args: Any) -> list[list[dict[str, str]]]:
+    """One conversation per ``--prompt``: ``--system``, then the prompt as the user's."""
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    return [[*system, {"role": "user", "content": prompt}] for prompt in args.prompt]
+
+
 def main(args: Any) -> int:
+    if args.chat and not args.prompt:
+        raise ForgeError("sample --chat needs --prompt TEXT: the user's message (repeat for several).")
+    if not args.chat and (args.system is not None or args.template is not None):
+        raise ForgeError("--system and --template render a chat prompt: add --chat.")
     if args.max_new_tokens < 0:
         raise ForgeError("--max-new-tokens must be 0 or more")
     if not 0 < args.top_p <= 1:
@@ -68,21 +144,22 @@ def main(args: Any) -> int:
     stops = [s for s in (args.stop or []) if s]
     model, tokenizer, config, checkpoint = load_for_inference(args.run_dir)
     prompts = args.prompt or [""]
+    chats = chat_messages(args) if args.chat else None
+    template = args.template or config.data.chat.template or None
     total, elapsed = 0, 0.0
     for n, prompt in enumerate(prompts):
         if n:
             print()
-        prompt_ids = list(tokenizer.encode(prompt)) if prompt else []
-        # An empty prompt starts where every document starts: after an end of document.
-        start = prompt_ids or [int(tokenizer.eos_id)]
-        print(tokenizer.decode(prompt_ids), end="", flush=True)
-        printer = StreamPrinter(lambda s: print(s, end="", flush=True), stops) if args.stream else None
+        given = chat_prompt(tokenizer, chats[n], template) if chats else plain_prompt(tokenizer, prompt)
+        turn_stops = [*stops, *given.stops]
+        print(given.text, end="", flush=True)
+        printer = StreamPrinter(lambda s: print(s, end="", flush=True), turn_stops) if args.stream else None
         new: list[int] = []
         text = ""
         t0 = time.perf_counter()
         for token in sample_tokens(
             model,
-            start,
+            given.ids,
             args.max_new_tokens,
             context=config.data.seq_len,
             temperature=args.temperature,
@@ -91,8 +168,10 @@ def main(args: Any) -> int:
             seed=args.seed,
             eos_id=int(tokenizer.eos_id),
         ):
+            if token in given.stop_ids:
+                break
             new.append(token)
-            text, stopped = continuation(tokenizer, new, stops)
+            text, stopped = continuation(tokenizer, new, turn_stops)
             if stopped:
                 break
             if printer is not None:

@@ -12,6 +12,11 @@ spelling: ``max_steps`` and ``bf16=True`` (a key, a value) are keys at the top o
 config, ``train.max_steps`` is a key ``max_steps`` in a section ``train``, ``[training]
 steps`` (a TOML table) is ``training.steps``, and ``--training.steps 100`` is the flag of
 that key.
+
+A row whose value does not carry over as it is says how it translates (``translate``):
+TRL's ``--lora_target_modules q_proj,v_proj`` is written ``model.transform_options.lora.
+targets=[attention.q,attention.v]``; where no value can be computed from theirs alone
+(epochs, a per-device batch) the override shows a placeholder and the note says how.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import functools
 import re
 import shlex
 import typing
+from collections.abc import Callable
 
 import attrs
 
@@ -46,13 +52,20 @@ def settings(cell: str) -> list[tuple[str, str | None]]:
     return found
 
 
+def _computed(value: str) -> str | None:
+    """A value that does not carry over: computed from more than the other trainer's."""
+    return None
+
+
 @attrs.frozen
 class Row:
-    """One row of a trainer's table: the other trainer's setting, Forge's, and a note."""
+    """One row of a trainer's table: the other trainer's setting, Forge's, and a note;
+    ``translate`` turns their value into Forge's (``None`` from it: not from theirs alone)."""
 
     theirs: str
     forge: str
     note: str = ""
+    translate: Callable[[str], str | None] | None = attrs.field(default=None, eq=False)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -72,9 +85,24 @@ class Trainer:
         """The Markdown table of ``docs/coming-from.md``."""
         lines = [f"| {self.column} | Forge | note |", "| --- | --- | --- |"]
         lines += [
-            "|" + "|".join(f" {c} " if c else " " for c in attrs.astuple(row)) + "|" for row in self.rows
+            "|" + "|".join(f" {c} " if c else " " for c in (row.theirs, row.forge, row.note)) + "|"
+            for row in self.rows
         ]
         return "\n".join(lines)
+
+
+# The Hugging Face Trainer's rows that TRL's configs (TrainingArguments underneath) share.
+EPOCHS = Row("`num_train_epochs`", "`train.steps`", "steps = epochs x rows / `train.batch_size`", _computed)
+PER_DEVICE = Row(
+    "`per_device_train_batch_size`",
+    "`train.batch_size`",
+    "Forge's is global: per-device x processes x accumulation, e.g. 8 x 4 processes x 2 = 64",
+    _computed,
+)
+ACCUMULATION = Row(
+    "`gradient_accumulation_steps`", "`train.grad_accum`", "the global batch already includes it"
+)
+LEARNING_RATE = Row("`learning_rate`", "`train.lr`")
 
 
 HF = Trainer(
@@ -82,14 +110,10 @@ HF = Trainer(
     "Trainer",
     (
         Row("`max_steps`", "`train.steps`"),
-        Row("`num_train_epochs`", "`train.steps`", "steps = epochs x rows / `train.batch_size`"),
-        Row(
-            "`per_device_train_batch_size`",
-            "`train.batch_size`",
-            "Forge's is global: per-device x processes x accumulation, e.g. 8 x 4 processes x 2 = 64",
-        ),
-        Row("`gradient_accumulation_steps`", "`train.grad_accum`", "the global batch already includes it"),
-        Row("`learning_rate`", "`train.lr`"),
+        EPOCHS,
+        PER_DEVICE,
+        ACCUMULATION,
+        LEARNING_RATE,
         Row("`warmup_steps`", "`train.warmup_steps`"),
         Row("`warmup_ratio`", "`train.warmup_steps`", "give the steps: ratio x `train.steps`"),
         Row(
@@ -319,8 +343,107 @@ AXOLOTL = Trainer(
 )
 
 
+#: What a module name means as a role of the model's contract (LoRA's targets).
+ROLES = {
+    "q_proj": "attention.q",
+    "k_proj": "attention.k",
+    "v_proj": "attention.v",
+    "o_proj": "attention.o",
+    "gate_proj": "mlp.gate",
+    "up_proj": "mlp.up",
+    "down_proj": "mlp.down",
+}
+
+
+def roles(value: str) -> str | None:
+    """PEFT's ``target_modules`` (``q_proj,v_proj``, ``[q_proj, v_proj]``, ``all-linear``)
+    as LoRA's ``targets``; ``None`` when a name is not one of :data:`ROLES`."""
+    names = [n for n in re.split(r"[\s,\[\]'\"]+", value) if n]
+    if names == ["all-linear"]:
+        names = list(ROLES)
+    if not names or any(n not in ROLES for n in names):
+        return None
+    return "[" + ",".join(dict.fromkeys(ROLES[n] for n in names)) + "]"
+
+
+_TARGETS_NOTE = (
+    "roles, not module names: `q_proj`, `k_proj`, `v_proj`, `o_proj` are `attention.q` ... `attention.o`, "
+    "`gate_proj`, `up_proj`, `down_proj` are `mlp.gate`, `mlp.up`, `mlp.down`; `all-linear` is all seven"
+)
+
+TRL = Trainer(
+    "TRL",
+    "TRL",
+    (
+        Row(
+            "`assistant_only_loss=True`",
+            "`data.chat.loss: assistant`",
+            "Forge's default with `data.chat.format: messages`; TRL's default trains every token",
+        ),
+        Row("`assistant_only_loss=False`", "`data.chat.loss: all`"),
+        Row(
+            "`completion_only_loss=True`",
+            "`data.chat.format: prompt_completion`",
+            "the completion alone takes a loss, as in TRL",
+        ),
+        Row("`completion_only_loss=False`", "`data.chat.loss: all`", "the prompt takes a loss too"),
+        Row(
+            "`dataset_text_field`",
+            "`data.source_options.text_field`",
+            "text records; chat records are read by `data.chat.format` instead",
+        ),
+        Row("`chat_template_path`", "`data.chat.template`", "a Jinja file; '' is the tokenizer's own"),
+        Row(
+            "`max_length`",
+            "`data.seq_len`",
+            "a row's tokens; a conversation (a DPO pair: prompt twice, both answers) longer than a row is "
+            "dropped or its prompt cut (`data.chat.truncation`), never its answer",
+        ),
+        Row("`max_seq_length`", "`data.seq_len`", "TRL's older name of `max_length`"),
+        Row(
+            "`max_prompt_length`",
+            "`data.chat.truncation: cut_prompt`",
+            "no prompt budget: a prompt is cut from the left only as far as the row needs",
+        ),
+        Row(
+            "`packing=True`",
+            "`data.packer: bfd`",
+            "whole conversations, isolated by `doc_ids`, as TRL's `bfd` with `padding_free`",
+        ),
+        Row("`packing=False`", "`data.packer: none`", "one conversation per row, padded"),
+        Row("`padding_free=True`", "`data.packer: bfd`"),
+        Row("`beta`", "`train.objective_options.beta`", "with `train.objective: dpo`; 0.1 in both"),
+        Row('`loss_type="sigmoid"`', "`train.objective: dpo`, `train.objective_options.loss: sigmoid`"),
+        Row('`loss_type="ipo"`', "`train.objective: dpo`, `train.objective_options.loss: ipo`"),
+        Row("`reference_free=True`", "`train.objective: dpo`, `train.objective_options.reference: none`"),
+        Row(
+            "`use_peft=True`",
+            "`model.transforms: [lora]`",
+            "with DPO the reference is the model with its adapters off: no copy",
+        ),
+        Row("`lora_r`", "`model.transform_options.lora.rank`", "PEFT's `r`"),
+        Row("`r`", "`model.transform_options.lora.rank`", "PEFT's `LoraConfig`"),
+        Row("`lora_alpha`", "`model.transform_options.lora.alpha`", "scale alpha / rank in both"),
+        Row("`lora_dropout`", "`model.transform_options.lora.dropout`"),
+        Row("`lora_target_modules`", "`model.transform_options.lora.targets`", _TARGETS_NOTE, roles),
+        Row("`target_modules`", "`model.transform_options.lora.targets`", _TARGETS_NOTE, roles),
+        Row("`model_name_or_path`", "`model.options.init_from_hf`", "a Hub id or a local folder"),
+        LEARNING_RATE,
+        EPOCHS,
+        PER_DEVICE,
+        ACCUMULATION,
+    ),
+)
+
+
 #: Every trainer, by the name of its table's placeholder on the page (``{{table:hf}}``).
-TRAINERS: dict[str, Trainer] = {"hf": HF, "torchtitan": TORCHTITAN, "litgpt": LITGPT, "axolotl": AXOLOTL}
+TRAINERS: dict[str, Trainer] = {
+    "hf": HF,
+    "torchtitan": TORCHTITAN,
+    "litgpt": LITGPT,
+    "axolotl": AXOLOTL,
+    "trl": TRL,
+}
 
 
 def plain(markdown: str) -> str:
@@ -343,6 +466,12 @@ def _rows_for(path: str) -> list[tuple[Trainer, Row]]:
     ]
 
 
+def _owners(names: list[str]) -> str:
+    """``A's``, ``A's and B's``, ``A's, B's and C's``."""
+    owned = [f"{name}'s" for name in names]
+    return owned[0] if len(owned) == 1 else f"{', '.join(owned[:-1])} and {owned[-1]}"
+
+
 def foreign_hint(path: str) -> str:
     """What other trainers mean by the config key ``path`` and Forge's name for it, as
     sentences, or ``""`` when no trainer's table has it."""
@@ -353,7 +482,7 @@ def foreign_hint(path: str) -> str:
         if row.note:
             sentence += f" ({plain(row.note)})"
         said.setdefault(sentence, []).append(trainer.name)
-    parts = [" and ".join(f"{name}'s" for name in names) + f" {sentence}" for sentence, names in said.items()]
+    parts = [f"{_owners(names)} {sentence}" for sentence, names in said.items()]
     text = "; ".join(parts)
     if text.startswith("the "):
         text = "T" + text[1:]  # "the Hugging Face Trainer" opens the sentence; torchtitan stays lower case
@@ -387,12 +516,21 @@ def unknown_key_hint(section_class: type, key: str) -> str:
     return f" {hint}" if hint else ""
 
 
+def _value(row: Row, key: str, value: str | None) -> str:
+    """Forge's value of ``key`` for the other trainer's ``value``: the same, translated, or
+    a placeholder named after the key (``STEPS``) where it is computed from more."""
+    if value is None:
+        return "VALUE"
+    if row.translate is None:
+        return value
+    return row.translate(value) or key.rpartition(".")[2].upper()
+
+
 def flag_hint(flag: str, value: str | None) -> str | None:
     """For ``--flag [value]``, which Forge does not take: the ``key=value`` override to
     write instead, where ``flag`` is another trainer's setting or a Forge key; ``None``
     for a flag that is neither."""
     path = flag.lstrip("-").replace("-", "_")
-    shown = "VALUE" if value is None else value
     overrides: dict[str, None] = {}
     for _, row in _rows_for(path):
         theirs, forge = settings(row.theirs), settings(row.forge)
@@ -400,17 +538,22 @@ def flag_hint(flag: str, value: str | None) -> str | None:
         if index is None:
             continue  # a row of the section the flag names
         their_value = theirs[index][1]
-        if their_value is not None and value is not None and their_value.lower() != value.lower():
+        wanted = value
+        if wanted is None and their_value is not None and their_value.lower() in ("true", "false"):
+            wanted = "true"  # a bare boolean flag is true, as HfArgumentParser reads it
+        if their_value is not None and wanted is not None and their_value.lower() != wanted.lower():
             continue  # another value's row (lr_scheduler_type="linear" for --lr_scheduler_type cosine)
         if len(forge) == len(theirs):
             forge = [forge[index]]  # the settings correspond one to one
         elif len(theirs) > 1:
             continue  # no one Forge setting to name; the hint says what there is
-        write = [shlex.quote(f"{key}={shown if v is None else v}") for key, v in forge]
+        write = [shlex.quote(f"{key}={_value(row, key, value) if v is None else v}") for key, v in forge]
         if write:
             overrides[" ".join(write)] = None
     if not overrides and path.split(".")[0] in {field.name for field in attrs.fields(ForgeConfig)}:
-        overrides[shlex.quote(f"{path}={shown}")] = None  # a Forge key written as a flag
+        overrides[shlex.quote(f"{path}={'VALUE' if value is None else value}")] = (
+            None  # a Forge key as a flag
+        )
     hint = foreign_hint(path)
     if not (overrides or hint):
         return None

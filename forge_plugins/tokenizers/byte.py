@@ -6,7 +6,9 @@ that are not valid UTF-8 (a window may cut a character in half).
 
 ``encode_chat`` renders a conversation with a chat template file (the byte tokenizer has
 no template of its own) and marks the assistant's bytes trainable
-(:mod:`forge_plugins.tokenizers.chat`).
+(:mod:`forge_plugins.tokenizers.chat`); ``render_chat`` gives the rendered text (a prompt
+for ``forge-run sample --chat``). ``decode_special`` writes EOS and PAD out by the names
+``save_hf`` gives them (``forge-run preview``).
 
 ``save_hf`` writes the same tokenizer in Hugging Face form (for ``export-hf``): a
 ``tokenizers`` byte-level BPE with no merges, whose 256 tokens are the bytes in
@@ -49,6 +51,18 @@ class ByteTokenizer:
         data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
         return data.decode("utf-8", errors="replace")
 
+    def decode_special(self, ids: Any) -> str:
+        """The text of ``ids`` with EOS and PAD written out (``<|endoftext|>``, ``<|pad|>``)."""
+        names = {EOS: EOS_TOKEN, PAD: PAD_TOKEN}
+        out, run = [], bytearray()
+        for i in map(int, ids):
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out += [run.decode("utf-8", errors="replace"), names.get(i, "")]
+            run = bytearray()
+        return "".join(out) + run.decode("utf-8", errors="replace")
+
     def encode_chat(
         self, messages: list[dict[str, Any]], *, train_from: int = 0, template: str | None = None
     ) -> Any:
@@ -57,6 +71,16 @@ class ByteTokenizer:
         from forge_plugins.tokenizers.chat import encode_chat
 
         return encode_chat(self._template(template), messages, train_from, _bytes_and_starts)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        template: str | None = None,
+    ) -> str:
+        """``messages`` as the template file ``template`` renders them."""
+        return self._template(template).render(messages, add_generation_prompt)[0]
 
     def chat_identity(self, template: str | None = None) -> str:
         """A hash of the chat template ``encode_chat`` renders with (it keys the token cache)."""

@@ -16,7 +16,10 @@ fast tokenizer (vocabulary, merges, normalizer, pre-tokenizer, added tokens) or,
 slow tokenizer, its vocabulary; plus the EOS and PAD ids.
 ``encode_chat`` renders a conversation with the folder's ``chat_template`` (or a
 template file) and says which tokens take a loss (:mod:`forge_plugins.tokenizers.chat`;
-a fast tokenizer is needed: the mask comes from its character offsets).
+a fast tokenizer is needed: the mask comes from its character offsets); ``render_chat``
+gives the rendered text (``forge-run sample --chat`` encodes it: special tokens written
+in the text are read as themselves). ``decode`` skips special tokens, ``decode_special``
+writes them out (``forge-run preview``).
 """
 
 from __future__ import annotations
@@ -193,6 +196,9 @@ class HFTokenizer:
     def decode(self, ids: Any) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
+    def decode_special(self, ids: Any) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
     def encode_chat(
         self, messages: list[dict[str, Any]], *, train_from: int = 0, template: str | None = None
     ) -> Any:
@@ -201,6 +207,16 @@ class HFTokenizer:
         from forge_plugins.tokenizers.chat import encode_chat
 
         return encode_chat(self._template(template), messages, train_from, self._encode_offsets)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        template: str | None = None,
+    ) -> str:
+        """``messages`` as the chat template (``template``: a file, else the folder's own) renders them."""
+        return self._template(template).render(messages, add_generation_prompt)[0]
 
     def chat_identity(self, template: str | None = None) -> str:
         """A hash of the chat template ``encode_chat`` renders with (it keys the token cache)."""
