@@ -25,7 +25,9 @@ and the per-round ratio to ``import torch`` (goal: the quickstart's CPU to its f
 within 2x). The load average is printed.
 
 Run: ``python bench/startup.py`` (about a minute on 2 quiet cores; ``--pairs 5``;
-``--quick``: a tiny model on a tiny corpus, one round, no cold start, no eval-off line).
+``--threads 1``: one torch thread on every side, whose CPU time a busy machine inflates
+less; ``--quick``: a tiny model on a tiny corpus, one round, no cold start, no eval-off
+line).
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[dict[str, list[dict[s
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(REPO), os.environ.get("PYTHONPATH")])),
     }
+    if args.threads:  # every side alike: torch reads it when it starts
+        env["OMP_NUM_THREADS"] = str(args.threads)
     config = tiny_config(root) if args.quick else Path(args.config).resolve()
     cache = Path(args.cache) if args.cache else root / "cache"
     todo = sides(config, root, cache, args.quick)
@@ -196,6 +200,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(REPO / "configs" / "quickstart.yaml"))
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--cache", default=None, help="token cache directory (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every side")
     parser.add_argument("--quick", action="store_true", help="tiny model, one round, no cold start")
     args = parser.parse_args(argv)
     if args.quick:

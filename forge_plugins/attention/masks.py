@@ -304,7 +304,7 @@ def query_block_mask(
 # The BlockMask builders run eagerly even inside torch.compile(model): they inspect
 # doc_ids (a data-dependent branch) and return a BlockMask, neither of which a graph
 # should capture. torch.compiler.disable imports torch._dynamo (over a second of CPU),
-# which a run on sdpa or eager never needs, so each is wrapped when first looked up on
+# which the sdpa and eager backends never need, so each is wrapped when first looked up on
 # this module (PEP 562), not at import: every caller gets the wrapped function.
 _OUTSIDE_GRAPHS = {fn.__name__: fn for fn in (document_block_mask, query_block_mask)}
 del document_block_mask, query_block_mask
