@@ -19,7 +19,7 @@ from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
 from forge_core.config.structuring import structure
 from forge_core.judge import judge, judge_config
-from forge_core.train.checkpoint import _OPTIM_OPTIONS
+from forge_core.train.checkpoint import _optim_options
 from forge_core.train.loss import loss_fn
 from forge_plugins.optim.groups import decay_groups
 from forge_plugins.optim.muon import MuonWithAdamW, split
@@ -175,7 +175,7 @@ def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(fo
         group["lr"] = 5e-3
     assert all(g["lr"] == 5e-3 for opt in optimizer.parts for g in opt.param_groups)
     # A copy, as a checkpoint on disk is: the state dict holds the optimizer's own tensors.
-    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS))
+    saved = copy.deepcopy(get_optimizer_state_dict(model, optimizer, options=_optim_options()))
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     again = llama(forge_registries, plan)
@@ -183,7 +183,7 @@ def test_every_group_follows_the_schedule_and_the_state_survives_a_checkpoint(fo
         for name, param in again.named_parameters():
             param.copy_(weights[name])
     restored = components.optimizer(plan, forge_registries, again)
-    set_optimizer_state_dict(again, restored, saved, options=_OPTIM_OPTIONS)
+    set_optimizer_state_dict(again, restored, saved, options=_optim_options())
     assert any("momentum_buffer" in s for s in restored.parts[0].state.values())
     assert restored.parts[0].state is restored.state is restored.parts[1].state
     _step(model, optimizer, 2)

@@ -57,32 +57,35 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from forge_core.api import ForgeError
 from forge_core.api.files import ATOMIC_TMP_RE, atomic_write, fsync_dir, sync_tree
 from forge_core.api.transforms import saves_trainable_only
 from forge_core.distributed.parallelize import materialize
 from forge_core.distributed.placement import broadcast_object, is_distributed
-from forge_core.train import checkpoint_async, elastic, train_state
-from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, load_state, read_metadata
+from forge_core.train import elastic, train_state
+
+if TYPE_CHECKING:
+    from forge_core.train import checkpoint_async
+
+# torch.distributed.checkpoint (and this package's modules built on it:
+# checkpoint_async, checkpoint_reader) is imported where a checkpoint is written or
+# read, not with this module: importing it takes about a second of CPU (it brings
+# DTensor and sympy), which a run pays only once it saves.
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 TMP_GLOB = ".tmp-step-*"
-_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _optim_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _hush_single_process_notice() -> None:
@@ -111,6 +114,8 @@ def model_state(parts: list[torch.nn.Module]) -> dict[str, Any]:
     """The model state the checkpoints hold: every part's, or only its trainable
     parameters under a model transform that saves only its own (LoRA's adapters; the
     frozen base comes from its pretrained weights or the seed)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     merged: dict[str, Any] = {}
     for part in parts:
         state = get_model_state_dict(part)
@@ -122,15 +127,19 @@ def model_state(parts: list[torch.nn.Module]) -> dict[str, Any]:
 
 
 def optimizer_state(parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     merged: dict[str, Any] = {}
     for part, optimizer in zip(parts, optimizers, strict=True):
-        merged.update(get_optimizer_state_dict(part, optimizer, options=_OPTIM_OPTIONS))
+        merged.update(get_optimizer_state_dict(part, optimizer, options=_optim_options()))
     return merged
 
 
 def _set_model(parts: list[torch.nn.Module], merged: dict[str, Any]) -> None:
     """Load a merged model state into every part (each takes its own keys; a part whose
     checkpoints hold only its trainable parameters takes those)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     strict = StateDictOptions(strict=len(parts) == 1 and not any(map(saves_trainable_only, parts)))
     for part in parts:
         set_model_state_dict(part, merged, options=strict)
@@ -144,6 +153,8 @@ def load_model(path: Path, parts: list[torch.nn.Module], *, verified: bool = Fal
     Integrity is checked first unless the caller already did (``verified``: the path
     came from :func:`resolve_checkpoint` or :func:`find_latest`); the files are read
     without running code from them either way."""
+    from forge_core.train.checkpoint_reader import load_state
+
     path = Path(path)
     if not verified:
         why = problem_with(path)
@@ -230,6 +241,8 @@ def has_checksums(path: Path) -> bool:
 def problem_with(path: Path) -> str | None:
     """Why ``path`` is not a complete, intact checkpoint, or ``None`` when it is. Raises
     :class:`UnsafeCheckpoint` for a ``.metadata`` made to run code."""
+    from forge_core.train.checkpoint_reader import METADATA, CorruptCheckpoint, read_metadata
+
     if not path.is_dir():
         return "the directory does not exist"
     manifest = _manifest(path)
@@ -396,9 +409,17 @@ def remove_stale_temporaries(run_dir: Path) -> tuple[list[Path], int]:
     return found, freed
 
 
+def _checkpoint_exception() -> type[BaseException] | tuple[()]:
+    """DCP's ``CheckpointException``, or no class (``isinstance(e, ())`` is False) while
+    DCP is not imported: then nothing can have raised one."""
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    return () if api is None else api.CheckpointException
+
+
 def _causes(exc: BaseException) -> list[BaseException]:
     """``exc``, what it was raised from, and what a DCP ``CheckpointException`` carries
     from each rank."""
+    dcp_error = _checkpoint_exception()
     seen: list[BaseException] = []
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -406,7 +427,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
         if e is None or any(e is s for s in seen):
             continue
         seen.append(e)
-        if isinstance(e, CheckpointException):
+        if isinstance(e, dcp_error):
             stack += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
         stack += [e.__cause__, e.__context__]
     return seen
@@ -416,10 +437,11 @@ def is_disk_full(exc: BaseException, path: Path, needed: int | None = None) -> b
     """Whether ``exc`` (from writing under ``path``) means the disk or quota is full.
     torch's zip writer reports a short write as ``unexpected pos``: count it as full
     when the file system has less room than the write needed."""
+    dcp_error = _checkpoint_exception()
     for e in _causes(exc):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if not isinstance(e, CheckpointException) and "No space left on device" in str(e):
+        if not isinstance(e, dcp_error) and "No space left on device" in str(e):
             return True  # wrapped by a library (safetensors reports the OS error in its text)
         if isinstance(e, RuntimeError) and "unexpected pos" in str(e):
             free = free_bytes(path)
@@ -501,6 +523,8 @@ class CheckpointManager:
         """One part of a save, then agreement (over ``group``): when any process failed,
         rank 0 removes the partial write and every process raises; a full disk is a
         :class:`ForgeError`."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
         failure: BaseException | None = None
         if run:
             try:
@@ -551,6 +575,10 @@ class CheckpointManager:
         :meth:`poll` or :meth:`wait` that finds it complete. There, the model and
         optimizer files are written after ``writing`` and in the background; the save of
         the previous call, if still in flight, is waited for first."""
+        import torch.distributed.checkpoint as dcp
+
+        from forge_core.train import checkpoint_async
+
         self.wait()
         _hush_single_process_notice()
         final = self.root / step_name(step)
@@ -722,6 +750,11 @@ class CheckpointManager:
         another number of processes, it is resharded and ``warn`` is told what cannot
         carry over (see :mod:`forge_core.train.elastic`). ``check`` sees the train state
         before any tensor is read, so a refusal it raises comes before a shape mismatch."""
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        from forge_core.train.checkpoint_reader import load_state
+
         saved_world = self._saved_world(path)
         state_file = path / train_state_name(elastic.source_rank(self.rank, saved_world))
         try:
@@ -762,7 +795,7 @@ class CheckpointManager:
             ) from None
         _set_model(parts, full["model"])
         for part, optimizer in zip(parts, optimizers, strict=True):
-            set_optimizer_state_dict(part, optimizer, full["optim"], options=_OPTIM_OPTIONS)
+            set_optimizer_state_dict(part, optimizer, full["optim"], options=_optim_options())
         self.intact.add(path)
         if self.rank == 0:  # a run killed before it pruned, or with nothing left to train, prunes here
             self._prune(path)

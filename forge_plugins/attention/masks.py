@@ -80,9 +80,6 @@ def _compact(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts[:, None], indices.to(torch.int32)[:, None]
 
 
-# Built eagerly even inside torch.compile(model): it inspects doc_ids (a data-dependent
-# branch) and returns a BlockMask, neither of which a graph should capture.
-@torch.compiler.disable
 def document_block_mask(
     doc_ids: torch.Tensor | None,
     seq_len: int,
@@ -235,7 +232,6 @@ def _pad_last(t: torch.Tensor, extra: int) -> torch.Tensor:
     return t if extra <= 0 else torch.cat([t, t[:, -1:].expand(-1, extra)], dim=1)
 
 
-@torch.compiler.disable
 def query_block_mask(
     doc_ids: torch.Tensor | None,
     query_index: torch.Tensor,
@@ -303,3 +299,19 @@ def query_block_mask(
         mask_mod=mask_mod,
         seq_lengths=(q_len, seq_len),
     )
+
+
+# The BlockMask builders run eagerly even inside torch.compile(model): they inspect
+# doc_ids (a data-dependent branch) and return a BlockMask, neither of which a graph
+# should capture. torch.compiler.disable imports torch._dynamo (over a second of CPU),
+# which the sdpa and eager backends never need, so each is wrapped when first looked up on
+# this module (PEP 562), not at import: every caller gets the wrapped function.
+_OUTSIDE_GRAPHS = {fn.__name__: fn for fn in (document_block_mask, query_block_mask)}
+del document_block_mask, query_block_mask
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OUTSIDE_GRAPHS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    fn = globals()[name] = torch.compiler.disable(_OUTSIDE_GRAPHS[name])
+    return fn
