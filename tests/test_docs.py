@@ -63,7 +63,9 @@ CHAPTERS = sorted(
 
 @pytest.fixture(scope="session")
 def chapter_failures(request, tmp_path_factory):
-    """Every selected chapter, played in one runner process."""
+    """Every selected chapter, and getting started if its test is selected, played in
+    one runner process (torch and Forge imported once for all of them)."""
+    selected = {getattr(item, "originalname", "") for item in request.session.items}
     wanted = sorted(
         {
             item.callspec.params["chapter"]
@@ -72,8 +74,12 @@ def chapter_failures(request, tmp_path_factory):
             and hasattr(item, "callspec")
         }
     )
-    chapters = {f"docs/plugin-guide/{name}": (GUIDE / name).read_text() for name in wanted}
-    return play_chapters(chapters, tmp_path_factory.mktemp("chapters"))
+    chapters, settings = {}, {}
+    if "test_getting_started_commands_run_as_pasted" in selected:
+        chapters[GETTING_STARTED] = (REPO / GETTING_STARTED).read_text()
+        settings[GETTING_STARTED] = Setting(links=("configs",), train_overrides=SMALL)
+    chapters.update({f"docs/plugin-guide/{name}": (GUIDE / name).read_text() for name in wanted})
+    return play_chapters(chapters, tmp_path_factory.mktemp("chapters"), settings)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -146,14 +152,11 @@ def test_every_getting_started_command_is_run():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_getting_started_commands_run_as_pasted(tmp_path):
+def test_getting_started_commands_run_as_pasted(chapter_failures):
     """The page's commands, from a checkout's root (``configs/`` linked in), each
-    training command with :data:`SMALL` appended."""
-    setting = Setting(links=("configs",), train_overrides=SMALL)
-    played = play_chapters(
-        {GETTING_STARTED: (REPO / GETTING_STARTED).read_text()}, tmp_path, {GETTING_STARTED: setting}
-    )
-    assert played[GETTING_STARTED] is None, played[GETTING_STARTED]
+    training command with :data:`SMALL` appended (played with the plugin guide's
+    chapters, in their runner process)."""
+    assert chapter_failures[GETTING_STARTED] is None, chapter_failures[GETTING_STARTED]
 
 
 # The harness itself must be able to fail, or the chapter tests prove nothing.

@@ -9,6 +9,9 @@ Tolerance as in :mod:`test_parallel_equivalence`: 1e-5 relative (fp32, reduction
 only; measured at most 9e-8). A checkpoint whose model or optimizer state did not load
 would move the losses after the resume by far more: the model would be back at its
 initialisation (a loss of about 5.6 instead of 5.4) or Adam's moments lost.
+
+The runs resumed are the session's (:mod:`forge_runs`), which
+:mod:`test_forge_run_parallel` compares with one process too.
 """
 
 from __future__ import annotations
@@ -18,55 +21,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import torch_threads
-from test_forge_run_parallel import RTOL, forge_run
-from train_helpers import read_metrics, tiny_config, write_config
-
-from forge_core.testing import CliResult
-from forge_core.testing import forge_run as in_process
+from forge_runs import LAYOUTS, RESUME_AT, RTOL, STEPS, config, launch, saved_runs
+from train_helpers import read_metrics
 
 pytestmark = pytest.mark.distributed
-
-STEPS, RESUME_AT = 5, 2
-LAYOUTS = {
-    "one": (1, {}),
-    "fsdp": (2, {"dp_shard": 2}),
-    "tp": (2, {"tp": 2}),
-    "pp": (2, {"pp": 2, "options": {"pp": {"microbatches": 2}}}),
-    "cp": (2, {"cp": 2}),  # each row's tokens split over 2 ranks; FSDP shards over them
-}
-
-
-def config(tmp: Path, name: str, parallel: dict) -> dict:
-    # concat without isolation: the one data layout every strategy (pp included) accepts.
-    cfg = tiny_config(tmp, name=name, parallel=parallel, logging={"loggers": ["jsonl"]})
-    cfg["data"]["packer_options"] = {"isolate": False}
-    cfg["train"]["steps"] = STEPS
-    cfg["checkpoint"] = {"every": RESUME_AT, "keep": 5, "async": "dp_shard" in parallel}
-    return cfg
-
-
-def launch(tmp: Path, name: str, nproc: int, cfg: dict) -> CliResult:
-    """``forge-run train --nproc N`` on ``cfg``. One process trains in this one: the
-    process boundary is not what these tests are about (the resharding is), and a
-    subprocess would import torch again for each of the five one-process runs."""
-    path = write_config(tmp / f"{name}.yaml", cfg)
-    if nproc == 1:
-        with torch_threads(1):  # as the subprocesses run (OMP_NUM_THREADS=1)
-            proc = in_process(["train", path])
-    else:
-        done = forge_run("train", "--nproc", str(nproc), path)
-        proc = CliResult(done.returncode, done.stdout, done.stderr)
-    assert proc.code == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return proc
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("elastic")
-    for name, (nproc, parallel) in LAYOUTS.items():
-        launch(tmp, name, nproc, config(tmp, name, parallel))
-    return tmp
+    return saved_runs(tmp_path_factory)
 
 
 def resume_elsewhere(

@@ -3,7 +3,8 @@ CPU processes give the per-step losses and gradient norms of one process, on row
 with isolated documents (the loader's doc_ids and positions reach every pipeline
 stage); combinations the pipeline rules refuse stop before torchrun is even started. The
 runs hold out documents and evaluate every 2 steps: the eval numbers under FSDP and
-pipeline parallelism are those of one process.
+pipeline parallelism are those of one process. The runs are the session's
+(:mod:`forge_runs`), which :mod:`test_elastic_resume` also resumes on other layouts.
 
 Tolerance as in :mod:`test_parallel_equivalence` (fp32, reduction order only): 1e-5
 relative, against losses and norms that ``metrics.jsonl`` records to full precision.
@@ -11,54 +12,25 @@ relative, against losses and norms that ``metrics.jsonl`` records to full precis
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from forge_runs import EVAL_EVERY, RTOL, STEPS, saved_runs
 from train_helpers import read_metrics, tiny_config, write_config
 
 pytestmark = pytest.mark.distributed
 
-RTOL = 1e-5
-
-
-def forge_run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "forge_core.cli", *args], capture_output=True, text=True, env=env, timeout=240
-    )
-
-
-def config(tmp_path: Path, name: str, **parallel) -> str:
-    # concat isolates documents by default: doc_ids and positions go with every batch.
-    cfg = tiny_config(tmp_path, name=name, parallel=parallel, logging={"loggers": ["jsonl"]})
-    cfg["train"]["steps"] = 4
-    cfg["data"]["heldout"] = {"fraction": 0.3}
-    cfg["eval"] = {"enabled": True, "every": 2}
-    return write_config(tmp_path / f"{name}.yaml", cfg)
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("forge_run")
-    out = {}
-    for name, nproc, parallel in (
-        ("one", 1, {}),
-        ("fsdp", 2, {"dp_shard": 2}),
-        ("pp", 2, {"pp": 2, "options": {"pp": {"microbatches": 2}}}),
-    ):
-        proc = forge_run("train", "--nproc", str(nproc), config(tmp, name, **parallel))
-        assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        out[name] = read_metrics(tmp / name)
-    return out
+    saved = saved_runs(tmp_path_factory)  # the runs test_elastic_resume resumes
+    return {name: read_metrics(saved / name) for name in ("one", "fsdp", "pp")}
 
 
 @pytest.mark.parametrize("name", ["fsdp", "pp"])
 def test_forge_run_two_processes_equals_one(runs, name):
     one, got = runs["one"], runs[name]
-    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
     assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in one], rel=RTOL)
     assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in one], rel=RTOL)
     assert [m["tokens"] for m in got] == [m["tokens"] for m in one]
@@ -71,7 +43,9 @@ def test_forge_run_two_processes_evaluate_like_one(runs, name):
     def evals(records, key):
         return {m["step"]: m[key] for m in records if key in m}
 
-    assert sorted(evals(one, "eval/loss")) == [2, 4] and evals(one, "eval/tokens")[2] > 0
+    # every EVAL_EVERY steps, and at the end (eval.at_end)
+    every = [step for step in range(1, STEPS + 1) if step % EVAL_EVERY == 0 or step == STEPS]
+    assert sorted(evals(one, "eval/loss")) == every and evals(one, "eval/tokens")[2] > 0
     assert evals(got, "eval/tokens") == evals(one, "eval/tokens")
     for key in ("eval/loss", "eval/perplexity"):
         assert evals(got, key) == pytest.approx(evals(one, key), rel=RTOL)
