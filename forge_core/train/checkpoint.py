@@ -174,6 +174,8 @@ def saved_model_differences(
     (:func:`model_state`, every process's, through ``gather``) differ: names only one
     has, shapes that differ. For a checkpoint that records no adapter settings (written
     by an older Forge), where fewer adapters would otherwise load silently."""
+    from forge_core.train.checkpoint_reader import read_metadata
+
     saved = {
         key.removeprefix("model."): list(meta.size)
         for key, meta in read_metadata(path).state_dict_metadata.items()
