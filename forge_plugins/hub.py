@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 
 from forge_core.api import ForgeError
-from forge_core.api.files import FileRefused, read_small_text
+from forge_core.api.unstable import FileRefused, read_small_text
 
 #: ``org/name`` as the Hub spells repository ids (each part: letters, digits, ``-_.``).
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")

@@ -11,10 +11,10 @@ the stable names of :mod:`forge_core.api` alone. Torch-free, like the facade.
 
 from __future__ import annotations
 
-from forge_core.api.chat import conversation, missing_fields
+from forge_core.api.chat import chat_hint, conversation, missing_fields
 from forge_core.api.environ import environment
 from forge_core.api.errors import did_you_mean, show_value, unknown_name
-from forge_core.api.files import atomic_write, fsync_dir
+from forge_core.api.files import METADATA_LIMIT, FileRefused, atomic_write, fsync_dir, read_small_text
 from forge_core.api.fingerprint import file_stat, stat_unchanged
 from forge_core.api.metrics import format_perplexity
 from forge_core.api.options import option_doc
@@ -51,6 +51,7 @@ MOVED_FROM_API = {
 }
 
 __all__ = [
+    "chat_hint",
     "conversation",
     "missing_fields",
     "did_you_mean",
@@ -59,6 +60,9 @@ __all__ = [
     "environment",
     "atomic_write",
     "fsync_dir",
+    "read_small_text",
+    "FileRefused",
+    "METADATA_LIMIT",
     "file_stat",
     "stat_unchanged",
     "format_perplexity",

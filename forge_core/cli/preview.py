@@ -24,12 +24,15 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from forge_core.api import IGNORE_INDEX, INPUT_IDS, LABELS, ForgeError, Plan, SpecialDecodingTokenizer
+
+if TYPE_CHECKING:
+    from forge_core.registry import Registries
 
 OPEN, CLOSE = "[[", "]]"
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
@@ -86,7 +89,7 @@ def load_plan(config_path: str, overrides: list[str]) -> tuple[Plan, Any]:
     return judged.plan, registries
 
 
-def first_rows(plan: Plan, registries: Any, tokenizer: Any, count: int) -> list[RowPreview]:
+def first_rows(plan: Plan, registries: Registries, tokenizer: Any, count: int) -> list[RowPreview]:
     """The first ``count`` rows the trainer reads (fewer when the data has fewer)."""
     from forge_core.data.build import build_training_data
     from forge_core.data.loader import StatefulLoader

@@ -394,7 +394,7 @@ def _counts_its_pairs(
         allowed = reference_mask(ids, seq_len, mask_mod=mask_mod).expand(rows, 1, seq_len, seq_len)
         expected, got = int(allowed.sum()), instance.attended_pairs(ids, rows, seq_len)
         assert got == expected, (
-            f"{label}: attended_pairs({'doc_ids' if ids is not None else 'None'}, {rows}, {seq_len}) "
+            f"{label}: attended_pairs({'document ids' if ids is not None else 'None'}, {rows}, {seq_len}) "
             f"returned {got!r}, but its mask allows {expected} query-key pairs (the reference's)"
         )
 

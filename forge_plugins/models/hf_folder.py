@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_core.api import ForgeError
-from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
+from forge_core.api.unstable import METADATA_LIMIT, FileRefused, read_small_text
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

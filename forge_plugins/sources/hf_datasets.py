@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from forge_core.api import FileSet, ForgeError
-from forge_core.api.chat import chat_hint
+from forge_core.api.unstable import chat_hint
 
 OPTION = "data.source_options"
 EXTRA = "pip install 'forge-trainer[datasets]'"

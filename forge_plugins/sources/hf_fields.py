@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
+from forge_core.api.unstable import METADATA_LIMIT, FileRefused, read_small_text
 
 #: Bytes of a JSON Lines file read for its first record.
 FIRST_RECORD_BYTES = 1 << 20

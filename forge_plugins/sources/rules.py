@@ -116,7 +116,7 @@ def check_chat_records(ctx: Any) -> list[str]:
 
 def _text_records(path: str, field: str) -> None:
     """Refuse a JSON Lines file whose first record is chat data read as text."""
-    from forge_core.api.chat import chat_hint
+    from forge_core.api.unstable import chat_hint
     from forge_plugins.sources.hf_fields import _first_json_record
 
     try:
@@ -145,7 +145,7 @@ def _text_field_problem(options: Any, files: list[str], fmt: str, chat: str = ""
     field = options.text_field
     if field in found:
         return None
-    from forge_core.api.chat import chat_hint
+    from forge_core.api.unstable import chat_hint
 
     fix = chat_hint(found) or (
         f"{did_you_mean(field, found)} Set {OPTION}.text_field to the field that holds the text."

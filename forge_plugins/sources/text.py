@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from forge_core.api import FileSet, ForgeError
-from forge_core.api.chat import chat_hint
+from forge_core.api.unstable import chat_hint
 
 OPTION = "data.source_options"
 

@@ -125,7 +125,7 @@ def read_template(path: str) -> str:
     """The text of the template file ``path`` (``data.chat.template``), or a ForgeError:
     a regular file (a FIFO or a device would block or never end) of at most
     :data:`TEMPLATE_BYTES`."""
-    from forge_core.api.files import FileRefused, read_small_text
+    from forge_core.api.unstable import FileRefused, read_small_text
 
     try:
         return read_small_text(path, TEMPLATE_BYTES, "the chat template")

@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 from forge_core.api import ForgeError
-from forge_core.api.files import METADATA_LIMIT, FileRefused, read_small_text
+from forge_core.api.unstable import METADATA_LIMIT, FileRefused, read_small_text
 from forge_plugins import hub
 from forge_plugins.tokenizers.options import HFOptions
 
@@ -88,7 +88,7 @@ def chat_template_source(path: str) -> str | None:
     ``tokenizer_config.json``, a named list's ``default``)."""
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):
-        from forge_core.api.files import FileRefused, read_small_text
+        from forge_core.api.unstable import FileRefused, read_small_text
         from forge_plugins.tokenizers.chat import TEMPLATE_BYTES
 
         try:

@@ -39,7 +39,16 @@ import variants
 
 from forge_core import components
 from forge_core import plan as planning
-from forge_core.api import DOC_IDS, IGNORE_INDEX, INPUT_IDS, LABELS, POSITIONS, ForgeError, Plan
+from forge_core.api import (
+    DOC_IDS,
+    IGNORE_INDEX,
+    INPUT_IDS,
+    LABELS,
+    POSITIONS,
+    ForgeError,
+    OptimizerStepModule,
+    Plan,
+)
 from forge_core.cli.exiting import exit_process
 from forge_core.config.blocks import resolve_components
 from forge_core.config.schema import ForgeConfig
@@ -493,7 +502,7 @@ def train(pmodel: Any, plan: Plan, data: list[dict[str, torch.Tensor]]) -> dict[
         pmodel.finish_gradients()
         norm = clip_grad_norm(pmodel, MAX_NORM)
         optimizer.step()
-        for update in module_hooks.calls(pmodel.parts, "after_optimizer_step"):  # the loss-free bias update
+        for update in module_hooks.calls(pmodel.parts, OptimizerStepModule):  # the loss-free bias update
             update()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
