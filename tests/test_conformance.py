@@ -851,7 +851,7 @@ def test_kit_checks_the_optional_capabilities_an_attention_backend_has():
     check_attention_backend(Counts)
     check_attention_backend(Shards)
     with pytest.raises(
-        AssertionError, match=r"attended_pairs\(doc_ids, 2, 16\) returned 272, but its mask allows"
+        AssertionError, match=r"attended_pairs\(document ids, 2, 16\) returned 272, but its mask allows"
     ):
         check_attention_backend(_CountsCausalPairs)
     with pytest.raises(
