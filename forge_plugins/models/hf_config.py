@@ -55,6 +55,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 #: The architecture of each model_type Forge reads.
 _TYPE_ARCHITECTURES = {**ARCHITECTURES, **{kind: arch for kind, (_, arch) in MOE_TYPES.items()}}
@@ -430,7 +431,7 @@ def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
         "initializer_range": options.init_std,
         "architectures": [_TYPE_ARCHITECTURES[model_type]],
     }
-    if family in ("llama", "qwen3"):
+    if family in ("llama", "qwen3", "olmo2"):
         kwargs["attention_bias"] = bool(options.attention_bias)
     if family == "llama":
         kwargs["mlp_bias"] = bool(options.mlp_bias)

@@ -1,14 +1,15 @@
 """The fields of a Hugging Face ``config.json`` that decide what Forge builds: each one's
 JSON type, the range its meaning implies, and its value when the key is left out or set
 to ``null``, as transformers' config class of the checkpoint's ``model_type`` reads it (``LlamaConfig``,
-``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``, ``Qwen3MoeConfig``, ``MixtralConfig``
-of transformers 5; the mixture-of-experts fields of the last two are read by
+``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``, ``Olmo2Config``, ``Qwen3MoeConfig``,
+``MixtralConfig`` of transformers 5; the mixture-of-experts fields of the last two are read by
 :mod:`forge_plugins.models.hf_moe`).
 
 An explicit ``null`` means what it means there: ``sliding_window: null`` is no window
 (not the class default 4096), ``num_key_value_heads: null`` one key/value head per query
 head, ``head_dim: null`` ``hidden_size / num_attention_heads`` (llama, mistral, mixtral),
-``rope_scaling: null`` no scaling, a yarn ``truncate: null`` no rounding. Where
+``rope_scaling: null`` no scaling, a yarn ``truncate: null`` no rounding (olmo2 reads
+``head_dim`` as llama does, but its attention cannot take a ``null`` one). Where
 transformers cannot load a ``null`` (a field typed ``int``, ``head_dim`` of qwen2 whose
 attention multiplies by it), Forge refuses it too. :func:`read_fields` reports every
 problem at once, each naming the field with its value and a fix, and never builds
@@ -82,7 +83,7 @@ FIELDS = (
         "int",
         at_least(1),
         "the key/value heads of each layer",
-        _each(llama=DERIVED, mistral=8, mixtral=8, qwen3_moe=4, other=32),
+        _each(llama=DERIVED, olmo2=DERIVED, mistral=8, mixtral=8, qwen3_moe=4, other=32),
         _each(mistral=REFUSED, mixtral=REFUSED, qwen3_moe=REFUSED, other=DERIVED),
     ),
     Field(
@@ -98,18 +99,18 @@ FIELDS = (
         "int",
         at_least(1),
         "the positions the rotary table covers",
-        _each(llama=2048, mistral=131072, mixtral=131072, other=32768),
+        _each(llama=2048, olmo2=2048, mistral=131072, mixtral=131072, other=32768),
     ),
     Field(
         "rms_norm_eps",
         "number",
         above(0),
         "it keeps the RMSNorm division finite",
-        _each(mixtral=1e-5, other=1e-6),
+        _each(mixtral=1e-5, olmo2=1e-5, other=1e-6),
     ),
     Field("tie_word_embeddings", "bool", None, "", False),
     Field("hidden_act", "str", None, "", "silu"),
-    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3", "qwen3_moe")),
+    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3", "qwen3_moe", "olmo2")),
     Field("mlp_bias", "bool", None, "", False, families=("llama",)),
     Field("pretraining_tp", "int", at_least(1), "a split of the projections", 1, 1, families=("llama",)),
     Field(

@@ -23,6 +23,7 @@ INIT_FROM_HF = "llama.init-from-hf"
 MOE_OPTIONS = "llama.moe-options"
 MOE_SEQUENCE_CP = "llama.moe-sequence-scope-cp"
 MOE_BIAS_PIPELINE = "llama.moe-bias-pipeline"
+OLMO2_TENSOR_PARALLEL = "llama.olmo2-tensor-parallel"
 
 
 def _llama_options(ctx: Any) -> LlamaOptions | None:
@@ -62,9 +63,9 @@ def family_problems(options: LlamaOptions) -> list[str]:
     """Options the family's Hugging Face architecture has no place for."""
     family = options.family
     problems = []
-    if options.attention_bias and family not in ("llama", "qwen3"):
+    if options.attention_bias and family not in ("llama", "qwen3", "olmo2"):
         problems.append(
-            f"attention_bias=true with family {family!r}: only llama and qwen3 have biases on every "
+            f"attention_bias=true with family {family!r}: only llama, qwen3 and olmo2 have biases on every "
             "attention projection (qwen2 always has q/k/v biases and no o bias)"
         )
     if options.mlp_bias and family != "llama":
@@ -201,6 +202,19 @@ def check_moe_sequence_cp(ctx: Any) -> str | None:
     )
 
 
+def check_olmo2_tensor_parallel(ctx: Any) -> str | None:
+    options = _llama_options(ctx)
+    tp = ctx.degrees.get("tp", 1) if ctx.is_active("tp") else 1
+    if options is None or options.family != "olmo2" or tp < 2:
+        return None
+    return (
+        f"model.options.family='olmo2' with parallel.tp={tp}: OLMo 2 normalises the whole query and "
+        "key projections (one RMSNorm over every head's channels together), and tensor parallelism "
+        f"gives each rank 1/{tp} of the heads, so each rank's norm would see only its own heads' "
+        "channels and compute another mean of squares"
+    )
+
+
 def check_init_from_hf(ctx: Any) -> list[str]:
     options = _llama_options(ctx)
     if options is None or not options.init_from_hf:
@@ -301,6 +315,15 @@ def rules() -> list[Any]:
             "with aux_loss_scope: sequence)",
         ),
         Rule(
+            id=OLMO2_TENSOR_PARALLEL,
+            severity="error",
+            paths=("model.options.family", "parallel.tp"),
+            summary="OLMo 2's q/k norms span every head, which tensor parallelism splits",
+            check=check_olmo2_tensor_parallel,
+            fix="set parallel.tp: 1 and scale with fsdp, pp, cp or ddp (they need nothing of the model's "
+            "heads)",
+        ),
+        Rule(
             id=INIT_FROM_HF,
             severity="error",
             paths=("model.options.init_from_hf",),
@@ -311,6 +334,6 @@ def rules() -> list[Any]:
             check=check_init_from_hf,
             fix="remove the model options the message names (they are read from the checkpoint), correct "
             "the config.json field or folder file it names, or point init_from_hf at a Llama, Qwen2, "
-            "Qwen3, Mistral, Qwen3-MoE or Mixtral folder written by save_pretrained",
+            "Qwen3, Mistral, OLMo 2, Qwen3-MoE or Mixtral folder written by save_pretrained",
         ),
     ]
