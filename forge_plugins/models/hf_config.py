@@ -1,7 +1,8 @@
 """A Hugging Face ``config.json`` <-> the ``llama`` options, without torch.
 
 - :func:`options_from_hf_config`: the option values a checkpoint's ``config.json``
-  describes, and every feature of it Forge cannot reproduce (each naming the field).
+  describes, and every feature of it Forge cannot reproduce (each naming the field; a
+  field Forge does not read is one: :mod:`forge_plugins.models.hf_report`).
 - :func:`resolve_options`: the loader's resolver (``ModelSpec.resolve_options``): unset
   options from the ``init_from_hf`` checkpoint, else the defaults. It never raises: a
   folder it cannot read leaves the defaults, and the ``llama.init-from-hf`` rule says why.
@@ -42,6 +43,7 @@ from forge_plugins.models.hf_moe import (
     moe_type,
     with_checkpoint_moe,
 )
+from forge_plugins.models.hf_report import unread_fields, unsupported_report
 from forge_plugins.models.options import (
     LlamaOptions,
     RopeScaling,
@@ -118,11 +120,12 @@ def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]
 def _model_type(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     family = config.get("model_type")
     if not isinstance(family, str) or family not in MODEL_TYPES:
-        return None, [
+        refused = (
             f"config.json model_type is {show_value(family)}: Forge's llama imports "
             f"{', '.join(map(repr, MODEL_TYPES))} checkpoints "
             f"(architectures {', '.join(_TYPE_ARCHITECTURES.values())})"
-        ]
+        )
+        return None, [refused, *(unsupported_report(config, family) if isinstance(family, str) else [])]
     architectures = config.get("architectures")
     if architectures is not None and (
         not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
@@ -187,9 +190,7 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
         "sliding_window": window,
         "moe": moe,
     }
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key) and not values[key]:
-            problems.append(f"{key}=true is not part of a {family} checkpoint Forge can load")
+    problems += unread_fields(config, model_type, _TYPE_ARCHITECTURES[model_type])
     return values, problems
 
 
