@@ -78,18 +78,13 @@ def yarn_attention_factor(
 
 def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]:
     """``(rope scaling, problems)`` from the rope dict of
-    :func:`~forge_plugins.models.hf_fields.read_fields` (checked, nulls read)."""
+    :func:`~forge_plugins.models.hf_fields.read_fields` (checked, nulls read, its type
+    one of ``ROPE_KEYS``)."""
     rope_type = params["rope_type"]
     problems = []
     partial = params.get("partial_rotary_factor", 1.0)
     if partial != 1:
         problems.append(f"partial_rotary_factor={partial!r}: Forge rotates every channel of a head")
-    if rope_type not in ROPE_KEYS:
-        problems.append(
-            f"rope type {rope_type!r} is not supported (Forge implements "
-            f"{', '.join(ROPE_KEYS)}; dynamic only within the original context)"
-        )
-        return RopeScaling(), problems
     values: dict[str, Any] = {"type": rope_type}
     for key in ROPE_KEYS[rope_type]:
         if key in params:
@@ -142,21 +137,23 @@ def _model_type(config: dict[str, Any]) -> tuple[str | None, list[str]]:
 def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``(option values, problems)`` for a ``config.json``. The values cover every option
     a checkpoint decides (``moe``: its :class:`MoEOptions`, or ``None``); a problem names
-    the field Forge cannot reproduce. A field of the wrong type or out of range gives no
-    values, only its problem."""
+    the field Forge cannot reproduce (a field it does not read is one, reported whatever
+    else is). A field of the wrong type or out of range gives no values, only its problem."""
     model_type, problems = _model_type(config)
     if model_type is None:
         return {}, problems
+    unread = unread_fields(config, model_type, _TYPE_ARCHITECTURES[model_type])
     config, problems = expert_count_key(config)
     fields, found = read_fields(config, model_type)
     problems += found
     moe, found = (None, []) if problems else moe_from_fields(config, model_type, fields)
     problems += found
     if problems:
-        return {}, problems
+        return {}, problems + unread
     family = MOE_TYPES[model_type][0] if model_type in MOE_TYPES else model_type
     max_pos = fields["max_position_embeddings"]
     scaling, problems = _rope(fields["rope"], max_pos)
+    problems += unread
     window = 0
     if family == "mistral":
         window = fields["sliding_window"] or 0
@@ -190,7 +187,6 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
         "sliding_window": window,
         "moe": moe,
     }
-    problems += unread_fields(config, model_type, _TYPE_ARCHITECTURES[model_type])
     return values, problems
 
 

@@ -377,7 +377,13 @@ def _rope(config: dict[str, Any], family: str) -> tuple[dict[str, Any], list[str
     if rope_type == "yarn":
         read += ("mscale", "mscale_all_dim")
     out, problems = dict(params), []
-    if rope_type in ROPE_KEYS:
+    if rope_type not in ROPE_KEYS:
+        problems.append(
+            f"config.json {where['rope_type']}={rope_type!r}: rope type {rope_type!r} is not supported "
+            f"(Forge implements {', '.join(ROPE_KEYS)}; dynamic only within the original context), so "
+            "its positions would be rotated otherwise; start from a checkpoint with one of those"
+        )
+    else:
         # A key its type does not read would be ignored: reported (a null sets nothing).
         problems += [
             f"config.json {where[key]}={json_shown(params[key])} is not read by a {rope_type!r} rotary "

@@ -75,6 +75,12 @@ IGNORED: dict[str, Ignored] = {
     ),
     "tokenizer_class": Ignored("the tokenizer's class; Forge's tokenizer is data.tokenizer"),
     "attention_dropout": Ignored("dropout on the attention weights", (0, 0.0), _NO_DROPOUT),
+    "embd_pdrop": Ignored("dropout on the embeddings", (0, 0.0), _NO_DROPOUT),
+    "resid_pdrop": Ignored("dropout on the residual branches", (0, 0.0), _NO_DROPOUT),
+    "output_router_logits": _OUTPUTS,
+    "router_aux_loss_coef": Ignored(
+        "the weight of transformers' load-balancing loss in training; Forge's is model.options.moe.aux_loss"
+    ),
     "chunk_size_feed_forward": Ignored(
         "transformers computes the MLP in chunks of this many positions, the same values"
     ),
@@ -126,17 +132,9 @@ IGNORED: dict[str, Ignored] = {
         _SAMPLING,
     ),
 }
-_MOE_IGNORED = {
-    "output_router_logits": _OUTPUTS,
-    "router_aux_loss_coef": Ignored(
-        "the weight of transformers' load-balancing loss in training; Forge's is model.options.moe.aux_loss"
-    ),
-}
 #: Ignored by some families only.
 IGNORED_BY: dict[str, dict[str, Ignored]] = {
-    "mixtral": _MOE_IGNORED,
     "qwen3_moe": {
-        **_MOE_IGNORED,
         # Real Qwen3-MoE files carry it; Qwen3MoeConfig has no such field.
         "max_window_layers": Ignored(
             "transformers' Qwen3-MoE does not read it: with use_sliding_window every layer is windowed"
