@@ -1,0 +1,157 @@
+"""OLMo 2 beyond what :mod:`test_hf_interop` checks for every family (logits both ways
+in float32 and float64, export, the eager and flex backends): a Hub id from the offline
+cache, packed documents equal to each document alone, the control that shows the
+whole-projection q/k norm matters, and tensor parallelism refused by its rule.
+
+Bounds. In float32 Forge runs the same kernels in the same order as transformers'
+``Olmo2ForCausalLM`` (sdpa, the same RMSNorm formula with the weight applied before the
+cast back, the same rotary table): measured bitwise equal on this CPU. The assertions
+take the float32 rounding of the model's longest sum
+(:func:`~forge_core.testing.assert_within_rounding`), so another CPU's kernels may round
+otherwise and still pass; the control moves the logits by far more than that bound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hub_cache import put
+
+from forge_core import cli
+from forge_core.distributed.parallelize import materialize
+from forge_core.testing import assert_within_rounding, longest_sum, packed_metadata
+from forge_plugins.attention.options import SdpaOptions
+from forge_plugins.attention.sdpa import SdpaAttention
+from forge_plugins.models.llama import build
+from forge_plugins.models.options import LlamaOptions
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 67
+ID = "allenai/tiny-olmo2"
+
+
+@pytest.fixture(scope="module")
+def olmo2(tmp_path_factory):
+    """A random transformers Olmo2ForCausalLM (4 query heads, 2 key/value heads of 8
+    channels: q/k norms of 32 and 16) saved to a folder, its norms away from ones."""
+    path = tmp_path_factory.mktemp("olmo2")
+    config = transformers.AutoConfig.for_model(
+        "olmo2",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=500.0,
+        initializer_range=0.2,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    return path, model
+
+
+def forge_from(source: str) -> torch.nn.Module:
+    model = build(LlamaOptions(init_from_hf=source), VOCAB, SdpaAttention(SdpaOptions()))
+    materialize(model, "cpu")
+    return model.eval()
+
+
+def tokens(seq=24):
+    return torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(3))
+
+
+def same_logits(actual, expected, model, what):
+    return assert_within_rounding(
+        actual, expected, dtype=torch.float32, terms=longest_sum(model, actual.shape[1]), what=what
+    )
+
+
+@pytest.mark.numerical
+def test_a_hub_id_from_the_offline_cache_loads_with_transformers_logits(olmo2, tmp_path, monkeypatch):
+    folder, hf = olmo2
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    put(tmp_path / "hub", ID, folder)
+    model = forge_from(ID)
+    options = model.options
+    assert (options.family, options.n_heads, options.n_kv_heads, options.norm_eps) == ("olmo2", 4, 2, 1e-6)
+    block = model.layers["0"]
+    assert block.attention_norm is None and block.ffn_norm is None
+    assert block.attention.q_norm.weight.shape == (32,) and block.attention.k_norm.weight.shape == (16,)
+    with torch.no_grad():
+        same_logits(model(tokens()), hf(tokens()).logits, model, "olmo2 by Hub id against transformers")
+
+
+@pytest.mark.numerical
+def test_packed_documents_equal_each_document_alone(olmo2):
+    folder, hf = olmo2
+    model = forge_from(str(folder))
+    doc_ids, positions = packed_metadata([(6, 10)])
+    row = tokens(16)[:1]
+    with torch.no_grad():
+        packed = model(row, doc_ids=doc_ids, positions=positions)
+        for start, end in ((0, 6), (6, 16)):
+            alone = hf(row[:, start:end]).logits
+            same_logits(packed[:, start:end], alone, model, f"packed document [{start}, {end}) alone")
+
+
+def per_head(norm, head_dim):
+    """``norm`` (whole projection) replaced by the per-head RMSNorm with the same weight:
+    each head's channels normalised on their own (what qwen3 does)."""
+
+    def forward(x):
+        heads = x.view(*x.shape[:-1], -1, head_dim)
+        normed = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return norm.weight * normed.flatten(-2)
+
+    norm.forward = forward
+
+
+@pytest.mark.numerical
+def test_a_per_head_qk_norm_in_place_of_the_whole_projection_moves_the_logits(olmo2):
+    """The control: the same weights with q/k normalised per head give logits far outside
+    the bound the real model meets, so the equality above depends on the whole-projection
+    norm."""
+    folder, hf = olmo2
+    model = forge_from(str(folder))
+    with torch.no_grad():
+        expected = hf(tokens()).logits
+        same_logits(model(tokens()), expected, model, "olmo2")
+        for layer in model.layers.values():
+            per_head(layer.attention.q_norm, 8)
+            per_head(layer.attention.k_norm, 8)
+        moved = model(tokens())
+    with pytest.raises(AssertionError):
+        same_logits(moved, expected, model, "olmo2 with per-head q/k norms")
+    assert (moved - expected).abs().max() > 1e-2
+
+
+def test_tensor_parallelism_is_refused_by_a_rule_that_says_why(olmo2, tmp_path, capsys):
+    folder, _ = olmo2
+    assert forge_from(str(folder)).parallel_contract().tensor_parallel is None
+    data = {
+        "run": {"out_dir": str(tmp_path / "run")},
+        "model": {"name": "llama", "options": {"init_from_hf": str(folder), "max_seq_len": 32}},
+        "data": {"source": "stdlib", "tokenizer": "byte", "packer": "concat", "seq_len": 32},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(data))
+    code = cli.main(["check", str(path), "--world-size", "2", "parallel.dp_shard=2"])
+    out = capsys.readouterr().out
+    assert code == 0, out  # the control: fsdp needs nothing of the heads
+    code = cli.main(["check", str(path), "--world-size", "2", "parallel.tp=2"])
+    out = capsys.readouterr().out
+    assert code == 2 and "[llama.olmo2-tensor-parallel]" in out, out
+    assert "model.options.family='olmo2' with parallel.tp=2" in out and "mean of squares" in out, out
