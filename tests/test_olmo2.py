@@ -1,7 +1,8 @@
 """OLMo 2 beyond what :mod:`test_hf_interop` checks for every family (logits both ways
 in float32 and float64, export, the eager and flex backends): a Hub id from the offline
 cache, packed documents equal to each document alone, the control that shows the
-whole-projection q/k norm matters, and tensor parallelism refused by its rule.
+whole-projection q/k norm matters, and the tensor-parallel plan the q/k norms need (its
+training equals one process in tests/distributed/test_parallel_equivalence.py, tp_olmo2).
 
 Bounds. In float32 Forge runs the same kernels in the same order as transformers'
 ``Olmo2ForCausalLM`` (sdpa, the same RMSNorm formula with the weight applied before the
@@ -138,9 +139,19 @@ def test_a_per_head_qk_norm_in_place_of_the_whole_projection_moves_the_logits(ol
     assert (moved - expected).abs().max() > 1e-2
 
 
-def test_tensor_parallelism_is_refused_by_a_rule_that_says_why(olmo2, tmp_path, capsys):
+def test_the_tensor_parallel_plan_shards_the_qk_norms_with_their_heads(olmo2, tmp_path, capsys):
+    """The q/k norms span every head, which tp splits: their weights are sharded as the
+    projections' outputs are (their sums of squares all-reduced), not declared partial
+    as qwen3's per-head ones; the post-norms run on the replicated residual stream."""
+    from forge_plugins.models.llama_parallel import ProjectionNormParallel
+
     folder, _ = olmo2
-    assert forge_from(str(folder)).parallel_contract().tensor_parallel is None
+    plan = forge_from(str(folder)).parallel_contract().tensor_parallel(sequence_parallel=False)
+    styles = plan.block.styles
+    assert isinstance(styles["attention.q_norm"], ProjectionNormParallel)
+    assert isinstance(styles["attention.k_norm"], ProjectionNormParallel)
+    assert not plan.block.partial
+    assert set(plan.block.replicated) == {"post_attention_norm", "post_ffn_norm"}
     data = {
         "run": {"out_dir": str(tmp_path / "run")},
         "model": {"name": "llama", "options": {"init_from_hf": str(folder), "max_seq_len": 32}},
@@ -148,10 +159,6 @@ def test_tensor_parallelism_is_refused_by_a_rule_that_says_why(olmo2, tmp_path, 
     }
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(data))
-    code = cli.main(["check", str(path), "--world-size", "2", "parallel.dp_shard=2"])
-    out = capsys.readouterr().out
-    assert code == 0, out  # the control: fsdp needs nothing of the heads
     code = cli.main(["check", str(path), "--world-size", "2", "parallel.tp=2"])
     out = capsys.readouterr().out
-    assert code == 2 and "[llama.olmo2-tensor-parallel]" in out, out
-    assert "model.options.family='olmo2' with parallel.tp=2" in out and "mean of squares" in out, out
+    assert code == 0, out

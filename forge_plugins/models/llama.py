@@ -29,8 +29,8 @@ The parallelism strategies know the model through :meth:`Llama.parallel_contract
 only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
 only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
 (which covers every family's extra parameters: biases are sharded with their layer, the
-per-head q/k norms are ``partial``; olmo2's whole-projection q/k norms have none, so it has
-no tensor parallelism) is in :mod:`forge_plugins.models.llama_parallel`;
+per-head q/k norms are ``partial``, olmo2's whole-projection ones sharded with their heads)
+is in :mod:`forge_plugins.models.llama_parallel`;
 the output head is ``output`` (the chunked loss applies it itself); the routed experts
 of an MoE block are ``feed_forward.experts`` (``ParallelContract.experts``).
 
@@ -100,6 +100,29 @@ class RMSNorm(nn.Module):
         return self.weight * (h if h.dtype == x.dtype else h.to(x.dtype))
 
 
+class ProjectionNorm(RMSNorm):
+    """RMSNorm over a whole projection, every head's channels together (olmo2's q/k
+    norms). Under tensor parallelism each rank holds the channels of its heads and a
+    shard of the weight, and the plan sets ``group``
+    (:class:`~forge_plugins.models.llama_parallel.ProjectionNormParallel`): each rank
+    sums its channels' squares, the sums are all-reduced over the group, and each rank
+    scales its channels by its shard of the weight."""
+
+    group: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        h = x.to(compute)
+        # all_reduce of torch.distributed.nn carries gradients back to every rank's share.
+        squares = all_reduce(h.pow(2).sum(-1, keepdim=True), group=self.group)
+        h = h * torch.rsqrt(squares / self.weight.shape[0] + self.eps)  # the global width
+        return (self.weight.to_local() * h).to(x.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, options: LlamaOptions, backend: Any) -> None:
         super().__init__()
@@ -111,12 +134,21 @@ class Attention(nn.Module):
         self.wv = nn.Linear(options.dim, kv, bias=extra.qkv_bias)
         self.wo = nn.Linear(q, options.dim, bias=extra.out_bias)
         # Per head (qwen3): under tensor parallelism each rank normalises its own heads.
-        # Over the whole projection (olmo2): the mean of squares spans every head, so
-        # tensor parallelism, which splits the heads, is refused (llama.olmo2-tensor-parallel).
+        # Over the whole projection (olmo2): the mean of squares spans every head, which
+        # tensor parallelism splits, so the ranks sum their squares (ProjectionNorm).
         self.whole_qk_norm = extra.qk_norm == "projection"
-        q_width, kv_width = (q, kv) if self.whole_qk_norm else (self.head_dim, self.head_dim)
-        self.q_norm = RMSNorm(q_width, options.norm_eps, extra.post_norm) if extra.qk_norm else None
-        self.k_norm = RMSNorm(kv_width, options.norm_eps, extra.post_norm) if extra.qk_norm else None
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if self.whole_qk_norm:
+            self.q_norm, self.k_norm = (
+                ProjectionNorm(q, options.norm_eps, True),
+                ProjectionNorm(kv, options.norm_eps, True),
+            )
+        elif extra.qk_norm:
+            self.q_norm, self.k_norm = (
+                RMSNorm(self.head_dim, options.norm_eps),
+                RMSNorm(self.head_dim, options.norm_eps),
+            )
         self.backend = backend
 
     def forward(
@@ -213,33 +245,22 @@ class Llama(nn.Module):
     def parallel_contract(self) -> ParallelContract:
         """How the strategies split and shard this model (see the module docstring)."""
         feed_forwards = [layer.feed_forward for layer in self.layers.values()]
-        # No plan for q/k norms over the whole projection (olmo2): their mean of squares
-        # spans the heads that tensor parallelism splits (the llama.olmo2-tensor-parallel
-        # rule says so at check).
-        tensor_parallel = (
-            None
-            if features(self.options).qk_norm == "projection"
-            else functools.partial(
-                tensor_parallel_plan,
-                qk_norm=self.has_qk_norm,
-                dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
-                moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
-                shared=any(getattr(ffn, "shared", None) is not None for ffn in feed_forwards),
-            )
-        )
+        extra = features(self.options)
         return ParallelContract(
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
-            tensor_parallel=tensor_parallel,
+            tensor_parallel=functools.partial(
+                tensor_parallel_plan,
+                qk_norm=extra.qk_norm,
+                post_norm=extra.post_norm,
+                dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
+                moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
+                shared=any(getattr(ffn, "shared", None) is not None for ffn in feed_forwards),
+            ),
             output_head="output",
             experts="feed_forward.experts" if self.options.moe is not None else None,
             roles=held_roles(self.options),
         )
-
-    @property
-    def has_qk_norm(self) -> bool:
-        """Whether the blocks norm q and k (per head, qwen3: the plan declares those norms)."""
-        return any(layer.attention.q_norm is not None for layer in self.layers.values())
 
     def forward(
         self,
@@ -368,7 +389,8 @@ class Llama(nn.Module):
 def tensor_parallel_plan(
     *,
     sequence_parallel: bool,
-    qk_norm: bool = False,
+    qk_norm: str | None = None,
+    post_norm: bool = False,
     dense: bool = True,
     moe: bool = False,
     shared: bool = False,
@@ -378,7 +400,12 @@ def tensor_parallel_plan(
     from forge_plugins.models import llama_parallel
 
     return llama_parallel.tensor_parallel_plan(
-        sequence_parallel=sequence_parallel, qk_norm=qk_norm, dense=dense, moe=moe, shared=shared
+        sequence_parallel=sequence_parallel,
+        qk_norm=qk_norm,
+        post_norm=post_norm,
+        dense=dense,
+        moe=moe,
+        shared=shared,
     )
 
 

@@ -23,7 +23,6 @@ INIT_FROM_HF = "llama.init-from-hf"
 MOE_OPTIONS = "llama.moe-options"
 MOE_SEQUENCE_CP = "llama.moe-sequence-scope-cp"
 MOE_BIAS_PIPELINE = "llama.moe-bias-pipeline"
-OLMO2_TENSOR_PARALLEL = "llama.olmo2-tensor-parallel"
 
 
 def _llama_options(ctx: Any) -> LlamaOptions | None:
@@ -202,19 +201,6 @@ def check_moe_sequence_cp(ctx: Any) -> str | None:
     )
 
 
-def check_olmo2_tensor_parallel(ctx: Any) -> str | None:
-    options = _llama_options(ctx)
-    tp = ctx.degrees.get("tp", 1) if ctx.is_active("tp") else 1
-    if options is None or options.family != "olmo2" or tp < 2:
-        return None
-    return (
-        f"model.options.family='olmo2' with parallel.tp={tp}: OLMo 2 normalises the whole query and "
-        "key projections (one RMSNorm over every head's channels together), and tensor parallelism "
-        f"gives each rank 1/{tp} of the heads, so each rank's norm would see only its own heads' "
-        "channels and compute another mean of squares"
-    )
-
-
 def check_init_from_hf(ctx: Any) -> list[str]:
     options = _llama_options(ctx)
     if options is None or not options.init_from_hf:
@@ -313,15 +299,6 @@ def rules() -> list[Any]:
             check=check_moe_bias_pipeline,
             fix="accept the small drift, or balance by model.options.moe.aux_loss instead (exact under pp "
             "with aux_loss_scope: sequence)",
-        ),
-        Rule(
-            id=OLMO2_TENSOR_PARALLEL,
-            severity="error",
-            paths=("model.options.family", "parallel.tp"),
-            summary="OLMo 2's q/k norms span every head, which tensor parallelism splits",
-            check=check_olmo2_tensor_parallel,
-            fix="set parallel.tp: 1 and scale with fsdp, pp, cp or ddp (they need nothing of the model's "
-            "heads)",
         ),
         Rule(
             id=INIT_FROM_HF,

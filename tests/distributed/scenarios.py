@@ -82,7 +82,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
-    "olmo2": ("llama", {"family": "olmo2"}),  # post-norm, whole-projection q/k norms (no tp)
+    "olmo2": ("llama", {"family": "olmo2"}),  # post-norm, whole-projection q/k norms (all-reduced)
     "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
     # mixture-of-experts blocks (every second), dropless, with every balancing on: the
     # batch-scope loss's counts and the bias update's loads are summed over the data ranks
@@ -276,6 +276,8 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_qwen3": Scenario({"tp": 2}, variant="qwen3"),
     "tp_sp_qwen3": Scenario({"tp": 2, **SP}, variant="qwen3"),
     "fsdp_olmo2": Scenario({"dp_shard": 2}, variant="olmo2"),
+    "tp_olmo2": Scenario({"tp": 2}, variant="olmo2"),
+    "tp_sp_olmo2": Scenario({"tp": 2, **SP}, variant="olmo2"),
     # the chunked loss, compared with the full-logits single-process run
     "ddp_chunked": Scenario({"dp_replicate": 2}, CHUNKED),
     "fsdp_chunked": Scenario({"dp_shard": 2}, {**CHUNKED, "grad_accum": 2}),

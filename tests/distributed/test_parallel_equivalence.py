@@ -13,8 +13,8 @@ ranks), for ``*_qknorm`` a third-party variant with per-head q/k norms its
 tensor-parallel plan declares ``partial`` (:mod:`variants`), and for
 ``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family (q/k/v biases) and qwen3
 family (its own per-head q/k norms, ``partial`` in the built-in plan), ``*_olmo2`` the olmo2
-family (post-norm blocks, whole-projection q/k norms; fsdp and packed pp need nothing of
-it, tp is refused by a rule); each layout is
+family (post-norm blocks; q/k norms over the whole projection, whose sums of squares tp
+all-reduces over the ranks' heads); each layout is
 compared with a single-process run of its own model. After training, the evaluation
 loop (:mod:`eval_loop`) runs on each layout too.
 
@@ -86,6 +86,8 @@ TWO = [
     "tp_qwen3",
     "tp_sp_qwen3",
     "fsdp_olmo2",
+    "tp_olmo2",
+    "tp_sp_olmo2",
     "packed_pp_olmo2",
     "packed_ddp",
     "ddp_moe",
