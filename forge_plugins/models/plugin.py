@@ -23,7 +23,8 @@ def forge_models() -> list[ModelSpec]:
         ModelSpec(
             name="llama",
             summary=(
-                "Llama-style decoder (families llama, qwen2, qwen3, mistral, olmo2): RMSNorm, rotary, GQA, SwiGLU"
+                "Llama-style decoder (families llama, qwen2, qwen3, mistral, olmo2): RMSNorm, rotary, "
+                "GQA, SwiGLU"
             ),
             impl="forge_plugins.models.llama:build",
             options=LlamaOptions,
