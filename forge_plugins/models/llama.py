@@ -251,7 +251,8 @@ class Llama(nn.Module):
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=functools.partial(
                 tensor_parallel_plan,
-                qk_norm=extra.qk_norm,
+                qk_norm=extra.qk_norm == "head",
+                projection_norm=extra.qk_norm == "projection",
                 post_norm=extra.post_norm,
                 dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
                 moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
@@ -389,7 +390,8 @@ class Llama(nn.Module):
 def tensor_parallel_plan(
     *,
     sequence_parallel: bool,
-    qk_norm: str | None = None,
+    qk_norm: bool = False,
+    projection_norm: bool = False,
     post_norm: bool = False,
     dense: bool = True,
     moe: bool = False,
@@ -402,6 +404,7 @@ def tensor_parallel_plan(
     return llama_parallel.tensor_parallel_plan(
         sequence_parallel=sequence_parallel,
         qk_norm=qk_norm,
+        projection_norm=projection_norm,
         post_norm=post_norm,
         dense=dense,
         moe=moe,

@@ -99,17 +99,19 @@ class ProjectionNormParallel(ParallelStyle):
 def tensor_parallel_plan(
     *,
     sequence_parallel: bool,
-    qk_norm: str | None = None,
+    qk_norm: bool = False,
+    projection_norm: bool = False,
     post_norm: bool = False,
     dense: bool = True,
     moe: bool = False,
     shared: bool = False,
 ) -> TensorParallelPlan:
-    """``qk_norm``: the blocks' q/k norms, ``"head"`` (qwen3), ``"projection"`` (olmo2)
-    or ``None``; ``post_norm``: the blocks' norms are olmo2's. ``dense``, ``moe``,
+    """``qk_norm``, ``projection_norm``: the blocks norm q and k per head (qwen3), or
+    over the whole projections (olmo2); ``post_norm``: the blocks' norms are olmo2's.
+    ``dense``, ``moe``,
     ``shared``: whether the model part holds dense blocks, MoE blocks, MoE blocks with
     shared experts (every path of the plan names something that some block holds)."""
-    partial = QK_NORMS if qk_norm == "head" else ()
+    partial = QK_NORMS if qk_norm else ()
     norms = POST_NORMS if post_norm else BLOCK_NORMS
     replicated = (MOE_PARTS if moe else ()) + (("feed_forward.shared",) if shared else ())
     residual = Shard(1) if sequence_parallel else Replicate()
@@ -125,7 +127,7 @@ def tensor_parallel_plan(
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
     }
-    if qk_norm == "projection":
+    if projection_norm:
         block.update({norm: ProjectionNormParallel() for norm in QK_NORMS})
     if dense:
         block.update(
