@@ -162,3 +162,43 @@ def test_the_tensor_parallel_plan_shards_the_qk_norms_with_their_heads(olmo2, tm
     code = cli.main(["check", str(path), "--world-size", "2", "parallel.tp=2"])
     out = capsys.readouterr().out
     assert code == 0, out
+
+
+@pytest.mark.numerical
+def test_decoding_with_the_cache_equals_the_whole_forward(olmo2):
+    """Sampling's path: the q/k norms run on each new token's projections before the
+    cache stores its keys, as in the whole forward."""
+    folder, _ = olmo2
+    model = forge_from(str(folder)).double()
+    ids = tokens(12)
+    with torch.no_grad():
+        whole = model(ids)
+        cache = model.new_cache(2, 12)
+        steps = [model(ids[:, :5], cache=cache)] + [
+            model(ids[:, i : i + 1], cache=cache) for i in range(5, 12)
+        ]
+    assert_within_rounding(
+        torch.cat(steps, dim=1),
+        whole,
+        dtype=torch.float64,
+        terms=longest_sum(model, 12),
+        what="cached decode",
+    )
+
+
+def test_the_norms_apply_their_weight_before_the_cast_back_as_olmo2_does():
+    """In bf16 transformers' Olmo2RMSNorm multiplies by the weight in fp32 and casts
+    once; Forge's olmo2 norms do the same, bit for bit, where the llama order (cast,
+    then multiply in bf16) rounds twice and differs."""
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    from forge_plugins.models.llama import RMSNorm
+
+    x = torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    weight = torch.rand(32, generator=torch.Generator().manual_seed(1)).add(0.5).to(torch.bfloat16)
+    theirs, ours, llama = Olmo2RMSNorm(32, 1e-6), RMSNorm(32, 1e-6, True), RMSNorm(32, 1e-6)
+    for norm in (theirs, ours, llama):
+        norm.to(torch.bfloat16).weight.data.copy_(weight)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+        assert not torch.equal(llama(x), theirs(x))  # the control: the order shows in bf16
