@@ -382,3 +382,33 @@ def test_the_ignored_fields_and_the_read_ones_do_not_overlap():
     """A key is read or ignored, never both (an ignored key a family reads would hide
     nothing, but its reason would be a lie)."""
     assert IGNORED and not set(IGNORED) & set(READ)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"family": "llama", "attention_bias": True, "mlp_bias": True},
+        {"family": "qwen2", "tie_embeddings": True},
+        {"family": "qwen3"},
+        {"family": "mistral", "sliding_window": 64},
+        {"family": "olmo2", "attention_bias": True},
+        {"family": "qwen3", "moe": {"num_experts": 4, "top_k": 2, "normalize_weights": True}},
+        {"family": "mistral", "moe": {"num_experts": 4, "top_k": 2, "normalize_weights": True}},
+    ],
+    ids=lambda o: o["family"] + ("-moe" if "moe" in o else ""),
+)
+def test_what_export_hf_writes_is_read_back_with_no_field_reported(tmp_path, options):
+    """Forge's own export is a checkpoint like any other: every key transformers saves
+    in its config.json is read or ignored with its reason."""
+    pytest.importorskip("transformers")
+    import cattrs
+
+    from forge_plugins.models.hf_interop import hf_config
+    from forge_plugins.models.options import LlamaOptions
+
+    shapes = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64}
+    opts = cattrs.structure({**shapes, **options}, LlamaOptions)
+    hf_config(opts, 260, bos_token_id=1, eos_token_id=2).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    values, problems = options_from_hf_config(config)
+    assert values and not problems, (sorted(config), problems)
