@@ -49,6 +49,9 @@ LLAMA = {
     "use_cache": True,
     "vocab_size": 260,
 }
+#: SmolLM2's (a llama written by nanotron), and DeepSeek-R1-Distill-Qwen's (a qwen2).
+SMOLLM2 = {**LLAMA, "is_llama_config": True, "rope_interleaved": False, "rope_scaling": None}
+R1_DISTILL = {"use_mrope": False, "sliding_window": 4096, "max_window_layers": 28}
 #: Qwen2.5's.
 QWEN2 = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -324,6 +327,11 @@ IGNORED_FIELD = {
         {"sliding_window": 32},
         {"sliding_window": "config.json sliding_window=32 is not a field Forge reads for a olmo2 checkpoint"},
     ),
+    "interleaved-rotary": (
+        SMOLLM2,
+        {"rope_interleaved": True},
+        {"rope_interleaved": "config.json rope_interleaved=true: rotary on interleaved channel pairs: "},
+    ),
     "quantized-weights": (
         QWEN2,
         {"quantization_config": {"quant_method": "fp8"}},
@@ -354,7 +362,11 @@ def test_a_field_forge_would_ignore_is_refused_naming_it_its_value_and_the_fix(t
     assert code == 2 and "[llama.init-from-hf]" in out, out
 
 
-@pytest.mark.parametrize("base", [LLAMA, QWEN2, OLMO2], ids=lambda c: c["model_type"])
+@pytest.mark.parametrize(
+    "base",
+    [LLAMA, QWEN2, OLMO2, SMOLLM2, {**QWEN2, **R1_DISTILL}],
+    ids=["llama", "qwen2", "olmo2", "smollm2", "r1-distill-qwen"],
+)
 def test_the_published_files_pass_and_so_does_the_run(tmp_path, capsys, base):
     """The control: every key of the published files is read or ignored with its reason,
     so check passes (and the build loads them) with no field reported."""

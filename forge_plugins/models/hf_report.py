@@ -74,6 +74,17 @@ IGNORED: dict[str, Ignored] = {
         "for a fresh one)"
     ),
     "tokenizer_class": Ignored("the tokenizer's class; Forge's tokenizer is data.tokenizer"),
+    "_attn_implementation_autoset": Ignored("which attention kernel transformers chose when it saved"),
+    "is_llama_config": Ignored("a marker nanotron writes (SmolLM): the file is a llama's"),
+    "rope_interleaved": Ignored(
+        "rotary on interleaved channel pairs",
+        (False,),
+        "Forge rotates the two halves of each head (transformers' rotate_half), as the weights expect "
+        "at false",
+    ),
+    "use_mrope": Ignored(
+        "Qwen2-VL's multimodal rotary", (False,), "Forge's rotary has one position per token, not three"
+    ),
     "attention_dropout": Ignored("dropout on the attention weights", (0, 0.0), _NO_DROPOUT),
     "embd_pdrop": Ignored("dropout on the embeddings", (0, 0.0), _NO_DROPOUT),
     "resid_pdrop": Ignored("dropout on the residual branches", (0, 0.0), _NO_DROPOUT),
