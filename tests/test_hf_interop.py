@@ -1,4 +1,4 @@
-"""Hugging Face interop for every family (llama, qwen2, qwen3, mistral, and Llama's
+"""Hugging Face interop for every family (llama, qwen2, qwen3, mistral, olmo2, and Llama's
 rope scalings): a tiny random checkpoint written locally by transformers initialises a
 Forge model with no shape typed, with transformers' logits; an exported folder loads in
 transformers with Forge's logits; sharded checkpoints, pipeline parts and meta-device
@@ -69,12 +69,15 @@ CHECKPOINTS = {
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"head_dim": 16}),
     "mistral": ("mistral", {"sliding_window": 64}),
+    # Post-norm blocks and q/k norms over the whole projection (4 heads of 8: widths 32, 16).
+    "olmo2": ("olmo2", {}),
 }
 ARCH = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 
@@ -145,7 +148,9 @@ def test_a_checkpoint_imports_with_no_shape_typed_and_transformers_logits(tmp_pa
         same_logits(model.double()(ids), hf64(ids).logits, model, torch.float64, f"{name}: float64")
 
 
-@pytest.mark.parametrize("name", ["llama-bias-llama3", "qwen2-tied", "qwen3", "mistral", "llama-yarn"])
+@pytest.mark.parametrize(
+    "name", ["llama-bias-llama3", "qwen2-tied", "qwen3", "mistral", "llama-yarn", "olmo2"]
+)
 def test_an_exported_model_loads_as_its_family_in_transformers_with_equal_logits(tmp_path, name):
     family, extra = CHECKPOINTS[name]
     random_hf(tmp_path / "in", family, **extra)
@@ -228,7 +233,7 @@ def unfused_flex(monkeypatch):
 
 @pytest.mark.numerical
 @pytest.mark.parametrize("backend", ["eager", "flex"])
-@pytest.mark.parametrize("name", ["qwen2-tied", "qwen3", "llama-bias-llama3"])
+@pytest.mark.parametrize("name", ["qwen2-tied", "qwen3", "llama-bias-llama3", "olmo2"])
 def test_every_attention_backend_runs_an_imported_family(tmp_path, backend, name, unfused_flex):
     """Float64 identity with transformers through the eager and FlexAttention backends
     (sdpa: above), and packed documents isolated through the whole imported model (the
@@ -325,6 +330,7 @@ def test_key_mapping_round_trips_for_every_parameter_of_every_family(tmp_path):
         ("llama", {"attention_bias": True, "mlp_bias": True}),
         ("qwen2", {}),
         ("qwen3", {}),
+        ("olmo2", {"attention_bias": True}),
     ):
         model = build(
             LlamaOptions(family=family, dim=32, n_layers=1, n_heads=4, **extra),
@@ -334,7 +340,7 @@ def test_key_mapping_round_trips_for_every_parameter_of_every_family(tmp_path):
         shapes = hf_keys.forge_shapes(model.options, VOCAB)
         assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == shapes
         for key in shapes:
-            assert hf_keys.from_hf_key(hf_keys.to_hf_key(key)) == key
+            assert hf_keys.from_hf_key(hf_keys.to_hf_key(key), post_norm=family == "olmo2") == key
     assert hf_keys.from_hf_key("model.layers.0.self_attn.rotary_emb.inv_freq") is None
 
 

@@ -46,10 +46,11 @@ def test_llama_passes_every_check():
 
 
 @pytest.mark.numerical
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "olmo2"])
 def test_every_llama_family_passes_every_check(family):
     """qwen3's per-head q/k norms must be declared in its tensor-parallel plan (partial),
-    and only there: the plain llama's plan naming them would be a stale path."""
+    and only there: the plain llama's plan naming them would be a stale path; olmo2's
+    post-norms and whole-projection q/k norms are placed by its plan too."""
     report = check_model("llama", options={**TINY_LLAMA, "family": family})
     assert report.skipped == DENSE and "tensor_parallel" in report.checked
 

@@ -142,7 +142,6 @@ REDUCED = {
     "num_key_value_heads": 2,
     "head_dim": 16,  # wider than hidden / heads, as Qwen3's heads are
     "vocab_size": TOKENIZER_VOCAB + 20,
-    "max_window_layers": 2,
 }
 #: ... and a reduced mixture of experts (ignored by a dense config.json).
 REDUCED_MOE = {"moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2}
@@ -150,7 +149,10 @@ REDUCED_MOE = {"moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_t
 
 def reduced(repo_id: str) -> dict:
     """The reduced ``config.json`` of a preset's model (8 experts: ep 8 still divides them)."""
-    return {**REAL[repo_id], **REDUCED, **(REDUCED_MOE if "num_experts" in REAL[repo_id] else {})}
+    real = REAL[repo_id]
+    # Only where the real file has it (qwen's): a field the family does not read is refused.
+    windows = {"max_window_layers": 2} if "max_window_layers" in real else {}
+    return {**real, **REDUCED, **windows, **(REDUCED_MOE if "num_experts" in real else {})}
 
 
 #: What a two-step run on the CPU changes: never a model option.

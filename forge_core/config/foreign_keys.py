@@ -335,7 +335,7 @@ AXOLOTL = Trainer(
         Row(
             "`base_model`",
             "`model.options.init_from_hf`",
-            "a Hub id or a local folder; Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE and Mixtral "
+            "a Hub id or a local folder; Llama, Qwen2, Qwen3, Mistral, OLMo 2, Qwen3-MoE and Mixtral "
             "checkpoints; shapes read from `config.json`",
         ),
         Row("`fsdp`, `deepspeed`", "`parallel.dp_shard`", "FSDP2; there is no DeepSpeed"),

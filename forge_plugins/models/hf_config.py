@@ -1,7 +1,8 @@
 """A Hugging Face ``config.json`` <-> the ``llama`` options, without torch.
 
 - :func:`options_from_hf_config`: the option values a checkpoint's ``config.json``
-  describes, and every feature of it Forge cannot reproduce (each naming the field).
+  describes, and every feature of it Forge cannot reproduce (each naming the field; a
+  field Forge does not read is one: :mod:`forge_plugins.models.hf_report`).
 - :func:`resolve_options`: the loader's resolver (``ModelSpec.resolve_options``): unset
   options from the ``init_from_hf`` checkpoint, else the defaults. It never raises: a
   folder it cannot read leaves the defaults, and the ``llama.init-from-hf`` rule says why.
@@ -42,6 +43,7 @@ from forge_plugins.models.hf_moe import (
     moe_type,
     with_checkpoint_moe,
 )
+from forge_plugins.models.hf_report import unread_fields, unsupported_report
 from forge_plugins.models.options import (
     LlamaOptions,
     RopeScaling,
@@ -55,6 +57,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 #: The architecture of each model_type Forge reads.
 _TYPE_ARCHITECTURES = {**ARCHITECTURES, **{kind: arch for kind, (_, arch) in MOE_TYPES.items()}}
@@ -75,18 +78,13 @@ def yarn_attention_factor(
 
 def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]:
     """``(rope scaling, problems)`` from the rope dict of
-    :func:`~forge_plugins.models.hf_fields.read_fields` (checked, nulls read)."""
+    :func:`~forge_plugins.models.hf_fields.read_fields` (checked, nulls read, its type
+    one of ``ROPE_KEYS``)."""
     rope_type = params["rope_type"]
     problems = []
     partial = params.get("partial_rotary_factor", 1.0)
     if partial != 1:
         problems.append(f"partial_rotary_factor={partial!r}: Forge rotates every channel of a head")
-    if rope_type not in ROPE_KEYS:
-        problems.append(
-            f"rope type {rope_type!r} is not supported (Forge implements "
-            f"{', '.join(ROPE_KEYS)}; dynamic only within the original context)"
-        )
-        return RopeScaling(), problems
     values: dict[str, Any] = {"type": rope_type}
     for key in ROPE_KEYS[rope_type]:
         if key in params:
@@ -117,11 +115,12 @@ def _rope(params: dict[str, Any], max_pos: int) -> tuple[RopeScaling, list[str]]
 def _model_type(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     family = config.get("model_type")
     if not isinstance(family, str) or family not in MODEL_TYPES:
-        return None, [
+        refused = (
             f"config.json model_type is {show_value(family)}: Forge's llama imports "
             f"{', '.join(map(repr, MODEL_TYPES))} checkpoints "
             f"(architectures {', '.join(_TYPE_ARCHITECTURES.values())})"
-        ]
+        )
+        return None, [refused, *(unsupported_report(config, family) if isinstance(family, str) else [])]
     architectures = config.get("architectures")
     if architectures is not None and (
         not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
@@ -138,21 +137,23 @@ def _model_type(config: dict[str, Any]) -> tuple[str | None, list[str]]:
 def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``(option values, problems)`` for a ``config.json``. The values cover every option
     a checkpoint decides (``moe``: its :class:`MoEOptions`, or ``None``); a problem names
-    the field Forge cannot reproduce. A field of the wrong type or out of range gives no
-    values, only its problem."""
+    the field Forge cannot reproduce (a field it does not read is one, reported whatever
+    else is). A field of the wrong type or out of range gives no values, only its problem."""
     model_type, problems = _model_type(config)
     if model_type is None:
         return {}, problems
+    unread = unread_fields(config, model_type, _TYPE_ARCHITECTURES[model_type])
     config, problems = expert_count_key(config)
     fields, found = read_fields(config, model_type)
     problems += found
     moe, found = (None, []) if problems else moe_from_fields(config, model_type, fields)
     problems += found
     if problems:
-        return {}, problems
+        return {}, problems + unread
     family = MOE_TYPES[model_type][0] if model_type in MOE_TYPES else model_type
     max_pos = fields["max_position_embeddings"]
     scaling, problems = _rope(fields["rope"], max_pos)
+    problems += unread
     window = 0
     if family == "mistral":
         window = fields["sliding_window"] or 0
@@ -186,9 +187,6 @@ def options_from_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list
         "sliding_window": window,
         "moe": moe,
     }
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key) and not values[key]:
-            problems.append(f"{key}=true is not part of a {family} checkpoint Forge can load")
     return values, problems
 
 
@@ -430,7 +428,7 @@ def hf_config_kwargs(options: LlamaOptions, vocab_size: int) -> dict[str, Any]:
         "initializer_range": options.init_std,
         "architectures": [_TYPE_ARCHITECTURES[model_type]],
     }
-    if family in ("llama", "qwen3"):
+    if family in ("llama", "qwen3", "olmo2"):
         kwargs["attention_bias"] = bool(options.attention_bias)
     if family == "llama":
         kwargs["mlp_bias"] = bool(options.mlp_bias)

@@ -1,14 +1,15 @@
 """The fields of a Hugging Face ``config.json`` that decide what Forge builds: each one's
 JSON type, the range its meaning implies, and its value when the key is left out or set
 to ``null``, as transformers' config class of the checkpoint's ``model_type`` reads it (``LlamaConfig``,
-``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``, ``Qwen3MoeConfig``, ``MixtralConfig``
-of transformers 5; the mixture-of-experts fields of the last two are read by
+``Qwen2Config``, ``Qwen3Config``, ``MistralConfig``, ``Olmo2Config``, ``Qwen3MoeConfig``,
+``MixtralConfig`` of transformers 5; the mixture-of-experts fields of the last two are read by
 :mod:`forge_plugins.models.hf_moe`).
 
 An explicit ``null`` means what it means there: ``sliding_window: null`` is no window
 (not the class default 4096), ``num_key_value_heads: null`` one key/value head per query
 head, ``head_dim: null`` ``hidden_size / num_attention_heads`` (llama, mistral, mixtral),
-``rope_scaling: null`` no scaling, a yarn ``truncate: null`` no rounding. Where
+``rope_scaling: null`` no scaling, a yarn ``truncate: null`` no rounding (olmo2 reads
+``head_dim`` as llama does, but its attention cannot take a ``null`` one). Where
 transformers cannot load a ``null`` (a field typed ``int``, ``head_dim`` of qwen2 whose
 attention multiplies by it), Forge refuses it too. :func:`read_fields` reports every
 problem at once, each naming the field with its value and a fix, and never builds
@@ -82,7 +83,7 @@ FIELDS = (
         "int",
         at_least(1),
         "the key/value heads of each layer",
-        _each(llama=DERIVED, mistral=8, mixtral=8, qwen3_moe=4, other=32),
+        _each(llama=DERIVED, olmo2=DERIVED, mistral=8, mixtral=8, qwen3_moe=4, other=32),
         _each(mistral=REFUSED, mixtral=REFUSED, qwen3_moe=REFUSED, other=DERIVED),
     ),
     Field(
@@ -98,18 +99,18 @@ FIELDS = (
         "int",
         at_least(1),
         "the positions the rotary table covers",
-        _each(llama=2048, mistral=131072, mixtral=131072, other=32768),
+        _each(llama=2048, olmo2=2048, mistral=131072, mixtral=131072, other=32768),
     ),
     Field(
         "rms_norm_eps",
         "number",
         above(0),
         "it keeps the RMSNorm division finite",
-        _each(mixtral=1e-5, other=1e-6),
+        _each(mixtral=1e-5, olmo2=1e-5, other=1e-6),
     ),
     Field("tie_word_embeddings", "bool", None, "", False),
     Field("hidden_act", "str", None, "", "silu"),
-    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3", "qwen3_moe")),
+    Field("attention_bias", "bool", None, "", False, families=("llama", "qwen3", "qwen3_moe", "olmo2")),
     Field("mlp_bias", "bool", None, "", False, families=("llama",)),
     Field("pretraining_tp", "int", at_least(1), "a split of the projections", 1, 1, families=("llama",)),
     Field(
@@ -199,7 +200,9 @@ ROPE_KEYS = {
 }
 
 
-def _json(value: Any) -> str:
+def json_shown(value: Any) -> str:
+    """A config.json value as a message shows it: ``null``/``true``/``false`` as JSON
+    writes them, anything else as its (shortened) repr."""
     return json.dumps(value) if value is None or isinstance(value, bool) else show_value(value)
 
 
@@ -223,7 +226,7 @@ def _type_problem(where: str, value: Any, kind: str) -> str | None:
         return None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     what = "not finite" if number and kind == "number" else f"not {_KINDS[kind]}"
-    return f"config.json {where}={_json(value)} is {what}; {_FIX}"
+    return f"config.json {where}={json_shown(value)} is {what}; {_FIX}"
 
 
 def _checked(where: str, value: Any, kind: str, valid: Validator | None, meaning: str) -> str | None:
@@ -232,7 +235,7 @@ def _checked(where: str, value: Any, kind: str, valid: Validator | None, meaning
     if problem or valid is None or valid.test(value):
         return problem
     why = f" ({meaning})" if meaning else ""
-    return f"config.json {where}={_json(value)} must be {valid.description}{why}; {_FIX}"
+    return f"config.json {where}={json_shown(value)} must be {valid.description}{why}; {_FIX}"
 
 
 def _refused_null(where: str, family: str, absent: Any) -> str:
@@ -241,7 +244,7 @@ def _refused_null(where: str, family: str, absent: Any) -> str:
     elif absent is DERIVED:
         instead = "remove the key to have it computed, or give its value"
     else:
-        instead = f"remove the key for transformers' default ({_json(absent)}), or give its value"
+        instead = f"remove the key for transformers' default ({json_shown(absent)}), or give its value"
     return f"config.json {where} is null, which transformers cannot load for a {family} checkpoint; {instead}"
 
 
@@ -311,7 +314,7 @@ def _layer_types(config: dict[str, Any], values: dict[str, Any]) -> list[str]:
         return []
     allowed = ("full_attention", "sliding_attention")
     if not isinstance(types, list) or len(types) != n or not all(t in allowed for t in types):
-        got = f"{len(types)} entries" if isinstance(types, list) else _json(types)
+        got = f"{len(types)} entries" if isinstance(types, list) else json_shown(types)
         return [
             f"config.json layer_types must be null or a list of num_hidden_layers={n} entries, each "
             f"{' or '.join(map(repr, allowed))} (got {got}); {_FIX}"
@@ -333,7 +336,7 @@ def _rope_dict(config: dict[str, Any], family: str) -> tuple[dict[str, Any], dic
     the name of each key in config.json (for messages)."""
     for key in ("rope_scaling", "rope_parameters"):
         if config.get(key) is not None and not isinstance(config[key], dict):
-            return {}, {}, f"config.json {key}={_json(config[key])} must be null or an object; {_FIX}"
+            return {}, {}, f"config.json {key}={json_shown(config[key])} must be null or an object; {_FIX}"
     source = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     params = dict(config.get(source) or {})
     where = {key: f"{source}.{key}" for key in params}
@@ -356,7 +359,7 @@ def _rope_dict(config: dict[str, Any], family: str) -> tuple[dict[str, Any], dic
         where["partial_rotary_factor"] = "partial_rotary_factor"
     if not isinstance(params["rope_type"], str):
         unnamed = (
-            f"config.json {where['rope_type']}={_json(params['rope_type'])} must name a rope type "
+            f"config.json {where['rope_type']}={json_shown(params['rope_type'])} must name a rope type "
             f"(transformers has no rotary function for it); {_FIX}"
         )
         return {}, {}, unnamed
@@ -374,6 +377,21 @@ def _rope(config: dict[str, Any], family: str) -> tuple[dict[str, Any], list[str
     if rope_type == "yarn":
         read += ("mscale", "mscale_all_dim")
     out, problems = dict(params), []
+    if rope_type not in ROPE_KEYS:
+        problems.append(
+            f"config.json {where['rope_type']}={rope_type!r}: rope type {rope_type!r} is not supported "
+            f"(Forge implements {', '.join(ROPE_KEYS)}; dynamic only within the original context), so "
+            "its positions would be rotated otherwise; start from a checkpoint with one of those"
+        )
+    else:
+        # A key its type does not read would be ignored: reported (a null sets nothing).
+        problems += [
+            f"config.json {where[key]}={json_shown(params[key])} is not read by a {rope_type!r} rotary "
+            f"(it reads {', '.join(read)}), so it would be ignored; remove it from config.json, or "
+            "correct rope_type if it belongs to another"
+            for key in params
+            if key not in (*read, "rope_type", "type") and params[key] is not None
+        ]
     for key in (key for key in read if key in params):
         kind, valid, null = _ROPE_FIELDS[key]
         if params[key] is not None:

@@ -63,7 +63,7 @@ def read_hf_config(hf_dir: str | Path) -> dict[str, Any]:
             f"{where(hf_dir)}: {path} names custom model code (auto_map: "
             f"{json.dumps(config['auto_map'])[:200]}). Forge never runs code from model folders: it reads "
             "config.json and the safetensors weights itself, and only the standard Llama, Qwen2, Qwen3, "
-            "Mistral, Qwen3-MoE and Mixtral architectures map onto its llama"
+            "Mistral, OLMo 2, Qwen3-MoE and Mixtral architectures map onto its llama"
         )
     return config
 

@@ -1,5 +1,5 @@
 """Forge llama parameter names <-> Hugging Face names, and the shapes a checkpoint must
-have (no torch). The four families use the same Hugging Face names. Per layer ``i``::
+have (no torch). The families use the same Hugging Face names. Per layer ``i``::
 
     tok_embeddings.weight               model.embed_tokens.weight
     layers.i.attention_norm.weight      model.layers.i.input_layernorm.weight
@@ -9,6 +9,12 @@ have (no torch). The four families use the same Hugging Face names. Per layer ``
     layers.i.feed_forward.w1 / w3 / w2  model.layers.i.mlp.gate_proj / up_proj / down_proj
     norm.weight                         model.norm.weight
     output.weight                       lm_head.weight (absent when embeddings are tied)
+
+An olmo2 block is post-norm, its norms named apart from the pre-norm ones (its q/k norms
+are over the whole projection, ``[n_heads * head_dim]`` and ``[n_kv_heads * head_dim]``)::
+
+    layers.i.post_attention_norm.weight  model.layers.i.post_attention_layernorm.weight
+    layers.i.post_ffn_norm.weight        model.layers.i.post_feedforward_layernorm.weight
 
 An MoE block (``model.options.moe``) is named as its architecture
 (:func:`~forge_plugins.models.hf_moe.moe_type`) names it, with ``B`` the block's module
@@ -49,7 +55,14 @@ _LAYER_MODULES = {
     "feed_forward.w3": "mlp.up_proj",
     "feed_forward.w2": "mlp.down_proj",
 }
+#: The post-norm block's norms (olmo2): Hugging Face's post_attention_layernorm is the
+#: pre-norm ffn_norm in the other families, so mapping back needs the family.
+_POST_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffn_norm": "post_feedforward_layernorm",
+}
 _LAYER_MODULES_BACK = {hf: forge for forge, hf in _LAYER_MODULES.items()}
+_POST_NORMS_BACK = {hf: forge for forge, hf in _POST_NORMS.items()}
 _TOP_KEYS = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
     "norm.weight": "model.norm.weight",
@@ -75,8 +88,9 @@ def to_hf_key(key: str, moe: str | None = None) -> str:
     if key in _TOP_KEYS:
         return _TOP_KEYS[key]
     match = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", key)
-    if match and match.group(2) in _LAYER_MODULES:
-        return f"model.layers.{match.group(1)}.{_LAYER_MODULES[match.group(2)]}.{match.group(3)}"
+    modules = {**_LAYER_MODULES, **_POST_NORMS}
+    if match and match.group(2) in modules:
+        return f"model.layers.{match.group(1)}.{modules[match.group(2)]}.{match.group(3)}"
     router = _ROUTER.fullmatch(key)
     if router and moe in MOE_NAMES:
         return f"model.layers.{router.group(1)}.{MOE_NAMES[moe][0]}.gate.weight"
@@ -96,14 +110,15 @@ def expert_hf_keys(key: str, moe: str | None, experts: range) -> list[str] | Non
     return [f"model.layers.{layer}.{block}.experts.{e}.{names[stack]}.weight" for e in experts]
 
 
-def from_hf_key(key: str, moe: str | None = None) -> str | None:
-    """The Forge key for a Hugging Face key (an expert's: its stack's), or ``None`` for a
-    key Forge has no name for."""
+def from_hf_key(key: str, moe: str | None = None, post_norm: bool = False) -> str | None:
+    """The Forge key for a Hugging Face key (an expert's: its stack's; a post-norm
+    block's norms with ``post_norm``), or ``None`` for a key Forge has no name for."""
     if key in _TOP_KEYS_BACK:
         return _TOP_KEYS_BACK[key]
     match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", key)
-    if match and match.group(2) in _LAYER_MODULES_BACK:
-        return f"layers.{match.group(1)}.{_LAYER_MODULES_BACK[match.group(2)]}.{match.group(3)}"
+    back = {**_LAYER_MODULES_BACK, **_POST_NORMS_BACK} if post_norm else _LAYER_MODULES_BACK
+    if match and match.group(2) in back:
+        return f"layers.{match.group(1)}.{back[match.group(2)]}.{match.group(3)}"
     if match and moe in MOE_NAMES:
         block, names = MOE_NAMES[moe]
         back = {name: stack for stack, name in names.items()}
@@ -128,9 +143,9 @@ def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int,
     hd, ffn, dim = head_dim(options), ffn_hidden_size(options), options.dim
     q, kv = options.n_heads * hd, options.n_kv_heads * hd
     extra = features(options)
+    norms = ("post_attention_norm", "post_ffn_norm") if extra.post_norm else ("attention_norm", "ffn_norm")
     layer = {
-        "attention_norm.weight": (dim,),
-        "ffn_norm.weight": (dim,),
+        **{f"{norm}.weight": (dim,) for norm in norms},
         "attention.wq.weight": (q, dim),
         "attention.wk.weight": (kv, dim),
         "attention.wv.weight": (kv, dim),
@@ -148,7 +163,13 @@ def forge_shapes(options: LlamaOptions, vocab_size: int) -> dict[str, tuple[int,
             {"feed_forward.w1.bias": (ffn,), "feed_forward.w3.bias": (ffn,), "feed_forward.w2.bias": (dim,)}
         )
     if extra.qk_norm:
-        layer.update({"attention.q_norm.weight": (hd,), "attention.k_norm.weight": (hd,)})
+        whole = extra.qk_norm == "projection"
+        layer.update(
+            {
+                "attention.q_norm.weight": (q if whole else hd,),
+                "attention.k_norm.weight": (kv if whole else hd,),
+            }
+        )
     moe, sparse = options.moe, layer
     if moe is not None:  # an MoE block: the attention's parameters, the router and experts
         e, h = moe.num_experts, moe.expert_hidden

@@ -197,10 +197,13 @@ def export_problems(options: LlamaOptions) -> list[str]:
         return []
     kind = moe_type(options)
     if kind is None:
+        why = {
+            "qwen2": "Qwen2-MoE gates a shared expert, which Forge's MoE does not",
+            "olmo2": "OLMo 2 has no mixture-of-experts architecture (OLMoE is another family)",
+        }[options.family]
         return [
-            f"model.options.family={options.family!r} with experts: Qwen2-MoE gates a shared expert, "
-            "which Forge's MoE does not; use family qwen3 (exported as Qwen3MoeForCausalLM) or mistral "
-            "(MixtralForCausalLM)"
+            f"model.options.family={options.family!r} with experts: {why}; use family qwen3 (exported "
+            "as Qwen3MoeForCausalLM) or mistral (MixtralForCausalLM)"
         ]
     arch = MOE_TYPES[kind][1]
     problems = []

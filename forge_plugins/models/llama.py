@@ -13,7 +13,10 @@ them: ``tok_embeddings``, ``layers["<i>"]`` (an ``nn.ModuleDict`` keyed ``"0"`` 
 (``model.options.family``, :func:`~forge_plugins.models.options.features`) adds biases
 (qwen2: on ``wq/wk/wv``; llama and qwen3 with ``attention_bias``: on all four; llama
 with ``mlp_bias``: on the MLP) or ``attention.q_norm``/``k_norm`` (qwen3: an RMSNorm over
-each head's channels of the queries and keys, before rotary). With ``model.options.moe`` the
+each head's channels of the queries and keys, before rotary; olmo2: over the whole query
+and key projections). An olmo2 block is post-norm: ``post_attention_norm`` and
+``post_ffn_norm`` normalise the outputs of attention and MLP before each residual add, and
+it has no ``attention_norm``/``ffn_norm``. With ``model.options.moe`` the
 blocks it selects (:func:`~forge_plugins.models.options.is_moe_layer`) have an ``MoE``
 feed-forward instead (:mod:`forge_plugins.models.moe`: ``feed_forward.router``,
 ``feed_forward.experts``, optionally ``feed_forward.shared``); the forward passes
@@ -26,7 +29,8 @@ The parallelism strategies know the model through :meth:`Llama.parallel_contract
 only: the blocks are ``layers``; a pipeline stage sets ``tok_embeddings`` (first stage
 only) or ``norm`` and ``output`` (last stage only) to ``None``; the tensor-parallel plan
 (which covers every family's extra parameters: biases are sharded with their layer, the
-per-head q/k norms are ``partial``) is in :mod:`forge_plugins.models.llama_parallel`;
+per-head q/k norms are ``partial``, olmo2's whole-projection ones sharded with their heads)
+is in :mod:`forge_plugins.models.llama_parallel`;
 the output head is ``output`` (the chunked loss applies it itself); the routed experts
 of an MoE block are ``feed_forward.experts`` (``ParallelContract.experts``).
 
@@ -73,11 +77,14 @@ from forge_plugins.models.rotary import Rotary, apply_rotary
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 (float64 for float64 inputs) and cast back, as
-    transformers' LlamaRMSNorm does for fp32 and lower."""
+    transformers' LlamaRMSNorm does for fp32 and lower. ``weight_before_cast``: the
+    weight multiplies the fp32 result before the cast back (transformers' Olmo2RMSNorm);
+    the same in fp32, one rounding fewer in bf16."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, weight_before_cast: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.weight_before_cast = weight_before_cast
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +94,33 @@ class RMSNorm(nn.Module):
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         h = x if x.dtype == compute else x.to(compute)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_before_cast:
+            h = self.weight * h
+            return h if h.dtype == x.dtype else h.to(x.dtype)
         return self.weight * (h if h.dtype == x.dtype else h.to(x.dtype))
+
+
+class ProjectionNorm(RMSNorm):
+    """RMSNorm over a whole projection, every head's channels together (olmo2's q/k
+    norms). Under tensor parallelism each rank holds the channels of its heads and a
+    shard of the weight, and the plan sets ``group``
+    (:class:`~forge_plugins.models.llama_parallel.ProjectionNormParallel`): each rank
+    sums its channels' squares, the sums are all-reduced over the group, and each rank
+    scales its channels by its shard of the weight."""
+
+    group: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        h = x.to(compute)
+        # all_reduce of torch.distributed.nn carries gradients back to every rank's share.
+        squares = all_reduce(h.pow(2).sum(-1, keepdim=True), group=self.group)
+        h = h * torch.rsqrt(squares / self.weight.shape[0] + self.eps)  # the global width
+        return (self.weight.to_local() * h).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -100,20 +133,36 @@ class Attention(nn.Module):
         self.wk = nn.Linear(options.dim, kv, bias=extra.qkv_bias)
         self.wv = nn.Linear(options.dim, kv, bias=extra.qkv_bias)
         self.wo = nn.Linear(q, options.dim, bias=extra.out_bias)
-        # Per head: under tensor parallelism each rank normalises its own heads.
-        self.q_norm = RMSNorm(self.head_dim, options.norm_eps) if extra.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, options.norm_eps) if extra.qk_norm else None
+        # Per head (qwen3): under tensor parallelism each rank normalises its own heads.
+        # Over the whole projection (olmo2): the mean of squares spans every head, which
+        # tensor parallelism splits, so the ranks sum their squares (ProjectionNorm).
+        self.whole_qk_norm = extra.qk_norm == "projection"
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if self.whole_qk_norm:
+            self.q_norm, self.k_norm = (
+                ProjectionNorm(q, options.norm_eps, True),
+                ProjectionNorm(kv, options.norm_eps, True),
+            )
+        elif extra.qk_norm:
+            self.q_norm, self.k_norm = (
+                RMSNorm(self.head_dim, options.norm_eps),
+                RMSNorm(self.head_dim, options.norm_eps),
+            )
         self.backend = backend
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prepared: Any, cache: Any = None
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
+        q, k = self.wq(x), self.wk(x)
+        if self.whole_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         # -1 heads: under tensor parallelism each rank holds a shard of the heads.
-        q = self.wq(x).view(batch, seq_len, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq_len, -1, self.head_dim)
+        q = q.view(batch, seq_len, -1, self.head_dim)
+        k = k.view(batch, seq_len, -1, self.head_dim)
         v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.whole_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -127,9 +176,15 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, options: LlamaOptions, backend: Any, moe: bool = False) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(options.dim, options.norm_eps)
+        # Pre-norm (the norms' inputs are the sub-layers' inputs) or, for olmo2, post-norm
+        # (their inputs are the sub-layers' outputs): distinct names, so a checkpoint of
+        # one ordering can never load into the other.
+        post = features(options).post_norm
+        self.attention_norm = None if post else RMSNorm(options.dim, options.norm_eps)
         self.attention = Attention(options, backend)
-        self.ffn_norm = RMSNorm(options.dim, options.norm_eps)
+        self.ffn_norm = None if post else RMSNorm(options.dim, options.norm_eps)
+        self.post_attention_norm = RMSNorm(options.dim, options.norm_eps, True) if post else None
+        self.post_ffn_norm = RMSNorm(options.dim, options.norm_eps, True) if post else None
         self.feed_forward: nn.Module = (
             MoE(options.dim, options.moe)
             if moe
@@ -149,9 +204,12 @@ class Block(nn.Module):
         # balancing): training calls keep their four inputs, which tensor-parallel input
         # styles count.
         extra = {} if cache is None else {"cache": cache}
+        ffn = self.feed_forward if doc_ids is None else functools.partial(self.feed_forward, doc_ids=doc_ids)
+        if self.post_attention_norm is not None:
+            x = x + self.post_attention_norm(self.attention(x, cos, sin, prepared, **extra))
+            return x + self.post_ffn_norm(ffn(x))
         x = x + self.attention(self.attention_norm(x), cos, sin, prepared, **extra)
-        h = self.ffn_norm(x)
-        return x + (self.feed_forward(h) if doc_ids is None else self.feed_forward(h, doc_ids=doc_ids))
+        return x + ffn(self.ffn_norm(x))
 
 
 def check_options(options: LlamaOptions) -> LlamaOptions:
@@ -179,7 +237,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): Block(options, attention, is_moe_layer(options, i)) for i in range(options.n_layers)}
         )
-        self.norm: RMSNorm | None = RMSNorm(options.dim, options.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(options.dim, options.norm_eps, features(options).post_norm)
         self.output: nn.Linear | None = nn.Linear(options.dim, vocab_size, bias=False)
         if options.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -187,12 +245,15 @@ class Llama(nn.Module):
     def parallel_contract(self) -> ParallelContract:
         """How the strategies split and shard this model (see the module docstring)."""
         feed_forwards = [layer.feed_forward for layer in self.layers.values()]
+        extra = features(self.options)
         return ParallelContract(
             blocks="layers",
             pipeline=PipelineSplit(first=("tok_embeddings",), last=("norm", "output")),
             tensor_parallel=functools.partial(
                 tensor_parallel_plan,
-                qk_norm=self.has_qk_norm,
+                qk_norm=extra.qk_norm == "head",
+                projection_norm=extra.qk_norm == "projection",
+                post_norm=extra.post_norm,
                 dense=any(isinstance(ffn, FeedForward) for ffn in feed_forwards),
                 moe=any(isinstance(ffn, MoE) for ffn in feed_forwards),
                 shared=any(getattr(ffn, "shared", None) is not None for ffn in feed_forwards),
@@ -201,11 +262,6 @@ class Llama(nn.Module):
             experts="feed_forward.experts" if self.options.moe is not None else None,
             roles=held_roles(self.options),
         )
-
-    @property
-    def has_qk_norm(self) -> bool:
-        """Whether the blocks norm q and k per head (qwen3): the plan declares those norms."""
-        return any(layer.attention.q_norm is not None for layer in self.layers.values())
 
     def forward(
         self,
@@ -314,6 +370,8 @@ class Llama(nn.Module):
             for norm in (
                 layer.attention_norm,
                 layer.ffn_norm,
+                layer.post_attention_norm,
+                layer.post_ffn_norm,
                 layer.attention.q_norm,
                 layer.attention.k_norm,
             ):
@@ -333,6 +391,8 @@ def tensor_parallel_plan(
     *,
     sequence_parallel: bool,
     qk_norm: bool = False,
+    projection_norm: bool = False,
+    post_norm: bool = False,
     dense: bool = True,
     moe: bool = False,
     shared: bool = False,
@@ -342,7 +402,13 @@ def tensor_parallel_plan(
     from forge_plugins.models import llama_parallel
 
     return llama_parallel.tensor_parallel_plan(
-        sequence_parallel=sequence_parallel, qk_norm=qk_norm, dense=dense, moe=moe, shared=shared
+        sequence_parallel=sequence_parallel,
+        qk_norm=qk_norm,
+        projection_norm=projection_norm,
+        post_norm=post_norm,
+        dense=dense,
+        moe=moe,
+        shared=shared,
     )
 
 

@@ -15,8 +15,12 @@ strategy through :meth:`forge_plugins.models.llama.Llama.parallel_contract`.
 - The qwen3 family's per-head q/k norms (``attention.q_norm``/``k_norm``) are
   ``partial`` with or without sequence parallelism: each rank applies them to its own
   heads, so its gradient is its heads' share and the strategy sums them over the
-  group. Biases (qwen2's q/k/v, llama's optional ones) are sharded with their layer:
-  column-wise layers split theirs, row-wise layers keep theirs replicated.
+  group. The olmo2 family's q/k norms span the whole projection: their weights are
+  sharded with the heads (dim 0, as ``wq``/``wk`` split their outputs) and the sums of
+  squares all-reduced over the group (:class:`ProjectionNormParallel`), so each rank's
+  gradient is that of its own shard. Biases (qwen2's q/k/v, llama's optional ones) are
+  sharded with their layer: column-wise layers split theirs, row-wise layers keep theirs
+  replicated.
 - Mixture-of-experts blocks (``feed_forward`` an ``MoE``) keep their router, routed
   experts and shared experts whole on every rank (``replicated``): they run on the
   replicated residual stream, each rank routes every token itself and gets the same
@@ -32,7 +36,8 @@ strategy through :meth:`forge_plugins.models.llama.Llama.parallel_contract`.
 
 from __future__ import annotations
 
-from torch.distributed.tensor import Replicate, Shard
+from torch import nn
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -45,7 +50,10 @@ from torch.distributed.tensor.parallel import (
 from forge_core.api import TensorParallelPlan, TensorParallelScope
 
 BLOCK_NORMS = ("attention_norm", "ffn_norm")
-#: Per-head norms of the queries and keys (qwen3); absent in the other families.
+#: The post-norm block's (olmo2), on the outputs of attention and MLP: replicated, or
+#: under sequence parallelism on the sequence shards, as the pre-norm ones.
+POST_NORMS = ("post_attention_norm", "post_ffn_norm")
+#: Norms of the queries and keys (qwen3: per head; olmo2: over the whole projection).
 QK_NORMS = ("attention.q_norm", "attention.k_norm")
 #: An MoE block's routing parts, replicated on every tensor-parallel rank (with its
 #: ``feed_forward.shared`` experts when it has them).
@@ -75,18 +83,36 @@ class FeedForwardInput(ParallelStyle):
         return style._apply(module, device_mesh)
 
 
+class ProjectionNormParallel(ParallelStyle):
+    """A norm over a whole column-wise projection
+    (:class:`~forge_plugins.models.llama.ProjectionNorm`): its weight sharded along dim 0
+    as the projection's output is, and the group set over which each rank's sum of
+    squares is all-reduced."""
+
+    def _apply(self, module, device_mesh):
+        weight = distribute_tensor(module.weight.data, device_mesh, [Shard(0)])
+        module.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)
+        module.group = device_mesh.get_group()
+        return module
+
+
 def tensor_parallel_plan(
     *,
     sequence_parallel: bool,
     qk_norm: bool = False,
+    projection_norm: bool = False,
+    post_norm: bool = False,
     dense: bool = True,
     moe: bool = False,
     shared: bool = False,
 ) -> TensorParallelPlan:
-    """``dense``, ``moe``, ``shared``: whether the model part holds dense blocks, MoE
-    blocks, MoE blocks with shared experts (every path of the plan names something that
-    some block holds)."""
+    """``qk_norm``, ``projection_norm``: the blocks norm q and k per head (qwen3), or
+    over the whole projections (olmo2); ``post_norm``: the blocks' norms are olmo2's.
+    ``dense``, ``moe``,
+    ``shared``: whether the model part holds dense blocks, MoE blocks, MoE blocks with
+    shared experts (every path of the plan names something that some block holds)."""
     partial = QK_NORMS if qk_norm else ()
+    norms = POST_NORMS if post_norm else BLOCK_NORMS
     replicated = (MOE_PARTS if moe else ()) + (("feed_forward.shared",) if shared else ())
     residual = Shard(1) if sequence_parallel else Replicate()
     root = {
@@ -101,6 +127,8 @@ def tensor_parallel_plan(
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=residual, use_local_output=not sequence_parallel),
     }
+    if projection_norm:
+        block.update({norm: ProjectionNormParallel() for norm in QK_NORMS})
     if dense:
         block.update(
             {
@@ -114,10 +142,10 @@ def tensor_parallel_plan(
     if not sequence_parallel:
         return TensorParallelPlan(
             root=TensorParallelScope(styles=root, replicated=("norm",)),
-            block=TensorParallelScope(styles=block, replicated=BLOCK_NORMS + replicated, partial=partial),
+            block=TensorParallelScope(styles=block, replicated=norms + replicated, partial=partial),
         )
     root["norm"] = SequenceParallel(use_local_output=False)
-    block.update({norm: SequenceParallel(use_local_output=False) for norm in BLOCK_NORMS})
+    block.update({norm: SequenceParallel(use_local_output=False) for norm in norms})
     block.update(
         {
             # attention(x, cos, sin, prepared): gather x; the rest are not DTensors.

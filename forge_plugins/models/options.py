@@ -1,9 +1,11 @@
 """Options of the ``llama`` model (no torch import: read by ``forge-run check``).
 
-One model, four families of Hugging Face checkpoints (``family``): ``llama`` (Llama 1-3,
+One model, five families of Hugging Face checkpoints (``family``): ``llama`` (Llama 1-3,
 optionally with biases), ``qwen2`` (biases on q/k/v), ``qwen3`` (RMSNorm on each query
-and key head) and ``mistral`` (a Llama that may declare a sliding window). They share the
-blocks, the tensor-parallel plan and the pipeline split; a family only adds parameters.
+and key head), ``mistral`` (a Llama that may declare a sliding window) and ``olmo2``
+(OLMo 2: the block's norms on the outputs of attention and MLP before the residual add,
+and RMSNorm over the whole query and key projections). They share the blocks, the
+tensor-parallel plan and the pipeline split; a family only adds or moves parameters.
 
 **Unset options.** The shape and family options default to ``None`` ("unset"). The
 loader fills every unset option before any rule or build sees it
@@ -34,7 +36,7 @@ from forge_core.api import (
     satisfies,
 )
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "olmo2")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 _UNSET = "null: from init_from_hf's config.json, else "
 
@@ -158,10 +160,11 @@ class MoEOptions:
 
 @attrs.frozen
 class LlamaOptions:
-    family: Literal["llama", "qwen2", "qwen3", "mistral"] | None = option(
+    family: Literal["llama", "qwen2", "qwen3", "mistral", "olmo2"] | None = option(
         None,
         "Checkpoint family: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), "
-        "mistral (may declare a sliding window). Decides the parameters and the "
+        "mistral (may declare a sliding window), olmo2 (norms after attention and MLP, "
+        "q/k RMSNorm over the whole projection). Decides the parameters and the "
         f"architecture export-hf writes. {_UNSET}llama.",
     )
     dim: int | None = option(None, f"Hidden size. {_UNSET}256.", _count)
@@ -199,7 +202,7 @@ class LlamaOptions:
     )
     attention_bias: bool | None = option(
         None,
-        "Biases on the q/k/v/o projections (families llama, qwen3; qwen2 always has "
+        "Biases on the q/k/v/o projections (families llama, qwen3, olmo2; qwen2 always has "
         f"q/k/v biases and no o bias). {_UNSET}false.",
     )
     mlp_bias: bool | None = option(None, f"Biases on the SwiGLU projections (family llama). {_UNSET}false.")
@@ -299,19 +302,26 @@ class Features:
     qkv_bias: bool
     out_bias: bool
     mlp_bias: bool
-    qk_norm: bool
+    #: ``"head"``: an RMSNorm over each head's channels (qwen3); ``"projection"``: over the
+    #: whole query and key projections, every head together (olmo2); ``None``: none.
+    qk_norm: Literal["head", "projection"] | None
+    #: The block's two norms apply to the outputs of attention and MLP, before the
+    #: residual add, instead of to their inputs (olmo2).
+    post_norm: bool
 
 
 def features(options: LlamaOptions) -> Features:
-    """What the (resolved) options add: qwen2 has q/k/v biases, qwen3 q/k norms, llama and
-    qwen3 may have biases on every attention projection, llama on the MLP too."""
+    """What the (resolved) options add: qwen2 has q/k/v biases, qwen3 per-head q/k norms,
+    olmo2 whole-projection q/k norms and norms after each sub-layer; llama, qwen3 and olmo2
+    may have biases on every attention projection, llama on the MLP too."""
     family = options.family or "llama"
     bias = bool(options.attention_bias)
     return Features(
         qkv_bias=family == "qwen2" or bias,
         out_bias=bias and family != "qwen2",
         mlp_bias=bool(options.mlp_bias),
-        qk_norm=family == "qwen3",
+        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(family),
+        post_norm=family == "olmo2",
     )
 
 

@@ -1,4 +1,4 @@
-"""Registers the ``llama`` model (families llama, qwen2, qwen3, mistral) and its rules
+"""Registers the ``llama`` model (families llama, qwen2, qwen3, mistral, olmo2) and its rules
 (no torch import here)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def forge_models() -> list[ModelSpec]:
         ModelSpec(
             name="llama",
             summary=(
-                "Llama-style decoder (families llama, qwen2, qwen3, mistral): RMSNorm, rotary, GQA, SwiGLU"
+                "Llama-style decoder (families llama, qwen2, qwen3, mistral, olmo2): RMSNorm, rotary, "
+                "GQA, SwiGLU"
             ),
             impl="forge_plugins.models.llama:build",
             options=LlamaOptions,

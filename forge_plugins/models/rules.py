@@ -62,9 +62,9 @@ def family_problems(options: LlamaOptions) -> list[str]:
     """Options the family's Hugging Face architecture has no place for."""
     family = options.family
     problems = []
-    if options.attention_bias and family not in ("llama", "qwen3"):
+    if options.attention_bias and family not in ("llama", "qwen3", "olmo2"):
         problems.append(
-            f"attention_bias=true with family {family!r}: only llama and qwen3 have biases on every "
+            f"attention_bias=true with family {family!r}: only llama, qwen3 and olmo2 have biases on every "
             "attention projection (qwen2 always has q/k/v biases and no o bias)"
         )
     if options.mlp_bias and family != "llama":
@@ -311,6 +311,6 @@ def rules() -> list[Any]:
             check=check_init_from_hf,
             fix="remove the model options the message names (they are read from the checkpoint), correct "
             "the config.json field or folder file it names, or point init_from_hf at a Llama, Qwen2, "
-            "Qwen3, Mistral, Qwen3-MoE or Mixtral folder written by save_pretrained",
+            "Qwen3, Mistral, OLMo 2, Qwen3-MoE or Mixtral folder written by save_pretrained",
         ),
     ]

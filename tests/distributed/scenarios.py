@@ -82,6 +82,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qknorm_undeclared": ("qknorm_undeclared", {}),  # ... left out of the plan: refused
     "qwen2": ("llama", {"family": "qwen2"}),  # q/k/v biases, sharded with their layers
     "qwen3": ("llama", {"family": "qwen3"}),  # the built-in per-head q/k norms, partial
+    "olmo2": ("llama", {"family": "olmo2"}),  # post-norm, whole-projection q/k norms (all-reduced)
     "mha": ("llama", {"n_kv_heads": 4}),  # as many key/value heads as query heads (Ulysses x 4)
     # mixture-of-experts blocks (every second), dropless, with every balancing on: the
     # batch-scope loss's counts and the bias update's loads are summed over the data ranks
@@ -274,6 +275,9 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_qwen2": Scenario({"tp": 2}, variant="qwen2"),
     "tp_qwen3": Scenario({"tp": 2}, variant="qwen3"),
     "tp_sp_qwen3": Scenario({"tp": 2, **SP}, variant="qwen3"),
+    "fsdp_olmo2": Scenario({"dp_shard": 2}, variant="olmo2"),
+    "tp_olmo2": Scenario({"tp": 2}, variant="olmo2"),
+    "tp_sp_olmo2": Scenario({"tp": 2, **SP}, variant="olmo2"),
     # the chunked loss, compared with the full-logits single-process run
     "ddp_chunked": Scenario({"dp_replicate": 2}, CHUNKED),
     "fsdp_chunked": Scenario({"dp_shard": 2}, {**CHUNKED, "grad_accum": 2}),
@@ -290,6 +294,7 @@ SCENARIOS: dict[str, Scenario] = {
     "tp_moe": Scenario({"tp": 2}, variant="moe"),  # MoE parts replicated, attention sharded
     "tp_sp_moe": Scenario({"tp": 2, **SP}, variant="moe"),
     "packed_pp_moe": _pp("1f1b", variant="moe_seq"),
+    "packed_pp_olmo2": _pp("1f1b", variant="olmo2"),
     "packed_ddp_ac_moe": Scenario({"dp_replicate": 2, **AC}, variant="moe_seq", packed=True),
     # activation checkpointing (every block; every second one) with each strategy
     "fsdp_ac": Scenario({"dp_shard": 2, **AC}),
@@ -342,6 +347,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "fsdp_tp_tied": Scenario({"dp_shard": 2, "tp": 2}, variant="tied"),
     "fsdp_tp_qknorm": Scenario({"dp_shard": 2, "tp": 2}, variant="qknorm"),
+    "fsdp_tp_olmo2": Scenario({"dp_shard": 2, "tp": 2}, variant="olmo2"),
     "fsdp_tp_chunked": Scenario({"dp_shard": 2, "tp": 2}, CHUNKED),
     "pp_tp_chunked": Scenario({"pp": 2, "tp": 2, **pp_options(schedule="1f1b")}, CHUNKED),
     "fsdp_tp_ac": Scenario({"dp_shard": 2, "tp": 2, **AC}),
@@ -372,6 +378,7 @@ SCENARIOS: dict[str, Scenario] = {
     "cp2_chunked": Scenario(cp_options(2), CHUNKED, packed=True),
     "cp2_accum": Scenario(cp_options(2), {"grad_accum": 2}, packed=True),
     "cp2_unisolated": Scenario(cp_options(2), packed=True, unisolated=True),
+    "cp2_olmo2": Scenario(cp_options(2), packed=True, variant="olmo2"),
     "cp2_compile": Scenario(cp_options(2), COMPILE, packed=True),
     "cp2_ulysses_compile": Scenario(cp_options(2, "ulysses"), COMPILE, packed=True),
     "cp2_ac_compile": Scenario({**cp_options(2), **AC}, COMPILE, packed=True),

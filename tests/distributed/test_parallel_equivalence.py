@@ -12,7 +12,10 @@ blocks (every balancing on: the batch-scope loss and the bias update sum over th
 ranks), for ``*_qknorm`` a third-party variant with per-head q/k norms its
 tensor-parallel plan declares ``partial`` (:mod:`variants`), and for
 ``*_qwen2``/``*_qwen3`` the built-in model's qwen2 family (q/k/v biases) and qwen3
-family (its own per-head q/k norms, ``partial`` in the built-in plan); each layout is
+family (its own per-head q/k norms, ``partial`` in the built-in plan), ``*_olmo2`` the olmo2
+family (post-norm blocks; q/k norms over the whole projection, whose sums of squares tp
+all-reduces over the ranks' heads: fsdp, tp, tp with sp, fsdp x tp, packed pp, cp); each
+layout is
 compared with a single-process run of its own model. After training, the evaluation
 loop (:mod:`eval_loop`) runs on each layout too.
 
@@ -83,6 +86,10 @@ TWO = [
     "tp_qwen2",
     "tp_qwen3",
     "tp_sp_qwen3",
+    "fsdp_olmo2",
+    "tp_olmo2",
+    "tp_sp_olmo2",
+    "packed_pp_olmo2",
     "packed_ddp",
     "ddp_moe",
     "fsdp_moe",
@@ -116,6 +123,7 @@ FOUR = [
     "pp_fsdp_zbv",
     "fsdp_tp_tied",
     "fsdp_tp_qknorm",
+    "fsdp_tp_olmo2",
     "fsdp_tp_ac",
     "pp_tp_ac",
     "pp_fsdp_ac",
@@ -130,6 +138,7 @@ CP_TWO = [
     "cp2_accum",
     "cp2_ac",
     "cp2_chunked",
+    "cp2_olmo2",
 ]
 CP_PP = [f"cp_pp_{schedule}_{attention}" for schedule in PP_SCHEDULES for attention in ATTENTION]
 CP_FOUR = [
