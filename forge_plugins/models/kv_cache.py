@@ -19,8 +19,9 @@ attention_mask=mask, cache=cache)`` with ``mask (B, S)`` False at padding. The c
 records which of its slots hold tokens, and from then on every call attends through
 ``scaled_dot_product_attention`` with one mask, built once per forward in
 :meth:`KVCache.reserve`: causal, never a padding slot, except that a padding query sees
-itself (a query with every key masked gives ``nan``, which the values of that slot
-would carry into every row that multiplies them by 0).
+itself: a query with every key masked is ``nan`` under some kernels (torch's CPU kernel
+gives 0), and a ``nan`` in a padding slot's values would reach every real token through
+its probability of 0 (``0 * nan``).
 
 Buffers are allocated once for ``max_len`` tokens, in the model's dtype and device, so
 a step writes in place and allocates nothing that grows with the sequence.
