@@ -252,3 +252,44 @@ def test_sample_chat_takes_a_template_file_and_refuses_a_run_without_one(run_dir
     ):
         result = forge_run(["sample", str(run_dir), *wrong])
         assert result.code == 2 and said in result.stderr, result.stderr
+
+
+def test_sample_takes_prompts_from_a_file_and_several_samples_of_each_in_order(run_dir, tmp_path, capsys):
+    """Sampled (temperature 1): each continuation is a function of the seed and its
+    prompt and sample index, so batches of one give what batches of four give."""
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("the quick\n\na lazy\n")
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('"the quick"\n{"prompt": "a lazy"}\n')
+    args = ["--temperature", "1", "--max-new-tokens", "8", "--num-samples", "2"]
+    together = sample(capsys, run_dir, "--prompts", str(lines), *args, "--batch-size", "4")
+    one_by_one = sample(capsys, run_dir, "--prompts", str(jsonl), *args, "--batch-size", "1")
+    assert together.out == one_by_one.out
+    assert "forge: sample: 2/4 continuations" in one_by_one.err and "forge: sample:" not in together.err
+    # In order, prompt after prompt: a prompt at the same index gives what it gives alone
+    # (a draw depends on the prompt's index, so "a lazy" first is sampled otherwise).
+    quick = sample(capsys, run_dir, "--prompt", "the quick", *args).out
+    lazy = sample(capsys, run_dir, "--prompt", "a lazy", *args).out
+    assert together.out.startswith(quick + "\n") and together.out.count("\na lazy") == 2
+    one = sample(capsys, run_dir, "--prompt", "the quick", *args[:-1], "1").out
+    assert quick.startswith(one) and quick != one + "\n" + one  # the control: two samples differ
+    mixed = sample(capsys, run_dir, "--prompt", "a lazy", "--prompts", str(jsonl), *args).out
+    assert mixed.startswith(lazy + "\nthe quick")  # --prompt first, then the file
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('"ok"\n{"text": "x"}\n', 'prompts.jsonl:2: a JSONL prompt is a string or an object with a "prompt"'),
+        ("not json\n", "prompts.jsonl:1: not JSON"),
+    ],
+)
+def test_sample_refuses_a_prompts_file_it_cannot_read_naming_the_line(run_dir, tmp_path, content, said):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    result = forge_run(["sample", run_dir, "--prompts", str(path)])
+    assert result.code == 2 and said in result.stderr, result.stderr
+    missing = forge_run(["sample", run_dir, "--prompts", str(tmp_path / "none.txt")])
+    assert missing.code == 2 and "cannot be read" in missing.stderr
+    zero = forge_run(["sample", run_dir, "--num-samples", "0"])
+    assert zero.code == 2 and "--num-samples must be 1 or more, got 0" in zero.stderr

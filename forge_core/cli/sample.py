@@ -7,8 +7,8 @@ A continuation ends at the tokenizer's end of document, after ``--max-new-tokens
 the first ``--stop`` string (not printed). A single continuation is printed as it comes,
 holding back only what may still turn into a stop string or the rest of a character;
 with more than one batch, a line on stderr counts the continuations done. Sampling is a
-function of ``--seed`` and each continuation's prompt and sample index: a prompt gives
-the same continuations alone or among others.
+function of ``--seed`` and each continuation's prompt index and sample index, never of
+``--batch-size`` or of the prompts sampled beside it.
 
 With ``--chat`` each prompt is a user message (after ``--system``, when given), rendered
 by the run's chat template with the generation prompt (:func:`chat_prompt`): the run's
