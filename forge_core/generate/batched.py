@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import torch
 
-from forge_core.generate.sampling import choose, uniform
+from forge_core.generate.sampling import choose, is_greedy, uniform
 
 
 @attrs.frozen
@@ -169,7 +169,7 @@ def generate_rows(
     finish: list[str | None] = [None] * len(rows)
     s = sampling
     for t in range(s.max_new_tokens):
-        draws = [uniform(s.seed, s.step, row.prompt, row.sample, t) for row in rows]
+        draws = [] if is_greedy(s.temperature) else [uniform(s.seed, s.step, r.prompt, r.sample, t) for r in rows]
         chosen, chosen_logprobs = choose(logits, s.temperature, s.top_k, s.top_p, draws)
         tokens, values = chosen.tolist(), chosen_logprobs.tolist()
         for i, token in enumerate(tokens):
