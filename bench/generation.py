@@ -127,8 +127,8 @@ def main() -> None:
     args = parse()
     rows, same = run(args)
     print(
-        f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab}, float32; {args.prompts} prompts of "
-        f"{args.min_len}-{args.max_len} tokens, {args.new_tokens} new each "
+        f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab}, float32; "
+        f"{args.prompts} prompts of {args.min_len}-{args.max_len} tokens, {args.new_tokens} new each "
         f"({'sampled, temperature 1' if args.sample else 'greedy'}); {torch.get_num_threads()} threads; "
         f"{args.pairs} pairs, medians; {load_line()}"
     )

@@ -132,7 +132,9 @@ def read_prompts(path: str) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ForgeError(f"--prompts {path}: cannot be read ({exc}). Give a UTF-8 text or JSONL file.") from None
+        raise ForgeError(
+            f"--prompts {path}: cannot be read ({exc}). Give a UTF-8 text or JSONL file."
+        ) from None
     if not path.endswith(".jsonl"):
         return [line for line in lines if line.strip()]
     prompts = []
@@ -142,7 +144,9 @@ def read_prompts(path: str) -> list[str]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ForgeError(f"--prompts {path}:{number}: not JSON ({exc.msg}). Write one JSON value a line.") from None
+            raise ForgeError(
+                f"--prompts {path}:{number}: not JSON ({exc.msg}). Write one JSON value a line."
+            ) from None
         if isinstance(value, dict):
             value = value.get("prompt")
         if not isinstance(value, str):

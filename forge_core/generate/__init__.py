@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def load_for_inference(path: str | Path) -> tuple[Any, Any, Any, Path]:
     """``(model in eval mode, tokenizer, config, checkpoint)`` of a run directory or a
     checkpoint directory, on the run's device (CPU without CUDA)."""

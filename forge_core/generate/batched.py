@@ -96,7 +96,9 @@ class CachedRows:
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         to = {"device": self.device}
-        out = self.model(ids.to(**to), positions=positions.to(**to), attention_mask=mask.to(**to), cache=self.cache)
+        out = self.model(
+            ids.to(**to), positions=positions.to(**to), attention_mask=mask.to(**to), cache=self.cache
+        )
         return out[:, -1]
 
     def step(self, tokens: list[int], done: list[bool]) -> torch.Tensor:
@@ -169,7 +171,9 @@ def generate_rows(
     finish: list[str | None] = [None] * len(rows)
     s = sampling
     for t in range(s.max_new_tokens):
-        draws = [] if is_greedy(s.temperature) else [uniform(s.seed, s.step, r.prompt, r.sample, t) for r in rows]
+        draws = (
+            [] if is_greedy(s.temperature) else [uniform(s.seed, s.step, r.prompt, r.sample, t) for r in rows]
+        )
         chosen, chosen_logprobs = choose(logits, s.temperature, s.top_k, s.top_p, draws)
         tokens, values = chosen.tolist(), chosen_logprobs.tolist()
         for i, token in enumerate(tokens):

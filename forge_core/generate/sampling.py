@@ -44,7 +44,9 @@ def uniform(*key: int) -> float:
     return (h >> 11) * 2.0**-53
 
 
-def filtered_probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def filtered_probabilities(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+) -> torch.Tensor:
     """``(rows, vocab)`` probabilities to draw from, after temperature, top-k and top-p."""
     logits = logits.float()
     # Shifted so the largest is 0 first: a tiny temperature then sends the others to -inf
