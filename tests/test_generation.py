@@ -159,7 +159,9 @@ def test_eos_and_stop_strings_end_each_row_alone():
 
 
 def test_lora_adapters_take_part_in_batched_generation(tmp_path):
-    model = build_from_config(tmp_path, lora_config(tmp_path)).eval()
+    """On the model as it trains: adapters with dropout, in train mode. Decoding is in
+    eval mode (no dropout draws), and the model comes back training."""
+    model = build_from_config(tmp_path, lora_config(tmp_path, lora={"dropout": 0.5})).train()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".lora_B." in name:
@@ -171,3 +173,8 @@ def test_lora_adapters_take_part_in_batched_generation(tmp_path):
         base = generate_rows(model, rows, sampling, context=32)
     assert [a.ids for a in adapted] != [b.ids for b in base]
     assert [a.ids for a in adapted] == [a.ids for a in alone(model, rows, sampling, 32)]
+    assert all(module.training for module in model.modules())
+    sampled = Sampling(12, 1.0, seed=4)
+    first = generate_rows(model, rows, sampled, context=32)
+    assert generate_rows(model, rows, sampled, context=32) == first
+    assert generate_rows(model.eval(), rows, sampled, context=32) == first

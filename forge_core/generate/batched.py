@@ -24,7 +24,8 @@ forward over prompt and completion while the two fit the context.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -142,6 +143,19 @@ def _stopped(text: str, stops: Sequence[str]) -> bool:
     return any(stop in text for stop in stops)
 
 
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """``model`` in eval mode (no dropout: a LoRA adapter's, say, on the model being
+    trained), every module that was training put back after."""
+    training = [m for m in model.modules() if m.training]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module in training:
+            module.training = True
+
+
 @torch.inference_mode()
 def generate_rows(
     model: Any,
@@ -153,9 +167,8 @@ def generate_rows(
     on_token: Callable[[int, int], Any] | None = None,
 ) -> list[Completion]:
     """A :class:`Completion` for each of ``rows``, decoded together (module docstring).
-    ``on_token(row, token)`` sees each token as it is kept."""
-    from forge_core.api import CachingModel
-
+    ``on_token(row, token)`` sees each token as it is kept. The model decodes in eval
+    mode (:func:`evaluating`) and is given back in the mode it came in."""
     if sampling.stops and decode is None:
         raise ValueError("stop strings need decode: the text is where they are found")
     if not rows or sampling.max_new_tokens <= 0:
@@ -163,6 +176,20 @@ def generate_rows(
     empty = [i for i, row in enumerate(rows) if not row.ids]
     if empty:
         raise ValueError(f"rows {empty} have no prompt ids: give at least one (an end of document)")
+    with evaluating(model):
+        return _decode(model, rows, sampling, context, decode, on_token)
+
+
+def _decode(
+    model: Any,
+    rows: Sequence[Row],
+    sampling: Sampling,
+    context: int,
+    decode: Callable[[list[int]], str] | None,
+    on_token: Callable[[int, int], Any] | None,
+) -> list[Completion]:
+    from forge_core.api import CachingModel
+
     runner_type = CachedRows if isinstance(model, CachingModel) else RereadRows
     runner = runner_type(model, context, [list(row.ids) for row in rows])
     logits = runner.logits
