@@ -18,8 +18,9 @@ token (:class:`RereadRows`).
 The context is ``context`` tokens per row (a run's ``data.seq_len``). A row whose cached
 tokens fill it is cut to its last half and read again, as a single sequence is; this is
 done for a row when *its own* count reaches the context, never because another row's
-did, so cutting, too, is the row's alone. Every row's log-probabilities equal a full
-forward over prompt and completion while the two fit the context.
+did, so cutting, too, is the row's alone. While prompt and completion fit the context,
+a row's log-probabilities are those of a full forward over the two, up to rounding (a
+decoding step multiplies one token per row, the full forward the whole sequence).
 """
 
 from __future__ import annotations
