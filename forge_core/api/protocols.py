@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from forge_core.api.batch import INPUT_IDS
+from forge_core.api.batch import INPUT_IDS, POSITIONS
 from forge_core.api.packing import LazyPacker
 
 
@@ -371,7 +371,7 @@ def model_contract_gaps(module: Any, spec: Any = None) -> list[str]:
             f"its spec has pretrained_option {spec.pretrained_option!r}, so it may be built on the meta "
             "device, but it has no init_weights() to fill it (the PretrainedModel protocol)"
         )
-    missing = _keywords_missing(forward, ["cache", "positions", "attention_mask"])
+    missing = _keywords_missing(forward, ["cache", POSITIONS, "attention_mask"])
     if isinstance(module, CachingModel) and missing:
         gaps.append(
             f"it has new_cache() but its forward takes no {', '.join(missing)} keyword, which batched "
