@@ -15,7 +15,7 @@ from test_sample import VOCAB, WithoutCache, model64
 
 from forge_core.api import transforms_disabled
 from forge_core.generate.batched import Row, Sampling, generate_rows
-from forge_core.testing import assert_within_rounding, longest_sum
+from forge_core.testing import assert_within_rounding, check_cached_decoding, longest_sum
 
 LENGTHS = (3, 11, 1, 7, 5)
 
@@ -178,3 +178,25 @@ def test_lora_adapters_take_part_in_batched_generation(tmp_path):
     first = generate_rows(model, rows, sampled, context=32)
     assert generate_rows(model, rows, sampled, context=32) == first
     assert generate_rows(model.eval(), rows, sampled, context=32) == first
+
+
+class DropsTheMask(torch.nn.Module):
+    """A caching model whose forward ignores attention_mask: real tokens attend to padding."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.vocab_size = inner, inner.vocab_size
+
+    def new_cache(self, batch_size, max_len):
+        return self.inner.new_cache(batch_size, max_len)
+
+    def forward(self, input_ids, positions=None, cache=None, attention_mask=None):
+        return self.inner(input_ids, positions=positions, cache=cache)
+
+
+@pytest.mark.numerical
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_the_kit_checks_batched_cached_decoding_and_catches_a_forward_that_drops_the_mask(family):
+    assert check_cached_decoding(model64(family=family)) < 1
+    with pytest.raises(AssertionError, match=r"row 0 \(3 tokens, left-padded by 4\) decoded in a batch"):
+        check_cached_decoding(DropsTheMask(model64(family=family)))

@@ -307,8 +307,9 @@ class CachingModel(Protocol):
     continuing the cached ones and adding them to it. Batched sampling also passes
     ``positions (B, S)`` (each row's own token positions) and ``attention_mask (B, S)``
     (False at left padding: no token may attend to it), so rows of different lengths
-    share one cache and each gets the logits it has alone. ``forge-run sample`` decodes
-    with it, and re-reads each row's context every token without it."""
+    share one cache and each gets the logits it has alone
+    (``forge_core.testing.check_cached_decoding`` checks it). ``forge-run sample``
+    decodes with it, and re-reads each row's context every token without it."""
 
     def new_cache(self, batch_size: int, max_len: int) -> Any: ...
 
