@@ -65,6 +65,21 @@ def test_a_model_without_a_cache_samples_the_same_rows():
     assert all(len(r.ids) == 12 for r in reread)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("temperature", float("nan"), "Sampling.temperature must be a finite number, 0 or more"),
+        ("temperature", -1.0, "Sampling.temperature must be a finite number, 0 or more"),
+        ("top_p", 0.0, r"Sampling.top_p must be in \(0, 1\]"),
+        ("top_k", -1, "'top_k' must be >= 0"),
+        ("max_new_tokens", -1, "'max_new_tokens' must be >= 0"),
+    ],
+)
+def test_sampling_settings_outside_their_range_are_refused(field, value, said):
+    with pytest.raises(ValueError, match=said):
+        Sampling(**{"max_new_tokens": 4, field: value})
+
+
 def test_draws_follow_seed_step_prompt_and_sample():
     model = model64()
     (ids,) = prompts((4,))

@@ -26,6 +26,7 @@ decoding step multiplies one token per row, the full forward the whole sequence)
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,6 +36,12 @@ import torch
 from forge_core.generate.sampling import choose, is_greedy, uniform
 
 
+def _check(field: Any, value: float, fine: bool) -> None:
+    if not fine:
+        ranges = {"temperature": "a finite number, 0 or more (0: greedy)", "top_p": "in (0, 1]"}
+        raise ValueError(f"Sampling.{field.name} must be {ranges[field.name]}, got {value}")
+
+
 @attrs.frozen
 class Sampling:
     """How rows are sampled. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are
@@ -42,10 +49,10 @@ class Sampling:
     prompt and sample index and the position decide every draw. ``stops`` need a
     ``decode`` given to :func:`generate_rows`."""
 
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    max_new_tokens: int = attrs.field(validator=attrs.validators.ge(0))
+    temperature: float = attrs.field(default=1.0, validator=lambda _, a, v: _check(a, v, 0 <= v < math.inf))
+    top_k: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    top_p: float = attrs.field(default=1.0, validator=lambda _, a, v: _check(a, v, 0 < v <= 1))
     seed: int = 0
     step: int = 0
     eos_ids: frozenset[int] = frozenset()
