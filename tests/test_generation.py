@@ -1,8 +1,9 @@
 """Batched generation (:mod:`forge_core.generate.batched`): each row of a batch gets what
 it gets alone (greedy and sampled, left-padded, with a context that fills and is cut),
 greedy decoding equals transformers' batched ``generate``, the reported
-log-probabilities equal a full forward's, EOS and stop strings end rows separately, and
-LoRA adapters take part."""
+log-probabilities equal a full forward's, EOS and stop strings end rows separately,
+LoRA adapters take part (in eval mode), and the kit's cache check catches a forward that
+drops the padding mask."""
 
 from __future__ import annotations
 
