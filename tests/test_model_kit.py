@@ -268,4 +268,6 @@ def test_the_contract_gaps_name_each_missing_protocol():
         and not isinstance(Bare(), ParallelModule)
     )
     (only,) = model_contract_gaps(Bare(), None)  # no spec: only what the module itself shows
-    assert only.startswith("it has new_cache() but its forward takes no cache keyword")
+    assert only.startswith(
+        "it has new_cache() but its forward takes no attention_mask, cache, positions keyword"
+    )

@@ -15,7 +15,9 @@ from train_helpers import tiny_config, write_config
 
 from forge_core import cli
 from forge_core.cli.sample import StreamPrinter, continuation
-from forge_core.generate import choose, generate, next_token_logits
+from forge_core.generate import generate
+from forge_core.generate.batched import CachedRows, Completion
+from forge_core.generate.sampling import choose, uniform
 from forge_core.testing import assert_within_rounding, forge_run, longest_sum
 from forge_plugins.attention.options import SdpaOptions
 from forge_plugins.attention.sdpa import SdpaAttention
@@ -74,11 +76,10 @@ def test_cached_and_cache_free_greedy_decoding_pick_the_same_tokens():
 def test_a_full_cache_is_cut_to_its_second_half_and_decoding_goes_on():
     model = model64()
     history = [1, 2, 3]
-    steps = next_token_logits(model, history, context=8)
-    next(steps)
+    rows = CachedRows(model, 8, [list(history)])
     for token in range(4, 30):
         history.append(token)
-        logits = steps.send(token)
+        logits = rows.step([token], [False])[0]
     # The context was cut (29 tokens, 8 fit): the logits are those of a full forward over
     # the last n tokens for exactly one n between the half and the whole context.
     with torch.no_grad():
@@ -93,16 +94,20 @@ def test_a_full_cache_is_cut_to_its_second_half_and_decoding_goes_on():
 def test_top_k_and_top_p_keep_only_the_most_likely_tokens():
     logits = torch.tensor([2.0, 1.5, 1.0, -1.0]).log_softmax(0)
     probs = torch.softmax(logits, 0)  # [0.48, 0.29, 0.18, 0.03] (about)
-    gen = torch.Generator().manual_seed(0)
-    draws = lambda **kw: {choose(logits, 1.0, generator=gen, **kw) for _ in range(300)}  # noqa: E731
-    assert draws(top_k=0, top_p=1.0) == {0, 1, 2, 3}
-    assert draws(top_k=2, top_p=1.0) == {0, 1}
-    assert draws(top_k=0, top_p=float(probs[0]) - 1e-3) == {0}
-    assert draws(top_k=0, top_p=float(probs[:2].sum()) + 1e-3) == {0, 1, 2}
-    assert draws(top_k=0, top_p=float(probs[0]) + 1e-3) == {0, 1}
-    assert choose(logits, 0.0, 5, 0.1, gen) == 0  # temperature 0: greedy
+    many = logits.expand(300, -1)
+    draws = [uniform(0, i) for i in range(300)]
+
+    def drawn(temperature=1.0, top_k=0, top_p=1.0):
+        return set(choose(many, temperature, top_k, top_p, draws)[0].tolist())
+
+    assert drawn() == {0, 1, 2, 3}
+    assert drawn(top_k=2) == {0, 1}
+    assert drawn(top_p=float(probs[0]) - 1e-3) == {0}
+    assert drawn(top_p=float(probs[:2].sum()) + 1e-3) == {0, 1, 2}
+    assert drawn(top_p=float(probs[0]) + 1e-3) == {0, 1}
+    assert drawn(temperature=0.0, top_k=5, top_p=0.1) == {0}  # temperature 0: greedy
     # A temperature so small that logits / temperature overflow: greedy, not nan.
-    assert {choose(logits, 1e-320, 0, 1.0, gen) for _ in range(20)} == {0}
+    assert drawn(temperature=1e-320) == {0}
 
 
 def test_streaming_holds_back_what_may_become_a_stop_string_or_a_character():
@@ -212,11 +217,12 @@ def test_sample_chat_renders_the_template_keeps_its_special_tokens_and_stops_at_
     given: list[list[int]] = []
     reply = tok.encode("Blue.", add_special_tokens=False)
 
-    def sampled(model, ids, max_new_tokens, **kwargs):
-        given.append(list(ids))
-        yield from [*reply, im_end, *reply]  # the reply, the end of its turn, more
+    def sampled(model, rows, sampling, **kwargs):
+        given.extend(list(row.ids) for row in rows)
+        assert im_end in sampling.eos_ids  # the end of the assistant's turn ends the reply
+        return [Completion((*reply, im_end), (0.0,) * (len(reply) + 1), "eos") for _ in rows]
 
-    monkeypatch.setattr(command, "sample_tokens", sampled)
+    monkeypatch.setattr(command, "generate_rows", sampled)
     args = ["sample", str(run), "--chat", "--system", "Be brief.", "--prompt", "Name a colour."]
     assert cli.main([*args, "--no-stream"]) == 0
     out = capsys.readouterr().out
@@ -246,3 +252,44 @@ def test_sample_chat_takes_a_template_file_and_refuses_a_run_without_one(run_dir
     ):
         result = forge_run(["sample", str(run_dir), *wrong])
         assert result.code == 2 and said in result.stderr, result.stderr
+
+
+def test_sample_takes_prompts_from_a_file_and_several_samples_of_each_in_order(run_dir, tmp_path, capsys):
+    """Sampled (temperature 1): each continuation is a function of the seed and its
+    prompt and sample index, so batches of one give what batches of four give."""
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("the quick\n\na lazy\n")
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('"the quick"\n{"prompt": "a lazy"}\n')
+    args = ["--temperature", "1", "--max-new-tokens", "8", "--num-samples", "2"]
+    together = sample(capsys, run_dir, "--prompts", str(lines), *args, "--batch-size", "4")
+    one_by_one = sample(capsys, run_dir, "--prompts", str(jsonl), *args, "--batch-size", "1")
+    assert together.out == one_by_one.out
+    assert "forge: sample: 2/4 continuations" in one_by_one.err and "forge: sample:" not in together.err
+    # In order, prompt after prompt: a prompt at the same index gives what it gives alone
+    # (a draw depends on the prompt's index, so "a lazy" first is sampled otherwise).
+    quick = sample(capsys, run_dir, "--prompt", "the quick", *args).out
+    lazy = sample(capsys, run_dir, "--prompt", "a lazy", *args).out
+    assert together.out.startswith(quick + "\n") and together.out.count("\na lazy") == 2
+    one = sample(capsys, run_dir, "--prompt", "the quick", *args[:-1], "1").out
+    assert quick.startswith(one) and quick != one + "\n" + one  # the control: two samples differ
+    mixed = sample(capsys, run_dir, "--prompt", "a lazy", "--prompts", str(jsonl), *args).out
+    assert mixed.startswith(lazy + "\nthe quick")  # --prompt first, then the file
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('"ok"\n{"text": "x"}\n', 'prompts.jsonl:2: a JSONL prompt is a string or an object with a "prompt"'),
+        ("not json\n", "prompts.jsonl:1: not JSON"),
+    ],
+)
+def test_sample_refuses_a_prompts_file_it_cannot_read_naming_the_line(run_dir, tmp_path, content, said):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    result = forge_run(["sample", run_dir, "--prompts", str(path)])
+    assert result.code == 2 and said in result.stderr, result.stderr
+    missing = forge_run(["sample", run_dir, "--prompts", str(tmp_path / "none.txt")])
+    assert missing.code == 2 and "cannot be read" in missing.stderr
+    zero = forge_run(["sample", run_dir, "--num-samples", "0"])
+    assert zero.code == 2 and "--num-samples must be 1 or more, got 0" in zero.stderr

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from forge_core.api.batch import INPUT_IDS
+from forge_core.api.batch import INPUT_IDS, POSITIONS
 from forge_core.api.packing import LazyPacker
 
 
@@ -304,8 +304,12 @@ class PretrainedModel(Protocol):
 class CachingModel(Protocol):
     """A model that decodes with a key/value cache: ``new_cache(batch_size, max_len)``
     returns one, and ``forward(input_ids, cache=cache)`` runs only the new tokens,
-    continuing the cached ones and adding them to it. ``forge-run sample`` decodes with
-    it, and re-reads the whole context every token without it."""
+    continuing the cached ones and adding them to it. Batched sampling also passes
+    ``positions (B, S)`` (each row's own token positions) and ``attention_mask (B, S)``
+    (False at left padding: no token may attend to it), so rows of different lengths
+    share one cache and each gets the logits it has alone
+    (``forge_core.testing.check_cached_decoding`` checks it). ``forge-run sample``
+    decodes with it, and re-reads each row's context every token without it."""
 
     def new_cache(self, batch_size: int, max_len: int) -> Any: ...
 
@@ -368,9 +372,10 @@ def model_contract_gaps(module: Any, spec: Any = None) -> list[str]:
             f"its spec has pretrained_option {spec.pretrained_option!r}, so it may be built on the meta "
             "device, but it has no init_weights() to fill it (the PretrainedModel protocol)"
         )
-    if isinstance(module, CachingModel) and _keywords_missing(forward, ["cache"]):
+    missing = _keywords_missing(forward, ["cache", POSITIONS, "attention_mask"])
+    if isinstance(module, CachingModel) and missing:
         gaps.append(
-            "it has new_cache() but its forward takes no cache keyword, which sampling passes "
-            "(the CachingModel protocol)"
+            f"it has new_cache() but its forward takes no {', '.join(missing)} keyword, which batched "
+            "sampling passes (the CachingModel protocol)"
         )
     return gaps

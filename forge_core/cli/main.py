@@ -176,6 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="text to continue; repeat for several prompts (default: one empty prompt)",
     )
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="more prompts, after the --prompt ones: one a line, or in a .jsonl file one JSON string "
+        'or {"prompt": ...} a line',
+    )
+    p.add_argument("--num-samples", type=int, default=1, metavar="N", help="continuations of each prompt")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        metavar="N",
+        help="continuations sampled together (a prompt's are the same in any batch)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=40, help="0: off")
@@ -193,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat",
         action="store_true",
-        help="each --prompt is a user message, rendered by the run's chat template with its generation "
+        help="each prompt is a user message, rendered by the run's chat template with its generation "
         "prompt; the reply ends at the template's end of turn",
     )
     p.add_argument("--system", metavar="TEXT", help="with --chat: a system message before each prompt")

@@ -1,10 +1,14 @@
-"""``forge-run sample RUN_DIR --prompt "..." [--prompt ...]``: continuations from the
-run's latest complete checkpoint (:mod:`forge_core.generate`), streamed as they are
-sampled.
+"""``forge-run sample RUN_DIR --prompt "..." [--prompt ...] [--prompts FILE]
+[--num-samples N]``: continuations from the run's latest complete checkpoint, sampled
+together in batches of ``--batch-size`` rows (:mod:`forge_core.generate.batched`) and
+printed in order: each prompt's samples, prompt after prompt, separated by a blank line.
 
 A continuation ends at the tokenizer's end of document, after ``--max-new-tokens`` or at
-the first ``--stop`` string (not printed). Text is printed as it comes, holding back only
-what may still turn into a stop string or the rest of a character.
+the first ``--stop`` string (not printed). A single continuation is printed as it comes,
+holding back only what may still turn into a stop string or the rest of a character;
+with more than one batch, a line on stderr counts the continuations done. Sampling is a
+function of ``--seed`` and each continuation's prompt index and sample index, never of
+``--batch-size`` or of the prompts sampled beside it.
 
 With ``--chat`` each prompt is a user message (after ``--system``, when given), rendered
 by the run's chat template with the generation prompt (:func:`chat_prompt`): the run's
@@ -17,17 +21,20 @@ when it is one, else at that text.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from forge_core.api import ChatRenderingTokenizer, ForgeError
 from forge_core.api.unstable import INT_MAX, INT_MIN
-from forge_core.generate import has_cache, load_for_inference, sample_tokens
+from forge_core.generate import has_cache, load_for_inference
+from forge_core.generate.batched import Completion, Row, Sampling, generate_rows
 
 
 class StreamPrinter:
@@ -118,15 +125,51 @@ def plain_prompt(tokenizer: Any, prompt: str) -> Prompt:
     return Prompt(tokenizer.decode(ids), ids or [int(tokenizer.eos_id)], frozenset(), ())
 
 
-def chat_messages(args: Any) -> list[list[dict[str, str]]]:
-    """One conversation per ``--prompt``: ``--system``, then the prompt as the user's."""
+def read_prompts(path: str) -> list[str]:
+    """The prompts of ``--prompts FILE``: a ``.jsonl`` file holds one JSON string or
+    ``{"prompt": ...}`` object a line, any other file one prompt a line (blank lines
+    skipped in both)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ForgeError(
+            f"--prompts {path}: cannot be read ({exc}). Give a UTF-8 text or JSONL file."
+        ) from None
+    if not path.endswith(".jsonl"):
+        return [line for line in lines if line.strip()]
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ForgeError(
+                f"--prompts {path}:{number}: not JSON ({exc.msg}). Write one JSON value a line."
+            ) from None
+        if isinstance(value, dict):
+            value = value.get("prompt")
+        if not isinstance(value, str):
+            raise ForgeError(
+                f'--prompts {path}:{number}: a JSONL prompt is a string or an object with a "prompt" '
+                f"string, got {line.strip()[:60]!r}"
+            )
+        prompts.append(value)
+    return prompts
+
+
+def chat_messages(args: Any, prompts: list[str]) -> list[list[dict[str, str]]]:
+    """One conversation per prompt: ``--system``, then the prompt as the user's."""
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    return [[*system, {"role": "user", "content": prompt}] for prompt in args.prompt]
+    return [[*system, {"role": "user", "content": prompt}] for prompt in prompts]
 
 
-def main(args: Any) -> int:
-    if args.chat and not args.prompt:
-        raise ForgeError("sample --chat needs --prompt TEXT: the user's message (repeat for several).")
+def check_settings(args: Any) -> None:
+    """ForgeError for a setting outside its range."""
+    if args.chat and not (args.prompt or args.prompts):
+        raise ForgeError(
+            "sample --chat needs --prompt TEXT: the user's message (repeat for several), or --prompts FILE."
+        )
     if not args.chat and (args.system is not None or args.template is not None):
         raise ForgeError("--system and --template render a chat prompt: add --chat.")
     if args.max_new_tokens < 0:
@@ -141,48 +184,75 @@ def main(args: Any) -> int:
         raise ForgeError(f"--top-k must be 0 (off) or more, got {args.top_k}")
     if not INT_MIN <= args.seed <= INT_MAX:
         raise ForgeError(f"--seed must fit in 64 bits, got {args.seed}")
-    stops = [s for s in (args.stop or []) if s]
+    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ForgeError(f"{flag} must be 1 or more, got {value}")
+
+
+def shown(tokenizer: Any, done: Completion, stops: list[str]) -> str:
+    """The text printed for a completion: without the id that ended it, cut before a stop string."""
+    ids = list(done.ids[:-1] if done.finish == "eos" else done.ids)
+    return continuation(tokenizer, ids, stops)[0]
+
+
+def main(args: Any) -> int:
+    check_settings(args)
     model, tokenizer, config, checkpoint = load_for_inference(args.run_dir)
-    prompts = args.prompt or [""]
-    chats = chat_messages(args) if args.chat else None
+    prompts = [*(args.prompt or []), *(read_prompts(args.prompts) if args.prompts else [])] or [""]
     template = args.template or config.data.chat.template or None
+    if args.chat:
+        given = [chat_prompt(tokenizer, chat, template) for chat in chat_messages(args, prompts)]
+    else:
+        given = [plain_prompt(tokenizer, prompt) for prompt in prompts]
+    stops = [s for s in (args.stop or []) if s]
+    stops += [s for s in dict.fromkeys(s for g in given for s in g.stops) if s not in stops]
+    sampling = Sampling(
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        eos_ids=frozenset({int(tokenizer.eos_id)}).union(*(g.stop_ids for g in given)),
+        stops=tuple(stops),
+    )
+    rows = [Row(tuple(g.ids), p, n) for p, g in enumerate(given) for n in range(args.num_samples)]
+    # One continuation alone is streamed as it is sampled; several are printed in order
+    # as their batch ends (their tokens come interleaved).
+    stream = args.stream and len(rows) == 1
     total, elapsed = 0, 0.0
-    for n, prompt in enumerate(prompts):
-        if n:
-            print()
-        given = chat_prompt(tokenizer, chats[n], template) if chats else plain_prompt(tokenizer, prompt)
-        turn_stops = [*stops, *given.stops]
-        print(given.text, end="", flush=True)
-        printer = StreamPrinter(lambda s: print(s, end="", flush=True), turn_stops) if args.stream else None
-        new: list[int] = []
-        text = ""
+    for first in range(0, len(rows), args.batch_size):
+        batch = rows[first : first + args.batch_size]
+        on_token = None
+        if stream:
+            print(given[0].text, end="", flush=True)
+            printer = StreamPrinter(lambda s: print(s, end="", flush=True), stops)
+            new: list[int] = []
+
+            def on_token(row: int, token: int) -> None:
+                new.append(token)
+                if token not in sampling.eos_ids:
+                    printer.update(continuation(tokenizer, new, stops)[0])
+
         t0 = time.perf_counter()
-        for token in sample_tokens(
-            model,
-            given.ids,
-            args.max_new_tokens,
-            context=config.data.seq_len,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            eos_id=int(tokenizer.eos_id),
-        ):
-            if token in given.stop_ids:
-                break
-            new.append(token)
-            text, stopped = continuation(tokenizer, new, turn_stops)
-            if stopped:
-                break
-            if printer is not None:
-                printer.update(text)
+        done = generate_rows(
+            model, batch, sampling, context=config.data.seq_len, decode=tokenizer.decode, on_token=on_token
+        )
         elapsed += time.perf_counter() - t0
-        total += len(new)
-        if printer is not None:
-            printer.update(text, final=True)
-        else:
-            print(text, end="")
-        print(flush=True)
+        total += sum(len(d.ids) for d in done)
+        for n, (row, completion) in enumerate(zip(batch, done)):
+            text = shown(tokenizer, completion, stops)
+            if stream:
+                printer.update(text, final=True)
+                print(flush=True)
+                continue
+            print(("\n" if first + n else "") + given[row.prompt].text + text, flush=True)
+        if len(rows) > args.batch_size:
+            print(
+                f"forge: sample: {min(first + args.batch_size, len(rows))}/{len(rows)} continuations, "
+                f"{total} tokens",
+                file=sys.stderr,
+                flush=True,
+            )
     rate = f", {total / elapsed:.1f} tokens/s" if elapsed > 0 and total else ""
     how = "key/value cache" if has_cache(model) else "no cache: the context is re-read every token"
     print(f"[{checkpoint}] {total} tokens sampled{rate} ({how})", file=sys.stderr)

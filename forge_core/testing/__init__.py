@@ -31,7 +31,9 @@
   packed rows give every document what it gets alone (forward and backward, float64),
   its tensor-parallel plan covers every parameter, its pipeline stages run in sequence
   reproduce it, and its spec's facts agree with it (:mod:`forge_core.testing.model`);
-  :func:`check_document_isolation` is its isolation part, for a built model.
+  :func:`check_document_isolation` is its isolation part, for a built model;
+  :func:`check_cached_decoding`: a model with a key/value cache gives every row of a
+  left-padded batch the logits it has alone (:mod:`forge_core.testing.cache`).
 - :func:`train_in_process`: trains a config in the test's process (for lifecycle hooks,
   loggers, a model's first steps); :func:`registered_spec`: a spec the installed
   plugins register; :func:`run_context`: a RunContext to call lifecycle hooks with
@@ -72,6 +74,7 @@ _ATTENTION_NAMES = (
 )
 _MODEL_NAMES = ("check_model", "ModelReport")
 _ISOLATION_NAMES = ("check_document_isolation",)
+_CACHE_NAMES = ("check_cached_decoding",)
 _OPTIMIZER_NAMES = ("check_optimizer", "OptimizerReport")
 _STRATEGY_NAMES = ("check_strategy", "StrategyReport")
 _TRANSFORM_NAMES = ("check_transform", "TransformReport")
@@ -98,6 +101,7 @@ __all__ = [
     *_TOLERANCE_NAMES,
     *_MODEL_NAMES,
     *_ISOLATION_NAMES,
+    *_CACHE_NAMES,
     *_OPTIMIZER_NAMES,
     *_STRATEGY_NAMES,
     *_TRANSFORM_NAMES,
@@ -121,6 +125,10 @@ def __getattr__(name: str) -> Any:
         from forge_core.testing import isolation
 
         return getattr(isolation, name)
+    if name in _CACHE_NAMES:
+        from forge_core.testing import cache
+
+        return getattr(cache, name)
     if name in _OPTIMIZER_NAMES:
         from forge_core.testing import optimizer
 

@@ -7,7 +7,8 @@ attention=)``, as a run does) and checks, each with a specific message on failur
   protocols its spec calls for require (:func:`~forge_core.api.model_contract_gaps`):
   a ``forward`` taking ``input_ids`` and every keyword of the spec's ``accepts``,
   ``parallel_contract()`` when ``supports`` is not empty, ``init_weights()`` with a
-  ``pretrained_option``, a ``cache`` keyword beside ``new_cache()``. Always checked.
+  ``pretrained_option``, ``cache``, ``positions`` and ``attention_mask`` keywords beside
+  ``new_cache()``. Always checked.
 
 - **backend**: the model computes attention through the backend it is given: every
   forward calls ``attention.prepare(doc_ids, seq_len, device)`` with the ``doc_ids`` it

@@ -269,6 +269,7 @@ class Llama(nn.Module):
         doc_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         cache: Any = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(B, S, vocab)`` for ``input_ids (B, S)``.
 
@@ -276,7 +277,9 @@ class Llama(nn.Module):
         ``positions (B, S)`` restarts rotary positions at every document. Without an
         embedding (pipeline stage) ``input_ids`` are hidden states ``(B, S, dim)``; without
         an output projection the result is hidden states. With ``cache`` (from
-        :meth:`new_cache`) the tokens continue the cached ones and are added to it.
+        :meth:`new_cache`) the tokens continue the cached ones and are added to it;
+        ``attention_mask (B, S)`` (with a cache only) is False at left padding, which no
+        token attends to (``positions`` then count each row's own tokens).
         """
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(input_ids)
@@ -288,7 +291,10 @@ class Llama(nn.Module):
                 f"got a {input_ids.dtype} tensor of shape {tuple(input_ids.shape)}"
             )
         seq_len = h.shape[1]
-        cos, sin = self.rope(seq_len, positions, 0 if cache is None else cache.reserve(seq_len))
+        if attention_mask is not None and cache is None:
+            raise ValueError("attention_mask marks padding in a key/value cache: pass cache= with it")
+        start = 0 if cache is None else cache.reserve(seq_len, attention_mask)
+        cos, sin = self.rope(seq_len, positions, start)
         prepared = self.attention_backend.prepare(doc_ids, seq_len, h.device)
         for key, layer in self.layers.items():
             extra = {} if cache is None else {"cache": cache.layer(int(key))}
